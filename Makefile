@@ -1,0 +1,87 @@
+# machinery.compute: one entry point for people and CI. Run as root on Debian 12.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+POOLS ?= 3
+LAB ?= $(CURDIR)/.lab
+TEST_LAB ?= $(CURDIR)/.lab/test
+IMAGE_DIR ?= $(CURDIR)/.lab/image
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+SITE = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt-dev \
+	libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils \
+	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf
+
+.PHONY: help deps venv image lab-up lab-down lab-status demo demo-down test unit sanity lint integration \
+	benchmark clean
+
+help:
+	@echo "make demo        a 3-pool lab of real libvirtd hosts, classes, machines booted with Ignition + cloud-init"
+	@echo "make test        unit tests, ansible-test sanity, ansible-lint, integration tests on a fresh lab"
+	@echo "make lab-up [POOLS=N] | lab-down | lab-status | image | venv | benchmark"
+
+deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+# The virtual environment finds machinery.compute from this working tree: its site-packages holds a link
+# ansible_collections/machinery/compute -> the repository, which ansible-core scans on sys.path.
+$(VENV)/.stamp: requirements.txt requirements-dev.txt
+	$(MAKE) --no-print-directory deps
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	mkdir -p "$(SITE)/ansible_collections/machinery"
+	ln -sfn $(CURDIR) "$(SITE)/ansible_collections/machinery/compute"
+	touch $@
+
+venv: $(VENV)/.stamp
+
+image: deps
+	@bash lab/image/build.sh $(IMAGE_DIR) | tail -n 1
+
+lab-up: deps image
+	python3 lab/lab.py up --pools $(POOLS) --dir $(LAB) --image $(IMAGE_DIR)/machinery-test.qcow2
+
+lab-down:
+	python3 lab/lab.py down --dir $(LAB)
+
+lab-status:
+	python3 lab/lab.py status --dir $(LAB)
+
+demo: venv lab-up
+	cd playbooks && $(VENV)/bin/ansible-playbook demo.yml -e lab_file=$(LAB)/lab.json
+
+demo-down:
+	cd playbooks && $(VENV)/bin/ansible-playbook demo_down.yml -e lab_file=$(LAB)/lab.json
+	python3 lab/lab.py down --dir $(LAB)
+
+unit: venv
+	$(VENV)/bin/pytest -q tests/unit
+
+sanity: venv
+	bash tests/sanity/run.sh $(VENV)
+
+lint: venv
+	$(VENV)/bin/ansible-lint --profile production roles playbooks
+
+integration: venv image
+	python3 lab/lab.py up --pools 3 --dir $(TEST_LAB) --image $(IMAGE_DIR)/machinery-test.qcow2
+	set -o pipefail; MACHINERY_LAB=$(TEST_LAB)/lab.json $(VENV)/bin/pytest -q -p no:cacheprovider \
+		tests/integration; status=$$?; python3 lab/lab.py down --dir $(TEST_LAB); exit $$status
+
+test: venv image
+	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory sanity
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory integration
+
+benchmark: venv lab-up
+	$(PY) benchmarks/create_floor.py --lab $(LAB)/lab.json
+
+clean:
+	python3 lab/lab.py down --dir $(LAB) --purge || true
+	rm -rf $(VENV) tests/output
