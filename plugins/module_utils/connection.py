@@ -1,0 +1,118 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One libvirt connection per run, opened once, with errors that say which URI failed and why."""
+
+from __future__ import annotations
+
+import re
+
+from ansible_collections.machinery.compute.plugins.module_utils.errors import (
+    ConnectionFailed, LibvirtFailure, ValidationError)
+
+try:
+    import libvirt
+    HAS_LIBVIRT = True
+    LIBVIRT_IMPORT_ERROR = None
+except ImportError as exc:  # reported by the callers with a pointer to libvirt-python
+    libvirt = None
+    HAS_LIBVIRT = False
+    LIBVIRT_IMPORT_ERROR = exc
+
+_URI = re.compile(r"^[a-z][a-z0-9+]*://[^\s]*$")
+
+
+def _quiet(_context, _error):
+    """libvirt prints every error to stderr by default; ours are raised as exceptions instead."""
+
+
+def require_libvirt():
+    if not HAS_LIBVIRT:
+        raise LibvirtFailure("the libvirt Python binding is missing (pip install libvirt-python): %s"
+                             % LIBVIRT_IMPORT_ERROR)
+    libvirt.registerErrorHandler(_quiet, None)
+
+
+def validate_uri(uri, field="uri"):
+    if not isinstance(uri, str) or not _URI.match(uri):
+        raise ValidationError("%r is not a libvirt URI such as qemu:///system or qemu+ssh://root@host/system"
+                              % (uri,), field)
+    return uri
+
+
+def describe(exc):
+    """The useful part of a libvirtError: its message without libvirt's trailing noise."""
+    text = exc.get_error_message() if hasattr(exc, "get_error_message") else None
+    return (text or str(exc)).strip()
+
+
+def open_connection(uri, field="uri"):
+    """Open ``uri`` read-write; an unreachable or wrong URI becomes ConnectionFailed naming the URI."""
+    validate_uri(uri, field)
+    require_libvirt()
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError as exc:
+        raise ConnectionFailed("cannot connect to %s: %s" % (uri, describe(exc)), field) from None
+    if conn is None:
+        raise ConnectionFailed("cannot connect to %s" % uri, field)
+    return conn
+
+
+class Connection:
+    """A context manager around one libvirt connection; the same object is shared by every step of a run."""
+
+    def __init__(self, uri, field="uri"):
+        self.uri = uri
+        self.field = field
+        self.conn = None
+
+    def __enter__(self):
+        self.conn = open_connection(self.uri, self.field)
+        return self.conn
+
+    def __exit__(self, *exc_info):
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # closing a broken connection must not hide the real error
+                pass
+            self.conn = None
+        return False
+
+
+def lookup_domain(conn, name):
+    """The domain called ``name``, or None; errors other than 'no such domain' are raised."""
+    try:
+        return conn.lookupByName(name)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return None
+        raise LibvirtFailure("cannot look up domain %s: %s" % (name, describe(exc))) from None
+
+
+def lookup_network(conn, name):
+    try:
+        return conn.networkLookupByName(name)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_NETWORK:
+            return None
+        raise LibvirtFailure("cannot look up network %s: %s" % (name, describe(exc))) from None
+
+
+def lookup_storage_pool(conn, name):
+    try:
+        return conn.storagePoolLookupByName(name)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
+            return None
+        raise LibvirtFailure("cannot look up storage pool %s: %s" % (name, describe(exc))) from None
+
+
+def lookup_volume(pool, name):
+    try:
+        return pool.storageVolLookupByName(name)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
+            return None
+        raise LibvirtFailure("cannot look up volume %s: %s" % (name, describe(exc))) from None

@@ -1,0 +1,53 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one base class of the collection's modules: common options, one connection, errors as fail_json."""
+
+from __future__ import annotations
+
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
+
+COMMON_ARGS = dict(uri=dict(type="str", default="qemu:///system"))
+
+
+class MachineryModule:
+    """Subclasses set ``argument_spec`` (and ``module_kwargs``) and implement ``run(ctx)`` returning a dict."""
+
+    argument_spec = {}
+    module_kwargs = {}
+
+    def __init__(self):
+        spec = dict(COMMON_ARGS)
+        spec.update(self.argument_spec)
+        self.module = AnsibleModule(argument_spec=spec, supports_check_mode=True, **self.module_kwargs)
+        self.params = self.module.params
+        self.check_mode = self.module.check_mode
+
+    def diff(self, before, after):
+        return {"before": before, "after": after} if self.module._diff else None
+
+    def __call__(self):
+        if not lv.HAS_LIBVIRT:
+            self.module.fail_json(msg=missing_required_lib("libvirt-python"), exception=str(lv.LIBVIRT_IMPORT_ERROR))
+        try:
+            with lv.Connection(self.params["uri"]) as conn:
+                result = self.run(PoolContext(conn, self.params["uri"]))
+        except MachineryError as exc:
+            self.module.fail_json(msg=str(exc), field=exc.field, reason=exc.reason)
+        except lv.libvirt.libvirtError as exc:
+            self.module.fail_json(msg="libvirt error on %s: %s" % (self.params["uri"], lv.describe(exc)),
+                                  reason="LibvirtError", exception=traceback.format_exc())
+        if result.get("diff") is None:
+            result.pop("diff", None)
+        for warning in result.pop("warnings", []):
+            self.module.warn(warning)
+        self.module.exit_json(**result)
+
+    def run(self, ctx):
+        raise NotImplementedError

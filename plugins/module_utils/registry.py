@@ -1,0 +1,128 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Pool registration and published classes, kept on the pool host in a dir storage pool of JSON documents.
+
+Each object is stored as ``<key>.<generation>.json``; a write creates generation n+1 and only then removes the
+older ones. Every document carries the checksum of its body, so a write cut off midway leaves a document that
+fails verification and the reader falls back to the previous generation: an object is never unreadable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+
+from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import storage
+
+REGISTRY_POOL = "machinery-registry"
+STORAGE_POOL = "machinery"
+DEFAULT_STORAGE_PATH = "/var/lib/libvirt/machinery"
+POOL_KEY = "pool"
+_DOC = re.compile(r"^(?P<key>[a-z0-9][-a-z0-9]*)\.(?P<generation>[0-9]+)\.json$")
+
+
+def registry_path(storage_path):
+    storage_path = storage_path.rstrip("/") or "/"
+    return os.path.join(os.path.dirname(storage_path), os.path.basename(storage_path) + "-registry")
+
+
+def class_key(name):
+    return "class-%s" % name
+
+
+def encode(key, generation, body):
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    document = {"key": key, "generation": generation, "body": body,
+                "sha256": hashlib.sha256(canonical.encode()).hexdigest()}
+    return json.dumps(document, sort_keys=True, indent=1).encode() + b"\n"
+
+
+def decode(data, key):
+    """The body of a stored document, or None when it is cut off, corrupt or belongs to another key."""
+    try:
+        document = json.loads(data.decode())
+        body = document["body"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    if document.get("key") != key or document.get("sha256") != hashlib.sha256(canonical.encode()).hexdigest():
+        return None
+    return body
+
+
+class Registry:
+    """The documents of one pool host. ``pool`` is the libvirt storage pool, or None when it does not exist."""
+
+    def __init__(self, conn, pool):
+        self.conn = conn
+        self.pool = pool
+        self._index = None
+
+    @classmethod
+    def open(cls, conn):
+        pool = lv.lookup_storage_pool(conn, REGISTRY_POOL)
+        if pool is not None and not pool.isActive():
+            pool.create(0)
+        return cls(conn, pool)
+
+    def _generations(self):
+        """{key: [(generation, volume name)] newest first}."""
+        if self._index is None:
+            self._index = {}
+            if self.pool is not None:
+                for name in self.pool.listVolumes():
+                    match = _DOC.match(name)
+                    if match:
+                        self._index.setdefault(match.group("key"), []).append(
+                            (int(match.group("generation")), name))
+                for versions in self._index.values():
+                    versions.sort(reverse=True)
+        return self._index
+
+    def keys(self, prefix=""):
+        return sorted(key for key in self._generations() if key.startswith(prefix))
+
+    def get(self, key):
+        for _generation, name in self._generations().get(key, []):
+            vol = lv.lookup_volume(self.pool, name)
+            if vol is None:
+                continue
+            body = decode(storage.download_bytes(self.conn, vol, limit=1024 * 1024), key)
+            if body is not None:
+                return body
+        return None
+
+    def put(self, key, body):
+        versions = self._generations().get(key, [])
+        generation = versions[0][0] + 1 if versions else 1
+        name = "%s.%d.json" % (key, generation)
+        data = encode(key, generation, body)
+        vol = storage.create_volume(self.pool, name, len(data), "raw", mode="0600")
+        storage.upload_bytes(self.conn, vol, data)
+        for _old, old_name in versions:
+            storage.delete_volume(self.pool, old_name)
+        self._index[key] = [(generation, name)]
+
+    def delete(self, key):
+        versions = self._generations().pop(key, [])
+        for _generation, name in versions:
+            storage.delete_volume(self.pool, name)
+        return bool(versions)
+
+    def pool_registration(self):
+        return self.get(POOL_KEY)
+
+    def machine_class(self, name):
+        return self.get(class_key(name))
+
+    def machine_classes(self):
+        classes = {}
+        for key in self.keys("class-"):
+            body = self.get(key)
+            if body is not None:
+                classes[body["name"]] = body
+        return classes
