@@ -1,0 +1,337 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: machine
+short_description: Converge a machine (a libvirt domain) on a pool
+description:
+  - Creates, updates, starts, stops and deletes one machine on a pool registered with
+    M(machinery.compute.machine_pool).
+  - The root disk is a thin qcow2 overlay on the image, which is uploaded to the pool once per checksum through
+    the libvirt connection. Ignition goes to the guest through fw_cfg (C(opt/com.coreos/config)) from a mode 0600
+    volume; cloud-init through a NoCloud C(cidata) ISO on a SATA cdrom. Neither is ever put inline in the
+    domain XML or logged.
+  - The machine's record (spec, creation time, restart count) lives in the domain's metadata. Domains without it
+    were not created by this collection and are refused unless O(adopt=true).
+  - On an existing machine, O(cpu), O(memory), O(machine_class), O(labels) and the boot configuration are
+    changed in place (live where libvirt can, otherwise the return says C(restart_required)); a different image
+    or firmware is refused.
+version_added: 0.1.0
+author: machinery.compute contributors
+extends_documentation_fragment:
+  - machinery.compute.connection
+attributes:
+  check_mode:
+    support: full
+    description: Validates everything and computes the plan; writes nothing.
+  diff_mode:
+    support: full
+    description: Shows the owned fields before and after.
+options:
+  name:
+    description: Machine name, a DNS-1123 label (also the domain name).
+    type: str
+    required: true
+  state:
+    description:
+      - V(running) creates and starts, V(stopped) creates or stops (ACPI power button, forced off after
+        O(shutdown_timeout)), V(present) creates and leaves the power state alone, V(absent) shuts down and
+        deletes the machine with its ephemeral volumes, seed ISO, Ignition file and console log.
+    type: str
+    choices: [running, stopped, present, absent]
+    default: running
+  machine_class:
+    description: Name of a class published on the pool; gives O(cpu) and O(memory) unless they are set too.
+    type: str
+  cpu:
+    description: Number of virtual CPUs (1 to 256).
+    type: int
+  memory:
+    description: Memory as a quantity (V(512Mi), V(2Gi), V(1.5G)) or bytes.
+    type: raw
+  image:
+    description:
+      - OS image (qcow2 or raw) as a path on the host that runs the module, or an V(http://) / V(https://) URL.
+      - Required to create a machine; fixed afterwards.
+    type: str
+  image_checksum:
+    description: sha256 of the image (V(sha256:<hex>) or V(<hex>)); required for a URL, verified for a path.
+    type: str
+  root_size:
+    description: Size of the root disk (at least the image's virtual size); defaults to the image's size.
+    type: raw
+  volumes:
+    description: Extra disks, each a new empty volume (O(volumes[].size)), an existing volume of the pool's
+      storage (O(volumes[].volume)) or an overlay on an image (O(volumes[].image)).
+    type: list
+    elements: dict
+    suboptions:
+      name:
+        description: Name of the disk within the machine.
+        type: str
+        required: true
+      size:
+        description: Size of a new empty volume.
+        type: raw
+      volume:
+        description: Name of an existing volume in the pool's C(machinery) storage pool.
+        type: str
+      image:
+        description: Image path or URL for an overlay disk.
+        type: str
+      image_checksum:
+        description: sha256 of O(volumes[].image).
+        type: str
+      device:
+        description: Target device; assigned stably (vdb, vdc, ...) when not given.
+        type: str
+      bus:
+        description: Disk bus.
+        type: str
+        choices: [virtio, scsi, sata]
+        default: virtio
+      ephemeral:
+        description: Delete the volume with the machine. Defaults to true for new volumes and false for
+          existing ones.
+        type: bool
+  network_interfaces:
+    description:
+      - NICs. When omitted the machine gets one NIC C(eth0) on the pool's first network; V([]) means none.
+    type: list
+    elements: dict
+    suboptions:
+      name:
+        description: Name of the NIC within the machine.
+        type: str
+        required: true
+      network:
+        description: libvirt network.
+        type: str
+      bridge:
+        description: Host bridge.
+        type: str
+      mac:
+        description: MAC address; derived from the machine and NIC names when not given, so it is stable.
+        type: str
+      model:
+        description: NIC model.
+        type: str
+        choices: [virtio, e1000e, rtl8139]
+        default: virtio
+      ephemeral:
+        description: Whether the NIC lives and dies with the machine.
+        type: bool
+        default: true
+  ignition:
+    description: Ignition config, as a JSON string or a mapping.
+    type: raw
+  cloud_init:
+    description: NoCloud data for cloud-init.
+    type: dict
+    suboptions:
+      user_data:
+        description: user-data; a mapping is written as C(#cloud-config).
+        type: raw
+      meta_data:
+        description: meta-data; C(instance-id) and C(local-hostname) default to the machine name.
+        type: raw
+      network_config:
+        description: network-config (version 1 or 2).
+        type: raw
+  ssh_authorized_keys:
+    description: Public keys merged into the cloud-config (or the Ignition C(core) user when only Ignition is
+      given).
+    type: list
+    elements: str
+  labels:
+    description: Labels of the machine (kept in its record; used by selectors and the inventory).
+    type: dict
+  firmware:
+    description: Firmware, fixed at creation; V(bios) when not given.
+    type: str
+    choices: [bios, uefi]
+  virt_type:
+    description: V(auto) uses what the pool measured when it was registered.
+    type: str
+    choices: [auto, kvm, qemu]
+    default: auto
+  wait:
+    description: After starting, wait for nothing more, for the domain to run, or for a DHCP address.
+    type: str
+    choices: [none, running, address]
+    default: running
+  wait_timeout:
+    description: Seconds to wait for O(wait=address).
+    type: int
+    default: 300
+  shutdown_timeout:
+    description: Seconds the guest has to power off after the ACPI request before it is forced off.
+    type: int
+    default: 60
+  adopt:
+    description: Take over a domain of the same name that this collection did not create (only its record is
+      written; its devices are left as they are).
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: A machine from an image with Ignition, waiting for its address
+  machinery.compute.machine:
+    uri: qemu+ssh://root@hv1/system
+    name: web-1
+    machine_class: small
+    image: /var/lib/images/fcos.qcow2
+    image_checksum: sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+    root_size: 10Gi
+    ignition:
+      ignition:
+        version: 3.4.0
+    labels:
+      app: web
+    wait: address
+
+- name: Stop it gracefully
+  machinery.compute.machine:
+    uri: qemu+ssh://root@hv1/system
+    name: web-1
+    state: stopped
+
+- name: Delete it with its ephemeral volumes
+  machinery.compute.machine:
+    uri: qemu+ssh://root@hv1/system
+    name: web-1
+    state: absent
+"""
+
+RETURN = r"""
+machine:
+  description: Status of the machine after the run.
+  returned: always
+  type: dict
+  contains:
+    name:
+      description: Machine name.
+      type: str
+    uuid:
+      description: Domain UUID.
+      type: str
+    pool:
+      description: Pool name.
+      type: str
+    phase:
+      description: Pending, Running, Shutdown, Terminating, Terminated or Failed.
+      type: str
+    machine_class:
+      description: Class name, if any.
+      type: str
+    cpu:
+      description: Virtual CPUs.
+      type: int
+    memory:
+      description: Memory as a quantity.
+      type: str
+    image:
+      description: Image source.
+      type: str
+    labels:
+      description: Labels.
+      type: dict
+    ip_addresses:
+      description: Addresses from the networks' DHCP leases.
+      type: list
+      elements: str
+    network_interfaces:
+      description: NICs with name, mac, network, ip_addresses and state (Pending or Attached).
+      type: list
+      elements: dict
+    volumes:
+      description: Disks with name, device, size, ephemeral and state (Pending or Attached).
+      type: list
+      elements: dict
+    conditions:
+      description: Ready, VolumesReady and NetworkInterfacesReady conditions.
+      type: list
+      elements: dict
+    restart_count:
+      description: Starts after the first one.
+      type: int
+    created:
+      description: Creation time (UTC, ISO 8601).
+      type: str
+restart_required:
+  description: True when a change was recorded that the running guest only takes at its next start.
+  returned: always
+  type: bool
+actions:
+  description: What the run did (or would do in check mode), in order.
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible_collections.machinery.compute.plugins.module_utils.machine import MachineService
+from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+
+
+class MachineModule(MachineryModule):
+    argument_spec = dict(
+        name=dict(type="str", required=True),
+        state=dict(type="str", choices=["running", "stopped", "present", "absent"], default="running"),
+        machine_class=dict(type="str"),
+        cpu=dict(type="int"),
+        memory=dict(type="raw"),
+        image=dict(type="str"),
+        image_checksum=dict(type="str"),
+        root_size=dict(type="raw"),
+        volumes=dict(type="list", elements="dict", options=dict(
+            name=dict(type="str", required=True),
+            size=dict(type="raw"),
+            volume=dict(type="str"),
+            image=dict(type="str"),
+            image_checksum=dict(type="str"),
+            device=dict(type="str"),
+            bus=dict(type="str", choices=["virtio", "scsi", "sata"], default="virtio"),
+            ephemeral=dict(type="bool"),
+        )),
+        network_interfaces=dict(type="list", elements="dict", options=dict(
+            name=dict(type="str", required=True),
+            network=dict(type="str"),
+            bridge=dict(type="str"),
+            mac=dict(type="str"),
+            model=dict(type="str", choices=["virtio", "e1000e", "rtl8139"], default="virtio"),
+            ephemeral=dict(type="bool", default=True),
+        )),
+        ignition=dict(type="raw", no_log=True),
+        cloud_init=dict(type="dict", options=dict(
+            user_data=dict(type="raw", no_log=True),
+            meta_data=dict(type="raw"),
+            network_config=dict(type="raw"),
+        )),
+        ssh_authorized_keys=dict(type="list", elements="str", no_log=False),
+        labels=dict(type="dict"),
+        firmware=dict(type="str", choices=["bios", "uefi"]),
+        virt_type=dict(type="str", choices=["auto", "kvm", "qemu"], default="auto"),
+        wait=dict(type="str", choices=["none", "running", "address"], default="running"),
+        wait_timeout=dict(type="int", default=300),
+        shutdown_timeout=dict(type="int", default=60),
+        adopt=dict(type="bool", default=False),
+    )
+
+    def run(self, ctx):
+        outcome = MachineService(ctx, self.check_mode).ensure(self.params)
+        return {"changed": outcome.changed, "machine": outcome.machine, "actions": outcome.actions,
+                "restart_required": outcome.restart_required, "warnings": outcome.warnings,
+                "diff": self.diff(outcome.before, outcome.after) if outcome.changed else None}
+
+
+def main():
+    MachineModule()()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: machine_class
+short_description: Publish a machine class (a named size) on a pool
+description:
+  - A machine class is a named size, O(cpu) and O(memory), that machines on the pool refer to by name.
+  - The class is stored on the pool host itself, in the pool's registry, through the libvirt connection alone.
+  - Deleting a class that machines on the pool still use fails unless O(force=true).
+version_added: 0.1.0
+author: machinery.compute contributors
+extends_documentation_fragment:
+  - machinery.compute.connection
+attributes:
+  check_mode:
+    support: full
+    description: Computes the same change and writes nothing.
+  diff_mode:
+    support: full
+    description: Shows the class before and after.
+options:
+  name:
+    description: Name of the class, a DNS-1123 label.
+    type: str
+    required: true
+  cpu:
+    description: Number of virtual CPUs, 1 to 256. Required when O(state=present).
+    type: int
+  memory:
+    description:
+      - Memory as a Kubernetes quantity (V(512Mi), V(16Gi), V(1.5G)) or a number of bytes. At least 16Mi.
+      - Required when O(state=present).
+    type: raw
+  state:
+    description: Whether the class is published on the pool.
+    type: str
+    choices: [present, absent]
+    default: present
+  force:
+    description: Delete the class even when machines on the pool still use it (they keep their size).
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Publish a small class on a pool
+  machinery.compute.machine_class:
+    uri: qemu+ssh://root@hv1/system
+    name: small
+    cpu: 1
+    memory: 512Mi
+
+- name: Withdraw it
+  machinery.compute.machine_class:
+    uri: qemu+ssh://root@hv1/system
+    name: small
+    state: absent
+"""
+
+RETURN = r"""
+machine_class:
+  description: The class as published after the run; null when absent.
+  returned: always
+  type: dict
+  sample: {"name": "small", "cpu": 1, "memory": "512Mi"}
+"""
+
+from ansible_collections.machinery.compute.plugins.module_utils.classes import ensure_class
+from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+
+
+class MachineClassModule(MachineryModule):
+    argument_spec = dict(
+        name=dict(type="str", required=True),
+        cpu=dict(type="int"),
+        memory=dict(type="raw"),
+        state=dict(type="str", choices=["present", "absent"], default="present"),
+        force=dict(type="bool", default=False),
+    )
+
+    def run(self, ctx):
+        changed, before, after = ensure_class(ctx, self.params, self.check_mode)
+        return {"changed": changed, "machine_class": after, "diff": self.diff(before, after)}
+
+
+def main():
+    MachineClassModule()()
+
+
+if __name__ == "__main__":
+    main()

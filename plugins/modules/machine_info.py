@@ -1,0 +1,104 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: machine_info
+short_description: List the machines of a pool
+description:
+  - Read-only listing of the machines this collection created on a pool, in the same shape as the
+    M(machinery.compute.machine) return, plus a C(kubectl get machines -o wide) style table.
+  - A filter that matches nothing gives an empty list, not a failure.
+version_added: 0.1.0
+author: machinery.compute contributors
+extends_documentation_fragment:
+  - machinery.compute.connection
+attributes:
+  check_mode:
+    support: full
+    description: The module never changes anything.
+  diff_mode:
+    support: none
+    description: Nothing to show.
+options:
+  name:
+    description: Only machines with these names.
+    type: list
+    elements: str
+  labels:
+    description: Only machines that carry all of these labels with these values.
+    type: dict
+  phase:
+    description: Only machines in one of these phases.
+    type: list
+    elements: str
+    choices: [Pending, Running, Shutdown, Terminating, Failed]
+  include_unmanaged:
+    description: Also list domains this collection did not create.
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Running machines of app web
+  machinery.compute.machine_info:
+    uri: qemu+ssh://root@hv1/system
+    labels:
+      app: web
+    phase: [Running]
+  register: web
+
+- name: Show the table
+  ansible.builtin.debug:
+    var: web.table
+"""
+
+RETURN = r"""
+machines:
+  description: Machines in the shape of the machine module's C(machine) return, sorted by name.
+  returned: always
+  type: list
+  elements: dict
+table:
+  description: Lines NAME POOL CLASS PHASE RESTARTS AGE IPS.
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible_collections.machinery.compute.plugins.module_utils.machine import list_machines, table
+from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+
+
+def selected(machine, names, labels, phases):
+    if names and machine["name"] not in names:
+        return False
+    if phases and machine["phase"] not in phases:
+        return False
+    return all(machine["labels"].get(key) == str(value) for key, value in (labels or {}).items())
+
+
+class MachineInfoModule(MachineryModule):
+    argument_spec = dict(
+        name=dict(type="list", elements="str"),
+        labels=dict(type="dict"),
+        phase=dict(type="list", elements="str",
+                   choices=["Pending", "Running", "Shutdown", "Terminating", "Failed"]),
+        include_unmanaged=dict(type="bool", default=False),
+    )
+
+    def run(self, ctx):
+        machines = [machine for machine in list_machines(ctx, self.params["include_unmanaged"])
+                    if selected(machine, self.params["name"], self.params["labels"], self.params["phase"])]
+        return {"changed": False, "machines": machines, "table": table(machines)}
+
+
+def main():
+    MachineInfoModule()()
+
+
+if __name__ == "__main__":
+    main()
