@@ -1,0 +1,52 @@
+import pytest
+from hypothesis import given, strategies as st
+
+from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.quantity import (
+    format_quantity, mib_ceiling, parse_quantity)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("512Mi", 512 * 2 ** 20),
+    ("16Gi", 16 * 2 ** 30),
+    ("1.5G", 1500000000),
+    ("1.5Gi", 3 * 2 ** 29),
+    ("1k", 1000),
+    ("2Ki", 2048),
+    ("1024", 1024),
+    (1024, 1024),
+    ("0.5Ki", 512),
+    ("1.0001k", 1001),  # a fraction of a byte rounds up
+])
+def test_parse(text, expected):
+    assert parse_quantity(text) == expected
+
+
+@pytest.mark.parametrize("text", ["16Gx", "", " 1Gi", "1Gi ", "-1", "1e9", "Gi", "1.Gi", "1,5G", "0x10", "1KI",
+                                  "1 Gi", True, None, "1gi"])
+def test_reject(text):
+    with pytest.raises(ValidationError) as info:
+        parse_quantity(text, field="memory")
+    assert info.value.field == "memory"
+
+
+def test_zero_is_below_minimum():
+    with pytest.raises(ValidationError, match="below the minimum"):
+        parse_quantity("0", field="memory")
+
+
+def test_format():
+    assert format_quantity(512 * 2 ** 20) == "512Mi"
+    assert format_quantity(2 ** 30) == "1Gi"
+    assert format_quantity(1000) == "1000"
+    assert format_quantity(0) == "0"
+
+
+def test_mib_ceiling():
+    assert mib_ceiling(1) == 2 ** 20
+    assert mib_ceiling(2 ** 20) == 2 ** 20
+
+
+@given(st.integers(min_value=1, max_value=2 ** 62))
+def test_format_parse_round_trip(number):
+    assert parse_quantity(format_quantity(number)) == number

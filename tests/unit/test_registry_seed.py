@@ -1,0 +1,91 @@
+import io
+import json
+
+import pycdlib
+import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils import seed
+from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.machine import table
+
+
+def test_document_round_trip():
+    body = {"name": "small", "cpu": 1, "memory": 134217728}
+    data = reg.encode("class-small", 3, body)
+    assert reg.decode(data, "class-small") == body
+
+
+@pytest.mark.parametrize("cut", [0, 1, 10, 40, -2])
+def test_cut_off_document_is_rejected(cut):
+    data = reg.encode("class-small", 1, {"name": "small", "cpu": 1, "memory": 1})
+    assert reg.decode(data[:cut], "class-small") is None
+
+
+def test_tampered_or_misplaced_document_is_rejected():
+    document = json.loads(reg.encode("pool", 1, {"name": "a"}))
+    document["body"]["name"] = "b"
+    assert reg.decode(json.dumps(document).encode(), "pool") is None
+    assert reg.decode(reg.encode("pool", 1, {"name": "a"}), "class-a") is None
+
+
+def test_registry_path():
+    assert reg.registry_path("/var/lib/libvirt/machinery") == "/var/lib/libvirt/machinery-registry"
+    assert reg.registry_path("/srv/vm/") == "/srv/vm-registry"
+
+
+def read_iso(data):
+    iso = pycdlib.PyCdlib()
+    iso.open_fp(io.BytesIO(data))
+    files = {}
+    for name in ("meta-data", "user-data", "network-config"):
+        out = io.BytesIO()
+        try:
+            iso.get_file_from_iso_fp(out, joliet_path="/" + name)
+        except pycdlib.pycdlibexception.PyCdlibInvalidInput:
+            continue
+        files[name] = out.getvalue().decode()
+    label = iso.pvd.volume_identifier.decode().strip()
+    iso.close()
+    return label, files
+
+
+def test_nocloud_iso():
+    files = seed.nocloud_files("web-1", {"user_data": {"packages": ["htop"]}, "network_config": {"version": 2}},
+                               ["ssh-ed25519 AAAA test"])
+    label, read = read_iso(seed.nocloud_iso(files))
+    assert label == "cidata"
+    assert "local-hostname: web-1" in read["meta-data"]
+    assert read["user-data"].startswith("#cloud-config\n")
+    assert "ssh-ed25519 AAAA test" in read["user-data"]
+    assert "htop" in read["user-data"]
+    assert read["network-config"] == "version: 2\n"
+
+
+def test_user_data_script_cannot_take_keys():
+    with pytest.raises(ValidationError) as info:
+        seed.user_data_text("#!/bin/sh\necho hi\n", ["ssh-ed25519 AAAA"])
+    assert info.value.field == "cloud_init.user_data"
+    assert seed.user_data_text("#!/bin/sh\necho hi\n") == "#!/bin/sh\necho hi\n"
+
+
+def test_ignition():
+    assert json.loads(seed.ignition_document('{"ignition": {"version": "3.4.0"}}')) == {
+        "ignition": {"version": "3.4.0"}}
+    with_keys = json.loads(seed.ignition_document({"ignition": {"version": "3.4.0"}}, ["ssh-ed25519 K"]))
+    assert with_keys["passwd"]["users"] == [{"name": "core", "sshAuthorizedKeys": ["ssh-ed25519 K"]}]
+    for bad in ("{not json", "[1, 2]", 5):
+        with pytest.raises(ValidationError) as info:
+            seed.ignition_document(bad)
+        assert info.value.field == "ignition"
+
+
+def test_table():
+    lines = table([{"name": "web-1", "pool": "pool1", "machine_class": "small", "phase": "Running",
+                    "restart_count": 0, "age": "5m", "ip_addresses": ["192.168.101.10"]},
+                   {"name": "db", "pool": "pool2", "machine_class": None, "phase": "Pending", "restart_count": 2,
+                    "age": "3s", "ip_addresses": []}])
+    assert lines[0].split() == ["NAME", "POOL", "CLASS", "PHASE", "RESTARTS", "AGE", "IPS"]
+    assert lines[1].split() == ["web-1", "pool1", "small", "Running", "0", "5m", "192.168.101.10"]
+    assert lines[2].split() == ["db", "pool2", "-", "Pending", "2", "3s", "<none>"]
+    assert lines[0].index("POOL") == lines[1].index("pool1")

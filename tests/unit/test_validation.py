@@ -1,0 +1,56 @@
+import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+
+
+@pytest.mark.parametrize("name", ["</name>", "../x", "a b", "x" * 64, "Upper", "-a", "a-", "", "a_b", "a.b"])
+def test_bad_names(name):
+    with pytest.raises(ValidationError) as info:
+        check.dns_label(name)
+    assert info.value.field == "name"
+
+
+@pytest.mark.parametrize("name", ["a", "web-1", "x" * 63, "0abc"])
+def test_good_names(name):
+    assert check.dns_label(name) == name
+
+
+@pytest.mark.parametrize("cpu", [0, -1, 257, "two", True, "1.5"])
+def test_bad_cpu(cpu):
+    with pytest.raises(ValidationError) as info:
+        check.cpu_count(cpu)
+    assert info.value.field == "cpu"
+
+
+@pytest.mark.parametrize("memory", ["16Gx", "0", 0, -1, "-1Gi", "1Ki"])
+def test_bad_memory(memory):
+    with pytest.raises(ValidationError) as info:
+        check.memory_bytes(memory)
+    assert info.value.field == "memory"
+
+
+def test_labels():
+    assert check.labels({"app": "web", "example.com/tier": "1", "empty": None}) == {
+        "app": "web", "example.com/tier": "1", "empty": ""}
+    with pytest.raises(ValidationError) as info:
+        check.labels({"app": "{{ lookup('pipe', 'id') }}"})
+    assert info.value.field == "labels.app"
+    with pytest.raises(ValidationError):
+        check.labels({"bad key": "x"})
+
+
+def test_mac():
+    assert check.mac_address("52:54:00:AA:bb:01") == "52:54:00:aa:bb:01"
+    for bad in ("52:54:00:aa:bb", "01:00:5e:00:00:01", "zz:54:00:aa:bb:01"):
+        with pytest.raises(ValidationError):
+            check.mac_address(bad)
+
+
+def test_checksum():
+    digest = "a" * 64
+    assert check.sha256_checksum("sha256:" + digest) == digest
+    assert check.sha256_checksum(digest.upper()) == digest
+    with pytest.raises(ValidationError) as info:
+        check.sha256_checksum("md5:abc")
+    assert info.value.field == "image_checksum"
