@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Local libvirt lab: N isolated libvirtd "hosts" on one machine.
 
 Every pool host (pool1, pool2, ...) is a monolithic ``libvirtd`` running in
@@ -201,7 +200,7 @@ def virsh(uri: str, *args: str, timeout: float = 30, check: bool = True) -> str:
     cmd = ["virsh", "-q", "-c", uri, *args]
     try:
         res = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+            cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False
         )
     except subprocess.TimeoutExpired as exc:
         raise LabError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}") from exc
@@ -218,6 +217,7 @@ def virsh_ok(uri: str, *args: str, timeout: float = 10) -> bool:
             text=True,
             timeout=timeout,
             stdin=subprocess.DEVNULL,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return False
@@ -299,7 +299,7 @@ class Pool:
             )
 
     def prepare(self) -> None:
-        for sub, _ in BIND_MOUNTS:
+        for sub, _mountpoint in BIND_MOUNTS:
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         etc = self.dir / "etc"
         (etc / "libvirtd.conf").write_text(LIBVIRTD_CONF)
@@ -376,7 +376,7 @@ class Pool:
 
     def start(self, libvirtd: str) -> None:
         self.stdout_log.parent.mkdir(parents=True, exist_ok=True)
-        for _, mountpoint in BIND_MOUNTS:
+        for _sub, mountpoint in BIND_MOUNTS:
             # Mount points must exist on the machine (empty dirs).
             os.makedirs(mountpoint, exist_ok=True)
         with open(self.stdout_log, "ab") as out:

@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Builds the lab's test OS image from Debian packages:
 #
 #   lab/image/build.sh OUTPUT_DIR

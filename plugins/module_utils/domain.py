@@ -12,7 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 
-from lxml import etree
+try:
+    from lxml import etree
+    HAS_LXML = True
+except ImportError:  # reported by the module base with a pointer to the package
+    etree = None
+    HAS_LXML = False
 
 from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
 
@@ -283,7 +288,7 @@ def build_domain(plan):
     # libvirt puts every PCIe device on a root port of its own; keep SPARE_ROOT_PORTS free for hot-plug.
     pcie_devices = len([disk for disk in plan["disks"] if disk.get("bus", "virtio") == "virtio"]) + \
         len(plan["nics"]) + 3
-    for _ in range(pcie_devices + SPARE_ROOT_PORTS):
+    for _port in range(pcie_devices + SPARE_ROOT_PORTS):
         _sub(devices, "controller", type="pci", model="pcie-root-port")
     return root
 

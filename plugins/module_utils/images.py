@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import tempfile
-import urllib.request
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import storage
@@ -86,8 +85,13 @@ def cached_volume(pool, checksum):
     return None, None
 
 
-def download(url, checksum):
-    """Fetch ``url`` into the local cache once, verifying its sha256 on the way in."""
+def download(url, checksum, opener):
+    """Fetch ``url`` into the local cache once, verifying its sha256 on the way in.
+
+    ``opener(url, timeout)`` returns a file-like response: the modules pass Ansible's open_url, which honours
+    proxies and the system's certificates."""
+    if opener is None:
+        raise MachineryError("no way to download %s here" % url, "image")
     target = os.path.join(cache_dir(), "images", checksum)
     if os.path.isfile(target):
         return target
@@ -95,7 +99,7 @@ def download(url, checksum):
     digest = hashlib.sha256()
     with tempfile.NamedTemporaryFile(dir=os.path.dirname(target), delete=False) as handle:
         try:
-            with urllib.request.urlopen(url, timeout=60) as response:  # nosec - URL given by the operator
+            with opener(url, timeout=60) as response:
                 for block in iter(lambda: response.read(storage.CHUNK), b""):
                     digest.update(block)
                     handle.write(block)
@@ -110,11 +114,11 @@ def download(url, checksum):
     return target
 
 
-def ensure_cached(conn, pool, image):
+def ensure_cached(conn, pool, image, opener=None):
     """The pool's volume of ``image``, uploaded through the libvirt stream if it is not there yet."""
     vol, fmt = cached_volume(pool, image["checksum"])
     if vol is not None:
         return vol, fmt
-    path = image.get("path") or download(image["url"], image["checksum"])
+    path = image.get("path") or download(image["url"], image["checksum"], opener)
     vol, fmt, _uploaded = storage.ensure_image(conn, pool, path, image["checksum"])
     return vol, fmt

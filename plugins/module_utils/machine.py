@@ -15,6 +15,7 @@ import time
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import images
+from ansible_collections.machinery.compute.plugins.module_utils import pools
 from ansible_collections.machinery.compute.plugins.module_utils import seed
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils import validation as check
@@ -77,18 +78,22 @@ def _volumes(name, items, ctx, taken_devices):
             raise ValidationError("give exactly one of size, volume or image", where)
         entry = {"name": vol_name, "bus": check.one_of(item.get("bus") or "virtio", BUSES, where + ".bus"),
                  "device": item.get("device")}
-        if item.get("size") is not None:
-            entry.update(source="empty", size=check.disk_bytes(item["size"], where + ".size"),
-                         volume="%s-%s.qcow2" % (name, vol_name), ephemeral=item.get("ephemeral", True))
-        elif item.get("volume") is not None:
+        ephemeral = item.get("ephemeral")  # None when unset: new volumes are ephemeral, existing ones are not
+        if item.get("volume") is not None:
             existing = storage.find_volume(ctx.storage, str(item["volume"]), where + ".volume")
             entry.update(source="volume", volume=existing.name(), size=existing.info()[1],
-                         ephemeral=bool(item.get("ephemeral", False)))
+                         ephemeral=bool(ephemeral))
         else:
-            entry.update(source="image", image=images.resolve(item["image"], item.get("image_checksum"),
-                                                             where + ".image"),
-                         volume="%s-%s.qcow2" % (name, vol_name), ephemeral=item.get("ephemeral", True))
-        entry["ephemeral"] = bool(entry["ephemeral"])
+            entry.update(volume="%s-%s.qcow2" % (name, vol_name), ephemeral=ephemeral is not False)
+            if lv.lookup_volume(ctx.storage, entry["volume"]) is not None:
+                raise ConflictError("volume %s already exists in storage pool %s (left by an earlier machine?); "
+                                    "delete it, or attach it with volume: %s"
+                                    % (entry["volume"], ctx.storage.name(), entry["volume"]), where + ".name")
+            if item.get("size") is not None:
+                entry.update(source="empty", size=check.disk_bytes(item["size"], where + ".size"))
+            else:
+                entry.update(source="image", image=images.resolve(item["image"], item.get("image_checksum"),
+                                                                  where + ".image"))
         result.append(entry)
     explicit = [entry["device"] for entry in result if entry["device"]]
     for index, entry in enumerate(result):
@@ -424,14 +429,13 @@ class MachineService:
         pool = self.ctx.storage
         created = []
         try:
-            image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"])
+            image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener)
             spec["image"]["format"] = fmt
             image_size = image_vol.info()[1]
             root_size = spec["root_size"] or image_size
             if root_size < image_size:
-                raise ValidationError("%s is smaller than the image (%s)" % (format_quantity(root_size),
-                                                                           format_quantity(image_size)),
-                                      "root_size")
+                raise ValidationError("%s is smaller than the image (%s)"
+                                      % (format_quantity(root_size), format_quantity(image_size)), "root_size")
             spec["root_size"] = root_size
             root_name = "%s-root.qcow2" % name
             storage.delete_volume(pool, root_name)
@@ -445,7 +449,7 @@ class MachineService:
                                   "bus": vol["bus"], "format": _volume_format(existing)})
                     continue
                 if vol["source"] == "image":
-                    backing_vol, backing_fmt = images.ensure_cached(self.conn, pool, vol["image"])
+                    backing_vol, backing_fmt = images.ensure_cached(self.conn, pool, vol["image"], self.ctx.url_opener)
                     size = max(backing_vol.info()[1], vol.get("size") or 0)
                     new = storage.create_volume(pool, vol["volume"], size, "qcow2",
                                                 backing=(backing_vol.path(), backing_fmt))
@@ -493,13 +497,9 @@ class MachineService:
         allocatable = registration.get("allocatable")
         if not allocatable:
             return
-        used_cpu = used_memory = 0
-        for dom in self.conn.listAllDomains(0):
-            if dom.name() == spec["name"]:
-                continue
-            info = dom.info()
-            used_cpu += info[3]
-            used_memory += info[1] * 1024
+        others = [size for size in pools.machine_sizes(self.conn) if size[0] != spec["name"]]
+        used_cpu = sum(size[1] or 0 for size in others)
+        used_memory = sum(size[2] or 0 for size in others)
         if used_cpu + spec["cpu"] > allocatable["cpu"] or used_memory + spec["memory"] > allocatable["memory"]:
             raise PoolFull("pool %s is full: %d/%d cpu and %s/%s memory are allocated, %s needs %d cpu and %s"
                            % (self.ctx.name, used_cpu, allocatable["cpu"], format_quantity(used_memory),
@@ -754,8 +754,7 @@ def ephemeral_volumes(record):
 
 
 def _volume_format(vol):
-    from lxml import etree
-    node = etree.fromstring(vol.XMLDesc(0)).find("target/format")
+    node = dx.parse(vol.XMLDesc(0)).find("target/format")
     return node.get("type") if node is not None else "raw"
 
 

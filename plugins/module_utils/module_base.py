@@ -8,8 +8,10 @@ from __future__ import annotations
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.urls import open_url
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
 from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
 
@@ -35,9 +37,13 @@ class MachineryModule:
     def __call__(self):
         if not lv.HAS_LIBVIRT:
             self.module.fail_json(msg=missing_required_lib("libvirt-python"), exception=str(lv.LIBVIRT_IMPORT_ERROR))
+        if not dx.HAS_LXML:
+            self.module.fail_json(msg=missing_required_lib("lxml"))
         try:
             with lv.Connection(self.params["uri"]) as conn:
-                result = self.run(PoolContext(conn, self.params["uri"]))
+                ctx = PoolContext(conn, self.params["uri"])
+                ctx.url_opener = open_url
+                result = self.run(ctx)
         except MachineryError as exc:
             self.module.fail_json(msg=str(exc), field=exc.field, reason=exc.reason)
         except lv.libvirt.libvirtError as exc:

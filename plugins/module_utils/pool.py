@@ -22,6 +22,7 @@ class PoolContext:
         self._storage = None
         self._storage_path = None
         self._networks = {}
+        self.url_opener = None  # set by the Ansible side: how to fetch images given by URL
 
     @property
     def registry(self):

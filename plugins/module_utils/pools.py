@@ -263,9 +263,8 @@ def ensure_pool(ctx, params, check_mode):
         desired["virt_type"] = current["virt_type"]
     capacity = capacity_of(conn)
     if desired["reserved"]["cpu"] >= capacity["cpu"] or desired["reserved"]["memory"] >= capacity["memory"]:
-        raise ValidationError("reserves all of the host (%d cpu, %s)" % (capacity["cpu"],
-                                                                        format_quantity(capacity["memory"])),
-                              "reserved")
+        raise ValidationError("reserves all of the host (%d cpu, %s)"
+                              % (capacity["cpu"], format_quantity(capacity["memory"])), "reserved")
     desired["allocatable"] = allocatable_of(capacity, desired["reserved"], desired["overcommit"])
     changed = False
     _pool, made = storage.ensure_dir_pool(conn, reg.REGISTRY_POOL, reg.registry_path(storage_path), check_mode)

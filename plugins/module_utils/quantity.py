@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import ROUND_CEILING, Decimal
 
@@ -27,7 +28,7 @@ def parse_quantity(value, field="quantity", minimum=1):
     if isinstance(value, int):
         number = value
     elif isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             raise ValidationError("expected a finite quantity, got %r" % (value,), field)
         number = int(Decimal(repr(value)).to_integral_value(rounding=ROUND_CEILING))
     else:

@@ -11,6 +11,7 @@ import struct
 from xml.sax.saxutils import escape
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.errors import LibvirtFailure, NotFoundError
 
 CHUNK = 1024 * 1024
@@ -77,8 +78,7 @@ def ensure_dir_pool(conn, name, path, check_mode=False):
 
 
 def pool_path(pool):
-    from lxml import etree
-    return etree.fromstring(pool.XMLDesc(0)).findtext("target/path")
+    return dx.parse(pool.XMLDesc(0)).findtext("target/path")
 
 
 def volume_xml(name, capacity, fmt="raw", mode=None, backing=None, allocation=0):
@@ -90,8 +90,9 @@ def volume_xml(name, capacity, fmt="raw", mode=None, backing=None, allocation=0)
         parts.append("<permissions><mode>%s</mode></permissions>" % mode)
     parts.append("</target>")
     if backing:
-        parts.append("<backingStore><path>%s</path><format type='%s'/></backingStore>" % (escape(backing[0]),
-                                                                                         backing[1]))
+        path, fmt_of_backing = backing
+        parts.append("<backingStore><path>%s</path><format type='%s'/></backingStore>"
+                     % (escape(path), fmt_of_backing))
     parts.append("</volume>")
     return "".join(parts)
 
@@ -153,8 +154,7 @@ def upload_file(conn, vol, path):
 
     def chunks():
         with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(CHUNK), b""):
-                yield block
+            yield from iter(lambda: handle.read(CHUNK), b"")
     upload(conn, vol, chunks(), size)
 
 

@@ -21,7 +21,7 @@ description:
     changed in place (live where libvirt can, otherwise the return says C(restart_required)); a different image
     or firmware is refused.
 version_added: 0.1.0
-author: machinery.compute contributors
+author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
 attributes:

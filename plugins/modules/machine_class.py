@@ -13,7 +13,7 @@ description:
   - The class is stored on the pool host itself, in the pool's registry, through the libvirt connection alone.
   - Deleting a class that machines on the pool still use fails unless O(force=true).
 version_added: 0.1.0
-author: machinery.compute contributors
+author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
 attributes:

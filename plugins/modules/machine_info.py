@@ -13,7 +13,7 @@ description:
     M(machinery.compute.machine) return, plus a C(kubectl get machines -o wide) style table.
   - A filter that matches nothing gives an empty list, not a failure.
 version_added: 0.1.0
-author: machinery.compute contributors
+author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
 attributes:

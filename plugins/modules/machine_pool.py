@@ -16,7 +16,7 @@ description:
   - With O(virt_type=auto) the module starts a tiny transient KVM guest once and keeps C(kvm) only if that
     guest really runs; a C(/dev/kvm) that exists but fails guests gives C(qemu) (TCG).
 version_added: 0.1.0
-author: machinery.compute contributors
+author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
 attributes:

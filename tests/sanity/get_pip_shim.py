@@ -5,7 +5,6 @@ arguments (options and packages such as pip==24.2). We bootstrap pip from the in
 (ensurepip) and then let that pip install what was asked for from the package index.
 """
 
-import ensurepip
 import subprocess
 import sys
 
@@ -13,7 +12,9 @@ GET_PIP_ONLY_OPTIONS = {"--no-setuptools", "--no-wheel"}
 
 
 def main():
-    ensurepip.bootstrap(upgrade=True)
+    # In a process of its own: ensurepip points PIP_CONFIG_FILE at /dev/null in the environment it runs in,
+    # which would hide the pip configuration (index, certificates) from the install below.
+    subprocess.check_call([sys.executable, "-m", "ensurepip", "--upgrade"])
     arguments = [argument for argument in sys.argv[1:] if argument not in GET_PIP_ONLY_OPTIONS]
     sys.exit(subprocess.call([sys.executable, "-m", "pip", "install"] + arguments))
 

@@ -1,0 +1,155 @@
+"""Integration tests against the real lab: libvirtd pool hosts in their own namespaces, real QEMU guests.
+
+Modules run as Ansible runs them on a host (their own process, arguments as JSON); every effect is checked
+from libvirt itself.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import libvirt
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLASS_SMALL = {"name": "small", "cpu": 1, "memory": "128Mi"}
+# The lab's hosts have few CPUs and its TCG test guests sit idle: overcommit CPUs so tests are not capped at 2.
+OVERCOMMIT = {"cpu": 16.0, "memory": 1.0}
+
+libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+
+def load_lab():
+    path = os.environ.get("MACHINERY_LAB") or os.path.join(REPO, ".lab", "lab.json")
+    with open(path) as handle:
+        return json.load(handle)
+
+
+@pytest.fixture(scope="session")
+def lab():
+    data = load_lab()
+    assert len(data["pools"]) >= 3, "the integration tests need a lab of 3 pools (make lab-up)"
+    assert data["image"] and os.path.isfile(data["image"]), "the lab has no test image (make image)"
+    return data
+
+
+@pytest.fixture(scope="session")
+def image(lab):
+    return lab["image"]
+
+
+def run_module(module_name, check=False, diff=True, **args):
+    """Run machinery.compute.<name> in its own process, as Ansible does on a host; returns its JSON result."""
+    args = dict(args, _ansible_check_mode=check, _ansible_diff=diff, _ansible_no_log=False)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
+    try:
+        command = [sys.executable, "-m", "ansible_collections.machinery.compute.plugins.modules." + module_name,
+                   handle.name]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    finally:
+        os.unlink(handle.name)
+    try:
+        return json.loads(proc.stdout[proc.stdout.index("{"):])
+    except ValueError:
+        raise AssertionError("module %s printed no JSON (rc %d): %s %s"
+                             % (module_name, proc.returncode, proc.stdout, proc.stderr)) from None
+
+
+@pytest.fixture(scope="session")
+def module():
+    return run_module
+
+
+class Pool:
+    """One lab pool: its name, URI and an open libvirt connection for checking what the modules did."""
+
+    def __init__(self, name, uri):
+        self.name = name
+        self.uri = uri
+        self.conn = libvirt.open(uri)
+
+    def domain(self, name):
+        try:
+            return self.conn.lookupByName(name)
+        except libvirt.libvirtError:
+            return None
+
+    def domain_names(self):
+        return sorted(dom.name() for dom in self.conn.listAllDomains(0))
+
+    def volumes(self, pool="machinery"):
+        storage = self.conn.storagePoolLookupByName(pool)
+        storage.refresh(0)
+        return sorted(storage.listVolumes())
+
+    def download(self, volume, pool="machinery"):
+        storage = self.conn.storagePoolLookupByName(pool)
+        storage.refresh(0)
+        vol = storage.storageVolLookupByName(volume)
+        stream = self.conn.newStream(0)
+        vol.download(stream, 0, 0, 0)
+        chunks = []
+        while True:
+            data = stream.recv(1 << 20)
+            if not data or data in (-2,):
+                break
+            chunks.append(data)
+        stream.finish()
+        return b"".join(chunks)
+
+    def console(self, machine):
+        return self.download("%s-console.log" % machine).decode(errors="replace")
+
+    def wait_console(self, machine, marker, timeout=90):
+        deadline = time.monotonic() + timeout
+        text = ""
+        while time.monotonic() < deadline:
+            try:
+                text = self.console(machine)
+            except libvirt.libvirtError:
+                text = ""
+            if marker in text:
+                return text
+            time.sleep(1)
+        raise AssertionError("%s never printed %s; console so far:\n%s" % (machine, marker, text[-3000:]))
+
+    def leases(self, network="machinery"):
+        return self.conn.networkLookupByName(network).DHCPLeases()
+
+
+@pytest.fixture(scope="session")
+def pools(lab):
+    return [Pool(entry["name"], entry["uri"]) for entry in lab["pools"]]
+
+
+def register(pool, **extra):
+    extra.setdefault("overcommit", OVERCOMMIT)
+    result = run_module("machine_pool", uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}], **extra)
+    assert not result.get("failed"), result
+    result = run_module("machine_class", uri=pool.uri, **CLASS_SMALL)
+    assert not result.get("failed"), result
+    return result
+
+
+@pytest.fixture(scope="session")
+def registered(pools):
+    """Every lab pool registered, with class small (1 cpu, 128Mi) published."""
+    for pool in pools:
+        register(pool)
+    return pools
+
+
+@pytest.fixture
+def pool(registered):
+    return registered[0]
+
+
+def assert_failed(result, field, *words):
+    assert result.get("failed"), result
+    assert result.get("field") == field, result
+    for word in words:
+        assert word in result["msg"], result["msg"]

@@ -1,0 +1,97 @@
+"""machine_pool: check-mode → register → idempotent → modify with diff → unregister → unregister again."""
+
+import json
+
+import libvirt
+
+from conftest import assert_failed
+
+
+def storage_pool_names(pool):
+    return sorted(p.name() for p in pool.conn.listAllStoragePools(0))
+
+
+def test_pool_lifecycle(pools, module):
+    pool = pools[2]
+    module("machine_pool", uri=pool.uri, name=pool.name, state="absent", force=True)
+    before = storage_pool_names(pool)
+
+    result = module("machine_pool", check=True, uri=pool.uri, name=pool.name, labels={"zone": "c"},
+                    networks=[{"name": "machinery"}])
+    assert result["changed"] is True
+    assert storage_pool_names(pool) == before
+    assert "machinery-registry" not in before or not pool.conn.storagePoolLookupByName(
+        "machinery-registry").listVolumes()
+
+    result = module("machine_pool", uri=pool.uri, name=pool.name, labels={"zone": "c"},
+                    networks=[{"name": "machinery"}])
+    assert result["changed"] is True, result
+    status = result["pool"]
+    assert status["state"] == "Ready"
+    assert status["virt_type"] in ("kvm", "qemu")
+    assert status["capacity"]["cpu"] >= 1
+    assert status["machine_count"] == 0
+    registry = pool.conn.storagePoolLookupByName("machinery-registry")
+    stored = [name for name in registry.listVolumes() if name.startswith("pool.")]
+    assert len(stored) == 1
+    document = json.loads(pool.download(stored[0], "machinery-registry"))
+    assert document["body"]["labels"] == {"zone": "c"}
+    assert document["body"]["virt_type"] == status["virt_type"]
+
+    again = module("machine_pool", uri=pool.uri, name=pool.name, labels={"zone": "c"},
+                   networks=[{"name": "machinery"}])
+    assert again["changed"] is False, again
+
+    changed = module("machine_pool", uri=pool.uri, name=pool.name, labels={"zone": "d"},
+                     networks=[{"name": "machinery"}])
+    assert changed["changed"] is True
+    assert changed["diff"]["before"]["labels"] == {"zone": "c"}
+    assert changed["diff"]["after"]["labels"] == {"zone": "d"}
+    assert changed["pool"]["labels"] == {"zone": "d"}
+    # the new generation replaced the old one: exactly one readable document
+    assert len([n for n in registry.listVolumes() if n.startswith("pool.")]) == 1
+
+    gone = module("machine_pool", uri=pool.uri, name=pool.name, state="absent")
+    assert gone["changed"] is True
+    assert not [n for n in registry.listVolumes() if n.startswith("pool.")]
+    assert module("machine_pool", uri=pool.uri, name=pool.name, state="absent")["changed"] is False
+
+
+def test_cut_off_registry_write_falls_back(pools, module):
+    pool = pools[2]
+    assert not module("machine_pool", uri=pool.uri, name=pool.name, labels={"zone": "c"},
+                      networks=[{"name": "machinery"}]).get("failed")
+    registry = pool.conn.storagePoolLookupByName("machinery-registry")
+    current = [n for n in registry.listVolumes() if n.startswith("pool.")][0]
+    generation = int(current.split(".")[1])
+    # a write that died midway: the next generation exists but holds half a document
+    broken = registry.createXML("<volume><name>pool.%d.json</name><capacity>20</capacity><target>"
+                                "<format type='raw'/></target></volume>" % (generation + 1), 0)
+    stream = pool.conn.newStream(0)
+    broken.upload(stream, 0, 20, 0)
+    stream.send(b'{"key": "pool", "gen')
+    stream.finish()
+    result = module("machine_pool", uri=pool.uri, name=pool.name, labels={"zone": "c"},
+                    networks=[{"name": "machinery"}])
+    assert result["changed"] is False, "the previous generation must still be read: %s" % result
+    assert result["pool"]["labels"] == {"zone": "c"}
+
+
+def test_pool_bad_input(pools, module):
+    pool = pools[2]
+    before = storage_pool_names(pool)
+    assert_failed(module("machine_pool", uri="qemu+unix:///system?socket=/nonexistent/sock", name="x"), "uri",
+                  "cannot connect")
+    assert_failed(module("machine_pool", uri="not a uri", name="x"), "uri")
+    assert_failed(module("machine_pool", uri=pool.uri, name="Bad_Name"), "name", "DNS-1123")
+    assert_failed(module("machine_pool", uri=pool.uri, name=pool.name, storage_path="relative/path"),
+                  "storage_path")
+    assert_failed(module("machine_pool", uri=pool.uri, name=pool.name, reserved={"cpu": 4096}), "reserved")
+    assert_failed(module("machine_pool", uri=pool.uri, name=pool.name, networks=[{"name": "nope"}]), "networks",
+                  "does not exist")
+    assert storage_pool_names(pool) == before
+    try:
+        pool.conn.networkLookupByName("nope")
+        raise AssertionError("network nope must not exist")
+    except libvirt.libvirtError:
+        pass

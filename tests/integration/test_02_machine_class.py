@@ -1,0 +1,64 @@
+"""machine_class: lifecycle, in-use protection, bad input."""
+
+from conftest import OVERCOMMIT, assert_failed
+
+
+def class_volumes(pool, name):
+    registry = pool.conn.storagePoolLookupByName("machinery-registry")
+    return [n for n in registry.listVolumes() if n.startswith("class-%s." % name)]
+
+
+def test_class_lifecycle(pool, module):
+    args = dict(uri=pool.uri, name="medium", cpu=2, memory="256Mi")
+    module("machine_class", uri=pool.uri, name="medium", state="absent", force=True)
+
+    result = module("machine_class", check=True, **args)
+    assert result["changed"] is True
+    assert class_volumes(pool, "medium") == []
+
+    result = module("machine_class", **args)
+    assert result["changed"] is True
+    assert result["machine_class"] == {"name": "medium", "cpu": 2, "memory": "256Mi"}
+    assert len(class_volumes(pool, "medium")) == 1
+
+    assert module("machine_class", **args)["changed"] is False
+    # the same size written another way is no change
+    assert module("machine_class", uri=pool.uri, name="medium", cpu=2, memory=268435456)["changed"] is False
+
+    result = module("machine_class", uri=pool.uri, name="medium", cpu=2, memory="512Mi")
+    assert result["changed"] is True
+    assert result["diff"] == {"before": {"name": "medium", "cpu": 2, "memory": "256Mi"},
+                              "after": {"name": "medium", "cpu": 2, "memory": "512Mi"}}
+    status = module("machine_pool", uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}],
+                    overcommit=OVERCOMMIT)["pool"]
+    assert {"name": "medium", "cpu": 2, "memory": "512Mi"} == {
+        k: v for k, v in next(c for c in status["available_machine_classes"] if c["name"] == "medium").items()
+        if k != "allocatable"}
+
+    result = module("machine_class", uri=pool.uri, name="medium", state="absent")
+    assert result["changed"] is True
+    assert class_volumes(pool, "medium") == []
+    assert module("machine_class", uri=pool.uri, name="medium", state="absent")["changed"] is False
+
+
+def test_class_in_use_is_protected(pool, module, image):
+    assert not module("machine_class", uri=pool.uri, name="tiny", cpu=1, memory="128Mi").get("failed")
+    made = module("machine", uri=pool.uri, name="uses-tiny", machine_class="tiny", image=image, state="present")
+    assert made["changed"], made
+    try:
+        result = module("machine_class", uri=pool.uri, name="tiny", state="absent")
+        assert_failed(result, "name", "uses-tiny", "force")
+        assert len(class_volumes(pool, "tiny")) == 1
+    finally:
+        module("machine", uri=pool.uri, name="uses-tiny", state="absent")
+    assert module("machine_class", uri=pool.uri, name="tiny", state="absent")["changed"] is True
+
+
+def test_class_bad_input(pool, module):
+    for args, field in ((dict(cpu=0, memory="1Gi"), "cpu"), (dict(cpu=-1, memory="1Gi"), "cpu"),
+                        (dict(cpu=257, memory="1Gi"), "cpu"), (dict(cpu=1, memory="16Gx"), "memory"),
+                        (dict(cpu=1, memory="0"), "memory"), (dict(cpu=1, memory="-1Gi"), "memory"),
+                        (dict(cpu=1), "memory")):
+        assert_failed(module("machine_class", uri=pool.uri, name="broken", **args), field)
+        assert class_volumes(pool, "broken") == []
+    assert_failed(module("machine_class", uri=pool.uri, name="</name>", cpu=1, memory="1Gi"), "name")
