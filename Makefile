@@ -66,7 +66,7 @@ sanity: venv
 	bash tests/sanity/run.sh $(VENV)
 
 lint: venv
-	$(VENV)/bin/ansible-lint --profile production roles playbooks
+	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks $(wildcard roles/*)
 
 integration: venv image
 	python3 lab/lab.py up --pools 3 --dir $(TEST_LAB) --image $(IMAGE_DIR)/machinery-test.qcow2

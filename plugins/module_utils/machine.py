@@ -311,6 +311,21 @@ def machine_status(dom, ctx, book=None, tree=None, moment=None):
     }
 
 
+def console_tail(ctx, names, lines):
+    """{name: last ``lines`` lines of the machine's serial console log}, read through a libvirt stream."""
+    storage_pool = ctx.storage
+    storage_pool.refresh(0)
+    tails = {}
+    for name in names:
+        vol = lv.lookup_volume(storage_pool, "%s-console.log" % name)
+        if vol is None:
+            tails[name] = []
+            continue
+        text = storage.download_bytes(ctx.conn, vol).decode("utf-8", errors="replace")
+        tails[name] = [line.rstrip("\r") for line in text.splitlines()[-lines:]]
+    return tails
+
+
 TABLE_COLUMNS = ("NAME", "POOL", "CLASS", "PHASE", "RESTARTS", "AGE", "IPS")
 
 

@@ -40,6 +40,12 @@ options:
     description: Also list domains this collection did not create.
     type: bool
     default: false
+  console_lines:
+    description:
+      - Return the last this many lines of each machine's serial console log as RV(machines[].console).
+      - The log is read through the libvirt connection, so this works over any URI. V(0) reads nothing.
+    type: int
+    default: 0
 """
 
 EXAMPLES = r"""
@@ -62,6 +68,12 @@ machines:
   returned: always
   type: list
   elements: dict
+  contains:
+    console:
+      description: The last O(console_lines) lines of the serial console log.
+      returned: when O(console_lines) is above 0
+      type: list
+      elements: str
 table:
   description: Lines NAME POOL CLASS PHASE RESTARTS AGE IPS.
   returned: always
@@ -69,7 +81,7 @@ table:
   elements: str
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils.machine import list_machines, table
+from ansible_collections.machinery.compute.plugins.module_utils.machine import console_tail, list_machines, table
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
 
 
@@ -88,11 +100,16 @@ class MachineInfoModule(MachineryModule):
         phase=dict(type="list", elements="str",
                    choices=["Pending", "Running", "Shutdown", "Terminating", "Failed"]),
         include_unmanaged=dict(type="bool", default=False),
+        console_lines=dict(type="int", default=0),
     )
 
     def run(self, ctx):
         machines = [machine for machine in list_machines(ctx, self.params["include_unmanaged"])
                     if selected(machine, self.params["name"], self.params["labels"], self.params["phase"])]
+        if self.params["console_lines"] > 0 and machines:
+            tails = console_tail(ctx, [machine["name"] for machine in machines], self.params["console_lines"])
+            for machine in machines:
+                machine["console"] = tails[machine["name"]]
         return {"changed": False, "machines": machines, "table": table(machines)}
 
 

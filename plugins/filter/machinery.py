@@ -1,0 +1,36 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.machine import table
+from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity, parse_quantity
+
+
+def to_bytes_quantity(value):
+    try:
+        return parse_quantity(value, field="value", minimum=0)
+    except MachineryError as exc:
+        raise AnsibleFilterError("quantity: %s" % exc) from None
+
+
+def to_quantity(value):
+    try:
+        return format_quantity(int(value))
+    except (TypeError, ValueError) as exc:
+        raise AnsibleFilterError("to_quantity: %s" % exc) from None
+
+
+def machine_table(machines):
+    if not isinstance(machines, list):
+        raise AnsibleFilterError("machine_table expects a list of machines")
+    return table(sorted(machines, key=lambda machine: (machine.get("pool") or "", machine["name"])))
+
+
+class FilterModule:
+    def filters(self):
+        return {"quantity": to_bytes_quantity, "to_quantity": to_quantity, "machine_table": machine_table}
