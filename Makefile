@@ -8,7 +8,6 @@ TEST_LAB ?= $(CURDIR)/.lab/test
 IMAGE_DIR ?= $(CURDIR)/.lab/image
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
-SITE = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt-dev \
 	libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils \
 	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf
@@ -34,8 +33,9 @@ $(VENV)/.stamp: requirements.txt requirements-dev.txt
 	$(MAKE) --no-print-directory deps
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
-	mkdir -p "$(SITE)/ansible_collections/machinery"
-	ln -sfn $(CURDIR) "$(SITE)/ansible_collections/machinery/compute"
+	site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+		mkdir -p "$$site/ansible_collections/machinery" && \
+		ln -sfn $(CURDIR) "$$site/ansible_collections/machinery/compute"
 	touch $@
 
 venv: $(VENV)/.stamp
