@@ -285,3 +285,64 @@ def ensure_pool(ctx, params, check_mode):
         ctx._registration = desired if not check_mode else current
         status = pool_status(ctx, desired)
     return changed, current, desired, status
+
+
+# --- snapshots for the scheduler and the inventory ------------------------------------------------------------
+
+def pool_entries(items, field="pools"):
+    """Normalize ``pools``: URIs or {name, uri} mappings -> [{name or None, uri}]."""
+    if not isinstance(items, list) or not items:
+        raise ValidationError("give a list of libvirt URIs or {name, uri} mappings", field)
+    entries = []
+    for index, item in enumerate(items):
+        if isinstance(item, str):
+            item = {"uri": item}
+        if not isinstance(item, dict) or not item.get("uri"):
+            raise ValidationError("needs a uri", "%s[%d]" % (field, index))
+        entries.append({"name": item.get("name"), "uri": lv.validate_uri(item["uri"], "%s[%d].uri" % (field,
+                                                                                                      index))})
+    return entries
+
+
+def snapshot_of(ctx, given_name=None):
+    """What the scheduler needs of one connected pool, in raw numbers."""
+    registration = ctx.registration
+    sizes = machine_sizes(ctx.conn)
+    snapshot = {"name": (registration or {}).get("name") or given_name or ctx.uri, "uri": ctx.uri,
+                "labels": {}, "taints": [], "classes": {}, "machines": [size[0] for size in sizes],
+                "allocated": {"cpu": sum(s[1] or 0 for s in sizes), "memory": sum(s[2] or 0 for s in sizes)},
+                "allocatable": {"cpu": 0, "memory": 0}, "state": "Error", "problem": None}
+    if not registration:
+        snapshot["problem"] = "not registered (run machinery.compute.machine_pool)"
+        return snapshot
+    status = pool_status(ctx, registration, sizes)
+    snapshot.update(labels=registration.get("labels") or {}, taints=registration.get("taints") or [],
+                    classes={name: {"cpu": body["cpu"], "memory": body["memory"]}
+                             for name, body in ctx.registry.machine_classes().items()},
+                    allocatable=allocatable_of(capacity_of(ctx.conn), registration["reserved"],
+                                               registration["overcommit"]),
+                    state=status["state"], problem="; ".join(status["problems"]) or None, status=status)
+    return snapshot
+
+
+def read_snapshot(entry):
+    """Connect to one pool and take its snapshot; an unreachable pool is Offline, not an exception."""
+    from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
+    try:
+        with lv.Connection(entry["uri"]) as conn:
+            return snapshot_of(PoolContext(conn, entry["uri"]), entry.get("name"))
+    except (lv.libvirt.libvirtError, ConflictError, ValidationError) as exc:
+        problem = lv.describe(exc) if isinstance(exc, lv.libvirt.libvirtError) else str(exc)
+    except Exception as exc:  # ConnectionFailed and anything else a broken host throws at us
+        problem = str(exc)
+    return {"name": entry.get("name") or entry["uri"], "uri": entry["uri"], "state": "Offline",
+            "problem": problem, "labels": {}, "taints": [], "classes": {}, "machines": [],
+            "allocated": {"cpu": 0, "memory": 0}, "allocatable": {"cpu": 0, "memory": 0}}
+
+
+def read_snapshots(entries, workers=16):
+    """Snapshots of every pool, read in parallel with one connection each, in the order given."""
+    from concurrent.futures import ThreadPoolExecutor
+    lv.require_libvirt()
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(entries)))) as executor:
+        return list(executor.map(read_snapshot, entries))

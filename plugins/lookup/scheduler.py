@@ -1,0 +1,121 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: scheduler
+short_description: Place machines on the pools with room for them
+version_added: 0.1.0
+author: machinery.compute contributors (@machinery)
+description:
+  - Reads every pool's registration, published classes and machines in parallel (one libvirt connection per
+    pool) and places each machine spec on one pool.
+  - 'Filters, in order: the pool is reachable and Ready; every C(NoSchedule)/C(NoExecute) taint is tolerated
+    (key, operator C(Equal)/C(Exists), value, effect); C(machine_pool_selector) matches the pool labels exactly;
+    the class is published on the pool; the class fits in the free cpu and memory after overcommit and
+    reservations.'
+  - C(spread) picks the pool with the most normalized free capacity left after placement, C(binpack) the least.
+    Ties are broken by a stable hash of machine and pool names.
+  - A machine that already exists on a pool is placed there. A batch is placed one by one against an in-memory
+    ledger, so one call never double-books a pool.
+  - 'A machine that fits nowhere fails the lookup with the reasons per filter, for example
+    C(0/3 pools available for web-9: 1 taint not tolerated, 2 insufficient memory).'
+  - Use it with C(query) (or C(lookup(..., wantlist=true))) to always get a list.
+requirements:
+  - libvirt-python
+  - lxml
+options:
+  _terms:
+    description:
+      - Machine specs, each a mapping with C(name), C(machine_class) and optionally C(machine_pool_selector)
+        (labels), C(tolerations) (list of key/operator/value/effect) and C(machine_pool) (a pool name to pin to).
+      - Lists of specs are flattened.
+    type: list
+    elements: raw
+    required: true
+  pools:
+    description: The pools, as libvirt URIs or mappings with C(uri) and an optional C(name).
+    type: list
+    elements: raw
+    required: true
+  strategy:
+    description: How to choose among the pools that fit.
+    type: str
+    choices: [spread, binpack]
+    default: spread
+  strict:
+    description:
+      - Fail when a machine fits nowhere. With V(false) such a machine is returned with C(pool) and C(uri) null
+        and the explanation in C(reason).
+    type: bool
+    default: true
+"""
+
+EXAMPLES = r"""
+- name: Place three machines on the fleet
+  ansible.builtin.set_fact:
+    placements: >-
+      {{ query('machinery.compute.scheduler', machines, pools=fleet, strategy='spread') }}
+  vars:
+    fleet:
+      - qemu+ssh://root@hv1/system
+      - {name: hv2, uri: qemu+ssh://root@hv2/system}
+    machines:
+      - {name: web-1, machine_class: small}
+      - {name: db-1, machine_class: large, machine_pool_selector: {disk: ssd}}
+      - {name: gpu-1, machine_class: small, tolerations: [{key: gpu, operator: Exists, effect: NoSchedule}]}
+"""
+
+RETURN = r"""
+_list:
+  description: One placement per machine, in the order given.
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: Machine name.
+      type: str
+    pool:
+      description: Pool name, or null when the machine fits nowhere and O(strict=false).
+      type: str
+    uri:
+      description: The pool's libvirt URI.
+      type: str
+    reason:
+      description: Why this pool, or why none.
+      type: str
+"""
+
+from ansible.errors import AnsibleLookupError
+from ansible.module_utils.common.text.converters import to_native
+from ansible.plugins.lookup import LookupBase
+from ansible.utils.unsafe_proxy import wrap_var
+
+from ansible_collections.machinery.compute.plugins.module_utils import pools as pool_snapshots
+from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.scheduler import schedule
+
+
+def flatten(terms):
+    specs = []
+    for term in terms:
+        if isinstance(term, list):
+            specs.extend(flatten(term))
+        else:
+            specs.append(term)
+    return specs
+
+
+class LookupModule(LookupBase):
+    def run(self, terms, variables=None, **kwargs):
+        self.set_options(var_options=variables, direct=kwargs)
+        try:
+            entries = pool_snapshots.pool_entries(self.get_option("pools"))
+            snapshots = pool_snapshots.read_snapshots(entries)
+            placements = schedule(flatten(terms), snapshots, self.get_option("strategy"), self.get_option("strict"))
+        except MachineryError as exc:
+            raise AnsibleLookupError("machinery.compute.scheduler: %s" % to_native(exc)) from None
+        # pool names come from the hosts' registries: never let them be templated
+        return [wrap_var(placement) for placement in placements]

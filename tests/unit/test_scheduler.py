@@ -1,0 +1,164 @@
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.scheduler import (
+    Unschedulable, schedule, tolerates)
+
+GI = 2 ** 30
+SMALL = {"cpu": 1, "memory": 1 * GI}
+LARGE = {"cpu": 4, "memory": 8 * GI}
+
+
+def pool(name, cpu=8, memory=16, used_cpu=0, used_memory=0, labels=None, taints=None, classes=None,
+         state="Ready", machines=()):
+    return {"name": name, "uri": "qemu+unix:///system?socket=/%s" % name, "state": state,
+            "labels": labels or {}, "taints": taints or [],
+            "classes": classes if classes is not None else {"small": SMALL, "large": LARGE},
+            "allocatable": {"cpu": cpu, "memory": memory * GI},
+            "allocated": {"cpu": used_cpu, "memory": used_memory * GI}, "machines": list(machines)}
+
+
+def spec(name, machine_class="small", **extra):
+    return dict(name=name, machine_class=machine_class, **extra)
+
+
+def placed(specs, pools, **options):
+    return [p["pool"] for p in schedule(specs, pools, **options)]
+
+
+def test_ready_filter():
+    pools = [pool("a", state="Offline"), pool("b", state="Error"), pool("c")]
+    assert placed([spec("m")], pools) == ["c"]
+    with pytest.raises(Unschedulable) as info:
+        schedule([spec("m")], pools[:2])
+    assert "0/2 pools available for m: 1 pool unreachable, 1 pool not ready" == info.value.message
+
+
+def test_taint_filter_and_tolerations():
+    tainted = pool("gpu", taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}])
+    with pytest.raises(Unschedulable, match="1 taint not tolerated"):
+        schedule([spec("m")], [tainted])
+    for toleration in ({"key": "gpu", "operator": "Exists"},
+                       {"key": "gpu", "operator": "Equal", "value": "true"},
+                       {"key": "gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"},
+                       {"operator": "Exists"}):
+        assert placed([spec("m", tolerations=[toleration])], [tainted]) == ["gpu"], toleration
+    for toleration in ({"key": "gpu", "operator": "Equal", "value": "false"},
+                       {"key": "gpu", "operator": "Exists", "effect": "NoExecute"},
+                       {"key": "other", "operator": "Exists"}):
+        with pytest.raises(Unschedulable):
+            schedule([spec("m", tolerations=[toleration])], [tainted])
+
+
+def test_tolerates_effect_rules():
+    taint = {"key": "k", "value": "v", "effect": "NoExecute"}
+    assert tolerates({"key": "k", "operator": "Equal", "value": "v", "effect": ""}, taint)
+    assert not tolerates({"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule"}, taint)
+
+
+def test_selector_filter():
+    pools = [pool("a", labels={"zone": "a", "disk": "hdd"}), pool("b", labels={"zone": "b", "disk": "ssd"})]
+    assert placed([spec("m", machine_pool_selector={"disk": "ssd"})], pools) == ["b"]
+    with pytest.raises(Unschedulable, match="2 selector not matched"):
+        schedule([spec("m", machine_pool_selector={"disk": "nvme"})], pools)
+
+
+def test_class_filter():
+    pools = [pool("a", classes={"small": SMALL}), pool("b")]
+    assert placed([spec("m", "large")], pools) == ["b"]
+    with pytest.raises(Unschedulable, match="1 class huge not published"):
+        schedule([spec("m", "huge")], pools[:1])
+
+
+def test_capacity_filter_names_the_resource():
+    pools = [pool("a", cpu=2), pool("b", memory=4), pool("c", cpu=2, memory=4)]
+    with pytest.raises(Unschedulable) as info:
+        schedule([spec("m", "large")], pools)
+    assert info.value.message == "0/3 pools available for m: 2 insufficient cpu, 2 insufficient memory"
+
+
+def test_filters_run_in_order():
+    # a pool failing several filters is counted under the first one only
+    bad = pool("a", state="Ready", taints=[{"key": "x", "value": "", "effect": "NoSchedule"}],
+               labels={}, classes={})
+    with pytest.raises(Unschedulable) as info:
+        schedule([spec("m", machine_pool_selector={"zone": "z"})], [bad])
+    assert info.value.message.endswith("1 taint not tolerated")
+
+
+def test_spread_and_binpack():
+    pools = [pool("a", used_cpu=6, used_memory=12), pool("b")]
+    assert placed([spec("m")], pools) == ["b"]
+    assert placed([spec("m")], pools, strategy="binpack") == ["a"]
+
+
+def test_batch_never_double_books():
+    pools = [pool("a", cpu=4, memory=8), pool("b", cpu=4, memory=8)]
+    assert sorted(placed([spec("l1", "large"), spec("l2", "large")], pools)) == ["a", "b"]
+    with pytest.raises(Unschedulable, match="l3"):
+        schedule([spec("l1", "large"), spec("l2", "large"), spec("l3", "large")], pools)
+
+
+def test_non_strict_reports_the_unschedulable():
+    result = schedule([spec("l1", "large"), spec("l2", "large")], [pool("a", cpu=4, memory=8)], strict=False)
+    assert result[0]["pool"] == "a"
+    assert result[1]["pool"] is None and result[1]["uri"] is None
+    assert result[1]["reason"] == "0/1 pools available for l2: 1 insufficient cpu, 1 insufficient memory"
+
+
+def test_existing_machine_stays_where_it_is():
+    pools = [pool("a", machines=["m"], used_cpu=8, used_memory=16), pool("b")]
+    result = schedule([spec("m")], pools)
+    assert result[0]["pool"] == "a" and "already exists" in result[0]["reason"]
+
+
+def test_pinned_pool():
+    pools = [pool("a"), pool("b")]
+    assert placed([spec("m", machine_pool="a")], pools) == ["a"]
+    with pytest.raises(Unschedulable, match="not among the pools"):
+        schedule([spec("m", machine_pool="z")], pools)
+
+
+def test_tie_breaker_is_stable_but_not_always_the_first_pool():
+    pools = [pool(name) for name in ("a", "b", "c")]
+    chosen = {placed([spec("m-%d" % index)], pools)[0] for index in range(30)}
+    assert len(chosen) > 1
+    assert placed([spec("m-1")], pools) == placed([spec("m-1")], list(reversed(pools)))
+
+
+def test_bad_specs():
+    with pytest.raises(ValidationError) as info:
+        schedule([spec("Bad Name")], [pool("a")])
+    assert info.value.field == "terms[0].name"
+    with pytest.raises(ValidationError) as info:
+        schedule([spec("m"), spec("m")], [pool("a")])
+    assert info.value.field == "terms[1].name"
+    with pytest.raises(ValidationError):
+        schedule([spec("m", tolerations=[{"operator": "Sometimes"}])], [pool("a")])
+    with pytest.raises(ValidationError):
+        schedule([spec("m")], [pool("a")], strategy="random")
+
+
+pool_strategy = st.builds(
+    lambda index, cpu, memory, used_cpu, used_memory: pool("p%d" % index, cpu=cpu, memory=memory,
+                                                           used_cpu=min(used_cpu, cpu),
+                                                           used_memory=min(used_memory, memory)),
+    st.integers(0, 10 ** 6), st.integers(1, 64), st.integers(1, 256), st.integers(0, 64), st.integers(0, 256))
+
+
+@settings(max_examples=200, deadline=None)
+@given(pools=st.lists(pool_strategy, min_size=1, max_size=8, unique_by=lambda p: p["name"]),
+       classes=st.lists(st.sampled_from(["small", "large"]), min_size=1, max_size=40),
+       strategy=st.sampled_from(["spread", "binpack"]))
+def test_never_overcommits_and_is_deterministic(pools, classes, strategy):
+    specs = [spec("m%d" % index, machine_class) for index, machine_class in enumerate(classes)]
+    first = schedule(specs, pools, strategy=strategy, strict=False)
+    assert first == schedule(specs, pools, strategy=strategy, strict=False)
+    sizes = {"small": SMALL, "large": LARGE}
+    by_name = {p["name"]: p for p in pools}
+    for name, target in by_name.items():
+        mine = [sizes[c] for s, c, p in zip(specs, classes, first) if p["pool"] == name]
+        assert target["allocated"]["cpu"] + sum(size["cpu"] for size in mine) <= target["allocatable"]["cpu"]
+        assert target["allocated"]["memory"] + sum(size["memory"] for size in mine) <= \
+            target["allocatable"]["memory"]
