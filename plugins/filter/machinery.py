@@ -25,6 +25,14 @@ def to_quantity(value):
         raise AnsibleFilterError("to_quantity: %s" % exc) from None
 
 
+def pool_uri(pool):
+    if isinstance(pool, str):
+        return pool
+    if isinstance(pool, dict) and pool.get("uri"):
+        return pool["uri"]
+    raise AnsibleFilterError("pool_uri expects a libvirt URI or a mapping with uri, got %r" % (pool,))
+
+
 def machine_table(machines):
     if not isinstance(machines, list):
         raise AnsibleFilterError("machine_table expects a list of machines")
@@ -33,4 +41,5 @@ def machine_table(machines):
 
 class FilterModule:
     def filters(self):
-        return {"quantity": to_bytes_quantity, "to_quantity": to_quantity, "machine_table": machine_table}
+        return {"quantity": to_bytes_quantity, "to_quantity": to_quantity, "machine_table": machine_table,
+                "pool_uri": pool_uri}

@@ -16,6 +16,7 @@ from ansible_collections.machinery.compute.plugins.module_utils import connectio
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import images
 from ansible_collections.machinery.compute.plugins.module_utils import pools
+from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils import seed
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils import validation as check
@@ -354,6 +355,49 @@ def list_machines(ctx, include_unmanaged=False):
     return result
 
 
+class Admission:
+    """The admission locks of this pool and of the peer pools a name must be unique across.
+
+    Locks are taken in the order of their URIs, so concurrent runs never wait on each other in a circle. Under
+    them, a name found on a peer pool means another run created it there first."""
+
+    def __init__(self, ctx, peer_uris):
+        self.ctx = ctx
+        self.peers = []
+        for uri in sorted(set(peer_uris) - {ctx.uri}):
+            self.peers.append((uri, lv.open_connection(uri, "unique_across")))
+        self.locks = []
+
+    def __enter__(self):
+        holders = [(self.ctx.uri, self.ctx.conn)] + self.peers
+        try:
+            for _uri, conn in sorted(holders, key=lambda holder: holder[0]):
+                registry_pool = lv.lookup_storage_pool(conn, reg.REGISTRY_POOL)
+                if registry_pool is not None:
+                    self.locks.append(reg.AdmissionLock(conn, registry_pool).acquire())
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def check_unique(self, name):
+        for uri, conn in self.peers:
+            if lv.lookup_domain(conn, name) is not None:
+                raise ConflictError("a machine named %s already exists on pool %s" % (name, uri), "name")
+
+    def __exit__(self, *exc_info):
+        for lock in reversed(self.locks):
+            lock.release()
+        self.locks = []
+        for _uri, conn in self.peers:
+            try:
+                conn.close()
+            except lv.libvirt.libvirtError:
+                pass
+        self.peers = []
+        return False
+
+
 # --- the service ----------------------------------------------------------------------------------------------
 
 class Outcome:
@@ -442,9 +486,19 @@ class MachineService:
             outcome.did("create")
             return None
         pool = self.ctx.storage
+        # the image upload can take long: it happens before the pool's admission lock is taken
+        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener)
+        with Admission(self.ctx, params.get("unique_across") or []) as admission:
+            admission.check_unique(name)
+            self.admit(spec)
+            dom = self._create_locked(spec, pool, image_vol, fmt)
+        outcome.did("create")
+        return dom
+
+    def _create_locked(self, spec, pool, image_vol, fmt):
+        name = spec["name"]
         created = []
         try:
-            image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener)
             spec["image"]["format"] = fmt
             image_size = image_vol.info()[1]
             root_size = spec["root_size"] or image_size
@@ -493,7 +547,7 @@ class MachineService:
                     "ignition_path": ignition_path, "seed_path": seed_path,
                     "console_path": self._volume_path(files["console"])}
             try:
-                dom = self.conn.defineXML(dx.tostring(dx.build_domain(plan)))
+                return self.conn.defineXML(dx.tostring(dx.build_domain(plan)))
             except lv.libvirt.libvirtError as exc:
                 raise LibvirtFailure("cannot define machine %s: %s" % (name, lv.describe(exc))) from None
         except BaseException:
@@ -503,8 +557,6 @@ class MachineService:
                 except MachineryError:
                     pass
             raise
-        outcome.did("create")
-        return dom
 
     def admit(self, spec):
         """Admission on the pool itself: refuse when the machines already defined leave no room."""

@@ -13,10 +13,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
+import time
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import storage
+from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError, LibvirtFailure
 
 REGISTRY_POOL = "machinery-registry"
 STORAGE_POOL = "machinery"
@@ -126,3 +130,62 @@ class Registry:
             if body is not None:
                 classes[body["name"]] = body
         return classes
+
+
+LOCK_VOLUME = "admission.lock"
+LOCK_STALE_SECONDS = 120
+
+
+class AdmissionLock:
+    """A lock on one pool host made from libvirt alone: creating a storage volume is atomic, so whoever creates
+    ``admission.lock`` in the registry pool holds it. A lock older than LOCK_STALE_SECONDS (its holder died)
+    is broken. Works over any URI, across hosts and processes."""
+
+    def __init__(self, conn, pool, timeout=60.0):
+        self.conn = conn
+        self.pool = pool
+        self.timeout = timeout
+        self.volume = None
+
+    def _age(self):
+        vol = lv.lookup_volume(self.pool, LOCK_VOLUME)
+        if vol is None:
+            return None
+        node = dx.parse(vol.XMLDesc(0)).find("target/timestamps/mtime")
+        if node is None or not node.text:
+            return 0.0
+        return max(0.0, time.time() - float(node.text))
+
+    def acquire(self):
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                self.volume = self.pool.createXML(storage.volume_xml(LOCK_VOLUME, 1, "raw", mode="0600"), 0)
+                return self
+            except lv.libvirt.libvirtError as exc:
+                if exc.get_error_code() not in (lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST, lv.libvirt.VIR_ERR_INTERNAL_ERROR,
+                                                lv.libvirt.VIR_ERR_OPERATION_FAILED):
+                    raise LibvirtFailure("cannot take the admission lock: %s" % lv.describe(exc)) from None
+            age = self._age()
+            if age is not None and age > LOCK_STALE_SECONDS:
+                storage.delete_volume(self.pool, LOCK_VOLUME)
+                continue
+            if time.monotonic() > deadline:
+                raise ConflictError("the admission lock of this pool has been held for over %ds by another run"
+                                    % self.timeout, "uri")
+            time.sleep(0.05 + random.random() * 0.1)
+
+    def release(self):
+        if self.volume is not None:
+            try:
+                self.volume.delete(0)
+            except lv.libvirt.libvirtError:
+                pass
+            self.volume = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc_info):
+        self.release()
+        return False

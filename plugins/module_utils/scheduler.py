@@ -30,7 +30,15 @@ def normalize_machine(spec, index=0):
     if not isinstance(spec, dict):
         raise ValidationError("a machine spec must be a mapping with at least name and machine_class", where)
     name = check.dns_label(spec.get("name"), where + ".name")
-    machine_class = check.dns_label(spec.get("machine_class"), where + ".machine_class")
+    size = None
+    if spec.get("machine_class"):
+        machine_class = check.dns_label(spec.get("machine_class"), where + ".machine_class")
+    elif spec.get("cpu") is not None and spec.get("memory") is not None:
+        machine_class = None
+        size = {"cpu": check.cpu_count(spec["cpu"], where + ".cpu"),
+                "memory": check.memory_bytes(spec["memory"], where + ".memory")}
+    else:
+        raise ValidationError("give machine_class, or cpu and memory", where + ".machine_class")
     selector = spec.get("machine_pool_selector") or {}
     if not isinstance(selector, dict):
         raise ValidationError("must be a mapping of labels", where + ".machine_pool_selector")
@@ -47,7 +55,7 @@ def normalize_machine(spec, index=0):
             check.one_of(effect, SCHEDULING_EFFECTS, field + ".effect")
         tolerations.append({"key": item.get("key") or "", "operator": operator,
                             "value": str(item.get("value") or ""), "effect": effect})
-    return {"name": name, "machine_class": machine_class,
+    return {"name": name, "machine_class": machine_class, "size": size,
             "machine_pool_selector": {str(k): str(v) for k, v in selector.items()},
             "tolerations": tolerations, "machine_pool": spec.get("machine_pool")}
 
@@ -91,7 +99,7 @@ def rejections(machine, pool, ledger):
     labels = pool.get("labels") or {}
     if any(labels.get(key) != value for key, value in machine["machine_pool_selector"].items()):
         return ["selector not matched"]
-    size = (pool.get("classes") or {}).get(machine["machine_class"])
+    size = size_on(machine, pool)
     if size is None:
         return ["class %s not published" % machine["machine_class"]]
     free_cpu, free_memory = ledger.free(pool)
@@ -101,6 +109,13 @@ def rejections(machine, pool, ledger):
     if size["memory"] > free_memory:
         reasons.append("insufficient memory")
     return reasons
+
+
+def size_on(machine, pool):
+    """The machine's size on ``pool``: its class as published there, or its explicit cpu and memory."""
+    if machine["size"] is not None:
+        return machine["size"]
+    return (pool.get("classes") or {}).get(machine["machine_class"])
 
 
 def _share(free, total):
@@ -145,11 +160,11 @@ def place_one(machine, pools, ledger, strategy):
         raise Unschedulable(unschedulable_message(machine, candidates, per_pool), "machine_pool")
 
     def rank(pool):
-        value = score(pool, pool["classes"][machine["machine_class"]], ledger)
+        value = score(pool, size_on(machine, pool), ledger)
         return (-value if strategy == "spread" else value, tie_breaker(machine["name"], pool["name"]))
 
     chosen = min(fitting, key=rank)
-    size = chosen["classes"][machine["machine_class"]]
+    size = size_on(machine, chosen)
     ledger.add(chosen["name"], size["cpu"], size["memory"])
     left_cpu, left_memory = ledger.free(chosen)
     reason = "%s: %d/%d pools fit; %s has %d cpu and %s free after placement" % (

@@ -177,6 +177,18 @@ options:
       written; its devices are left as they are).
     type: bool
     default: false
+  unique_across:
+    description:
+      - URIs of other pools a new machine's name must be unique across (the machines role passes all pools).
+      - Creation takes the admission locks of this pool and of these pools, in URI order, checks that no other
+        pool has a machine of this name, re-checks capacity and defines the domain; a concurrent run that got
+        there first makes this one fail with a clear cause instead of creating a second machine of the name.
+    type: list
+    elements: str
+notes:
+  - Creation re-checks capacity on the pool under its admission lock (a storage volume created atomically in
+    the pool's registry); when a concurrent run took the room the module fails with RV(reason=PoolFull), which
+    the machines role answers by rescheduling.
 """
 
 EXAMPLES = r"""
@@ -272,6 +284,14 @@ actions:
   returned: always
   type: list
   elements: str
+reason:
+  description: On failure, the kind of cause; C(PoolFull) when admission found no room on the pool.
+  returned: failure
+  type: str
+field:
+  description: On failure, the option the error is about, when there is one.
+  returned: failure
+  type: str
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils.machine import MachineService
@@ -320,6 +340,7 @@ class MachineModule(MachineryModule):
         wait_timeout=dict(type="int", default=300),
         shutdown_timeout=dict(type="int", default=60),
         adopt=dict(type="bool", default=False),
+        unique_across=dict(type="list", elements="str"),
     )
 
     def run(self, ctx):

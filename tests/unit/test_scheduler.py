@@ -71,6 +71,13 @@ def test_class_filter():
         schedule([spec("m", "huge")], pools[:1])
 
 
+def test_explicit_size_without_class():
+    pools = [pool("a", cpu=2, classes={}), pool("b", cpu=8, classes={})]
+    assert placed([{"name": "m", "cpu": 4, "memory": "1Gi"}], pools) == ["b"]
+    with pytest.raises(ValidationError):
+        schedule([{"name": "m", "cpu": 4}], pools)
+
+
 def test_capacity_filter_names_the_resource():
     pools = [pool("a", cpu=2), pool("b", memory=4), pool("c", cpu=2, memory=4)]
     with pytest.raises(Unschedulable) as info:

@@ -1,0 +1,113 @@
+"""The pools and machines roles through ansible-playbook: converge, idempotence, deletion, concurrency."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+
+from conftest import REPO
+
+PLAYBOOK = os.path.join(REPO, "tests", "integration", "playbooks", "roles.yml")
+ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+
+
+def play(lab_file, tmp_path, tag, **extra):
+    variables = tmp_path / ("vars-%s.json" % tag)
+    variables.write_text(json.dumps(dict(extra, lab_file=lab_file)))
+    env = dict(os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run([ANSIBLE_PLAYBOOK, PLAYBOOK, "-e", "@%s" % variables], capture_output=True, text=True,
+                          env=env, timeout=1200, check=False)
+    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
+    assert recap, proc.stdout + proc.stderr
+    return proc, {"ok": int(recap.group(1)), "changed": int(recap.group(2)), "failed": int(recap.group(4))}
+
+
+def lab_file():
+    return os.path.abspath(os.environ.get("MACHINERY_LAB") or os.path.join(REPO, ".lab", "lab.json"))
+
+
+def where(pools, names):
+    found = {}
+    for pool in pools:
+        for name in pool.domain_names():
+            if name in names:
+                found.setdefault(name, []).append(pool.name)
+    return found
+
+
+def test_roles_converge_idempotent_and_delete(registered, image, tmp_path):
+    pools = registered
+    names = ["role-%d" % index for index in range(6)]
+    machines = [{"name": name, "machine_class": "small", "image": image, "labels": {"suite": "roles"},
+                 "network_interfaces": []} for name in names]
+    machines[0].update(network_interfaces=[{"name": "eth0", "network": "machinery"}], wait="address")
+    gone = [{"name": name, "state": "absent"} for name in names]
+    play(lab_file(), tmp_path, "clean", machines=gone)
+    assert where(pools, names) == {}
+    proc, recap = play(lab_file(), tmp_path, "create", machines=machines)
+    assert recap["failed"] == 0, proc.stdout[-4000:]
+    assert recap["changed"] > 0
+    placed = where(pools, names)
+    assert sorted(placed) == names
+    assert all(len(found) == 1 for found in placed.values())
+    # spread: the six machines are shared out over all three pools
+    per_pool = {pool.name: sum(1 for found in placed.values() if found == [pool.name]) for pool in pools}
+    assert min(per_pool.values()) >= 1, per_pool
+    assert "NAME" in proc.stdout and "role-0" in proc.stdout
+    assert all(pool.domain(name).isActive() for pool in pools for name in names if pool.domain(name))
+
+    proc, recap = play(lab_file(), tmp_path, "again", machines=machines)
+    assert recap["failed"] == 0, proc.stdout[-4000:]
+    assert recap["changed"] == 0, proc.stdout[-6000:]
+
+    proc, recap = play(lab_file(), tmp_path, "delete", machines=gone)
+    assert recap["failed"] == 0, proc.stdout[-4000:]
+    assert where(pools, names) == {}
+    proc, recap = play(lab_file(), tmp_path, "delete-again", machines=gone)
+    assert recap["failed"] == 0 and recap["changed"] == 0, proc.stdout[-4000:]
+
+
+def test_concurrent_runs_on_nearly_full_pools(registered, image, tmp_path):
+    pools = registered
+    # 2 cpu per pool without overcommit: 6 machines of 1 cpu fit in all; two runs ask for 4 + 4 (one shared)
+    first = ["race-a%d" % index for index in range(3)] + ["race-shared"]
+    second = ["race-b%d" % index for index in range(3)] + ["race-shared"]
+    every = set(first) | set(second)
+
+    def spec(name):
+        return {"name": name, "machine_class": "small", "image": image, "network_interfaces": [],
+                "state": "present"}
+
+    results = {}
+    play(lab_file(), tmp_path, "clean", machines=[{"name": name, "state": "absent"} for name in every])
+
+    def run(tag, names):
+        results[tag] = play(lab_file(), tmp_path, tag, machines=[spec(name) for name in names], overcommit_cpu=1.0)
+
+    try:
+        threads = [threading.Thread(target=run, args=("first", first)),
+                   threading.Thread(target=run, args=("second", second))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        placed = where(pools, every)
+        # no name on two pools
+        assert all(len(found) == 1 for found in placed.values()), placed
+        # no pool overcommitted: every pool's machines fit its 2 cpus (from libvirt itself)
+        for pool in pools:
+            cpus = sum(pool.conn.lookupByName(name).info()[3] for name in pool.domain_names())
+            assert cpus <= 2, (pool.name, pool.domain_names())
+        # 7 distinct machines asked for, room for 6: at least one run reports what it could not place
+        assert len(placed) <= 6
+        outcomes = [results["first"][1]["failed"], results["second"][1]["failed"]]
+        assert len(placed) == 7 or sum(outcomes) >= 1, (placed, outcomes)
+        stdout = results["first"][0].stdout + results["second"][0].stdout
+        assert "pools available" in stdout or "crowded out" in stdout
+    finally:
+        play(lab_file(), tmp_path, "cleanup", machines=[{"name": name, "state": "absent"} for name in every])
+        # put the overcommit the other tests expect back
+        play(lab_file(), tmp_path, "restore", machines=[])
