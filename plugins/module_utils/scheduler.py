@@ -75,23 +75,30 @@ def untolerated(machine, pool):
 
 
 class Ledger:
-    """What this call has placed so far, on top of what each pool already has allocated."""
+    """Free cpu and memory of every pool, less what this call has placed so far."""
 
-    def __init__(self):
-        self.extra = {}
+    def __init__(self, pools=()):
+        self.free_cpu = {}
+        self.free_memory = {}
+        for pool in pools:
+            self.track(pool)
+
+    def track(self, pool):
+        if pool["name"] not in self.free_cpu:
+            self.free_cpu[pool["name"]] = pool["allocatable"]["cpu"] - pool["allocated"]["cpu"]
+            self.free_memory[pool["name"]] = pool["allocatable"]["memory"] - pool["allocated"]["memory"]
 
     def add(self, pool_name, cpu, memory):
-        cpu_used, memory_used = self.extra.get(pool_name, (0, 0))
-        self.extra[pool_name] = (cpu_used + cpu, memory_used + memory)
+        self.free_cpu[pool_name] -= cpu
+        self.free_memory[pool_name] -= memory
 
     def free(self, pool):
-        cpu_used, memory_used = self.extra.get(pool["name"], (0, 0))
-        return (pool["allocatable"]["cpu"] - pool["allocated"]["cpu"] - cpu_used,
-                pool["allocatable"]["memory"] - pool["allocated"]["memory"] - memory_used)
+        self.track(pool)
+        return self.free_cpu[pool["name"]], self.free_memory[pool["name"]]
 
 
-def rejections(machine, pool, ledger):
-    """Why ``pool`` cannot take ``machine``: an empty list when it can. Filters run in the documented order."""
+def static_rejections(machine, pool):
+    """The filters that do not depend on what is already placed, in the documented order ([] if all pass)."""
     if pool.get("state") != "Ready":
         return ["pool %s" % ("unreachable" if pool.get("state") == "Offline" else "not ready")]
     if untolerated(machine, pool):
@@ -99,9 +106,13 @@ def rejections(machine, pool, ledger):
     labels = pool.get("labels") or {}
     if any(labels.get(key) != value for key, value in machine["machine_pool_selector"].items()):
         return ["selector not matched"]
-    size = size_on(machine, pool)
-    if size is None:
+    if size_on(machine, pool) is None:
         return ["class %s not published" % machine["machine_class"]]
+    return []
+
+
+def capacity_rejections(machine, pool, ledger):
+    size = size_on(machine, pool)
     free_cpu, free_memory = ledger.free(pool)
     reasons = []
     if size["cpu"] > free_cpu:
@@ -111,22 +122,24 @@ def rejections(machine, pool, ledger):
     return reasons
 
 
+def rejections(machine, pool, ledger):
+    """Why ``pool`` cannot take ``machine``: an empty list when it can. Filters run in the documented order."""
+    return static_rejections(machine, pool) or capacity_rejections(machine, pool, ledger)
+
+
+def shape(machine):
+    """What the static filters look at: machines of one shape pass or fail them on the same pools."""
+    size = machine["size"]
+    return (machine["machine_class"], tuple(sorted(machine["machine_pool_selector"].items())),
+            tuple(tuple(sorted(toleration.items())) for toleration in machine["tolerations"]),
+            (size["cpu"], size["memory"]) if size else None)
+
+
 def size_on(machine, pool):
     """The machine's size on ``pool``: its class as published there, or its explicit cpu and memory."""
     if machine["size"] is not None:
         return machine["size"]
     return (pool.get("classes") or {}).get(machine["machine_class"])
-
-
-def _share(free, total):
-    return free / total if total > 0 else 0.0
-
-
-def score(pool, size, ledger):
-    """Normalized free capacity left after placing ``size``: the mean of the cpu and memory shares."""
-    free_cpu, free_memory = ledger.free(pool)
-    return (_share(free_cpu - size["cpu"], pool["allocatable"]["cpu"]) +
-            _share(free_memory - size["memory"], pool["allocatable"]["memory"])) / 2
 
 
 def tie_breaker(machine_name, pool_name):
@@ -140,10 +153,28 @@ def unschedulable_message(machine, pools, per_pool):
     return "0/%d pools available for %s: %s" % (len(pools), machine["name"], detail or "no pools given")
 
 
-def place_one(machine, pools, ledger, strategy):
-    """(pool, reason) for one machine; raises Unschedulable with the per-filter summary."""
-    by_name = {pool["name"]: pool for pool in pools}
-    existing = [pool for pool in pools if machine["name"] in (pool.get("machines") or ())]
+def shape_entries(machine, pools):
+    """For one machine shape: the static verdict per pool, and (pool, cpu, memory) of the pools that pass."""
+    verdicts = {}
+    passing = []
+    for pool in pools:
+        verdicts[pool["name"]] = static_rejections(machine, pool)
+        if not verdicts[pool["name"]]:
+            size = size_on(machine, pool)
+            passing.append((pool, size["cpu"], size["memory"]))
+    return verdicts, passing
+
+
+def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None, owners=None):
+    """(pool, reason) for one machine; raises Unschedulable with the per-filter summary.
+
+    ``static_cache`` keeps the static filters' verdicts per machine shape across one batch; ``by_name`` and
+    ``owners`` (machine name -> pools that have it) are indexes a batch builds once."""
+    by_name = by_name or {pool["name"]: pool for pool in pools}
+    if owners is None:
+        existing = [pool for pool in pools if machine["name"] in (pool.get("machines") or ())]
+    else:
+        existing = owners.get(machine["name"], [])
     if existing:
         pool = sorted(existing, key=lambda item: item["name"])[0]
         return pool, "already exists on pool %s" % pool["name"]
@@ -154,21 +185,46 @@ def place_one(machine, pools, ledger, strategy):
                                 % (machine["name"], machine["machine_pool"], ", ".join(sorted(by_name))),
                                 "machine_pool")
         candidates = [by_name[machine["machine_pool"]]]
-    per_pool = {pool["name"]: rejections(machine, pool, ledger) for pool in candidates}
-    fitting = [pool for pool in candidates if not per_pool[pool["name"]]]
-    if not fitting:
+    key = (shape(machine), machine.get("machine_pool"))
+    cached = static_cache.get(key) if static_cache is not None else None
+    if cached is None:
+        cached = shape_entries(machine, candidates)
+        if static_cache is not None:
+            static_cache[key] = cached
+    verdicts, passing = cached
+    free_cpu, free_memory = ledger.free_cpu, ledger.free_memory
+    for pool in candidates:
+        ledger.track(pool)
+    spread = strategy == "spread"
+    best_key = None
+    ties = []
+    fitting = 0
+    for pool, cpu, memory in passing:
+        name = pool["name"]
+        left_cpu = free_cpu[name] - cpu
+        left_memory = free_memory[name] - memory
+        if left_cpu < 0 or left_memory < 0:
+            continue
+        fitting += 1
+        total_cpu = pool["allocatable"]["cpu"]
+        total_memory = pool["allocatable"]["memory"]
+        value = ((left_cpu / total_cpu if total_cpu > 0 else 0.0) +
+                 (left_memory / total_memory if total_memory > 0 else 0.0)) / 2
+        rank = -value if spread else value
+        if best_key is None or rank < best_key:
+            best_key, ties = rank, [(pool, cpu, memory)]
+        elif rank == best_key:
+            ties.append((pool, cpu, memory))
+    if not ties:
+        per_pool = {pool["name"]: verdicts[pool["name"]] or capacity_rejections(machine, pool, ledger)
+                    for pool in candidates}
         raise Unschedulable(unschedulable_message(machine, candidates, per_pool), "machine_pool")
-
-    def rank(pool):
-        value = score(pool, size_on(machine, pool), ledger)
-        return (-value if strategy == "spread" else value, tie_breaker(machine["name"], pool["name"]))
-
-    chosen = min(fitting, key=rank)
-    size = size_on(machine, chosen)
-    ledger.add(chosen["name"], size["cpu"], size["memory"])
+    chosen, cpu, memory = ties[0] if len(ties) == 1 else \
+        min(ties, key=lambda entry: tie_breaker(machine["name"], entry[0]["name"]))
+    ledger.add(chosen["name"], cpu, memory)
     left_cpu, left_memory = ledger.free(chosen)
     reason = "%s: %d/%d pools fit; %s has %d cpu and %s free after placement" % (
-        strategy, len(fitting), len(candidates), chosen["name"], left_cpu, _gib(left_memory))
+        strategy, fitting, len(candidates), chosen["name"], left_cpu, _gib(left_memory))
     return chosen, reason
 
 
@@ -189,12 +245,18 @@ def schedule(specs, pools, strategy="spread", strict=True):
         if machine["name"] in seen:
             raise ValidationError("machine %s is listed twice" % machine["name"], "terms[%d].name" % index)
         seen.add(machine["name"])
-    ledger = Ledger()
+    ledger = Ledger(pools)
     placements = []
     failures = []
+    static_cache = {}
+    by_name = {pool["name"]: pool for pool in pools}
+    owners = {}
+    for pool in pools:
+        for name in pool.get("machines") or ():
+            owners.setdefault(name, []).append(pool)
     for machine in machines:
         try:
-            pool, reason = place_one(machine, pools, ledger, strategy)
+            pool, reason = place_one(machine, pools, ledger, strategy, static_cache, by_name, owners)
             placements.append({"name": machine["name"], "pool": pool["name"], "uri": pool["uri"], "reason": reason})
         except Unschedulable as exc:
             failures.append(exc.message)
