@@ -80,7 +80,9 @@ test: venv image
 	$(MAKE) --no-print-directory integration
 
 benchmark: venv lab-up
+	$(PY) benchmarks/scheduler_scale.py
 	$(PY) benchmarks/create_floor.py --lab $(LAB)/lab.json
+	$(PY) benchmarks/converge.py --lab $(LAB)/lab.json --community $$(bash benchmarks/community_libvirt.sh $(VENV))
 
 clean:
 	python3 lab/lab.py down --dir $(LAB) --purge || true

@@ -34,6 +34,10 @@ class ConflictError(MachineryError):
     reason = "Conflict"
 
 
+class NameTaken(ConflictError):
+    """Another pool already has a machine of this name (a concurrent run created it there first)."""
+
+
 class ConnectionFailed(MachineryError):
     reason = "Unreachable"
 

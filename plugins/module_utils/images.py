@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import storage
@@ -114,11 +115,23 @@ def download(url, checksum, opener):
     return target
 
 
+_UPLOAD_LOCKS = {}
+_UPLOAD_LOCKS_GUARD = threading.Lock()
+
+
 def ensure_cached(conn, pool, image, opener=None):
-    """The pool's volume of ``image``, uploaded through the libvirt stream if it is not there yet."""
+    """The pool's volume of ``image``, uploaded through the libvirt stream if it is not there yet.
+
+    Threads of one run that need the same image on the same pool wait for one upload."""
     vol, fmt = cached_volume(pool, image["checksum"])
     if vol is not None:
         return vol, fmt
-    path = image.get("path") or download(image["url"], image["checksum"], opener)
-    vol, fmt, _uploaded = storage.ensure_image(conn, pool, path, image["checksum"])
-    return vol, fmt
+    with _UPLOAD_LOCKS_GUARD:
+        lock = _UPLOAD_LOCKS.setdefault((pool.UUIDString(), image["checksum"]), threading.Lock())
+    with lock:
+        vol, fmt = cached_volume(pool, image["checksum"])
+        if vol is not None:
+            return vol, fmt
+        path = image.get("path") or download(image["url"], image["checksum"], opener)
+        vol, fmt, _uploaded = storage.ensure_image(conn, pool, path, image["checksum"])
+        return vol, fmt

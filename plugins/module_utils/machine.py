@@ -10,6 +10,7 @@ updates, starts, stops or deletes, and every step that writes is skipped in chec
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
@@ -21,7 +22,7 @@ from ansible_collections.machinery.compute.plugins.module_utils import seed
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.errors import (
-    ConflictError, LibvirtFailure, MachineryError, NotFoundError, PoolFull, ValidationError)
+    ConflictError, LibvirtFailure, MachineryError, NameTaken, NotFoundError, PoolFull, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
 
 STATES = ("running", "stopped", "present", "absent")
@@ -361,17 +362,35 @@ class Admission:
     Locks are taken in the order of their URIs, so concurrent runs never wait on each other in a circle. Under
     them, a name found on a peer pool means another run created it there first."""
 
+    _process_locks = {}
+    _process_locks_guard = threading.Lock()
+
     def __init__(self, ctx, peer_uris):
         self.ctx = ctx
         self.peers = []
+        self.opened = []
         for uri in sorted(set(peer_uris) - {ctx.uri}):
-            self.peers.append((uri, lv.open_connection(uri, "unique_across")))
+            conn = ctx.peer_connections.get(uri)
+            if conn is None:
+                conn = lv.open_connection(uri, "unique_across")
+                self.opened.append(conn)
+            self.peers.append((uri, conn))
         self.locks = []
+        self.held = []
+
+    @classmethod
+    def process_lock(cls, uri):
+        """Threads of one run queue here before taking the pool's volume lock, instead of polling it."""
+        with cls._process_locks_guard:
+            return cls._process_locks.setdefault(uri, threading.Lock())
 
     def __enter__(self):
         holders = [(self.ctx.uri, self.ctx.conn)] + self.peers
         try:
-            for _uri, conn in sorted(holders, key=lambda holder: holder[0]):
+            for uri, conn in sorted(holders, key=lambda holder: holder[0]):
+                local = self.process_lock(uri)
+                local.acquire()
+                self.held.append(local)
                 registry_pool = lv.lookup_storage_pool(conn, reg.REGISTRY_POOL)
                 if registry_pool is not None:
                     self.locks.append(reg.AdmissionLock(conn, registry_pool).acquire())
@@ -383,17 +402,21 @@ class Admission:
     def check_unique(self, name):
         for uri, conn in self.peers:
             if lv.lookup_domain(conn, name) is not None:
-                raise ConflictError("a machine named %s already exists on pool %s" % (name, uri), "name")
+                raise NameTaken("a machine named %s already exists on pool %s" % (name, uri), "name")
 
     def __exit__(self, *exc_info):
         for lock in reversed(self.locks):
             lock.release()
         self.locks = []
-        for _uri, conn in self.peers:
+        for local in reversed(self.held):
+            local.release()
+        self.held = []
+        for conn in self.opened:
             try:
                 conn.close()
             except lv.libvirt.libvirtError:
                 pass
+        self.opened = []
         self.peers = []
         return False
 

@@ -19,17 +19,25 @@ COMMON_ARGS = dict(uri=dict(type="str", default="qemu:///system"))
 
 
 class MachineryModule:
-    """Subclasses set ``argument_spec`` (and ``module_kwargs``) and implement ``run(ctx)`` returning a dict."""
+    """Subclasses set ``argument_spec`` (and ``module_kwargs``) and implement ``run(ctx)`` returning a dict.
+
+    A module that talks to several pools itself sets ``connects = False``: it gets no ``uri`` option and
+    ``run(None)``. A result with ``failed`` set is returned through fail_json, data included."""
 
     argument_spec = {}
     module_kwargs = {}
+    connects = True
 
     def __init__(self):
-        spec = dict(COMMON_ARGS)
+        spec = dict(COMMON_ARGS) if self.connects else {}
         spec.update(self.argument_spec)
         self.module = AnsibleModule(argument_spec=spec, supports_check_mode=True, **self.module_kwargs)
         self.params = self.module.params
         self.check_mode = self.module.check_mode
+
+    @staticmethod
+    def url_opener():
+        return open_url
 
     def diff(self, before, after):
         return {"before": before, "after": after} if self.module._diff else None
@@ -39,20 +47,28 @@ class MachineryModule:
             self.module.fail_json(msg=missing_required_lib("libvirt-python"), exception=str(lv.LIBVIRT_IMPORT_ERROR))
         if not dx.HAS_LXML:
             self.module.fail_json(msg=missing_required_lib("lxml"))
+        where = self.params.get("uri", "the pools")
         try:
-            with lv.Connection(self.params["uri"]) as conn:
-                ctx = PoolContext(conn, self.params["uri"])
-                ctx.url_opener = open_url
-                result = self.run(ctx)
+            if self.connects:
+                lv.require_libvirt()
+                with lv.Connection(self.params["uri"]) as conn:
+                    ctx = PoolContext(conn, self.params["uri"])
+                    ctx.url_opener = open_url
+                    result = self.run(ctx)
+            else:
+                lv.require_libvirt()
+                result = self.run(None)
         except MachineryError as exc:
             self.module.fail_json(msg=str(exc), field=exc.field, reason=exc.reason)
         except lv.libvirt.libvirtError as exc:
-            self.module.fail_json(msg="libvirt error on %s: %s" % (self.params["uri"], lv.describe(exc)),
+            self.module.fail_json(msg="libvirt error on %s: %s" % (where, lv.describe(exc)),
                                   reason="LibvirtError", exception=traceback.format_exc())
         if result.get("diff") is None:
             result.pop("diff", None)
         for warning in result.pop("warnings", []):
             self.module.warn(warning)
+        if result.pop("failed", False):
+            self.module.fail_json(**result)
         self.module.exit_json(**result)
 
     def run(self, ctx):

@@ -23,6 +23,19 @@ class PoolContext:
         self._storage_path = None
         self._networks = {}
         self.url_opener = None  # set by the Ansible side: how to fetch images given by URL
+        self.peer_connections = {}  # uri -> open connection of other pools, shared by a batch run
+
+    def reset(self):
+        """Forget what was read from the registry, so the next read is fresh."""
+        self._registry = None
+        self._registration = None
+
+    def prime(self):
+        """Fetch the lazily read pieces now, before several threads share this context."""
+        if self.registration:
+            self.registry.machine_classes()
+            _ = self.storage_path
+        return self
 
     @property
     def registry(self):

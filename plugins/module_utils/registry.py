@@ -65,6 +65,7 @@ class Registry:
         self.conn = conn
         self.pool = pool
         self._index = None
+        self._bodies = {}
 
     @classmethod
     def open(cls, conn):
@@ -91,6 +92,11 @@ class Registry:
         return sorted(key for key in self._generations() if key.startswith(prefix))
 
     def get(self, key):
+        if key not in self._bodies:
+            self._bodies[key] = self._read(key)
+        return self._bodies[key]
+
+    def _read(self, key):
         for _generation, name in self._generations().get(key, []):
             vol = lv.lookup_volume(self.pool, name)
             if vol is None:
@@ -110,8 +116,10 @@ class Registry:
         for _old, old_name in versions:
             storage.delete_volume(self.pool, old_name)
         self._index[key] = [(generation, name)]
+        self._bodies[key] = body
 
     def delete(self, key):
+        self._bodies.pop(key, None)
         versions = self._generations().pop(key, [])
         for _generation, name in versions:
             storage.delete_volume(self.pool, name)

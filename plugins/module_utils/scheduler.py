@@ -25,8 +25,8 @@ class Unschedulable(MachineryError):
     reason = "Unschedulable"
 
 
-def normalize_machine(spec, index=0):
-    where = "terms[%d]" % index
+def normalize_machine(spec, index=0, field="terms"):
+    where = "%s[%d]" % (field, index)
     if not isinstance(spec, dict):
         raise ValidationError("a machine spec must be a mapping with at least name and machine_class", where)
     name = check.dns_label(spec.get("name"), where + ".name")
@@ -232,18 +232,18 @@ def _gib(number):
     return "%.1fGi" % (number / 2 ** 30)
 
 
-def schedule(specs, pools, strategy="spread", strict=True):
+def schedule(specs, pools, strategy="spread", strict=True, field="terms"):
     """[{name, pool, uri, reason}] in the order of ``specs``, placed one by one against one ledger.
 
     With ``strict`` every machine that fits nowhere is reported in one Unschedulable error; without it such a
     machine comes back with pool and uri None and the reason in ``reason``.
     """
     check.one_of(strategy, STRATEGIES, "strategy")
-    machines = [normalize_machine(spec, index) for index, spec in enumerate(specs)]
+    machines = [normalize_machine(spec, index, field) for index, spec in enumerate(specs)]
     seen = set()
     for index, machine in enumerate(machines):
         if machine["name"] in seen:
-            raise ValidationError("machine %s is listed twice" % machine["name"], "terms[%d].name" % index)
+            raise ValidationError("machine %s is listed twice" % machine["name"], "%s[%d].name" % (field, index))
         seen.add(machine["name"])
     ledger = Ledger(pools)
     placements = []

@@ -1,0 +1,187 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Many machines at once across pools, in one process: one connection per pool, a thread per machine.
+
+Machines without a pool are scheduled (a machine that exists stays where it is); every machine is converged
+with MachineService in parallel; a machine that a concurrent run crowded out (its pool filled up, or its name
+appeared on another pool first) is rescheduled against fresh pool snapshots, a bounded number of times.
+Machines with state absent are deleted from every pool that has them.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import pools as pool_snapshots
+from ansible_collections.machinery.compute.plugins.module_utils.errors import (
+    MachineryError, NameTaken, PoolFull, ValidationError)
+from ansible_collections.machinery.compute.plugins.module_utils.machine import MachineService, table
+from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
+from ansible_collections.machinery.compute.plugins.module_utils.scheduler import schedule
+
+SCHEDULING_KEYS = ("machine_pool_selector", "tolerations", "machine_pool")
+
+
+class Fleet:
+    """Open connections to every pool; pools that cannot be reached are kept as Offline snapshots."""
+
+    def __init__(self, entries, opener=None):
+        self.entries = entries
+        self.contexts = {}
+        self.offline = {}
+        for entry in entries:
+            try:
+                conn = lv.open_connection(entry["uri"], "pools")
+            except MachineryError as exc:
+                self.offline[entry["uri"]] = str(exc)
+                continue
+            ctx = PoolContext(conn, entry["uri"])
+            ctx.url_opener = opener
+            self.contexts[entry["uri"]] = ctx
+        for ctx in self.contexts.values():
+            ctx.peer_connections = {uri: other.conn for uri, other in self.contexts.items() if uri != ctx.uri}
+
+    @property
+    def uris(self):
+        return [entry["uri"] for entry in self.entries]
+
+    def snapshots(self):
+        """Fresh snapshots of every pool, read in parallel (registry reads are re-done)."""
+        def take(entry):
+            ctx = self.contexts.get(entry["uri"])
+            if ctx is None:
+                return {"name": entry.get("name") or entry["uri"], "uri": entry["uri"], "state": "Offline",
+                        "problem": self.offline[entry["uri"]], "labels": {}, "taints": [], "classes": {},
+                        "machines": [], "allocated": {"cpu": 0, "memory": 0}, "allocatable": {"cpu": 0, "memory": 0}}
+            ctx.reset()
+            snapshot = pool_snapshots.snapshot_of(ctx, entry.get("name"))
+            ctx.prime()
+            return snapshot
+        with ThreadPoolExecutor(max_workers=max(1, len(self.entries))) as executor:
+            return list(executor.map(take, self.entries))
+
+    def close(self):
+        for ctx in self.contexts.values():
+            try:
+                ctx.conn.close()
+            except lv.libvirt.libvirtError:
+                pass
+
+
+class BatchOutcome:
+    def __init__(self):
+        self.changed = False
+        self.machines = {}
+        self.placements = {}
+        self.before = {}
+        self.after = {}
+        self.warnings = []
+        self.failures = []
+        self.attempts = 0
+
+    def record(self, spec, outcome):
+        name = spec["name"]
+        self.machines[name] = outcome.machine
+        if outcome.changed:
+            self.changed = True
+            self.before[name] = outcome.before
+            self.after[name] = outcome.after
+        self.warnings.extend("%s: %s" % (name, warning) for warning in outcome.warnings)
+
+    def fail(self, spec, pool, exc):
+        self.failures.append({"name": spec["name"], "pool": pool, "reason": getattr(exc, "reason", "Error"),
+                              "field": getattr(exc, "field", None), "msg": str(exc)})
+
+
+def machine_params(spec, unique_across):
+    params = {key: value for key, value in spec.items() if key not in SCHEDULING_KEYS}
+    params["unique_across"] = unique_across
+    return params
+
+
+def _run(jobs, workers, work):
+    """[(job, result or exception)] of work(job) for every job, run on up to ``workers`` threads."""
+    def guarded(job):
+        try:
+            return job, work(job)
+        except MachineryError as exc:
+            return job, exc
+        except lv.libvirt.libvirtError as exc:
+            return job, MachineryError("libvirt error: %s" % lv.describe(exc))
+    if not jobs:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as executor:
+        return list(executor.map(guarded, jobs))
+
+
+def preflight(jobs, specs, workers):
+    """Every placed machine planned in check mode first: an invalid one fails the run before any write."""
+    index = {spec["name"]: position for position, spec in enumerate(specs)}
+    problems = []
+    for (spec, _ctx), outcome in _run(jobs, workers, lambda job: MachineService(job[1], True)
+                                      .ensure(machine_params(job[0], []))):
+        if isinstance(outcome, MachineryError) and not isinstance(outcome, (PoolFull, NameTaken)):
+            field = "machines[%d]%s" % (index[spec["name"]], "." + outcome.field if outcome.field else "")
+            problems.append("%s: %s" % (field, outcome.message))
+    if problems:
+        raise ValidationError("nothing was changed; %s" % "; ".join(problems), "machines")
+
+
+def converge(entries, specs, strategy="spread", retries=3, workers=16, check_mode=False, opener=None):
+    """Converge ``specs`` (validated machine module parameters plus scheduling keys) over the pools."""
+    fleet = Fleet(entries, opener)
+    result = BatchOutcome()
+    try:
+        snapshots = fleet.snapshots()
+        absent = [spec for spec in specs if spec.get("state") == "absent"]
+        pending = [spec for spec in specs if spec.get("state") != "absent"]
+        deletions = [(spec, fleet.contexts[snapshot["uri"]]) for spec in absent for snapshot in snapshots
+                     if snapshot["uri"] in fleet.contexts and spec["name"] in snapshot["machines"]]
+        for (spec, ctx), outcome in _run(deletions, workers, lambda job: MachineService(job[1], check_mode)
+                                         .ensure(machine_params(job[0], []))):
+            if isinstance(outcome, MachineryError):
+                result.fail(spec, ctx.name, outcome)
+            else:
+                result.record(spec, outcome)
+        for spec in absent:
+            result.machines.setdefault(spec["name"], {"name": spec["name"], "pool": None, "phase": "Terminated"})
+        while pending:
+            result.attempts += 1
+            by_uri = {snapshot["uri"]: snapshot for snapshot in snapshots}
+            placements = schedule(pending, snapshots, strategy, strict=False, field="machines")
+            jobs = []
+            for spec, placement in zip(pending, placements):
+                result.placements[spec["name"]] = placement
+                if placement["uri"] is None:
+                    result.failures.append({"name": spec["name"], "pool": None, "reason": "Unschedulable",
+                                            "field": "machine_pool", "msg": placement["reason"]})
+                else:
+                    jobs.append((spec, fleet.contexts[placement["uri"]]))
+            if result.attempts == 1:
+                preflight(jobs, specs, workers)
+            crowded = []
+            for (spec, ctx), outcome in _run(jobs, workers, lambda job: MachineService(job[1], check_mode)
+                                             .ensure(machine_params(job[0], fleet.uris))):
+                if isinstance(outcome, (PoolFull, NameTaken)) and result.attempts <= retries:
+                    crowded.append(spec)
+                elif isinstance(outcome, MachineryError):
+                    result.fail(spec, by_uri[ctx.uri]["name"], outcome)
+                else:
+                    result.record(spec, outcome)
+            pending = crowded
+            if pending:
+                snapshots = fleet.snapshots()
+    finally:
+        fleet.close()
+    return result
+
+
+def summary(result, specs):
+    machines = [result.machines[spec["name"]] for spec in specs if spec["name"] in result.machines]
+    placements = [result.placements[spec["name"]] for spec in specs if spec["name"] in result.placements]
+    shown = [machine for machine in machines if machine.get("phase") != "Terminated"]
+    return {"machines": machines, "placements": placements, "failures": result.failures,
+            "table": table(sorted(shown, key=lambda machine: (machine.get("pool") or "", machine["name"]))),
+            "attempts": result.attempts}

@@ -1,0 +1,188 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: machine_batch
+short_description: Schedule and converge many machines across pools at once
+description:
+  - Converges a list of machines over a fleet of pools in one process, with one libvirt connection per pool
+    and the machines converged in parallel threads. This is what the C(machinery.compute.machines) role runs.
+  - Machines without C(machine_pool) are placed with the same scheduler as the C(machinery.compute.scheduler)
+    lookup (a machine that already exists on a pool stays there); each is then converged like
+    M(machinery.compute.machine) would, with its name kept unique across the pools under their admission locks.
+  - A machine that a concurrent run crowded out (its pool filled up, or its name appeared on another pool
+    first) is rescheduled against fresh pool snapshots, at most O(retries) times.
+  - Machines with C(state=absent) are deleted from every pool that has them.
+  - Every machine is validated before anything is written; one invalid machine fails the whole run.
+version_added: 0.1.0
+author: machinery.compute contributors (@machinery)
+attributes:
+  check_mode:
+    support: full
+    description: Schedules, validates and computes every machine's plan; writes nothing.
+  diff_mode:
+    support: full
+    description: The owned fields of each changed machine, before and after, keyed by machine name.
+options:
+  machines:
+    description:
+      - The machines, each a mapping of the options of M(machinery.compute.machine) (except C(uri) and
+        C(unique_across)), plus the scheduling keys C(machine_pool_selector) (labels), C(tolerations) (key,
+        operator, value, effect) and C(machine_pool) (pin to a pool by name).
+    type: list
+    elements: dict
+    required: true
+  pools:
+    description: The pools, as libvirt URIs or mappings with C(uri) and an optional C(name).
+    type: list
+    elements: raw
+    required: true
+  strategy:
+    description: Scheduling strategy.
+    type: str
+    choices: [spread, binpack]
+    default: spread
+  retries:
+    description: How often a machine crowded out by a concurrent run is rescheduled.
+    type: int
+    default: 3
+  workers:
+    description: Machines converged at the same time.
+    type: int
+    default: 16
+requirements:
+  - libvirt-python
+  - lxml
+"""
+
+EXAMPLES = r"""
+- name: Three machines over two hypervisors
+  machinery.compute.machine_batch:
+    pools:
+      - qemu+ssh://root@hv1/system
+      - {name: hv2, uri: qemu+ssh://root@hv2/system}
+    machines:
+      - {name: web-1, machine_class: small, image: /var/lib/images/fcos.qcow2, wait: address}
+      - {name: web-2, machine_class: small, image: /var/lib/images/fcos.qcow2, wait: address}
+      - {name: old-1, state: absent}
+  register: fleet
+
+- name: Where they went
+  ansible.builtin.debug:
+    var: fleet.table
+"""
+
+RETURN = r"""
+machines:
+  description: Each machine's status after the run, in the shape of M(machinery.compute.machine)'s C(machine).
+  returned: always
+  type: list
+  elements: dict
+placements:
+  description: Where each machine was placed and why (name, pool, uri, reason).
+  returned: always
+  type: list
+  elements: dict
+failures:
+  description: Machines that could not be converged, with name, pool, reason, field and msg.
+  returned: always
+  type: list
+  elements: dict
+table:
+  description: Lines NAME POOL CLASS PHASE RESTARTS AGE IPS of the machines.
+  returned: always
+  type: list
+  elements: str
+attempts:
+  description: Scheduling rounds taken (more than one when machines were rescheduled).
+  returned: always
+  type: int
+"""
+
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+from ansible_collections.machinery.compute.plugins.module_utils import batch
+from ansible_collections.machinery.compute.plugins.module_utils import pools as pool_snapshots
+from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.machine_args import MACHINE_ARGUMENT_SPEC
+from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+
+ELEMENT_SPEC = {key: value for key, value in MACHINE_ARGUMENT_SPEC.items() if key != "unique_across"}
+ELEMENT_SPEC.update(machine_pool_selector=dict(type="dict"), tolerations=dict(type="list", elements="dict"),
+                    machine_pool=dict(type="str"))
+SECRET_OPTIONS = ("ignition",)
+
+
+def validated(machines):
+    """Each machine checked and defaulted exactly as the machine module would; errors name the element."""
+    validator = ArgumentSpecValidator(ELEMENT_SPEC)
+    specs = []
+    for index, machine in enumerate(machines):
+        if not isinstance(machine, dict):
+            raise ValidationError("must be a mapping of machine options", "machines[%d]" % index)
+        result = validator.validate(machine)
+        if result.error_messages:
+            raise ValidationError("; ".join(result.error_messages), "machines[%d]" % index)
+        specs.append(result.validated_parameters)
+    names = [spec["name"] for spec in specs]
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise ValidationError("machine %s is listed twice" % name, "machines[%d].name" % index)
+    return specs
+
+
+class MachineBatchModule(MachineryModule):
+    connects = False
+    argument_spec = dict(
+        machines=dict(type="list", elements="dict", required=True),
+        pools=dict(type="list", elements="raw", required=True),
+        strategy=dict(type="str", choices=["spread", "binpack"], default="spread"),
+        retries=dict(type="int", default=3),
+        workers=dict(type="int", default=16),
+    )
+
+    def run(self, ctx):
+        specs = validated(self.params["machines"])
+        for spec in specs:
+            for key in SECRET_OPTIONS:
+                if spec.get(key) is not None:
+                    self.module.no_log_values.update(self.secret_strings(spec[key]))
+            if (spec.get("cloud_init") or {}).get("user_data") is not None:
+                self.module.no_log_values.update(self.secret_strings(spec["cloud_init"]["user_data"]))
+        entries = pool_snapshots.pool_entries(self.params["pools"])
+        outcome = batch.converge(entries, specs, self.params["strategy"], self.params["retries"],
+                                 self.params["workers"], self.check_mode, self.url_opener())
+        result = dict(batch.summary(outcome, specs), changed=outcome.changed, warnings=outcome.warnings,
+                      diff=self.diff(outcome.before, outcome.after) if outcome.changed else None)
+        if outcome.failures:
+            result["msg"] = "%d of %d machines failed: %s" % (
+                len(outcome.failures), len(specs), "; ".join("%s: %s" % (failure["name"], failure["msg"])
+                                                             for failure in outcome.failures))
+            result["failed"] = True
+        return result
+
+    @staticmethod
+    def secret_strings(value):
+        """The strings of a secret option, as Ansible collects them for a no_log option of the same shape.
+
+        Unlike Ansible, leaves under 4 characters are skipped: masking every '1' or 'yes' in the output
+        would hide far more than it protects."""
+        if isinstance(value, dict):
+            return set().union(*(MachineBatchModule.secret_strings(item) for item in value.values())) \
+                if value else set()
+        if isinstance(value, list):
+            return set().union(*(MachineBatchModule.secret_strings(item) for item in value)) if value else set()
+        text = str(value) if value is not None else ""
+        return {text} if len(text) >= 4 else set()
+
+
+def main():
+    MachineBatchModule()()
+
+
+if __name__ == "__main__":
+    main()
