@@ -52,9 +52,7 @@ class Fleet:
         def take(entry):
             ctx = self.contexts.get(entry["uri"])
             if ctx is None:
-                return {"name": entry.get("name") or entry["uri"], "uri": entry["uri"], "state": "Offline",
-                        "problem": self.offline[entry["uri"]], "labels": {}, "taints": [], "classes": {},
-                        "machines": [], "allocated": {"cpu": 0, "memory": 0}, "allocatable": {"cpu": 0, "memory": 0}}
+                return pool_snapshots.offline_snapshot(entry, self.offline[entry["uri"]])
             ctx.reset()
             snapshot = pool_snapshots.snapshot_of(ctx, entry.get("name"))
             ctx.prime()

@@ -198,8 +198,11 @@ def normalize(params, ctx, existing_record=None, current=None):
 
 # --- status ---------------------------------------------------------------------------------------------------
 
-def _phase(dom, record):
-    state, reason = dom.state()
+def _is_active(state):
+    return state not in (lv.libvirt.VIR_DOMAIN_SHUTOFF, lv.libvirt.VIR_DOMAIN_CRASHED, lv.libvirt.VIR_DOMAIN_NOSTATE)
+
+
+def _phase(state, reason, record):
     if state in (lv.libvirt.VIR_DOMAIN_RUNNING, lv.libvirt.VIR_DOMAIN_BLOCKED, lv.libvirt.VIR_DOMAIN_PMSUSPENDED):
         return "Running"
     if state == lv.libvirt.VIR_DOMAIN_PAUSED:
@@ -259,8 +262,9 @@ def machine_status(dom, ctx, book=None, tree=None, moment=None):
     record = dx.read_record(tree) or {}
     spec = record.get("spec", {})
     book = book or AddressBook(ctx)
-    active = dom.isActive()
-    phase = _phase(dom, record)
+    state, reason = dom.state()
+    active = _is_active(state)
+    phase = _phase(state, reason, record)
     attached_aliases = {disk["alias"] for disk in dx.disks(tree)} | {nic["alias"] for nic in dx.interfaces(tree)}
     nics = []
     ips = []

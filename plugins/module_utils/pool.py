@@ -34,7 +34,7 @@ class PoolContext:
         """Fetch the lazily read pieces now, before several threads share this context."""
         if self.registration:
             self.registry.machine_classes()
-            _ = self.storage_path
+            self.storage_file("")  # resolves the storage path once
         return self
 
     @property

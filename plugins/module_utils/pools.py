@@ -14,7 +14,8 @@ from ansible_collections.machinery.compute.plugins.module_utils import domain as
 from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.errors import (
+    ConflictError, MachineryError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
 
 EFFECTS = ("NoSchedule", "NoExecute")
@@ -292,7 +293,7 @@ def ensure_pool(ctx, params, check_mode):
 def pool_entries(items, field="pools"):
     """Normalize ``pools``: URIs or {name, uri} mappings -> [{name or None, uri}]."""
     if not isinstance(items, list) or not items:
-        raise ValidationError("give a list of libvirt URIs or {name, uri} mappings", field)
+        raise ValidationError("give a list of libvirt URIs or of mappings with name and uri", field)
     entries = []
     for index, item in enumerate(items):
         if isinstance(item, str):
@@ -325,19 +326,23 @@ def snapshot_of(ctx, given_name=None):
     return snapshot
 
 
+def offline_snapshot(entry, problem):
+    """A pool that could not be read: Offline, with nothing to offer."""
+    return {"name": entry.get("name") or entry["uri"], "uri": entry["uri"], "state": "Offline",
+            "problem": problem, "labels": {}, "taints": [], "classes": {}, "machines": [],
+            "allocated": {"cpu": 0, "memory": 0}, "allocatable": {"cpu": 0, "memory": 0}}
+
+
 def read_snapshot(entry):
     """Connect to one pool and take its snapshot; an unreachable pool is Offline, not an exception."""
     from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
     try:
         with lv.Connection(entry["uri"]) as conn:
             return snapshot_of(PoolContext(conn, entry["uri"]), entry.get("name"))
-    except (lv.libvirt.libvirtError, ConflictError, ValidationError) as exc:
-        problem = lv.describe(exc) if isinstance(exc, lv.libvirt.libvirtError) else str(exc)
-    except Exception as exc:  # ConnectionFailed and anything else a broken host throws at us
-        problem = str(exc)
-    return {"name": entry.get("name") or entry["uri"], "uri": entry["uri"], "state": "Offline",
-            "problem": problem, "labels": {}, "taints": [], "classes": {}, "machines": [],
-            "allocated": {"cpu": 0, "memory": 0}, "allocatable": {"cpu": 0, "memory": 0}}
+    except lv.libvirt.libvirtError as exc:
+        return offline_snapshot(entry, lv.describe(exc))
+    except MachineryError as exc:
+        return offline_snapshot(entry, str(exc))
 
 
 def read_snapshots(entries, workers=16):

@@ -14,6 +14,7 @@ import time
 import libvirt
 import pytest
 
+NS = "https://machinery.compute/xmlns/machine/1"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLASS_SMALL = {"name": "small", "cpu": 1, "memory": "128Mi"}
 # The lab's hosts have few CPUs and its TCG test guests sit idle: overcommit CPUs so tests are not capped at 2.
@@ -71,6 +72,14 @@ class Pool:
         self.name = name
         self.uri = uri
         self.conn = libvirt.open(uri)
+
+    def reconnect(self):
+        """After the pool's daemon was restarted."""
+        try:
+            self.conn.close()
+        except libvirt.libvirtError:
+            pass
+        self.conn = libvirt.open(self.uri)
 
     def domain(self, name):
         try:

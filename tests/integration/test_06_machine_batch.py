@@ -46,8 +46,8 @@ def test_batch_lifecycle(registered, module, image):
     assert resized["changed"] is True
     assert resized["diff"]["after"][names[0]] == {"labels": {"tier": "web"}}
 
-    gone = module("machine_batch", pools=[p.uri for p in pools], machines=[{"name": n, "state": "absent"}
-                                                                            for n in names])
+    gone = module("machine_batch", pools=[p.uri for p in pools],
+                  machines=[{"name": n, "state": "absent"} for n in names])
     assert gone["changed"] is True
     assert everywhere(pools, names) == {name: [] for name in names}
     assert module("machine_batch", pools=[p.uri for p in pools],

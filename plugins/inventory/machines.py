@@ -1,0 +1,236 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: machines
+short_description: Every machine of every pool as an Ansible host
+version_added: 0.1.0
+author: machinery.compute contributors (@machinery)
+description:
+  - Reads the machines of a fleet of libvirt pools, in parallel with one connection per pool, and makes each
+    machine created by machinery.compute a host.
+  - The source file's name must end with C(machinery.yml) or C(machinery.yaml).
+  - Each host gets C(ansible_host) (its first address, when it has one) and the hostvar C(machinery), the same
+    shape as the C(machine) return of M(machinery.compute.machine). Hosts are put in the groups
+    C(machinery_pool_<pool>), C(machinery_class_<class>) and C(machinery_phase_<phase>).
+  - A pool that cannot be read is a warning naming the pool and the cause, and the rest of the inventory is still
+    produced; with O(strict=true) it fails instead.
+  - Every string read from libvirt is marked unsafe, so a label such as C({{ lookup('pipe', 'id') }}) is never
+    templated.
+extends_documentation_fragment:
+  - constructed
+  - inventory_cache
+requirements:
+  - libvirt-python
+  - lxml
+options:
+  plugin:
+    description: Marks the file as a source for this plugin.
+    required: true
+    choices: [machinery.compute.machines]
+  pools:
+    description: The pools, as libvirt URIs or mappings with C(uri) and an optional C(name).
+    type: list
+    elements: raw
+    required: true
+  hostname:
+    description: What names a host.
+    type: str
+    choices: [name, uuid]
+    default: name
+  address_source:
+    description:
+      - Where C(ansible_host) comes from, in order of preference; the first source that knows an address wins.
+      - C(lease) reads the libvirt networks' DHCP leases, C(agent) asks the QEMU guest agent, C(arp) the host's
+        ARP table.
+    type: list
+    elements: str
+    choices: [lease, agent, arp]
+    default: [lease, agent, arp]
+  include_unmanaged:
+    description: Also make hosts of domains this collection did not create.
+    type: bool
+    default: false
+  include_pools:
+    description: Add the pools themselves as hosts of the group C(machine_pools), with their status in C(machinery_pool).
+    type: bool
+    default: false
+  workers:
+    description: Pools read at the same time.
+    type: int
+    default: 16
+"""
+
+EXAMPLES = r"""
+# fleet.machinery.yml
+plugin: machinery.compute.machines
+pools:
+  - qemu+ssh://root@hv1/system
+  - {name: hv2, uri: qemu+ssh://root@hv2/system}
+include_pools: true
+keyed_groups:
+  - key: machinery.labels.app | default('none')
+    prefix: app
+compose:
+  ansible_user: "'core'"
+groups:
+  big: machinery.cpu >= 4
+cache: true
+cache_plugin: ansible.builtin.jsonfile
+cache_connection: ~/.cache/machinery-inventory
+"""
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible.errors import AnsibleError, AnsibleParserError
+from ansible.module_utils.common.text.converters import to_native
+from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
+from ansible.utils.unsafe_proxy import wrap_var
+
+from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import pools as pool_tools
+from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.machine import list_machines
+from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
+
+_UNSAFE_GROUP_CHARS = re.compile(r"[^A-Za-z0-9_]")
+
+
+def group_name(prefix, value):
+    return "%s_%s" % (prefix, _UNSAFE_GROUP_CHARS.sub("_", str(value)))
+
+
+def fallback_addresses(conn, name, sources):
+    """Addresses of a running domain from the guest agent or the ARP table, in the order asked."""
+    dom = lv.lookup_domain(conn, name)
+    if dom is None:
+        return []
+    flags = {"agent": lv.libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT,
+             "arp": lv.libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_ARP}
+    for source in sources:
+        if source not in flags:
+            continue
+        try:
+            interfaces = dom.interfaceAddresses(flags[source], 0)
+        except lv.libvirt.libvirtError:
+            continue
+        found = [address["addr"] for nic in interfaces.values() for address in nic.get("addrs") or []
+                 if address.get("addr") and not address["addr"].startswith(("127.", "::1", "fe80"))]
+        if found:
+            return found
+    return []
+
+
+def read_pool(entry, include_unmanaged, include_pools, sources):
+    """One pool's machines (and status): a JSON-serializable dict; an unreachable pool carries ``error``."""
+    result = {"name": entry.get("name") or entry["uri"], "uri": entry["uri"], "error": None, "machines": [],
+              "status": None}
+    try:
+        with lv.Connection(entry["uri"]) as conn:
+            ctx = PoolContext(conn, entry["uri"])
+            if ctx.name:
+                result["name"] = ctx.name
+            machines = list_machines(ctx, include_unmanaged)
+            others = [source for source in sources if source != "lease"]
+            for machine in machines:
+                if machine["pool"] is None:
+                    machine["pool"] = result["name"]
+                if "lease" not in sources:
+                    machine["ip_addresses"] = []
+                if not machine["ip_addresses"] and others and machine["phase"] == "Running":
+                    machine["ip_addresses"] = fallback_addresses(conn, machine["name"], others)
+            result["machines"] = machines
+            if include_pools and ctx.registration:
+                result["status"] = pool_tools.pool_status(ctx)
+    except MachineryError as exc:
+        result["error"] = str(exc)
+    except lv.libvirt.libvirtError as exc:
+        result["error"] = lv.describe(exc)
+    return result
+
+
+class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
+    NAME = "machinery.compute.machines"
+
+    def verify_file(self, path):
+        return super().verify_file(path) and path.endswith(("machinery.yml", "machinery.yaml"))
+
+    def parse(self, inventory, loader, path, cache=True):
+        super().parse(inventory, loader, path, cache)
+        self._read_config_data(path)
+        cache_key = self.get_cache_key(path)
+        use_cache = self.get_option("cache") and cache
+        update_cache = self.get_option("cache") and not cache
+        data = None
+        if use_cache:
+            try:
+                data = self._cache[cache_key]
+            except KeyError:
+                update_cache = True
+        if data is None:
+            data = self.fetch()
+        if update_cache:
+            self._cache[cache_key] = data
+        self.populate(data)
+
+    def fetch(self):
+        if not lv.HAS_LIBVIRT:
+            raise AnsibleError("the machinery.compute.machines inventory needs libvirt-python: %s"
+                               % lv.LIBVIRT_IMPORT_ERROR)
+        lv.require_libvirt()
+        try:
+            entries = pool_tools.pool_entries(self.get_option("pools"))
+        except MachineryError as exc:
+            raise AnsibleParserError("machinery.compute.machines: %s" % to_native(exc)) from None
+        options = (self.get_option("include_unmanaged"), self.get_option("include_pools"),
+                   self.get_option("address_source"))
+        workers = max(1, min(self.get_option("workers"), len(entries)))
+        with ThreadPoolExecutor(max_workers=workers) as executor:
+            pools = list(executor.map(lambda entry: read_pool(entry, *options), entries))
+        return {"pools": pools}
+
+    def populate(self, data):
+        strict = self.get_option("strict")
+        by_uuid = self.get_option("hostname") == "uuid"
+        seen = {}
+        for pool in data["pools"]:
+            if pool["error"]:
+                where = pool["name"] if pool["name"] == pool["uri"] else "%s (%s)" % (pool["name"], pool["uri"])
+                message = "machinery.compute.machines: pool %s was not read: %s" % (where, pool["error"])
+                if strict:
+                    raise AnsibleParserError(message)
+                self.display.warning(message)
+                continue
+            if pool.get("status"):
+                self.inventory.add_group("machine_pools")
+                host = self.inventory.add_host(pool["status"]["name"], group="machine_pools")
+                self.inventory.set_variable(host, "machinery_pool", wrap_var(pool["status"]))
+            for machine in pool["machines"]:
+                name = machine["uuid"] if by_uuid else machine["name"]
+                if name in seen:
+                    self.display.warning("machinery.compute.machines: %s exists on pools %s and %s; the second is "
+                                         "named %s@%s" % (name, seen[name], pool["name"], name, pool["name"]))
+                    name = "%s@%s" % (name, pool["name"])
+                seen[name] = pool["name"]
+                self.add_machine(name, machine, strict)
+
+    def add_machine(self, name, machine, strict):
+        host = self.inventory.add_host(name)
+        for prefix, value in (("machinery_pool", machine.get("pool")), ("machinery_class", machine.get("machine_class")),
+                              ("machinery_phase", machine.get("phase"))):
+            if value:
+                group = self.inventory.add_group(group_name(prefix, value))
+                self.inventory.add_child(group, host)
+        self.inventory.set_variable(host, "machinery", wrap_var(machine))
+        if machine.get("ip_addresses"):
+            self.inventory.set_variable(host, "ansible_host", wrap_var(machine["ip_addresses"][0]))
+        if not (self.get_option("compose") or self.get_option("groups") or self.get_option("keyed_groups")):
+            return
+        hostvars = self.inventory.get_host(host).get_vars()
+        self._set_composite_vars(self.get_option("compose"), hostvars, host, strict=strict)
+        self._add_host_to_composed_groups(self.get_option("groups"), hostvars, host, strict=strict)
+        self._add_host_to_keyed_groups(self.get_option("keyed_groups"), hostvars, host, strict=strict)

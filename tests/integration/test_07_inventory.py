@@ -1,0 +1,174 @@
+"""The machines inventory plugin through ansible-inventory and ansible-playbook, against the lab."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import libvirt
+import pytest
+from lxml import etree
+
+from conftest import NS, REPO
+
+BIN = os.path.dirname(sys.executable)
+INJECTION = "{{ lookup('pipe', 'echo INJECTED') }}"
+
+
+def write_source(directory, pools, **options):
+    source = directory / "fleet.machinery.yml"
+    config = dict({"plugin": "machinery.compute.machines", "pools": pools}, **options)
+    source.write_text(json.dumps(config))  # JSON is YAML
+    return source
+
+
+def inventory(source, *args, env=None):
+    proc = subprocess.run([os.path.join(BIN, "ansible-inventory"), "-i", str(source)] + list(args),
+                          capture_output=True, text=True, env=dict(os.environ, ANSIBLE_NOCOLOR="1", **(env or {})),
+                          check=False, timeout=300)
+    return proc
+
+
+def plain(value):
+    """ansible-inventory shows strings marked unsafe as {"__ansible_unsafe": ...}; compare their values."""
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return value["__ansible_unsafe"]
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value
+
+
+def listing(source, env=None, raw=False):
+    proc = inventory(source, "--list", env=env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    return (data if raw else plain(data)), proc.stderr
+
+
+def members(data, group):
+    return sorted(data.get(group, {}).get("hosts", []))
+
+
+@pytest.fixture(scope="module")
+def fleet(registered, module, image):
+    pools = registered
+    names = ["inv-a", "inv-b", "inv-c"]
+    specs = [{"name": "inv-a", "machine_class": "small", "image": image, "labels": {"app": "web"},
+              "wait": "address", "wait_timeout": 180},
+             {"name": "inv-b", "machine_class": "small", "image": image, "labels": {"app": "db"},
+              "state": "present", "network_interfaces": []},
+             {"name": "inv-c", "machine_class": "small", "image": image, "labels": {"app": "web"},
+              "state": "present", "network_interfaces": [], "machine_pool": pools[2].name}]
+    made = module("machine_batch", pools=[{"name": p.name, "uri": p.uri} for p in pools], machines=specs)
+    assert not made.get("failed"), made
+    yield {machine["name"]: machine for machine in made["machines"]}
+    module("machine_batch", pools=[p.uri for p in pools], machines=[{"name": n, "state": "absent"} for n in names])
+
+
+def test_hosts_groups_and_hostvars(registered, fleet, tmp_path):
+    pools = registered
+    source = write_source(tmp_path, [{"name": p.name, "uri": p.uri} for p in pools], include_pools=True,
+                          keyed_groups=[{"key": "machinery.labels.app | default('none')", "prefix": "app"}],
+                          compose={"cpu_count": "machinery.cpu * 2"},
+                          groups={"running_web": "machinery.phase == 'Running' and machinery.labels.app == 'web'"})
+    data, warnings = listing(source)
+    hostvars = data["_meta"]["hostvars"]
+    assert {"inv-a", "inv-b", "inv-c"} <= set(hostvars)
+    running = fleet["inv-a"]
+    assert hostvars["inv-a"]["ansible_host"] == running["ip_addresses"][0]
+    assert "ansible_host" not in hostvars["inv-b"]
+    assert hostvars["inv-a"]["machinery"]["uuid"] == running["uuid"]
+    assert hostvars["inv-a"]["machinery"]["network_interfaces"][0]["mac"] == running["network_interfaces"][0]["mac"]
+    assert hostvars["inv-c"]["machinery"]["pool"] == pools[2].name
+    assert "inv-c" in members(data, "machinery_pool_" + pools[2].name)
+    assert "inv-a" in members(data, "machinery_phase_Running")
+    assert {"inv-b", "inv-c"} <= set(members(data, "machinery_phase_Pending"))
+    assert {"inv-a", "inv-b", "inv-c"} <= set(members(data, "machinery_class_small"))
+    assert {"inv-a", "inv-c"} <= set(members(data, "app_web")) and "inv-b" in members(data, "app_db")
+    assert "inv-a" in members(data, "running_web") and not {"inv-b", "inv-c"} & set(members(data, "running_web"))
+    assert hostvars["inv-a"]["cpu_count"] == 2
+    assert sorted(members(data, "machine_pools")) == sorted(p.name for p in pools)
+    assert hostvars[pools[0].name]["machinery_pool"]["state"] == "Ready"
+
+    graph = inventory(source, "--graph")
+    assert graph.returncode == 0 and "@machinery_phase_Running:" in graph.stdout and "inv-a" in graph.stdout
+
+    by_uuid, _warnings = listing(write_source(tmp_path, [p.uri for p in pools], hostname="uuid"))
+    assert fleet["inv-a"]["uuid"] in by_uuid["_meta"]["hostvars"]
+
+
+def test_unreachable_pool_warns_or_fails(registered, fleet, tmp_path):
+    pools = [{"name": p.name, "uri": p.uri} for p in registered]
+    broken = {"name": "gone", "uri": "qemu+unix:///system?socket=/nonexistent/libvirt-sock"}
+    data, warnings = listing(write_source(tmp_path, pools + [broken]))
+    assert "inv-a" in data["_meta"]["hostvars"]
+    assert "pool gone" in warnings and "/nonexistent/libvirt-sock" in warnings
+    proc = inventory(write_source(tmp_path, pools + [broken], strict=True), "--list")
+    assert proc.returncode != 0 or "inv-a" not in proc.stdout
+    assert "pool gone" in proc.stderr
+
+
+def test_labels_are_never_templated(registered, module, fleet, tmp_path):
+    dom = next(p.domain("inv-a") for p in registered if p.domain("inv-a"))
+    conn = dom.connect()
+    # write a record whose label is a template, as a hostile or buggy writer could, bypassing validation
+    tree = etree.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE).encode())
+    node = tree.find("metadata/{%s}machine" % NS)
+    record = json.loads(node.text)
+    record["spec"]["labels"]["note"] = INJECTION
+    node.text = json.dumps(record)
+    conn.defineXML(etree.tostring(tree).decode())
+    source = write_source(tmp_path, [p.uri for p in registered])
+    data, _warnings = listing(source, raw=True)
+    assert data["_meta"]["hostvars"]["inv-a"]["machinery"]["labels"]["note"] == {"__ansible_unsafe": INJECTION}
+    playbook = tmp_path / "show.yml"
+    playbook.write_text(json.dumps([{"hosts": "machinery_phase_Running", "gather_facts": False,
+                                     "connection": "local", "tasks": [
+                                         {"name": "Read the machine's own record",
+                                          "ansible.builtin.debug": {"msg": "{{ machinery.labels.note }} on "
+                                                                           "{{ hostvars[inventory_hostname]"
+                                                                           "['machinery']['pool'] }}"}}]}]))
+    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(source), str(playbook)],
+                          capture_output=True, text=True, check=False, timeout=300,
+                          env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "inv-a" in proc.stdout and "lookup('pipe'" in proc.stdout
+    assert "INJECTED on" not in proc.stdout
+
+
+def test_cache_is_used_on_the_second_run(registered, fleet, tmp_path, lab):
+    pools = registered
+    cache_dir = tmp_path / "cache"
+    source = write_source(tmp_path, [{"name": p.name, "uri": p.uri} for p in pools], cache=True,
+                          cache_plugin="ansible.builtin.jsonfile", cache_connection=str(cache_dir),
+                          cache_timeout=3600)
+    cold, _warnings = listing(source)
+    assert "inv-c" in cold["_meta"]["hostvars"]
+    assert list(cache_dir.iterdir())
+    # stop the daemon of the pool that holds inv-c: a run that called libvirt could not list it any more
+    lab_dir = os.path.dirname(os.path.abspath(os.environ.get("MACHINERY_LAB") or
+                                              os.path.join(REPO, ".lab", "lab.json")))
+    pid_file = os.path.join(lab_dir, pools[2].name, "libvirtd.pid")
+    with open(pid_file) as handle:
+        pid = int(handle.read().strip())
+    os.kill(pid, signal.SIGTERM)
+    try:
+        deadline = time.monotonic() + 30
+        while os.path.exists("/proc/%d" % pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        uncached, warnings = listing(write_source(tmp_path / "..", [{"name": p.name, "uri": p.uri}
+                                                                    for p in pools]))
+        assert "inv-c" not in uncached["_meta"]["hostvars"] and "was not read" in warnings
+        cached, warnings = listing(source)
+        assert "was not read" not in warnings
+        assert cached["_meta"]["hostvars"]["inv-c"] == cold["_meta"]["hostvars"]["inv-c"]
+    finally:
+        subprocess.run(["python3", os.path.join(REPO, "lab", "lab.py"), "up", "--pools", str(len(pools)),
+                        "--dir", lab_dir], check=True, capture_output=True, timeout=300)
+        for pool in pools:
+            pool.reconnect()
+    assert "inv-c" in pools[2].domain_names()
