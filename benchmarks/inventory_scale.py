@@ -96,7 +96,7 @@ def main():
         seconds, rss, out = measure([inventory, "-i", source, "--list"], env)
         report["machinery_cached"] = {"seconds": round(seconds, 2), "peak_rss_mib": round(rss, 1),
                                       "hosts": len(json.loads(out)["_meta"]["hostvars"])}
-        seconds, rss, _ = measure([inventory, "--version"], env)
+        seconds, rss, _output = measure([inventory, "--version"], env)
         report["ansible_inventory_startup"] = {"seconds": round(seconds, 2), "peak_rss_mib": round(rss, 1)}
         if options.community:
             sources = []
