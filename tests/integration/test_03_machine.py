@@ -189,3 +189,21 @@ def test_explicit_devices_and_macs_are_stable(pool, module, image):
         assert first["network_interfaces"][1]["mac"] == "52:54:00:aa:bb:cc"
     finally:
         module("machine", uri=pool.uri, name=name, state="absent")
+
+
+def test_uefi_machine_and_its_nvram(pool, module, image):
+    name = "uefi-1"
+    module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
+    result = module("machine", uri=pool.uri, name=name, machine_class="small", image=image, firmware="uefi",
+                    network_interfaces=[], state="running", wait="running", shutdown_timeout=2)
+    assert result["changed"] is True, result
+    dom = pool.domain(name)
+    assert "firmware='efi'" in dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    # libvirt picks the OVMF build and creates the guest's NVRAM when it starts (seen in the live XML)
+    live = dom.XMLDesc(0)
+    assert dom.isActive() and "<loader" in live and "<nvram" in live
+    refused = module("machine", uri=pool.uri, name=name, firmware="bios", state="running")
+    assert_failed(refused, "firmware", "fixed at creation")
+    gone = module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
+    assert gone["changed"] is True
+    assert pool.domain(name) is None
