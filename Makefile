@@ -10,7 +10,7 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt-dev \
 	libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils \
-	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf
+	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck
 
 .PHONY: help deps venv image lab-up lab-down lab-status demo demo-down test unit sanity lint integration \
 	benchmark clean

@@ -23,22 +23,10 @@ import libvirt
 
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import images, storage
+from common import run_module as module
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BIN = os.path.dirname(sys.executable)
-MODULES = "ansible_collections.machinery.compute.plugins.modules."
-
-
-def module(name, args):
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
-    proc = subprocess.run([sys.executable, "-m", MODULES + name, handle.name], capture_output=True, text=True,
-                          check=False)
-    os.unlink(handle.name)
-    result = json.loads(proc.stdout[proc.stdout.index("{"):])
-    if result.get("failed"):
-        raise SystemExit("%s failed: %s" % (name, result["msg"]))
-    return result
 
 
 def playbook(path, extra, collections=None):

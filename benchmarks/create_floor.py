@@ -14,7 +14,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import libvirt
@@ -22,27 +21,13 @@ import libvirt
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import images, storage
 from ansible_collections.machinery.compute.plugins.module_utils.connection import require_libvirt
+from common import run_module as run_module_named
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODULES = "ansible_collections.machinery.compute.plugins.modules."
 
 
 def run_module(args):
     return run_module_named("machine", args)
-
-
-def run_module_named(module, args):
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
-    try:
-        proc = subprocess.run([sys.executable, "-m", MODULES + module, handle.name], capture_output=True,
-                              text=True, check=False)
-    finally:
-        os.unlink(handle.name)
-    result = json.loads(proc.stdout[proc.stdout.index("{"):])
-    if result.get("failed"):
-        raise SystemExit("module failed: %s" % result["msg"])
-    return result
 
 
 def run_adhoc(args):

@@ -81,38 +81,27 @@ class Connection:
         return False
 
 
-def lookup_domain(conn, name):
-    """The domain called ``name``, or None; errors other than 'no such domain' are raised."""
+def _lookup(find, name, missing_code, what):
+    """``find(name)``, or None when libvirt says there is no such object; other errors are raised."""
     try:
-        return conn.lookupByName(name)
+        return find(name)
     except libvirt.libvirtError as exc:
-        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+        if exc.get_error_code() == missing_code:
             return None
-        raise LibvirtFailure("cannot look up domain %s: %s" % (name, describe(exc))) from None
+        raise LibvirtFailure("cannot look up %s %s: %s" % (what, name, describe(exc))) from None
+
+
+def lookup_domain(conn, name):
+    return _lookup(conn.lookupByName, name, libvirt.VIR_ERR_NO_DOMAIN, "domain")
 
 
 def lookup_network(conn, name):
-    try:
-        return conn.networkLookupByName(name)
-    except libvirt.libvirtError as exc:
-        if exc.get_error_code() == libvirt.VIR_ERR_NO_NETWORK:
-            return None
-        raise LibvirtFailure("cannot look up network %s: %s" % (name, describe(exc))) from None
+    return _lookup(conn.networkLookupByName, name, libvirt.VIR_ERR_NO_NETWORK, "network")
 
 
 def lookup_storage_pool(conn, name):
-    try:
-        return conn.storagePoolLookupByName(name)
-    except libvirt.libvirtError as exc:
-        if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_POOL:
-            return None
-        raise LibvirtFailure("cannot look up storage pool %s: %s" % (name, describe(exc))) from None
+    return _lookup(conn.storagePoolLookupByName, name, libvirt.VIR_ERR_NO_STORAGE_POOL, "storage pool")
 
 
 def lookup_volume(pool, name):
-    try:
-        return pool.storageVolLookupByName(name)
-    except libvirt.libvirtError as exc:
-        if exc.get_error_code() == libvirt.VIR_ERR_NO_STORAGE_VOL:
-            return None
-        raise LibvirtFailure("cannot look up volume %s: %s" % (name, describe(exc))) from None
+    return _lookup(pool.storageVolLookupByName, name, libvirt.VIR_ERR_NO_STORAGE_VOL, "volume")

@@ -491,8 +491,8 @@ class MachineService:
             self.update(dom, tree, record, spec, params, outcome)
         if dom is not None:
             self.converge_power(dom, spec, params, outcome)
-            outcome.machine = self.status(name) if not self.check_mode or dom is not None else {}
-        if self.check_mode and dom is None:
+            outcome.machine = self.status(name)
+        else:  # check mode: nothing was created
             outcome.machine = {"name": name, "pool": self.ctx.name, "uri": self.ctx.uri, "phase": "Pending",
                                "machine_class": spec.get("machine_class"), "cpu": spec.get("cpu"),
                                "memory": format_quantity(spec["memory"]), "labels": spec.get("labels")}
@@ -839,8 +839,8 @@ class MachineService:
 def ephemeral_volumes(record):
     """Every volume that lives and dies with the machine: root, ephemeral disks, seed, Ignition, console log."""
     spec = record.get("spec", {})
-    if record.get("adopted"):
-        return []
+    if record.get("adopted") or not spec.get("name"):
+        return []  # not ours to delete: only the domain goes
     names = ["%s-root.qcow2" % spec.get("name")]
     names.extend(vol["volume"] for vol in spec.get("volumes") or [] if vol.get("ephemeral"))
     names.extend(spec.get("files", {}).values())
