@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 try:
     from lxml import etree
@@ -227,7 +228,8 @@ def _disk(devices, path, fmt, target, bus, alias, device="disk", readonly=False)
 
 
 def volume_alias(name):
-    return "ua-vol-%s" % name
+    """Device aliases allow letters, digits, '_' and '-': a volume name like data.qcow2 becomes data-qcow2."""
+    return "ua-vol-%s" % re.sub(r"[^A-Za-z0-9_-]", "-", name)
 
 
 def nic_alias(name):

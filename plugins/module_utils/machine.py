@@ -265,10 +265,12 @@ def machine_status(dom, ctx, book=None, tree=None, moment=None):
     state, reason = dom.state()
     active = _is_active(state)
     phase = _phase(state, reason, record)
-    attached_aliases = {disk["alias"] for disk in dx.disks(tree)} | {nic["alias"] for nic in dx.interfaces(tree)}
+    # a device counts as attached once the guest has it: the live XML of a running machine, else the persistent
+    shown = dx.parse(dom.XMLDesc(0)) if active else tree
+    attached_aliases = {disk["alias"] for disk in dx.disks(shown)} | {nic["alias"] for nic in dx.interfaces(shown)}
     nics = []
     ips = []
-    macs = {nic["mac"] for nic in dx.interfaces(tree)}
+    macs = {nic["mac"] for nic in dx.interfaces(shown)}
     for nic in spec.get("network_interfaces") or []:
         found = nic["mac"] in macs
         addresses = book.addresses(nic["network"], nic["mac"]) if (active and nic.get("network")) else []

@@ -157,6 +157,14 @@ def pool(registered):
     return registered[0]
 
 
+def warnings_of(result):
+    """Warning texts of a module result (ansible-core 2.19 returns them as structured events)."""
+    texts = []
+    for warning in result.get("warnings") or []:
+        texts.append(warning["event"]["msg"] if isinstance(warning, dict) else str(warning))
+    return texts
+
+
 def assert_failed(result, field, *words):
     assert result.get("failed"), result
     assert result.get("field") == field, result

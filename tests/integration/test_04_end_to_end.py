@@ -4,6 +4,8 @@ import json
 
 import libvirt
 
+from conftest import warnings_of
+
 SECRET = "ignition-secret-7f3a"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMachineryTestKey test@machinery"
 
@@ -57,7 +59,7 @@ def test_boot_with_ignition_and_cloud_init(registered, module, image):
     stopped = module("machine", uri=pool.uri, name=name, state="stopped", shutdown_timeout=60)
     assert stopped["changed"] is True and stopped["actions"] == ["stop"]
     assert stopped["machine"]["phase"] == "Shutdown"
-    assert not any("forced" in warning for warning in stopped.get("warnings", []))
+    assert not any("forced" in warning for warning in warnings_of(stopped))
     assert "MACHINERY-POWEROFF" in pool.console(name)
     assert not pool.domain(name).isActive()
     assert module("machine", uri=pool.uri, name=name, state="stopped")["changed"] is False

@@ -1,0 +1,128 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: nic_attach
+short_description: Attach a NIC to a machine, hot-plugging it when the machine runs
+description:
+  - Attaches the NIC O(name) on a libvirt network or a host bridge to the machine O(machine).
+  - The MAC is derived from the machine and NIC names unless O(mac) is given, so it is the same on every run and
+    after a rebuild. A MAC that another NIC on the same network already uses is refused.
+  - A running machine gets the NIC hot-plugged (live and persistent), a stopped one in its persistent
+    configuration only; O(state=detached) hot-unplugs it and waits until the guest has released it.
+  - With O(wait=address) the module waits for the NIC's DHCP lease and returns its address.
+version_added: 0.1.0
+author: machinery.compute contributors (@machinery)
+extends_documentation_fragment:
+  - machinery.compute.connection
+attributes:
+  check_mode:
+    support: full
+    description: Validates and computes the change; writes nothing.
+  diff_mode:
+    support: full
+    description: The NIC before and after.
+options:
+  machine:
+    description: Name of the machine.
+    type: str
+    required: true
+  name:
+    description: Name of the NIC within the machine.
+    type: str
+    required: true
+  network:
+    description: libvirt network.
+    type: str
+  bridge:
+    description: Host bridge.
+    type: str
+  mac:
+    description: MAC address; derived from the machine and NIC names when not given.
+    type: str
+  model:
+    description: NIC model.
+    type: str
+    choices: [virtio, e1000e, rtl8139]
+    default: virtio
+  state:
+    description: Whether the NIC is attached.
+    type: str
+    choices: [attached, detached]
+    default: attached
+  wait:
+    description: Wait for the NIC's DHCP address (networks only).
+    type: str
+    choices: [none, address]
+    default: none
+  wait_timeout:
+    description: Seconds to wait for the address.
+    type: int
+    default: 300
+  timeout:
+    description: Seconds to wait for the guest to release the NIC on detach.
+    type: int
+    default: 30
+"""
+
+EXAMPLES = r"""
+- name: A second NIC on the storage network, with its address
+  machinery.compute.nic_attach:
+    uri: qemu+ssh://root@hv1/system
+    machine: web-1
+    name: eth1
+    network: storage
+    wait: address
+  register: nic
+
+- name: Its address
+  ansible.builtin.debug:
+    var: nic.network_interface.ip_addresses
+"""
+
+RETURN = r"""
+network_interface:
+  description: The NIC (name, mac, network, ip_addresses, state Pending, Attached or Detached).
+  returned: always
+  type: dict
+machine:
+  description: The machine's status, as the machine module returns it.
+  returned: always
+  type: dict
+"""
+
+from ansible_collections.machinery.compute.plugins.module_utils.attach import NicAttachment
+from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+
+
+class NicAttachModule(MachineryModule):
+    argument_spec = dict(
+        machine=dict(type="str", required=True),
+        name=dict(type="str", required=True),
+        network=dict(type="str"),
+        bridge=dict(type="str"),
+        mac=dict(type="str"),
+        model=dict(type="str", choices=["virtio", "e1000e", "rtl8139"], default="virtio"),
+        state=dict(type="str", choices=["attached", "detached"], default="attached"),
+        wait=dict(type="str", choices=["none", "address"], default="none"),
+        wait_timeout=dict(type="int", default=300),
+        timeout=dict(type="int", default=30),
+    )
+
+    def run(self, ctx):
+        result = NicAttachment(ctx, self.check_mode).ensure(self.params)
+        return {"changed": result["changed"], "network_interface": result["network_interface"],
+                "machine": result["machine"], "warnings": result["warnings"],
+                "diff": self.diff(result["before"], result["after"]) if result["changed"] else None}
+
+
+def main():
+    NicAttachModule()()
+
+
+if __name__ == "__main__":
+    main()

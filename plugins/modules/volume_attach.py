@@ -1,0 +1,133 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: volume_attach
+short_description: Attach a volume of the pool's storage to a machine, hot-plugging it when the machine runs
+description:
+  - Attaches the volume O(volume) of the pool's C(machinery) storage pool to the machine O(machine), creating it
+    first when O(size) is given and it does not exist.
+  - A running machine gets the disk hot-plugged (live and persistent), a stopped one in its persistent
+    configuration only. RV(volume.state) is C(Attached) only once libvirt's live (or persistent) XML shows it.
+  - O(state=detached) hot-unplugs the disk and waits until the guest has released it (up to O(timeout)).
+  - A larger O(size) grows the volume, live when the machine runs; volumes are never shrunk.
+  - A volume attached to another machine is refused unless O(shareable=true) (raw volumes only).
+  - O(ephemeral=true) volumes are deleted with the machine, and when they are detached; the others survive both
+    and can be attached elsewhere.
+version_added: 0.1.0
+author: machinery.compute contributors (@machinery)
+extends_documentation_fragment:
+  - machinery.compute.connection
+attributes:
+  check_mode:
+    support: full
+    description: Validates and computes the change; writes nothing.
+  diff_mode:
+    support: full
+    description: The attachment before and after.
+options:
+  machine:
+    description: Name of the machine.
+    type: str
+    required: true
+  volume:
+    description: Name of the volume in the pool's C(machinery) storage pool.
+    type: str
+    required: true
+  size:
+    description: Size (a quantity such as V(10Gi)); creates the volume when missing, grows it when larger.
+    type: raw
+  format:
+    description: Format of a volume that is created.
+    type: str
+    choices: [qcow2, raw]
+    default: qcow2
+  device:
+    description: Target device; by default the next free name (vdb, vdc, ... or sdb, ... for scsi and sata) that
+      no other disk of the machine holds.
+    type: str
+  bus:
+    description: Disk bus; SATA disks cannot be hot-plugged.
+    type: str
+    choices: [virtio, scsi, sata]
+    default: virtio
+  state:
+    description: Whether the volume is attached.
+    type: str
+    choices: [attached, detached]
+    default: attached
+  ephemeral:
+    description: Delete the volume together with the machine. Unset keeps the recorded value (false when new).
+    type: bool
+  shareable:
+    description: Allow the (raw) volume to be attached to more than one machine.
+    type: bool
+    default: false
+  timeout:
+    description: Seconds to wait for the guest to release the disk on detach.
+    type: int
+    default: 30
+"""
+
+EXAMPLES = r"""
+- name: A 10Gi data disk, hot-plugged into web-1
+  machinery.compute.volume_attach:
+    uri: qemu+ssh://root@hv1/system
+    machine: web-1
+    volume: web-1-data.qcow2
+    size: 10Gi
+
+- name: Hot-unplug it again
+  machinery.compute.volume_attach:
+    uri: qemu+ssh://root@hv1/system
+    machine: web-1
+    volume: web-1-data.qcow2
+    state: detached
+"""
+
+RETURN = r"""
+volume:
+  description: The attachment (name, device, bus, size, ephemeral, state Pending, Attached or Detached).
+  returned: always
+  type: dict
+machine:
+  description: The machine's status, as the machine module returns it.
+  returned: always
+  type: dict
+"""
+
+from ansible_collections.machinery.compute.plugins.module_utils.attach import VolumeAttachment
+from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+
+
+class VolumeAttachModule(MachineryModule):
+    argument_spec = dict(
+        machine=dict(type="str", required=True),
+        volume=dict(type="str", required=True),
+        size=dict(type="raw"),
+        format=dict(type="str", choices=["qcow2", "raw"], default="qcow2"),
+        device=dict(type="str"),
+        bus=dict(type="str", choices=["virtio", "scsi", "sata"], default="virtio"),
+        state=dict(type="str", choices=["attached", "detached"], default="attached"),
+        ephemeral=dict(type="bool"),
+        shareable=dict(type="bool", default=False),
+        timeout=dict(type="int", default=30),
+    )
+
+    def run(self, ctx):
+        result = VolumeAttachment(ctx, self.check_mode).ensure(self.params)
+        return {"changed": result["changed"], "volume": result["volume"], "machine": result["machine"],
+                "warnings": result["warnings"],
+                "diff": self.diff(result["before"], result["after"]) if result["changed"] else None}
+
+
+def main():
+    VolumeAttachModule()()
+
+
+if __name__ == "__main__":
+    main()
