@@ -79,10 +79,14 @@ test: venv image
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory integration
 
+# The inventory benchmark wants 5 pools.
+benchmark: POOLS = 5
 benchmark: venv lab-up
 	$(PY) benchmarks/scheduler_scale.py
 	$(PY) benchmarks/create_floor.py --lab $(LAB)/lab.json
 	$(PY) benchmarks/converge.py --lab $(LAB)/lab.json --community $$(bash benchmarks/community_libvirt.sh $(VENV))
+	$(PY) benchmarks/hotplug.py --lab $(LAB)/lab.json
+	$(PY) benchmarks/inventory_scale.py --lab $(LAB)/lab.json --community $$(bash benchmarks/community_libvirt.sh $(VENV))
 
 clean:
 	python3 lab/lab.py down --dir $(LAB) --purge || true
