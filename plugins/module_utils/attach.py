@@ -205,8 +205,7 @@ class VolumeAttachment:
         return result
 
     def _device(self, target, entry, wanted, bus):
-        taken = {disk["device"] for disk in dx.disks(target.tree)} | {disk["device"] for disk in
-                                                                     dx.disks(target.live())}
+        taken = {disk["device"] for disk in dx.disks(target.tree) + dx.disks(target.live())}
         if entry is not None:
             if wanted and wanted != entry["device"]:
                 raise ConflictError("volume %s is attached as %s; detach it first to move it to %s"
@@ -243,8 +242,8 @@ class VolumeAttachment:
             else:
                 vol.resize(size, 0)
         except lv.libvirt.libvirtError as exc:
-            raise LibvirtFailure("cannot grow %s to %s: %s" % (entry["volume"], format_quantity(size),
-                                                              lv.describe(exc)), "size") from None
+            raise LibvirtFailure("cannot grow %s to %s: %s"
+                                 % (entry["volume"], format_quantity(size), lv.describe(exc)), "size") from None
         entry["size"] = size
         target.save_record()
 
@@ -314,8 +313,8 @@ class NicAttachment:
                                     % (name, target.name, ", ".join(differs)), differs[0])
         else:
             self._check_mac(target, mac, params.get("network"))
-            result.update(changed=True, before={}, after={key: value for key, value in wanted.items()
-                                                            if value is not None})
+            added = {key: value for key, value in wanted.items() if value is not None}
+            result.update(changed=True, before={}, after=added)
             if not self.check_mode:
                 target.attach(interface_xml(wanted, alias), "NIC " + name)
                 nics.append(wanted)
@@ -338,6 +337,5 @@ class NicAttachment:
             tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
             for nic in dx.interfaces(tree):
                 if (nic["mac"] or "").lower() == mac and (network is None or nic["network"] == network):
-                    raise ConflictError("MAC %s is already used by %s on %s" % (mac, dom.name(),
-                                                                               nic["network"] or nic["bridge"]),
-                                        "mac")
+                    where = nic["network"] or nic["bridge"]
+                    raise ConflictError("MAC %s is already used by %s on %s" % (mac, dom.name(), where), "mac")

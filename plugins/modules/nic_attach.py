@@ -86,9 +86,26 @@ EXAMPLES = r"""
 
 RETURN = r"""
 network_interface:
-  description: The NIC (name, mac, network, ip_addresses, state Pending, Attached or Detached).
+  description: The NIC.
   returned: always
   type: dict
+  contains:
+    name:
+      description: NIC name.
+      type: str
+    mac:
+      description: MAC address.
+      type: str
+    network:
+      description: Network or bridge.
+      type: str
+    ip_addresses:
+      description: Addresses from the network's DHCP lease.
+      type: list
+      elements: str
+    state:
+      description: Pending, Attached (libvirt's live or persistent XML shows it) or Detached.
+      type: str
 machine:
   description: The machine's status, as the machine module returns it.
   returned: always

@@ -91,9 +91,28 @@ EXAMPLES = r"""
 
 RETURN = r"""
 volume:
-  description: The attachment (name, device, bus, size, ephemeral, state Pending, Attached or Detached).
+  description: The attachment.
   returned: always
   type: dict
+  contains:
+    name:
+      description: Volume name.
+      type: str
+    device:
+      description: Target device in the guest's configuration.
+      type: str
+    bus:
+      description: Disk bus.
+      type: str
+    size:
+      description: Size as a quantity.
+      type: str
+    ephemeral:
+      description: Whether the volume goes with the machine.
+      type: bool
+    state:
+      description: Pending, Attached (libvirt's live or persistent XML shows it) or Detached.
+      type: str
 machine:
   description: The machine's status, as the machine module returns it.
   returned: always
