@@ -589,10 +589,10 @@ class MachineService:
 
     def admit(self, spec):
         """Admission on the pool itself: refuse when the machines already defined leave no room."""
-        registration = self.ctx.registration or {}
-        allocatable = registration.get("allocatable")
-        if not allocatable:
+        registration = self.ctx.registration
+        if not registration:
             return
+        allocatable = pools.registered_allocatable(self.conn, registration)
         others = [size for size in pools.machine_sizes(self.conn) if size[0] != spec["name"]]
         used_cpu = sum(size[1] or 0 for size in others)
         used_memory = sum(size[2] or 0 for size in others)

@@ -168,6 +168,13 @@ def capacity_of(conn):
     return {"cpu": int(info[2]), "memory": int(info[1]) * 2 ** 20}
 
 
+def registered_allocatable(conn, registration):
+    """What the pool offers now: the host's capacity (read live, it is not stored) less reservations, times
+    overcommit."""
+    return allocatable_of(capacity_of(conn), registration.get("reserved") or {"cpu": 0, "memory": 0},
+                          registration.get("overcommit") or {"cpu": 1.0, "memory": 1.0})
+
+
 def allocatable_of(capacity, reserved, overcommit):
     return {"cpu": int((capacity["cpu"] - reserved["cpu"]) * overcommit["cpu"]),
             "memory": int((capacity["memory"] - reserved["memory"]) * overcommit["memory"])}
@@ -266,7 +273,6 @@ def ensure_pool(ctx, params, check_mode):
     if desired["reserved"]["cpu"] >= capacity["cpu"] or desired["reserved"]["memory"] >= capacity["memory"]:
         raise ValidationError("reserves all of the host (%d cpu, %s)"
                               % (capacity["cpu"], format_quantity(capacity["memory"])), "reserved")
-    desired["allocatable"] = allocatable_of(capacity, desired["reserved"], desired["overcommit"])
     changed = False
     _pool, made = storage.ensure_dir_pool(conn, reg.REGISTRY_POOL, reg.registry_path(storage_path), check_mode)
     changed |= made
@@ -320,8 +326,7 @@ def snapshot_of(ctx, given_name=None):
     snapshot.update(labels=registration.get("labels") or {}, taints=registration.get("taints") or [],
                     classes={name: {"cpu": body["cpu"], "memory": body["memory"]}
                              for name, body in ctx.registry.machine_classes().items()},
-                    allocatable=allocatable_of(capacity_of(ctx.conn), registration["reserved"],
-                                               registration["overcommit"]),
+                    allocatable=registered_allocatable(ctx.conn, registration),
                     state=status["state"], problem="; ".join(status["problems"]) or None, status=status)
     return snapshot
 

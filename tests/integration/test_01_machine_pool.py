@@ -4,7 +4,7 @@ import json
 
 import libvirt
 
-from conftest import assert_failed
+from conftest import NS, assert_failed
 
 
 def storage_pool_names(pool):
@@ -30,7 +30,8 @@ def test_pool_lifecycle(pools, module):
     assert status["state"] == "Ready"
     assert status["virt_type"] in ("kvm", "qemu")
     assert status["capacity"]["cpu"] >= 1
-    assert status["machine_count"] == 0
+    managed = [dom for dom in pool.conn.listAllDomains(0) if NS in dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)]
+    assert status["machine_count"] == len(managed)
     registry = pool.conn.storagePoolLookupByName("machinery-registry")
     stored = [name for name in registry.listVolumes() if name.startswith("pool.")]
     assert len(stored) == 1

@@ -9,36 +9,36 @@ def class_volumes(pool, name):
 
 
 def test_class_lifecycle(pool, module):
-    args = dict(uri=pool.uri, name="medium", cpu=2, memory="256Mi")
-    module("machine_class", uri=pool.uri, name="medium", state="absent", force=True)
+    args = dict(uri=pool.uri, name="it-medium", cpu=2, memory="256Mi")
+    module("machine_class", uri=pool.uri, name="it-medium", state="absent", force=True)
 
     result = module("machine_class", check=True, **args)
     assert result["changed"] is True
-    assert class_volumes(pool, "medium") == []
+    assert class_volumes(pool, "it-medium") == []
 
     result = module("machine_class", **args)
     assert result["changed"] is True
-    assert result["machine_class"] == {"name": "medium", "cpu": 2, "memory": "256Mi"}
-    assert len(class_volumes(pool, "medium")) == 1
+    assert result["machine_class"] == {"name": "it-medium", "cpu": 2, "memory": "256Mi"}
+    assert len(class_volumes(pool, "it-medium")) == 1
 
     assert module("machine_class", **args)["changed"] is False
     # the same size written another way is no change
-    assert module("machine_class", uri=pool.uri, name="medium", cpu=2, memory=268435456)["changed"] is False
+    assert module("machine_class", uri=pool.uri, name="it-medium", cpu=2, memory=268435456)["changed"] is False
 
-    result = module("machine_class", uri=pool.uri, name="medium", cpu=2, memory="512Mi")
+    result = module("machine_class", uri=pool.uri, name="it-medium", cpu=2, memory="512Mi")
     assert result["changed"] is True
-    assert result["diff"] == {"before": {"name": "medium", "cpu": 2, "memory": "256Mi"},
-                              "after": {"name": "medium", "cpu": 2, "memory": "512Mi"}}
+    assert result["diff"] == {"before": {"name": "it-medium", "cpu": 2, "memory": "256Mi"},
+                              "after": {"name": "it-medium", "cpu": 2, "memory": "512Mi"}}
     status = module("machine_pool", uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}],
                     overcommit=OVERCOMMIT)["pool"]
-    assert {"name": "medium", "cpu": 2, "memory": "512Mi"} == {
-        k: v for k, v in next(c for c in status["available_machine_classes"] if c["name"] == "medium").items()
+    assert {"name": "it-medium", "cpu": 2, "memory": "512Mi"} == {
+        k: v for k, v in next(c for c in status["available_machine_classes"] if c["name"] == "it-medium").items()
         if k != "allocatable"}
 
-    result = module("machine_class", uri=pool.uri, name="medium", state="absent")
+    result = module("machine_class", uri=pool.uri, name="it-medium", state="absent")
     assert result["changed"] is True
-    assert class_volumes(pool, "medium") == []
-    assert module("machine_class", uri=pool.uri, name="medium", state="absent")["changed"] is False
+    assert class_volumes(pool, "it-medium") == []
+    assert module("machine_class", uri=pool.uri, name="it-medium", state="absent")["changed"] is False
 
 
 def test_class_in_use_is_protected(pool, module, image):
@@ -62,3 +62,16 @@ def test_class_bad_input(pool, module):
         assert_failed(module("machine_class", uri=pool.uri, name="broken", **args), field)
         assert class_volumes(pool, "broken") == []
     assert_failed(module("machine_class", uri=pool.uri, name="</name>", cpu=1, memory="1Gi"), "name")
+
+
+def test_pool_with_machines_is_not_unregistered(pool, module, image):
+    made = module("machine", uri=pool.uri, name="keeps-pool", machine_class="small", image=image, state="present",
+                  network_interfaces=[])
+    assert made["changed"], made
+    try:
+        refused = module("machine_pool", uri=pool.uri, name=pool.name, state="absent")
+        assert_failed(refused, "state", "keeps-pool", "force")
+        registry = pool.conn.storagePoolLookupByName("machinery-registry")
+        assert [name for name in registry.listVolumes() if name.startswith("pool.")]
+    finally:
+        module("machine", uri=pool.uri, name="keeps-pool", state="absent")

@@ -126,7 +126,7 @@ def test_labels_are_never_templated(registered, module, fleet, tmp_path):
     data, _warnings = listing(source, raw=True)
     assert data["_meta"]["hostvars"]["inv-a"]["machinery"]["labels"]["note"] == {"__ansible_unsafe": INJECTION}
     playbook = tmp_path / "show.yml"
-    playbook.write_text(json.dumps([{"hosts": "machinery_phase_Running", "gather_facts": False,
+    playbook.write_text(json.dumps([{"hosts": "machinery_phase_Running:&inv-a", "gather_facts": False,
                                      "connection": "local", "tasks": [
                                          {"name": "Read the machine's own record",
                                           "ansible.builtin.debug": {"msg": "{{ machinery.labels.note }} on "
