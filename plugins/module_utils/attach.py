@@ -119,12 +119,16 @@ def users_of(conn, path, except_machine):
     return sorted(users)
 
 
-class VolumeAttachment:
+class Attachment:
+    """What both kinds of attachment share: the pool, a machine service, check mode."""
+
     def __init__(self, ctx, check_mode=False):
         self.ctx = ctx
         self.service = MachineService(ctx, check_mode)
         self.check_mode = check_mode
 
+
+class VolumeAttachment(Attachment):
     def ensure(self, params):
         target = Target(self.service, params.get("machine"))
         name = params.get("volume")
@@ -267,12 +271,7 @@ class VolumeAttachment:
             result["after"] = {"deleted": entry["volume"]}
 
 
-class NicAttachment:
-    def __init__(self, ctx, check_mode=False):
-        self.ctx = ctx
-        self.service = MachineService(ctx, check_mode)
-        self.check_mode = check_mode
-
+class NicAttachment(Attachment):
     def ensure(self, params):
         target = Target(self.service, params.get("machine"))
         name = check.dns_label(params.get("name"), "name")

@@ -71,5 +71,11 @@ class MachineryModule:
             self.module.fail_json(**result)
         self.module.exit_json(**result)
 
+    def attachment_result(self, result, key):
+        """The return of volume_attach and nic_attach: the attachment under ``key`` and the machine."""
+        return {"changed": result["changed"], key: result[key], "machine": result["machine"],
+                "warnings": result["warnings"],
+                "diff": self.diff(result["before"], result["after"]) if result["changed"] else None}
+
     def run(self, ctx):
         raise NotImplementedError

@@ -131,10 +131,8 @@ class NicAttachModule(MachineryModule):
     )
 
     def run(self, ctx):
-        result = NicAttachment(ctx, self.check_mode).ensure(self.params)
-        return {"changed": result["changed"], "network_interface": result["network_interface"],
-                "machine": result["machine"], "warnings": result["warnings"],
-                "diff": self.diff(result["before"], result["after"]) if result["changed"] else None}
+        return self.attachment_result(NicAttachment(ctx, self.check_mode).ensure(self.params),
+                                      "network_interface")
 
 
 def main():

@@ -138,10 +138,7 @@ class VolumeAttachModule(MachineryModule):
     )
 
     def run(self, ctx):
-        result = VolumeAttachment(ctx, self.check_mode).ensure(self.params)
-        return {"changed": result["changed"], "volume": result["volume"], "machine": result["machine"],
-                "warnings": result["warnings"],
-                "diff": self.diff(result["before"], result["after"]) if result["changed"] else None}
+        return self.attachment_result(VolumeAttachment(ctx, self.check_mode).ensure(self.params), "volume")
 
 
 def main():
