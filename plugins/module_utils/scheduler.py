@@ -122,11 +122,6 @@ def capacity_rejections(machine, pool, ledger):
     return reasons
 
 
-def rejections(machine, pool, ledger):
-    """Why ``pool`` cannot take ``machine``: an empty list when it can. Filters run in the documented order."""
-    return static_rejections(machine, pool) or capacity_rejections(machine, pool, ledger)
-
-
 def shape(machine):
     """What the static filters look at: machines of one shape pass or fail them on the same pools."""
     size = machine["size"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.quantity import parse_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.quantity import mib_ceiling, parse_quantity
 
 MAX_CPU = 256
 MIN_MEMORY = 16 * 2 ** 20
@@ -45,11 +45,12 @@ def cpu_count(value, field="cpu"):
 
 
 def memory_bytes(value, field="memory"):
+    """Guest memory in bytes, rounded up to whole MiB: what libvirt keeps, so a re-read compares equal."""
     if isinstance(value, str) and value.strip().startswith("-"):
         raise ValidationError("must be positive, got %r" % (value,), field)
     if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
         raise ValidationError("must be positive, got %r" % (value,), field)
-    return parse_quantity(value, field=field, minimum=MIN_MEMORY)
+    return mib_ceiling(parse_quantity(value, field=field, minimum=MIN_MEMORY))
 
 
 def disk_bytes(value, field="size"):

@@ -207,3 +207,16 @@ def test_uefi_machine_and_its_nvram(pool, module, image):
     gone = module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
     assert gone["changed"] is True
     assert pool.domain(name) is None
+
+
+def test_memory_that_is_no_whole_mib_is_idempotent(pool, module, image):
+    args = dict(uri=pool.uri, name="odd-memory", cpu=1, memory="1.5G", image=image, state="present",
+                network_interfaces=[])
+    module("machine", uri=pool.uri, name="odd-memory", state="absent")
+    try:
+        made = module("machine", **args)
+        assert made["changed"] is True and made["machine"]["memory"] == "1431Mi"
+        assert pool.domain("odd-memory").maxMemory() == 1431 * 1024
+        assert module("machine", **args)["changed"] is False
+    finally:
+        module("machine", uri=pool.uri, name="odd-memory", state="absent")

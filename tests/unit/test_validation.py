@@ -30,6 +30,12 @@ def test_bad_memory(memory):
     assert info.value.field == "memory"
 
 
+def test_memory_is_whole_mib():
+    # 1.5G is no whole number of KiB; libvirt would keep a different value and every run would see a change
+    assert check.memory_bytes("1.5G") == 1431 * 2 ** 20
+    assert check.memory_bytes("512Mi") == 512 * 2 ** 20
+
+
 def test_labels():
     assert check.labels({"app": "web", "example.com/tier": "1", "empty": None}) == {
         "app": "web", "example.com/tier": "1", "empty": ""}
