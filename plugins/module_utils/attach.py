@@ -102,11 +102,6 @@ def interface_xml(nic, alias):
             "</interface>" % (kind, nic["mac"], kind, escape(nic[kind]), nic["model"], alias))
 
 
-def volume_format(vol):
-    node = dx.parse(vol.XMLDesc(0)).find("target/format")
-    return node.get("type") if node is not None else "raw"
-
-
 def users_of(conn, path, except_machine):
     """Names of the other domains of the pool whose persistent XML uses ``path`` as a disk."""
     users = []
@@ -154,7 +149,7 @@ class VolumeAttachment(Attachment):
             raise NotFoundError("no volume %r in storage pool %s; give size to create it" % (name, pool.name()),
                                 "volume")
         if vol is not None:
-            fmt = volume_format(vol)
+            fmt = storage.volume_format(vol)
         shareable = bool(params.get("shareable"))
         if shareable and fmt != "raw":
             raise ValidationError("a shareable volume must be raw (qcow2 cannot be written by two guests)",

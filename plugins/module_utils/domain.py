@@ -305,38 +305,22 @@ def parse(xml):
 
 # --- reading devices back -------------------------------------------------------------------------------------
 
+def _child_attr(node, child, attribute):
+    found = node.find(child)
+    return found.get(attribute) if found is not None else None
+
+
 def disks(tree):
     """[{alias, device, bus, path, format, type}] of file-backed disks and cdroms."""
-    found = []
-    for disk in tree.findall("devices/disk"):
-        source = disk.find("source")
-        target = disk.find("target")
-        alias = disk.find("alias")
-        driver = disk.find("driver")
-        found.append({
-            "alias": alias.get("name") if alias is not None else None,
-            "device": target.get("dev") if target is not None else None,
-            "bus": target.get("bus") if target is not None else None,
-            "path": source.get("file") if source is not None else None,
-            "format": driver.get("type") if driver is not None else None,
-            "type": disk.get("device"),
-        })
-    return found
+    return [{"alias": _child_attr(disk, "alias", "name"), "device": _child_attr(disk, "target", "dev"),
+             "bus": _child_attr(disk, "target", "bus"), "path": _child_attr(disk, "source", "file"),
+             "format": _child_attr(disk, "driver", "type"), "type": disk.get("device")}
+            for disk in tree.findall("devices/disk")]
 
 
 def interfaces(tree):
-    found = []
-    for nic in tree.findall("devices/interface"):
-        alias = nic.find("alias")
-        mac = nic.find("mac")
-        source = nic.find("source")
-        model = nic.find("model")
-        found.append({
-            "alias": alias.get("name") if alias is not None else None,
-            "mac": mac.get("address") if mac is not None else None,
-            "network": source.get("network") if source is not None else None,
-            "bridge": source.get("bridge") if source is not None else None,
-            "model": model.get("type") if model is not None else None,
-            "type": nic.get("type"),
-        })
-    return found
+    """[{alias, mac, network, bridge, model, type}] of the NICs."""
+    return [{"alias": _child_attr(nic, "alias", "name"), "mac": _child_attr(nic, "mac", "address"),
+             "network": _child_attr(nic, "source", "network"), "bridge": _child_attr(nic, "source", "bridge"),
+             "model": _child_attr(nic, "model", "type"), "type": nic.get("type")}
+            for nic in tree.findall("devices/interface")]

@@ -544,7 +544,7 @@ class MachineService:
                 if vol["source"] == "volume":
                     existing = pool.storageVolLookupByName(vol["volume"])
                     disks.append({"name": vol["name"], "path": existing.path(), "device": vol["device"],
-                                  "bus": vol["bus"], "format": _volume_format(existing)})
+                                  "bus": vol["bus"], "format": storage.volume_format(existing)})
                     continue
                 if vol["source"] == "image":
                     backing_vol, backing_fmt = images.ensure_cached(self.conn, pool, vol["image"], self.ctx.url_opener)
@@ -847,11 +847,6 @@ def ephemeral_volumes(record):
     names.extend(vol["volume"] for vol in spec.get("volumes") or [] if vol.get("ephemeral"))
     names.extend(spec.get("files", {}).values())
     return names
-
-
-def _volume_format(vol):
-    node = dx.parse(vol.XMLDesc(0)).find("target/format")
-    return node.get("type") if node is not None else "raw"
 
 
 def _recorded_spec(spec, files):

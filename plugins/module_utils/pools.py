@@ -168,11 +168,15 @@ def capacity_of(conn):
     return {"cpu": int(info[2]), "memory": int(info[1]) * 2 ** 20}
 
 
-def registered_allocatable(conn, registration):
-    """What the pool offers now: the host's capacity (read live, it is not stored) less reservations, times
-    overcommit."""
-    return allocatable_of(capacity_of(conn), registration.get("reserved") or {"cpu": 0, "memory": 0},
+def allocatable_for(capacity, registration):
+    """What a registered pool offers: ``capacity`` less its reservations, times its overcommit."""
+    return allocatable_of(capacity, registration.get("reserved") or {"cpu": 0, "memory": 0},
                           registration.get("overcommit") or {"cpu": 1.0, "memory": 1.0})
+
+
+def registered_allocatable(conn, registration):
+    """What the pool offers now: the host's capacity is read live (it is not stored)."""
+    return allocatable_for(capacity_of(conn), registration)
 
 
 def allocatable_of(capacity, reserved, overcommit):
@@ -180,14 +184,13 @@ def allocatable_of(capacity, reserved, overcommit):
             "memory": int((capacity["memory"] - reserved["memory"]) * overcommit["memory"])}
 
 
-def pool_status(ctx, registration=None, sizes=None):
+def pool_status(ctx, registration=None, sizes=None, capacity=None):
     """The public ``pool`` return: registration plus live capacity, allocation and class fit."""
     conn = ctx.conn
     registration = registration or ctx.registration or {}
     sizes = machine_sizes(conn) if sizes is None else sizes
-    capacity = capacity_of(conn)
-    allocatable = allocatable_of(capacity, registration.get("reserved") or {"cpu": 0, "memory": 0},
-                                 registration.get("overcommit") or {"cpu": 1.0, "memory": 1.0})
+    capacity = capacity_of(conn) if capacity is None else capacity
+    allocatable = allocatable_for(capacity, registration)
     allocated = {"cpu": sum(size[1] or 0 for size in sizes), "memory": sum(size[2] or 0 for size in sizes)}
     free = {"cpu": allocatable["cpu"] - allocated["cpu"], "memory": allocatable["memory"] - allocated["memory"]}
     problems = []
@@ -322,11 +325,12 @@ def snapshot_of(ctx, given_name=None):
     if not registration:
         snapshot["problem"] = "not registered (run machinery.compute.machine_pool)"
         return snapshot
-    status = pool_status(ctx, registration, sizes)
+    capacity = capacity_of(ctx.conn)
+    status = pool_status(ctx, registration, sizes, capacity)
     snapshot.update(labels=registration.get("labels") or {}, taints=registration.get("taints") or [],
                     classes={name: {"cpu": body["cpu"], "memory": body["memory"]}
                              for name, body in ctx.registry.machine_classes().items()},
-                    allocatable=registered_allocatable(ctx.conn, registration),
+                    allocatable=allocatable_for(capacity, registration),
                     state=status["state"], problem="; ".join(status["problems"]) or None, status=status)
     return snapshot
 

@@ -81,6 +81,12 @@ def pool_path(pool):
     return dx.parse(pool.XMLDesc(0)).findtext("target/path")
 
 
+def volume_format(vol):
+    """The format libvirt records for a volume (raw when it records none)."""
+    node = dx.parse(vol.XMLDesc(0)).find("target/format")
+    return node.get("type") if node is not None else "raw"
+
+
 def volume_xml(name, capacity, fmt="raw", mode=None, backing=None, allocation=0):
     """Volume XML; ``backing`` is (path, format) for a thin overlay."""
     parts = ["<volume><name>%s</name>" % escape(name),
