@@ -256,13 +256,15 @@ class AddressBook:
         return list(self._leases[network].get(mac.lower(), []))
 
 
-def machine_status(dom, ctx, book=None, tree=None, moment=None):
-    """The public ``machine`` return for a domain (the same shape for the module, info and inventory)."""
+def machine_status(dom, ctx, book=None, tree=None, moment=None, state=None):
+    """The public ``machine`` return for a domain (the same shape for the module, info and inventory).
+
+    ``tree`` (the persistent XML) and ``state`` ((state, reason)) may be passed when already read."""
     tree = tree if tree is not None else dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
     record = dx.read_record(tree) or {}
     spec = record.get("spec", {})
     book = book or AddressBook(ctx)
-    state, reason = dom.state()
+    state, reason = state or dom.state()
     active = _is_active(state)
     phase = _phase(state, reason, record)
     # a device counts as attached once the guest has it: the live XML of a running machine, else the persistent
@@ -353,11 +355,13 @@ def list_machines(ctx, include_unmanaged=False):
     book = AddressBook(ctx)
     moment = now()
     result = []
-    for dom in ctx.conn.listAllDomains(0):
+    # one call for every domain's state instead of one per domain
+    for dom, stats in ctx.conn.getAllDomainStats(lv.libvirt.VIR_DOMAIN_STATS_STATE, 0):
         tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
         if dx.read_record(tree) is None and not include_unmanaged:
             continue
-        result.append(machine_status(dom, ctx, book, tree, moment))
+        state = (stats.get("state.state"), stats.get("state.reason"))
+        result.append(machine_status(dom, ctx, book, tree, moment, state if state[0] is not None else None))
     result.sort(key=lambda machine: machine["name"])
     return result
 
