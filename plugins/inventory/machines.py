@@ -20,6 +20,9 @@ description:
     produced; with O(strict=true) it fails instead.
   - Every string read from libvirt is marked unsafe, so a label such as C({{ lookup('pipe', 'id') }}) is never
     templated.
+  - With O(cache=true) a run within O(cache_timeout) reads no pool at all (it does not even load libvirt), and
+    gives the same hosts, groups and hostvars as the run that filled the cache. Large fleets and AWX inventory
+    sources should turn it on; see C(docs/inventory.md) in the collection for measured costs.
 extends_documentation_fragment:
   - constructed
   - inventory_cache
@@ -83,19 +86,22 @@ cache_plugin: ansible.builtin.jsonfile
 cache_connection: ~/.cache/machinery-inventory
 """
 
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.errors import AnsibleError, AnsibleParserError
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
-from ansible.utils.unsafe_proxy import wrap_var
+from ansible.utils.unsafe_proxy import AnsibleUnsafeText, wrap_var
 
-from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils import pools as pool_tools
-from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
-from ansible_collections.machinery.compute.plugins.module_utils.machine import list_machines
-from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
+# ansible-core 2.19 and later treat every value an inventory plugin sets as untrusted unless the plugin says
+# otherwise (``trusted_by_default``), so wrapping would only repeat that work; older releases need wrap_var.
+UNTRUSTED_BY_DEFAULT = getattr(BaseInventoryPlugin, "trusted_by_default", None) is False
+
+# The cache holds the whole reading as one compact JSON string: the cache plugins' JSON profiles run hooks on
+# every object they encode or decode, which for 1,000 machines cost more than reading the pools again.
+CACHE_FORMAT = "machinery.compute.machines/2"
 
 _UNSAFE_GROUP_CHARS = re.compile(r"[^A-Za-z0-9_]")
 
@@ -104,7 +110,7 @@ def group_name(prefix, value):
     return "%s_%s" % (prefix, _UNSAFE_GROUP_CHARS.sub("_", str(value)))
 
 
-def fallback_addresses(conn, name, sources):
+def fallback_addresses(lv, conn, name, sources):
     """Addresses of a running domain from the guest agent or the ARP table, in the order asked."""
     dom = lv.lookup_domain(conn, name)
     if dom is None:
@@ -127,6 +133,13 @@ def fallback_addresses(conn, name, sources):
 
 def read_pool(entry, include_unmanaged, include_pools, sources):
     """One pool's machines (and status): a JSON-serializable dict; an unreachable pool carries ``error``."""
+    # imported here, so a run served from the cache never loads libvirt, lxml or the image tooling
+    from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+    from ansible_collections.machinery.compute.plugins.module_utils import pools as pool_tools
+    from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
+    from ansible_collections.machinery.compute.plugins.module_utils.machine import list_machines
+    from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
+
     result = {"name": entry.get("name") or entry["uri"], "uri": entry["uri"], "error": None, "machines": [],
               "status": None}
     try:
@@ -142,7 +155,7 @@ def read_pool(entry, include_unmanaged, include_pools, sources):
                 if "lease" not in sources:
                     machine["ip_addresses"] = []
                 if not machine["ip_addresses"] and others and machine["phase"] == "Running":
-                    machine["ip_addresses"] = fallback_addresses(conn, machine["name"], others)
+                    machine["ip_addresses"] = fallback_addresses(lv, conn, machine["name"], others)
             result["machines"] = machines
             if include_pools and ctx.registration:
                 result["status"] = pool_tools.pool_status(ctx)
@@ -168,20 +181,37 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         data = None
         if use_cache:
             try:
-                data = self._cache[cache_key]
+                data = self.from_cache(self._cache[cache_key])
             except KeyError:
-                update_cache = True
+                pass
+            update_cache = data is None
         if data is None:
-            data = self.fetch()
-        if update_cache:
-            self._cache[cache_key] = data
+            # through JSON either way, so a fresh reading and a cached one give identical hosts (down to which
+            # strings are plain: every string of a reading is untrusted, even a URI echoed from this file)
+            text = json.dumps(self.fetch()["pools"], separators=(",", ":"))
+            data = {"pools": json.loads(text)}
+            if update_cache:
+                self._cache[cache_key] = {"format": CACHE_FORMAT, "pools": text}
         self.populate(data)
 
+    @staticmethod
+    def from_cache(entry):
+        """The reading kept in the cache, or None when it was written in another format (an older release)."""
+        if not isinstance(entry, dict) or entry.get("format") != CACHE_FORMAT:
+            return None
+        try:
+            return {"pools": json.loads(str(entry["pools"]))}
+        except (KeyError, TypeError, ValueError):
+            return None
+
     def fetch(self):
+        from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+        from ansible_collections.machinery.compute.plugins.module_utils import pools as pool_tools
+        from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
+
         if not lv.HAS_LIBVIRT:
             raise AnsibleError("the machinery.compute.machines inventory needs libvirt-python: %s"
                                % lv.LIBVIRT_IMPORT_ERROR)
-        lv.require_libvirt()
         try:
             entries = pool_tools.pool_entries(self.get_option("pools"))
         except MachineryError as exc:
@@ -196,6 +226,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     def populate(self, data):
         strict = self.get_option("strict")
         by_uuid = self.get_option("hostname") == "uuid"
+        compose, groups, keyed = self.get_option("compose"), self.get_option("groups"), self.get_option("keyed_groups")
+        constructed = bool(compose or groups or keyed)
+        inventory = self.inventory
+        made = set()
         seen = {}
         for pool in data["pools"]:
             if pool["error"]:
@@ -206,9 +240,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                 self.display.warning(message)
                 continue
             if pool.get("status"):
-                self.inventory.add_group("machine_pools")
-                host = self.inventory.add_host(pool["status"]["name"], group="machine_pools")
-                self.inventory.set_variable(host, "machinery_pool", wrap_var(pool["status"]))
+                inventory.add_group("machine_pools")
+                host = inventory.add_host(pool["status"]["name"], group="machine_pools")
+                inventory.set_variable(host, "machinery_pool", self.unsafe(pool["status"]))
             for machine in pool["machines"]:
                 name = machine["uuid"] if by_uuid else machine["name"]
                 if name in seen:
@@ -216,21 +250,37 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                                          "named %s@%s" % (name, seen[name], pool["name"], name, pool["name"]))
                     name = "%s@%s" % (name, pool["name"])
                 seen[name] = pool["name"]
-                self.add_machine(name, machine, strict)
+                host = inventory.add_host(name)
+                for prefix, key in (("machinery_pool", "pool"), ("machinery_class", "machine_class"),
+                                    ("machinery_phase", "phase")):
+                    if machine.get(key):
+                        group = group_name(prefix, machine[key])
+                        if group not in made:
+                            inventory.add_group(group)
+                            made.add(group)
+                        inventory.add_child(group, host)
+                inventory.set_variable(host, "machinery", self.unsafe(machine))
+                if machine.get("ip_addresses"):
+                    inventory.set_variable(host, "ansible_host", self.unsafe(machine["ip_addresses"][0]))
+                if constructed:
+                    hostvars = inventory.get_host(host).get_vars()
+                    self._set_composite_vars(compose, hostvars, host, strict=strict)
+                    self._add_host_to_composed_groups(groups, hostvars, host, strict=strict)
+                    self._add_host_to_keyed_groups(keyed, hostvars, host, strict=strict)
 
-    def add_machine(self, name, machine, strict):
-        host = self.inventory.add_host(name)
-        for prefix, value in (("machinery_pool", machine.get("pool")), ("machinery_class", machine.get("machine_class")),
-                              ("machinery_phase", machine.get("phase"))):
-            if value:
-                group = self.inventory.add_group(group_name(prefix, value))
-                self.inventory.add_child(group, host)
-        self.inventory.set_variable(host, "machinery", wrap_var(machine))
-        if machine.get("ip_addresses"):
-            self.inventory.set_variable(host, "ansible_host", wrap_var(machine["ip_addresses"][0]))
-        if not (self.get_option("compose") or self.get_option("groups") or self.get_option("keyed_groups")):
-            return
-        hostvars = self.inventory.get_host(host).get_vars()
-        self._set_composite_vars(self.get_option("compose"), hostvars, host, strict=strict)
-        self._add_host_to_composed_groups(self.get_option("groups"), hostvars, host, strict=strict)
-        self._add_host_to_keyed_groups(self.get_option("keyed_groups"), hostvars, host, strict=strict)
+    @staticmethod
+    def unsafe(value):
+        """Strings from libvirt are never templated: wrapped here, or already untrusted by ansible-core."""
+        return value if UNTRUSTED_BY_DEFAULT else unsafe_json(value)
+
+
+def unsafe_json(value):
+    """wrap_var for data decoded from JSON (dict, list, str and scalars only), without its generic type checks."""
+    kind = type(value)
+    if kind is str:
+        return AnsibleUnsafeText(value)
+    if kind is dict:
+        return {AnsibleUnsafeText(key): unsafe_json(item) for key, item in value.items()}
+    if kind is list:
+        return [unsafe_json(item) for item in value]
+    return wrap_var(value)
