@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# A virtual environment beside VENV with another ansible-core release and the collection's runtime and test
+# requirements, its site-packages linked to this working tree like VENV's. Prints its bin directory.
+# Used by `make compat` (the contract's minimum release) and by benchmarks/inventory_scale.py --core.
+set -euo pipefail
+venv=${1:?usage: core_venv.sh VENV VERSION}
+version=${2:?usage: core_venv.sh VENV VERSION}
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+dest="$venv/cores/$version"
+stamp="$dest/.stamp"
+wanted=$(cat "$repo/requirements.txt" "$repo/requirements-dev.txt" | grep -Ev '^(#|-r|ansible-core|ansible-lint)' \
+    | grep -v '^$' | tr '\n' ' ')
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$version $wanted" ]; then
+    python3 -m venv --clear "$dest" >&2
+    # shellcheck disable=SC2086  # one argument per requirement
+    "$dest/bin/pip" install -q --disable-pip-version-check "ansible-core==$version" $wanted >&2
+    echo "$version $wanted" > "$stamp"
+fi
+site=$("$dest/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+mkdir -p "$site/ansible_collections/machinery"
+ln -sfn "$repo" "$site/ansible_collections/machinery/compute"
+echo "$dest/bin"
