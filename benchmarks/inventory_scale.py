@@ -1,9 +1,21 @@
 """Inventory at scale: N machines (default 1,000) defined, not started, over the lab's pools (5 recommended).
 
-Measures wall time and peak RSS of `ansible-inventory --list` for:
-  machinery cold   the machinery.compute.machines plugin, cache empty
-  machinery cached the same source again, served from the jsonfile inventory cache
-  community        community.libvirt's libvirt inventory plugin, one source file per URI (it takes one URI)
+Every figure is the median of --rounds runs of `ansible-inventory` (wall time, CPU time = user + sys, peak RSS):
+  machinery cold       the machinery.compute.machines plugin, --list, cache emptied before each run
+  machinery cached     the same source again, --list, served from the jsonfile inventory cache
+  machinery graph      the same, cached, --graph: loading the inventory without printing hostvars, which is what
+                       ansible-playbook pays
+  community.libvirt    its libvirt inventory plugin, --list, one source file per URI (it takes one URI)
+and three floors that involve no plugin work at all:
+  startup              ansible-inventory --version
+  static hosts         a script inventory printing the same hosts and groups without hostvars: what ansible-core
+                       itself spends on 1,000 hosts, whatever the plugin
+  static full          a script inventory printing machinery's own --list output: what ansible-core spends
+                       reading and printing exactly this inventory (its output is checked to be identical)
+
+With --core VERSION (repeatable) the whole set runs again under that ansible-core release, from a virtual
+environment of its own made under .venv/bench-cores/ on first use.
+
 The machines are defined straight through libvirt with the collection's own domain XML and record, so the
 setup is quick; they are undefined afterwards.
 """
@@ -12,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,21 +36,46 @@ from ansible_collections.machinery.compute.plugins.module_utils import domain as
 
 BIN = os.path.dirname(sys.executable)
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 
 
-def measure(args, env):
-    """(seconds, peak RSS MiB, stdout) of one command, its resource usage taken with wait4."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+def run_once(args, env):
+    """(wall seconds, CPU seconds, peak RSS MiB, stdout) of one command.
+
+    GNU time reports the command's resource usage: a child forked straight from this process would count this
+    process's own memory in its peak RSS."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+            tempfile.NamedTemporaryFile("r") as usage:
         start = time.perf_counter()
-        proc = subprocess.Popen(args, stdout=out, stderr=err, env=env)
-        _pid, status, usage = os.wait4(proc.pid, 0)
+        proc = subprocess.run(["/usr/bin/time", "-q", "-o", usage.name, "-f", "%U %S %M"] + args, stdout=out,
+                              stderr=err, env=env, check=False)
         elapsed = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
         if proc.returncode:
             raise SystemExit("%s failed: %s" % (" ".join(args), err.read()[-2000:]))
-        return elapsed, usage.ru_maxrss / 1024, out.read()
+        user, system, peak_kib = usage.read().split()
+        return elapsed, float(user) + float(system), int(peak_kib) / 1024, out.read()
+
+
+def measure(args, env, rounds, before=None):
+    """Median wall and CPU seconds, fastest wall, highest peak RSS over ``rounds`` runs; and the last output."""
+    walls, cpus, rss, output = [], [], 0.0, ""
+    for _round in range(rounds):
+        if before:
+            before()
+        wall, cpu, peak, output = run_once(args, env)
+        walls.append(wall)
+        cpus.append(cpu)
+        rss = max(rss, peak)
+    return {"wall_s": round(statistics.median(walls), 2), "wall_min_s": round(min(walls), 2),
+            "cpu_s": round(statistics.median(cpus), 2), "peak_rss_mib": round(rss, 1)}, output
+
+
+def core_venv(version):
+    """bin/ of a virtual environment with ansible-core ``version`` (made by tests/core_venv.sh)."""
+    return subprocess.run(["bash", os.path.join(REPO, "tests", "core_venv.sh"), os.path.dirname(BIN), version],
+                          check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
 
 
 def define_machines(conns, count):
@@ -66,50 +104,88 @@ def undefine_machines(conns):
                 dom.undefine()
 
 
+def static_script(work, name, data):
+    """A script inventory printing ``data``; its path."""
+    body = os.path.join(work, name + ".json")
+    with open(body, "w") as handle:
+        json.dump(data, handle)
+    script = os.path.join(work, name + ".sh")
+    with open(script, "w") as handle:
+        handle.write("#!/bin/sh\nexec cat '%s'\n" % body)
+    os.chmod(script, 0o755)
+    return script
+
+
+def run_set(bindir, lab, work, env, rounds, community):
+    """Every measurement of the module docstring under the ansible-core installed in ``bindir``."""
+    inventory = os.path.join(bindir, "ansible-inventory")
+    version = subprocess.run([inventory, "--version"], capture_output=True, text=True, env=env,
+                             check=True).stdout.split("\n")[0]
+    cache = os.path.join(work, "cache")
+    source = os.path.join(work, "fleet.machinery.yml")
+    with open(source, "w") as handle:
+        json.dump({"plugin": "machinery.compute.machines", "pools": lab["pools"], "cache": True,
+                   "cache_plugin": "ansible.builtin.jsonfile", "cache_connection": cache, "cache_timeout": 3600},
+                  handle)
+    result = {"ansible_core": version}
+    result["machinery_cold"], cold = measure([inventory, "-i", source, "--list"], env, rounds,
+                                             before=lambda: shutil.rmtree(cache, ignore_errors=True))
+    result["machinery_cached"], cached = measure([inventory, "-i", source, "--list"], env, rounds)
+    result["machinery_graph_cached"], _graph = measure([inventory, "-i", source, "--graph"], env, rounds)
+    listing = json.loads(cold)
+    result["hosts"] = len(listing["_meta"]["hostvars"])
+    result["cached_output_identical"] = cached == cold
+    result["startup"], _version = measure([inventory, "--version"], env, rounds)
+    bare = dict(listing, _meta={"hostvars": {}})
+    result["static_hosts"], _bare = measure([inventory, "-i", static_script(work, "bare", bare), "--list"], env,
+                                            rounds)
+    result["static_full"], full = measure([inventory, "-i", static_script(work, "full", listing), "--list"], env,
+                                          rounds)
+    result["static_full_identical"] = json.loads(full) == listing
+    if community:
+        sources = []
+        for index, entry in enumerate(lab["pools"]):
+            path = os.path.join(work, "pool%d.libvirt.yml" % index)
+            with open(path, "w") as handle:
+                json.dump({"plugin": "community.libvirt.libvirt", "uri": entry["uri"]}, handle)
+            sources += ["-i", path]
+        result["community_libvirt"], out = measure([inventory] + sources + ["--list"],
+                                                   dict(env, ANSIBLE_COLLECTIONS_PATH=community), rounds)
+        result["community_libvirt"]["hosts"] = len(json.loads(out)["_meta"]["hostvars"])
+        result["community_over_machinery_cold"] = round(result["community_libvirt"]["wall_s"] /
+                                                        result["machinery_cold"]["wall_s"], 2)
+    result["machinery_cold_over_static_full"] = round(result["machinery_cold"]["wall_s"] /
+                                                      result["static_full"]["wall_s"], 2)
+    result["machinery_cached_over_static_full"] = round(result["machinery_cached"]["wall_s"] /
+                                                        result["static_full"]["wall_s"], 2)
+    return result
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lab", default=os.path.join(HERE, "..", ".lab", "lab.json"))
+    parser.add_argument("--lab", default=os.path.join(REPO, ".lab", "lab.json"))
     parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--community", help="collections path holding community.libvirt 2.x (optional)")
+    parser.add_argument("--core", action="append", default=[], metavar="VERSION",
+                        help="also measure under this ansible-core release (repeatable)")
     options = parser.parse_args()
     with open(options.lab) as handle:
         lab = json.load(handle)
     conns = {entry["uri"]: libvirt.open(entry["uri"]) for entry in lab["pools"]}
+    # the lab's own messages about stopped domains would only fill stderr
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    bindirs = [BIN] + [core_venv(version) for version in options.core]
     work = tempfile.mkdtemp()
     env = dict(os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
-    if options.community:
-        env["ANSIBLE_COLLECTIONS_PATH"] = options.community
     undefine_machines(conns)
     start = time.perf_counter()
     define_machines(conns, options.count)
-    report = {"machines": options.count, "pools": len(conns), "setup_s": round(time.perf_counter() - start, 1)}
+    report = {"machines": options.count, "pools": len(conns), "rounds": options.rounds,
+              "setup_s": round(time.perf_counter() - start, 1), "runs": []}
     try:
-        source = os.path.join(work, "fleet.machinery.yml")
-        with open(source, "w") as handle:
-            json.dump({"plugin": "machinery.compute.machines", "pools": lab["pools"], "cache": True,
-                       "cache_plugin": "ansible.builtin.jsonfile",
-                       "cache_connection": os.path.join(work, "cache"), "cache_timeout": 3600}, handle)
-        inventory = os.path.join(BIN, "ansible-inventory")
-        seconds, rss, out = measure([inventory, "-i", source, "--list"], env)
-        hosts = len(json.loads(out)["_meta"]["hostvars"])
-        report["machinery_cold"] = {"seconds": round(seconds, 2), "peak_rss_mib": round(rss, 1), "hosts": hosts}
-        seconds, rss, out = measure([inventory, "-i", source, "--list"], env)
-        report["machinery_cached"] = {"seconds": round(seconds, 2), "peak_rss_mib": round(rss, 1),
-                                      "hosts": len(json.loads(out)["_meta"]["hostvars"])}
-        seconds, rss, _output = measure([inventory, "--version"], env)
-        report["ansible_inventory_startup"] = {"seconds": round(seconds, 2), "peak_rss_mib": round(rss, 1)}
-        if options.community:
-            sources = []
-            for index, entry in enumerate(lab["pools"]):
-                path = os.path.join(work, "pool%d.libvirt.yml" % index)
-                with open(path, "w") as handle:
-                    json.dump({"plugin": "community.libvirt.libvirt", "uri": entry["uri"]}, handle)
-                sources += ["-i", path]
-            seconds, rss, out = measure([inventory] + sources + ["--list"], env)
-            report["community_libvirt"] = {"seconds": round(seconds, 2), "peak_rss_mib": round(rss, 1),
-                                           "hosts": len(json.loads(out)["_meta"]["hostvars"])}
-            report["community_vs_machinery_cold"] = round(report["community_libvirt"]["seconds"] /
-                                                          report["machinery_cold"]["seconds"], 2)
+        for bindir in bindirs:
+            report["runs"].append(run_set(bindir, lab, work, env, options.rounds, options.community))
     finally:
         undefine_machines(conns)
         shutil.rmtree(work, ignore_errors=True)
