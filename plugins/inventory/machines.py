@@ -110,8 +110,11 @@ def group_name(prefix, value):
     return "%s_%s" % (prefix, _UNSAFE_GROUP_CHARS.sub("_", str(value)))
 
 
-def fallback_addresses(lv, conn, name, sources):
-    """Addresses of a running domain from the guest agent or the ARP table, in the order asked."""
+def fallback_addresses(lv, conn, name, sources, problems):
+    """Addresses of a running domain from the guest agent or the ARP table, in the order asked.
+
+    A source that fails for a reason other than the guest having no agent running is noted in ``problems``
+    ({source: libvirt's message}), so the run can say once per pool why that source gave nothing."""
     dom = lv.lookup_domain(conn, name)
     if dom is None:
         return []
@@ -122,7 +125,9 @@ def fallback_addresses(lv, conn, name, sources):
             continue
         try:
             interfaces = dom.interfaceAddresses(flags[source], 0)
-        except lv.libvirt.libvirtError:
+        except lv.libvirt.libvirtError as exc:
+            if exc.get_error_code() != lv.libvirt.VIR_ERR_AGENT_UNRESPONSIVE:
+                problems.setdefault(source, lv.describe(exc))
             continue
         found = [address["addr"] for nic in interfaces.values() for address in nic.get("addrs") or []
                  if address.get("addr") and not address["addr"].startswith(("127.", "::1", "fe80"))]
@@ -141,7 +146,7 @@ def read_pool(entry, include_unmanaged, include_pools, sources):
     from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
 
     result = {"name": entry.get("name") or entry["uri"], "uri": entry["uri"], "error": None, "machines": [],
-              "status": None}
+              "status": None, "address_problems": {}}
     try:
         with lv.Connection(entry["uri"]) as conn:
             ctx = PoolContext(conn, entry["uri"])
@@ -155,7 +160,8 @@ def read_pool(entry, include_unmanaged, include_pools, sources):
                 if "lease" not in sources:
                     machine["ip_addresses"] = []
                 if not machine["ip_addresses"] and others and machine["phase"] == "Running":
-                    machine["ip_addresses"] = fallback_addresses(lv, conn, machine["name"], others)
+                    machine["ip_addresses"] = fallback_addresses(lv, conn, machine["name"], others,
+                                                                 result["address_problems"])
             result["machines"] = machines
             if include_pools and ctx.registration:
                 result["status"] = pool_tools.pool_status(ctx)
@@ -239,6 +245,10 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                     raise AnsibleParserError(message)
                 self.display.warning(message)
                 continue
+            for source, problem in sorted((pool.get("address_problems") or {}).items()):
+                self.display.warning("machinery.compute.machines: pool %s: the %s address source failed, so "
+                                     "machines it should have found have no ansible_host: %s"
+                                     % (pool["name"], source, problem))
             if pool.get("status"):
                 inventory.add_group("machine_pools")
                 host = inventory.add_host(pool["status"]["name"], group="machine_pools")
