@@ -58,18 +58,12 @@ def run_once(args, env):
         return elapsed, float(user) + float(system), int(peak_kib) / 1024, out.read()
 
 
-def measure(args, env, rounds, before=None):
-    """Median wall and CPU seconds, fastest wall, highest peak RSS over ``rounds`` runs; and the last output."""
-    walls, cpus, rss, output = [], [], 0.0, ""
-    for _round in range(rounds):
-        if before:
-            before()
-        wall, cpu, peak, output = run_once(args, env)
-        walls.append(wall)
-        cpus.append(cpu)
-        rss = max(rss, peak)
+def summary(samples):
+    """Median wall and CPU seconds, fastest wall and highest peak RSS of (wall, cpu, rss) samples."""
+    walls = [sample[0] for sample in samples]
     return {"wall_s": round(statistics.median(walls), 2), "wall_min_s": round(min(walls), 2),
-            "cpu_s": round(statistics.median(cpus), 2), "peak_rss_mib": round(rss, 1)}, output
+            "cpu_s": round(statistics.median(sample[1] for sample in samples), 2),
+            "peak_rss_mib": round(max(sample[2] for sample in samples), 1)}
 
 
 def core_venv(version):
@@ -117,31 +111,30 @@ def static_script(work, name, data):
 
 
 def run_set(bindir, lab, work, env, rounds, community):
-    """Every measurement of the module docstring under the ansible-core installed in ``bindir``."""
+    """Every measurement of the module docstring under the ansible-core installed in ``bindir``.
+
+    The variants take turns within each round, so a slow spell of the machine falls on all of them alike."""
     inventory = os.path.join(bindir, "ansible-inventory")
     version = subprocess.run([inventory, "--version"], capture_output=True, text=True, env=env,
                              check=True).stdout.split("\n")[0]
     cache = os.path.join(work, "cache")
+    shutil.rmtree(cache, ignore_errors=True)
     source = os.path.join(work, "fleet.machinery.yml")
     with open(source, "w") as handle:
         json.dump({"plugin": "machinery.compute.machines", "pools": lab["pools"], "cache": True,
                    "cache_plugin": "ansible.builtin.jsonfile", "cache_connection": cache, "cache_timeout": 3600},
                   handle)
-    result = {"ansible_core": version}
-    result["machinery_cold"], cold = measure([inventory, "-i", source, "--list"], env, rounds,
-                                             before=lambda: shutil.rmtree(cache, ignore_errors=True))
-    result["machinery_cached"], cached = measure([inventory, "-i", source, "--list"], env, rounds)
-    result["machinery_graph_cached"], _graph = measure([inventory, "-i", source, "--graph"], env, rounds)
-    listing = json.loads(cold)
-    result["hosts"] = len(listing["_meta"]["hostvars"])
-    result["cached_output_identical"] = cached == cold
-    result["startup"], _version = measure([inventory, "--version"], env, rounds)
-    bare = dict(listing, _meta={"hostvars": {}})
-    result["static_hosts"], _bare = measure([inventory, "-i", static_script(work, "bare", bare), "--list"], env,
-                                            rounds)
-    result["static_full"], full = measure([inventory, "-i", static_script(work, "full", listing), "--list"], env,
-                                          rounds)
-    result["static_full_identical"] = json.loads(full) == listing
+    listing = json.loads(run_once([inventory, "-i", source, "--list"], env)[3])
+    variants = [  # name, command, environment, what to do before each run
+        ("machinery_cold", [inventory, "-i", source, "--list"], env,
+         lambda: shutil.rmtree(cache, ignore_errors=True)),
+        ("machinery_cached", [inventory, "-i", source, "--list"], env, None),
+        ("machinery_graph_cached", [inventory, "-i", source, "--graph"], env, None),
+        ("startup", [inventory, "--version"], env, None),
+        ("static_hosts", [inventory, "-i", static_script(work, "bare", dict(listing, _meta={"hostvars": {}})),
+                          "--list"], env, None),
+        ("static_full", [inventory, "-i", static_script(work, "full", listing), "--list"], env, None),
+    ]
     if community:
         sources = []
         for index, entry in enumerate(lab["pools"]):
@@ -149,15 +142,28 @@ def run_set(bindir, lab, work, env, rounds, community):
             with open(path, "w") as handle:
                 json.dump({"plugin": "community.libvirt.libvirt", "uri": entry["uri"]}, handle)
             sources += ["-i", path]
-        result["community_libvirt"], out = measure([inventory] + sources + ["--list"],
-                                                   dict(env, ANSIBLE_COLLECTIONS_PATH=community), rounds)
-        result["community_libvirt"]["hosts"] = len(json.loads(out)["_meta"]["hostvars"])
-        result["community_over_machinery_cold"] = round(result["community_libvirt"]["wall_s"] /
-                                                        result["machinery_cold"]["wall_s"], 2)
-    result["machinery_cold_over_static_full"] = round(result["machinery_cold"]["wall_s"] /
-                                                      result["static_full"]["wall_s"], 2)
-    result["machinery_cached_over_static_full"] = round(result["machinery_cached"]["wall_s"] /
-                                                        result["static_full"]["wall_s"], 2)
+        variants.append(("community_libvirt", [inventory] + sources + ["--list"],
+                         dict(env, ANSIBLE_COLLECTIONS_PATH=community), None))
+    samples = {name: [] for name, _args, _env, _before in variants}
+    outputs = {}
+    for _round in range(rounds):
+        for name, args, variant_env, before in variants:
+            if before:
+                before()
+            wall, cpu, rss, outputs[name] = run_once(args, variant_env)
+            samples[name].append((wall, cpu, rss))
+    result = {"ansible_core": version, "hosts": len(listing["_meta"]["hostvars"])}
+    result.update((name, summary(values)) for name, values in samples.items())
+    result["cached_output_identical"] = outputs["machinery_cached"] == outputs["machinery_cold"]
+    result["static_full_identical"] = json.loads(outputs["static_full"]) == json.loads(outputs["machinery_cold"])
+    for name in ("static_full", "community_libvirt"):
+        if name in result:
+            result["%s_over_machinery_cold" % name] = round(result[name]["wall_s"] /
+                                                            result["machinery_cold"]["wall_s"], 2)
+            result["%s_over_machinery_cached" % name] = round(result[name]["wall_s"] /
+                                                              result["machinery_cached"]["wall_s"], 2)
+    if community:
+        result["community_libvirt"]["hosts"] = len(json.loads(outputs["community_libvirt"])["_meta"]["hostvars"])
     return result
 
 
