@@ -11,13 +11,6 @@ import json
 from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError, ValidationError
 
 try:
-    import pycdlib
-    HAS_PYCDLIB = True
-except ImportError:
-    pycdlib = None
-    HAS_PYCDLIB = False
-
-try:
     import yaml
     HAS_YAML = True
 except ImportError:
@@ -112,8 +105,11 @@ def nocloud_files(name, cloud_init, ssh_keys=None):
 
 def nocloud_iso(files):
     """An ISO 9660 image with Joliet and Rock Ridge names, volume label ``cidata``."""
-    if not HAS_PYCDLIB:
-        raise MachineryError("pycdlib is needed to write the cloud-init seed (pip install pycdlib)")
+    try:
+        # imported here: it is the heaviest import of the collection and only a cloud-init seed needs it
+        import pycdlib
+    except ImportError:
+        raise MachineryError("pycdlib is needed to write the cloud-init seed (pip install pycdlib)") from None
     iso = pycdlib.PyCdlib()
     iso.new(interchange_level=3, joliet=3, rock_ridge="1.09", vol_ident="cidata")
     for index, (name, data) in enumerate(sorted(files.items())):
