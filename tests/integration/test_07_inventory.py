@@ -170,8 +170,8 @@ def test_cache_is_used_on_the_second_run(registered, fleet, tmp_path, lab):
         # pool URIs, which a fresh reading copies from the source file)
         assert cached == cold
         machine = cached["_meta"]["hostvars"]["inv-c"]["machinery"]
-        assert machine["uri"] == {"__ansible_unsafe": pools[2].uri} and machine["pool"] == {"__ansible_unsafe":
-                                                                                             pools[2].name}
+        assert machine["uri"] == {"__ansible_unsafe": pools[2].uri}
+        assert machine["pool"] == {"__ansible_unsafe": pools[2].name}
     finally:
         subprocess.run(["python3", os.path.join(REPO, "lab", "lab.py"), "up", "--pools", str(len(pools)),
                         "--dir", lab_dir], check=True, capture_output=True, timeout=300)
