@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A virtual environment beside VENV with another ansible-core release and the collection's runtime and test
 # requirements, its site-packages linked to this working tree like VENV's. Prints its bin directory.
-# Used by `make compat` (the contract's minimum release) and by benchmarks/inventory_scale.py --core.
+# Used by `make core-venv` (the contract's minimum release, for unit and inventory tests) and by
+# benchmarks/inventory_scale.py --core.
 set -euo pipefail
 venv=${1:?usage: core_venv.sh VENV VERSION}
 version=${2:?usage: core_venv.sh VENV VERSION}

@@ -23,9 +23,19 @@ OVERCOMMIT = {"cpu": 16.0, "memory": 1.0}
 libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
 
 
+def lab_file():
+    """The lab under test: $MACHINERY_LAB (make integration's own lab), else the development lab."""
+    return os.path.abspath(os.environ.get("MACHINERY_LAB") or os.path.join(REPO, ".lab", "lab.json"))
+
+
+def lab_pid(pool):
+    """The pid of a lab pool's libvirtd (its network namespace is the pool host's network)."""
+    with open(os.path.join(os.path.dirname(lab_file()), pool.name, "libvirtd.pid")) as handle:
+        return int(handle.read().strip())
+
+
 def load_lab():
-    path = os.environ.get("MACHINERY_LAB") or os.path.join(REPO, ".lab", "lab.json")
-    with open(path) as handle:
+    with open(lab_file()) as handle:
         return json.load(handle)
 
 

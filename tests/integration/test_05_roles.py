@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 
-from conftest import REPO
+from conftest import REPO, lab_file
 
 PLAYBOOK = os.path.join(REPO, "tests", "integration", "playbooks", "roles.yml")
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
@@ -23,10 +23,6 @@ def play(lab_file, tmp_path, tag, **extra):
     recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
     assert recap, proc.stdout + proc.stderr
     return proc, {"ok": int(recap.group(1)), "changed": int(recap.group(2)), "failed": int(recap.group(4))}
-
-
-def lab_file():
-    return os.path.abspath(os.environ.get("MACHINERY_LAB") or os.path.join(REPO, ".lab", "lab.json"))
 
 
 def where(pools, names):

@@ -11,7 +11,7 @@ import libvirt
 import pytest
 from lxml import etree
 
-from conftest import NS, REPO
+from conftest import NS, REPO, lab_file, lab_pid
 
 BIN = os.path.dirname(sys.executable)
 INJECTION = "{{ lookup('pipe', 'echo INJECTED') }}"
@@ -151,11 +151,7 @@ def test_cache_is_used_on_the_second_run(registered, fleet, tmp_path, lab):
     assert "inv-c" in cold["_meta"]["hostvars"]
     assert list(cache_dir.iterdir())
     # stop the daemon of the pool that holds inv-c: a run that called libvirt could not list it any more
-    lab_dir = os.path.dirname(os.path.abspath(os.environ.get("MACHINERY_LAB") or
-                                              os.path.join(REPO, ".lab", "lab.json")))
-    pid_file = os.path.join(lab_dir, pools[2].name, "libvirtd.pid")
-    with open(pid_file) as handle:
-        pid = int(handle.read().strip())
+    pid = lab_pid(pools[2])
     os.kill(pid, signal.SIGTERM)
     try:
         deadline = time.monotonic() + 30
@@ -174,18 +170,10 @@ def test_cache_is_used_on_the_second_run(registered, fleet, tmp_path, lab):
         assert machine["pool"] == {"__ansible_unsafe": pools[2].name}
     finally:
         subprocess.run(["python3", os.path.join(REPO, "lab", "lab.py"), "up", "--pools", str(len(pools)),
-                        "--dir", lab_dir], check=True, capture_output=True, timeout=300)
+                        "--dir", os.path.dirname(lab_file())], check=True, capture_output=True, timeout=300)
         for pool in pools:
             pool.reconnect()
     assert "inv-c" in pools[2].domain_names()
-
-
-def lab_pid(pool):
-    """The pid of a lab pool's libvirtd (its netns is the pool host's network)."""
-    lab_dir = os.path.dirname(os.path.abspath(os.environ.get("MACHINERY_LAB") or
-                                              os.path.join(REPO, ".lab", "lab.json")))
-    with open(os.path.join(lab_dir, pool.name, "libvirtd.pid")) as handle:
-        return int(handle.read().strip())
 
 
 def test_address_sources(registered, fleet, tmp_path):
