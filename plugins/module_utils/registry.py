@@ -96,33 +96,53 @@ class Registry:
             self._bodies[key] = self._read(key)
         return self._bodies[key]
 
-    def _read(self, key):
+    def _read(self, key, relisted=False):
+        vanished = False
         for _generation, name in self._generations().get(key, []):
             vol = lv.lookup_volume(self.pool, name)
-            if vol is None:
+            try:
+                data = storage.download_bytes(self.conn, vol, limit=1024 * 1024) if vol is not None else None
+            except LibvirtFailure:
+                if lv.lookup_volume(self.pool, name) is not None:
+                    raise
+                data = None  # pruned between the lookup and the download
+            if data is None:
+                vanished = True
                 continue
-            body = decode(storage.download_bytes(self.conn, vol, limit=1024 * 1024), key)
+            body = decode(data, key)
             if body is not None:
                 return body
+        if vanished and not relisted:
+            # a concurrent put wrote a newer generation and pruned the ones listed here: list again, once
+            self._index = None
+            return self._read(key, relisted=True)
         return None
 
     def put(self, key, body):
-        versions = self._generations().get(key, [])
-        generation = versions[0][0] + 1 if versions else 1
-        name = "%s.%d.json" % (key, generation)
-        data = encode(key, generation, body)
-        vol = storage.create_volume(self.pool, name, len(data), "raw", mode="0600")
-        storage.upload_bytes(self.conn, vol, data)
-        for _old, old_name in versions:
-            storage.delete_volume(self.pool, old_name)
+        # under the host's admission lock, listed afresh: two runs writing the same document at once (both
+        # registering a pool, say) then take distinct generations instead of colliding on one volume name
+        with AdmissionLock(self.conn, self.pool):
+            self._index = None
+            versions = self._generations().get(key, [])
+            generation = versions[0][0] + 1 if versions else 1
+            name = "%s.%d.json" % (key, generation)
+            data = encode(key, generation, body)
+            vol = storage.create_volume(self.pool, name, len(data), "raw", mode="0600")
+            storage.upload_bytes(self.conn, vol, data)
+            # superseded generations are pruned; one that another run is opening for a read stays until the
+            # next put (readers take the newest valid generation, so it is never read again)
+            for _old, old_name in versions:
+                storage.delete_volume(self.pool, old_name, keep_if_busy=True)
         self._index[key] = [(generation, name)]
         self._bodies[key] = body
 
     def delete(self, key):
         self._bodies.pop(key, None)
-        versions = self._generations().pop(key, [])
-        for _generation, name in versions:
-            storage.delete_volume(self.pool, name)
+        with AdmissionLock(self.conn, self.pool):
+            self._index = None
+            versions = self._generations().pop(key, [])
+            for _generation, name in versions:
+                storage.delete_volume(self.pool, name)
         return bool(versions)
 
     def pool_registration(self):

@@ -110,8 +110,11 @@ def create_volume(pool, name, capacity, fmt="raw", mode=None, backing=None):
         raise LibvirtFailure("cannot create volume %s: %s" % (name, lv.describe(exc))) from None
 
 
-def delete_volume(pool, name):
-    """Delete ``name`` if it exists; True when something was deleted."""
+def delete_volume(pool, name, keep_if_busy=False):
+    """Delete ``name`` if it exists; True when something was deleted.
+
+    With ``keep_if_busy``, a volume that something is still reading (a download stream of another run) is
+    left in place, and False returned, instead of failing."""
     vol = lv.lookup_volume(pool, name)
     if vol is None:
         return False
@@ -119,6 +122,8 @@ def delete_volume(pool, name):
         vol.delete(0)
     except lv.libvirt.libvirtError as exc:
         if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_STORAGE_VOL:
+            return False
+        if keep_if_busy and exc.get_error_code() == lv.libvirt.VIR_ERR_OPERATION_INVALID:
             return False
         raise LibvirtFailure("cannot delete volume %s: %s" % (name, lv.describe(exc))) from None
     return True

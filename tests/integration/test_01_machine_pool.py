@@ -1,6 +1,7 @@
 """machine_pool: check-mode → register → idempotent → modify with diff → unregister → unregister again."""
 
 import json
+import threading
 
 import libvirt
 
@@ -76,6 +77,33 @@ def test_cut_off_registry_write_falls_back(pools, module):
                     networks=[{"name": "machinery"}])
     assert result["changed"] is False, "the previous generation must still be read: %s" % result
     assert result["pool"]["labels"] == {"zone": "c"}
+
+
+
+def test_registry_writes_wait_for_the_admission_lock(pools, module):
+    pool = pools[2]
+    args = dict(uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}])
+    assert not module("machine_pool", labels={"zone": "c"}, **args).get("failed")
+    registry = pool.conn.storagePoolLookupByName("machinery-registry")
+    before = sorted(n for n in registry.listVolumes() if n.startswith("pool."))
+    # another run holds the host's lock: a registration write must wait for it, not race it for a generation
+    lock = registry.createXML("<volume><name>admission.lock</name><capacity>1</capacity><target>"
+                              "<format type='raw'/></target></volume>", 0)
+    results = {}
+    writer = threading.Thread(target=lambda: results.update(
+        changed=module("machine_pool", labels={"zone": "f"}, **args)))
+    writer.start()
+    try:
+        writer.join(3)
+        assert writer.is_alive(), "the write did not wait for the lock: %s" % results
+        assert sorted(n for n in registry.listVolumes() if n.startswith("pool.")) == before
+    finally:
+        lock.delete(0)
+        writer.join(120)
+    assert results["changed"]["changed"] is True and results["changed"]["pool"]["labels"] == {"zone": "f"}
+    after = [n for n in registry.listVolumes() if n.startswith("pool.")]
+    assert len(after) == 1 and after[0] not in before
+    assert module("machine_pool", labels={"zone": "c"}, **args)["changed"] is True
 
 
 def test_pool_bad_input(pools, module):
