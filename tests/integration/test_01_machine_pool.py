@@ -79,7 +79,6 @@ def test_cut_off_registry_write_falls_back(pools, module):
     assert result["pool"]["labels"] == {"zone": "c"}
 
 
-
 def test_registry_writes_wait_for_the_admission_lock(pools, module):
     pool = pools[2]
     args = dict(uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}])
