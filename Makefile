@@ -15,12 +15,12 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt
 	libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils \
 	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time
 
-.PHONY: help deps venv core-venv image lab-up lab-down lab-status demo demo-down test unit sanity lint integration \
-	benchmark clean
+.PHONY: help deps venv core-venv image lab-up lab-down lab-status demo demo-down test unit sanity lint packaging \
+	integration benchmark clean
 
 help:
 	@echo "make demo        a 3-pool lab of real libvirtd hosts, classes, machines booted with Ignition + cloud-init"
-	@echo "make test        unit tests, ansible-test sanity, ansible-lint, integration tests on a fresh lab"
+	@echo "make test        unit tests, ansible-test sanity, ansible-lint, packaging, integration tests on a fresh lab"
 	@echo "make lab-up [POOLS=N] | lab-down | lab-status | image | venv | benchmark"
 
 deps:
@@ -32,10 +32,12 @@ deps:
 
 # The virtual environment finds machinery.compute from this working tree: its site-packages holds a link
 # ansible_collections/machinery/compute -> the repository, which ansible-core scans on sys.path.
-$(VENV)/.stamp: requirements.txt requirements-dev.txt
+# requirements*.txt name the packages (the runtime ones with their oldest supported releases), constraints.txt
+# pins the versions the tests run with.
+$(VENV)/.stamp: requirements.txt requirements-dev.txt constraints.txt
 	$(MAKE) --no-print-directory deps
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
 	site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
 		mkdir -p "$$site/ansible_collections/machinery" && \
 		ln -sfn $(CURDIR) "$$site/ansible_collections/machinery/compute"
@@ -76,6 +78,11 @@ sanity: venv
 lint: venv
 	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks $(wildcard roles/*)
 
+# The collection as ansible-galaxy builds it: only what a user installs, and ansible-doc reads every plugin from a
+# fresh install of it.
+packaging: venv
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/packaging
+
 # The inventory tests run a second time under the minimum ansible-core: before 2.19 the plugin marks strings
 # unsafe itself, and warnings and constructed values look different.
 integration: venv core-venv image
@@ -90,6 +97,7 @@ test: venv image
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory sanity
 	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory packaging
 	$(MAKE) --no-print-directory integration
 
 # The inventory benchmark wants 5 pools.

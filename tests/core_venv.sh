@@ -9,13 +9,18 @@ version=${2:?usage: core_venv.sh VENV VERSION}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dest="$venv/cores/$version"
 stamp="$dest/.stamp"
+# The requirements but ansible-core (the release asked for instead) and ansible-lint (not run there), at the
+# versions constraints.txt pins for the test environment.
 wanted=$(cat "$repo/requirements.txt" "$repo/requirements-dev.txt" | grep -Ev '^(#|-r|ansible-core|ansible-lint)' \
     | grep -v '^$' | tr '\n' ' ')
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$version $wanted" ]; then
+pins=$(grep -Ev '^(#|ansible-core|ansible-lint)' "$repo/constraints.txt" | grep -v '^$' | tr '\n' ' ')
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$version $wanted| $pins" ]; then
     python3 -m venv --clear "$dest" >&2
+    tr ' ' '\n' <<<"$pins" > "$dest/constraints.txt"
     # shellcheck disable=SC2086  # one argument per requirement
-    "$dest/bin/pip" install -q --disable-pip-version-check "ansible-core==$version" $wanted >&2
-    echo "$version $wanted" > "$stamp"
+    "$dest/bin/pip" install -q --disable-pip-version-check -c "$dest/constraints.txt" "ansible-core==$version" \
+        $wanted >&2
+    echo "$version $wanted| $pins" > "$stamp"
 fi
 site=$("$dest/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 mkdir -p "$site/ansible_collections/machinery"
