@@ -6,6 +6,7 @@ from __future__ import annotations
 
 
 class ModuleDocFragment:
+    # A module that works on one pool.
     DOCUMENTATION = r"""
 options:
   uri:
@@ -13,6 +14,7 @@ options:
       - libvirt URI of the pool host, for example V(qemu:///system), V(qemu+ssh://root@h1/system),
         V(qemu+tls://h1/system) or V(qemu+unix:///system?socket=/path/to/libvirt-sock).
       - The module opens one connection per run and does everything through it, so every URI works.
+      - Set it once for a play with C(module_defaults) of C(group/machinery.compute.machinery).
     type: str
     default: qemu:///system
 requirements:
@@ -20,4 +22,27 @@ requirements:
   - lxml
 notes:
   - The module runs where the play runs it (usually the controller, O(uri) pointing at the pool host).
+"""
+
+    # A module that works on several pools at once.
+    POOLS = r"""
+options:
+  pools:
+    description:
+      - The pools, as libvirt URIs or mappings with C(uri) and an optional C(name). They are read in parallel,
+        one connection each.
+      - When not given, the one pool at O(uri) is used; giving neither fails naming O(pools).
+    type: list
+    elements: raw
+  uri:
+    description:
+      - libvirt URI of the one pool to use when O(pools) is not given, for example V(qemu+ssh://root@h1/system).
+      - This is the common option of the action group, so C(module_defaults) of
+        C(group/machinery.compute.machinery) sets it for this module as for the others. O(pools) wins over it.
+    type: str
+requirements:
+  - libvirt-python
+  - lxml
+notes:
+  - The module runs where the play runs it (usually the controller, the URIs pointing at the pool hosts).
 """

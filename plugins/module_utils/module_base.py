@@ -12,28 +12,44 @@ from ansible.module_utils.urls import open_url
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
+from ansible_collections.machinery.compute.plugins.module_utils.pools import pool_entries
 
+# The common options of the action group machinery.compute.machinery. Every member takes them, because
+# module_defaults of the group gives them to every member and a module fails on an option it does not know.
 COMMON_ARGS = dict(uri=dict(type="str", default="qemu:///system"))
+# A module over several pools takes the group's uri as its one pool when no pools are given, so it has no default.
+MULTI_POOL_ARGS = dict(uri=dict(type="str"), pools=dict(type="list", elements="raw"))
 
 
 class MachineryModule:
     """Subclasses set ``argument_spec`` (and ``module_kwargs``) and implement ``run(ctx)`` returning a dict.
 
-    A module that talks to several pools itself sets ``connects = False``: it gets no ``uri`` option and
-    ``run(None)``. A result with ``failed`` set is returned through fail_json, data included."""
+    A module that talks to several pools itself sets ``multi_pool = True``: it takes ``pools`` beside ``uri`` and
+    implements ``run_pools(entries)`` instead, the pools as [{name, uri}] (the one at ``uri`` when ``pools`` is not
+    given).
+    A result with ``failed`` set is returned through fail_json, data included."""
 
     argument_spec = {}
     module_kwargs = {}
-    connects = True
+    multi_pool = False
 
     def __init__(self):
-        spec = dict(COMMON_ARGS) if self.connects else {}
+        spec = dict(MULTI_POOL_ARGS if self.multi_pool else COMMON_ARGS)
         spec.update(self.argument_spec)
         self.module = AnsibleModule(argument_spec=spec, supports_check_mode=True, **self.module_kwargs)
         self.params = self.module.params
         self.check_mode = self.module.check_mode
+
+    def pool_entries(self):
+        """The pools of a multi-pool module: ``pools``, else the one at ``uri``, else an error naming ``pools``."""
+        if self.params["pools"] is not None:
+            return pool_entries(self.params["pools"])
+        if self.params["uri"]:
+            return [{"name": None, "uri": lv.validate_uri(self.params["uri"], "uri")}]
+        raise ValidationError("give the pools as libvirt URIs or mappings with name and uri, or uri for one pool "
+                              "(for example with module_defaults of group/machinery.compute.machinery)", "pools")
 
     @staticmethod
     def url_opener():
@@ -47,17 +63,16 @@ class MachineryModule:
             self.module.fail_json(msg=missing_required_lib("libvirt-python"), exception=str(lv.LIBVIRT_IMPORT_ERROR))
         if not dx.HAS_LXML:
             self.module.fail_json(msg=missing_required_lib("lxml"))
-        where = self.params.get("uri", "the pools")
+        where = "the pools" if self.multi_pool else self.params["uri"]
         try:
-            if self.connects:
-                lv.require_libvirt()
+            lv.require_libvirt()
+            if self.multi_pool:
+                result = self.run_pools(self.pool_entries())
+            else:
                 with lv.Connection(self.params["uri"]) as conn:
                     ctx = PoolContext(conn, self.params["uri"])
                     ctx.url_opener = open_url
                     result = self.run(ctx)
-            else:
-                lv.require_libvirt()
-                result = self.run(None)
         except MachineryError as exc:
             self.module.fail_json(msg=str(exc), field=exc.field, reason=exc.reason)
         except lv.libvirt.libvirtError as exc:
@@ -78,4 +93,9 @@ class MachineryModule:
                 "diff": self.diff(result["before"], result["after"]) if result["changed"] else None}
 
     def run(self, ctx):
+        """The work of a module on one pool, ``ctx`` its PoolContext."""
+        raise NotImplementedError
+
+    def run_pools(self, entries):
+        """The work of a ``multi_pool`` module, ``entries`` its pools as [{name, uri}]."""
         raise NotImplementedError

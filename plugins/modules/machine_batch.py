@@ -18,8 +18,13 @@ description:
     first) is rescheduled against fresh pool snapshots, at most O(retries) times.
   - Machines with C(state=absent) are deleted from every pool that has them.
   - Every machine is validated before anything is written; one invalid machine fails the whole run.
+  - Without O(pools), the machines go to the one pool at O(uri), which C(module_defaults) of the action group
+    can set for every module of a play.
 version_added: 0.1.0
 author: machinery.compute contributors (@machinery)
+extends_documentation_fragment:
+  - machinery.compute.connection.pools
+  - machinery.compute.action_group
 attributes:
   check_mode:
     support: full
@@ -36,11 +41,6 @@ options:
     type: list
     elements: dict
     required: true
-  pools:
-    description: The pools, as libvirt URIs or mappings with C(uri) and an optional C(name).
-    type: list
-    elements: raw
-    required: true
   strategy:
     description: Scheduling strategy.
     type: str
@@ -54,9 +54,6 @@ options:
     description: Machines converged at the same time.
     type: int
     default: 16
-requirements:
-  - libvirt-python
-  - lxml
 """
 
 EXAMPLES = r"""
@@ -72,6 +69,22 @@ EXAMPLES = r"""
   register: fleet
 
 - name: Where they went
+  ansible.builtin.debug:
+    var: fleet.table
+
+- name: One pool for every module of the play, machine_batch included
+  module_defaults:
+    group/machinery.compute.machinery:
+      uri: qemu+ssh://root@hv1/system
+  block:
+    - name: Two machines on hv1
+      machinery.compute.machine_batch:
+        machines:
+          - {name: db-1, machine_class: large, image: /var/lib/images/fcos.qcow2}
+          - {name: db-2, machine_class: large, image: /var/lib/images/fcos.qcow2}
+      register: fleet
+
+- name: Where they went (hv1)
   ansible.builtin.debug:
     var: fleet.table
 """
@@ -106,7 +119,6 @@ attempts:
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.machinery.compute.plugins.module_utils import batch
-from ansible_collections.machinery.compute.plugins.module_utils import pools as pool_snapshots
 from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.machine_args import MACHINE_ARGUMENT_SPEC
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
@@ -136,16 +148,15 @@ def validated(machines):
 
 
 class MachineBatchModule(MachineryModule):
-    connects = False
+    multi_pool = True
     argument_spec = dict(
         machines=dict(type="list", elements="dict", required=True),
-        pools=dict(type="list", elements="raw", required=True),
         strategy=dict(type="str", choices=["spread", "binpack"], default="spread"),
         retries=dict(type="int", default=3),
         workers=dict(type="int", default=16),
     )
 
-    def run(self, ctx):
+    def run_pools(self, entries):
         specs = validated(self.params["machines"])
         for spec in specs:
             for key in SECRET_OPTIONS:
@@ -153,7 +164,6 @@ class MachineBatchModule(MachineryModule):
                     self.module.no_log_values.update(self.secret_strings(spec[key]))
             if (spec.get("cloud_init") or {}).get("user_data") is not None:
                 self.module.no_log_values.update(self.secret_strings(spec["cloud_init"]["user_data"]))
-        entries = pool_snapshots.pool_entries(self.params["pools"])
         outcome = batch.converge(entries, specs, self.params["strategy"], self.params["retries"],
                                  self.params["workers"], self.check_mode, self.url_opener())
         result = dict(batch.summary(outcome, specs), changed=outcome.changed, warnings=outcome.warnings,
