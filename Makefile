@@ -13,7 +13,7 @@ MIN_CORE := 2.16.19
 CORE_BIN := $(VENV)/cores/$(MIN_CORE)/bin
 APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt-dev \
 	libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils \
-	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time
+	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time libxml2-utils
 
 .PHONY: help deps venv core-venv image lab-up lab-down lab-status demo demo-down test unit sanity lint packaging \
 	integration benchmark clean

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
-from ansible_collections.machinery.compute.plugins.module_utils.machine import table
+from ansible_collections.machinery.compute.plugins.module_utils.machine_status import table
 from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity, parse_quantity
 
 

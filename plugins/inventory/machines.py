@@ -88,7 +88,6 @@ cache_connection: ~/.cache/machinery-inventory
 
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 
 from ansible.errors import AnsibleError, AnsibleParserError
 from ansible.module_utils.common.text.converters import to_native
@@ -136,39 +135,35 @@ def fallback_addresses(lv, conn, name, sources, problems):
     return []
 
 
-def read_pool(entry, include_unmanaged, include_pools, sources):
-    """One pool's machines (and status): a JSON-serializable dict; an unreachable pool carries ``error``."""
-    # imported here, so a run served from the cache never loads libvirt, lxml or the image tooling
-    from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-    from ansible_collections.machinery.compute.plugins.module_utils import pools as pool_tools
-    from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
-    from ansible_collections.machinery.compute.plugins.module_utils.machine import list_machines
-    from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
+def unread_pool(entry, cause):
+    """A pool that could not be read: its entry and the cause."""
+    return {"name": entry.get("name") or entry["uri"], "uri": entry["uri"], "error": cause, "machines": [],
+            "status": None, "address_problems": {}}
 
-    result = {"name": entry.get("name") or entry["uri"], "uri": entry["uri"], "error": None, "machines": [],
-              "status": None, "address_problems": {}}
-    try:
-        with lv.Connection(entry["uri"]) as conn:
-            ctx = PoolContext(conn, entry["uri"])
-            if ctx.name:
-                result["name"] = ctx.name
-            machines = list_machines(ctx, include_unmanaged)
-            others = [source for source in sources if source != "lease"]
-            for machine in machines:
-                if machine["pool"] is None:
-                    machine["pool"] = result["name"]
-                if "lease" not in sources:
-                    machine["ip_addresses"] = []
-                if not machine["ip_addresses"] and others and machine["phase"] == "Running":
-                    machine["ip_addresses"] = fallback_addresses(lv, conn, machine["name"], others,
-                                                                 result["address_problems"])
-            result["machines"] = machines
-            if include_pools and ctx.registration:
-                result["status"] = pool_tools.pool_status(ctx)
-    except MachineryError as exc:
-        result["error"] = str(exc)
-    except lv.libvirt.libvirtError as exc:
-        result["error"] = lv.describe(exc)
+
+def read_pool(ctx, entry, include_unmanaged, include_pools, sources):
+    """One connected pool's machines (and status) as a JSON-serializable dict."""
+    # imported here, so a run served from the cache never loads libvirt, lxml or the image tooling
+    from ansible_collections.machinery.compute.plugins.module_utils import capacity
+    from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+    from ansible_collections.machinery.compute.plugins.module_utils.machine_status import list_machines
+
+    result = unread_pool(entry, None)
+    if ctx.name:
+        result["name"] = ctx.name
+    machines = list_machines(ctx, include_unmanaged)
+    others = [source for source in sources if source != "lease"]
+    for machine in machines:
+        if machine["pool"] is None:
+            machine["pool"] = result["name"]
+        if "lease" not in sources:
+            machine["ip_addresses"] = []
+        if not machine["ip_addresses"] and others and machine["phase"] == "Running":
+            machine["ip_addresses"] = fallback_addresses(lv, ctx.conn, machine["name"], others,
+                                                         result["address_problems"])
+    result["machines"] = machines
+    if include_pools and ctx.registration:
+        result["status"] = capacity.pool_status(ctx)
     return result
 
 
@@ -212,21 +207,20 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     def fetch(self):
         from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-        from ansible_collections.machinery.compute.plugins.module_utils import pools as pool_tools
+        from ansible_collections.machinery.compute.plugins.module_utils import fleet
         from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
 
         if not lv.HAS_LIBVIRT:
             raise AnsibleError("the machinery.compute.machines inventory needs libvirt-python: %s"
                                % lv.LIBVIRT_IMPORT_ERROR)
         try:
-            entries = pool_tools.pool_entries(self.get_option("pools"))
+            entries = fleet.pool_entries(self.get_option("pools"))
         except MachineryError as exc:
             raise AnsibleParserError("machinery.compute.machines: %s" % to_native(exc)) from None
         options = (self.get_option("include_unmanaged"), self.get_option("include_pools"),
                    self.get_option("address_source"))
-        workers = max(1, min(self.get_option("workers"), len(entries)))
-        with ThreadPoolExecutor(max_workers=workers) as executor:
-            pools = list(executor.map(lambda entry: read_pool(entry, *options), entries))
+        pools = fleet.read_each(entries, lambda ctx, entry: read_pool(ctx, entry, *options), unread_pool,
+                                self.get_option("workers"))
         return {"pools": pools}
 
     def populate(self, data):

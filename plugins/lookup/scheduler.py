@@ -21,7 +21,10 @@ description:
   - A machine that already exists on a pool is placed there. A batch is placed one by one against an in-memory
     ledger, so one call never double-books a pool.
   - 'A machine that fits nowhere fails the lookup with the reasons per filter, for example
-    C(0/3 pools available for web-9: 1 taint not tolerated, 2 insufficient memory).'
+    C(0/3 pools available for web-9: 1 taint not tolerated, 2 insufficient memory), followed by the cause of
+    each pool that could not be used (C(pools[2] (hv3) is unreachable: ...)). An unreachable pool is also a
+    warning when every machine found a place elsewhere.'
+  - A spec with a key the lookup does not know (a misspelt C(tolerance), say) is refused, naming the key.
   - Use it with C(query) (or C(lookup(..., wantlist=true))) to always get a list.
 requirements:
   - libvirt-python
@@ -93,9 +96,9 @@ from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.lookup import LookupBase
 from ansible.utils.unsafe_proxy import wrap_var
 
-from ansible_collections.machinery.compute.plugins.module_utils import pools as pool_snapshots
+from ansible_collections.machinery.compute.plugins.module_utils import fleet
 from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
-from ansible_collections.machinery.compute.plugins.module_utils.scheduler import schedule
+from ansible_collections.machinery.compute.plugins.module_utils.scheduler import Unschedulable, schedule
 
 
 def flatten(terms):
@@ -108,14 +111,28 @@ def flatten(terms):
     return specs
 
 
+def pool_problems(snapshots):
+    """Each pool the scheduler had to leave out, with its position in ``pools`` and the cause."""
+    return ["pools[%d] (%s) is %s: %s" % (index, snapshot["name"],
+                                          "unreachable" if snapshot["state"] == "Offline" else "not ready",
+                                          snapshot.get("problem") or "no cause given")
+            for index, snapshot in enumerate(snapshots) if snapshot["state"] != "Ready"]
+
+
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
+        problems = []
         try:
-            entries = pool_snapshots.pool_entries(self.get_option("pools"))
-            snapshots = pool_snapshots.read_snapshots(entries)
+            entries = fleet.pool_entries(self.get_option("pools"))
+            snapshots = fleet.read_snapshots(entries)
+            problems = pool_problems(snapshots)
+            for problem in problems:
+                self._display.warning("machinery.compute.scheduler: %s" % problem)
             placements = schedule(flatten(terms), snapshots, self.get_option("strategy"), self.get_option("strict"))
         except MachineryError as exc:
-            raise AnsibleLookupError("machinery.compute.scheduler: %s" % to_native(exc)) from None
+            # a machine placed nowhere is often placed nowhere because pools were out: say why they were
+            message = "; ".join([to_native(exc)] + (problems if isinstance(exc, Unschedulable) else []))
+            raise AnsibleLookupError("machinery.compute.scheduler: %s" % message) from None
         # pool names come from the hosts' registries: never let them be templated
         return [wrap_var(placement) for placement in placements]

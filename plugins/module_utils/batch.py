@@ -11,61 +11,16 @@ Machines with state absent are deleted from every pool that has them.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils import pools as pool_snapshots
+from ansible_collections.machinery.compute.plugins.module_utils import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.fleet import Fleet, in_parallel
 from ansible_collections.machinery.compute.plugins.module_utils.errors import (
     MachineryError, NameTaken, PoolFull, ValidationError)
-from ansible_collections.machinery.compute.plugins.module_utils.machine import MachineService, table
-from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
+from ansible_collections.machinery.compute.plugins.module_utils.machine import MachineService
+from ansible_collections.machinery.compute.plugins.module_utils.machine_status import table
 from ansible_collections.machinery.compute.plugins.module_utils.scheduler import schedule
 
 SCHEDULING_KEYS = ("machine_pool_selector", "tolerations", "machine_pool")
-
-
-class Fleet:
-    """Open connections to every pool; pools that cannot be reached are kept as Offline snapshots."""
-
-    def __init__(self, entries, opener=None):
-        self.entries = entries
-        self.contexts = {}
-        self.offline = {}
-        for entry in entries:
-            try:
-                conn = lv.open_connection(entry["uri"], "pools")
-            except MachineryError as exc:
-                self.offline[entry["uri"]] = str(exc)
-                continue
-            ctx = PoolContext(conn, entry["uri"])
-            ctx.url_opener = opener
-            self.contexts[entry["uri"]] = ctx
-        for ctx in self.contexts.values():
-            ctx.peer_connections = {uri: other.conn for uri, other in self.contexts.items() if uri != ctx.uri}
-
-    @property
-    def uris(self):
-        return [entry["uri"] for entry in self.entries]
-
-    def snapshots(self):
-        """Fresh snapshots of every pool, read in parallel (registry reads are re-done)."""
-        def take(entry):
-            ctx = self.contexts.get(entry["uri"])
-            if ctx is None:
-                return pool_snapshots.offline_snapshot(entry, self.offline[entry["uri"]])
-            ctx.reset()
-            snapshot = pool_snapshots.snapshot_of(ctx, entry.get("name"))
-            ctx.prime()
-            return snapshot
-        with ThreadPoolExecutor(max_workers=max(1, len(self.entries))) as executor:
-            return list(executor.map(take, self.entries))
-
-    def close(self):
-        for ctx in self.contexts.values():
-            try:
-                ctx.conn.close()
-            except lv.libvirt.libvirtError:
-                pass
 
 
 class BatchOutcome:
@@ -107,11 +62,10 @@ def _run(jobs, workers, work):
         except MachineryError as exc:
             return job, exc
         except lv.libvirt.libvirtError as exc:
-            return job, MachineryError("libvirt error: %s" % lv.describe(exc))
-    if not jobs:
-        return []
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as executor:
-        return list(executor.map(guarded, jobs))
+            # the pool's daemon went away or refused: say which pool, and why
+            return job, MachineryError("libvirt error on pool %s (%s): %s"
+                                       % (job[1].name or job[1].uri, job[1].uri, lv.describe(exc)))
+    return in_parallel(jobs, guarded, workers)
 
 
 def preflight(jobs, specs, workers):
@@ -127,8 +81,21 @@ def preflight(jobs, specs, workers):
         raise ValidationError("nothing was changed; %s" % "; ".join(problems), "machines")
 
 
+MAX_WORKERS = 256
+MAX_RETRIES = 100
+
+
+def pool_problems(snapshots):
+    """Why pools were left out, for a machine placed nowhere: '; pool3 unreachable: <cause>' per pool."""
+    return "".join("; %s %s: %s" % (snapshot["name"], "unreachable" if snapshot["state"] == "Offline" else "not ready",
+                                    snapshot.get("problem") or "no cause given")
+                   for snapshot in snapshots if snapshot["state"] != "Ready")
+
+
 def converge(entries, specs, strategy="spread", retries=3, workers=16, check_mode=False, opener=None):
     """Converge ``specs`` (validated machine module parameters plus scheduling keys) over the pools."""
+    retries = check.whole_number(retries, "retries", 0, MAX_RETRIES)
+    workers = check.whole_number(workers, "workers", 1, MAX_WORKERS)
     fleet = Fleet(entries, opener)
     result = BatchOutcome()
     try:
@@ -148,13 +115,15 @@ def converge(entries, specs, strategy="spread", retries=3, workers=16, check_mod
         while pending:
             result.attempts += 1
             by_uri = {snapshot["uri"]: snapshot for snapshot in snapshots}
-            placements = schedule(pending, snapshots, strategy, strict=False, field="machines")
+            # the keys were checked against the machine module's options (machine_batch's argument spec)
+            placements = schedule(pending, snapshots, strategy, strict=False, field="machines", keys=None)
             jobs = []
             for spec, placement in zip(pending, placements):
                 result.placements[spec["name"]] = placement
                 if placement["uri"] is None:
                     result.failures.append({"name": spec["name"], "pool": None, "reason": "Unschedulable",
-                                            "field": "machine_pool", "msg": placement["reason"]})
+                                            "field": "machine_pool",
+                                            "msg": placement["reason"] + pool_problems(snapshots)})
                 else:
                     jobs.append((spec, fleet.contexts[placement["uri"]]))
             if result.attempts == 1:

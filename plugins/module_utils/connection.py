@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 from ansible_collections.machinery.compute.plugins.module_utils.errors import (
     ConnectionFailed, LibvirtFailure, ValidationError)
@@ -20,6 +21,9 @@ except ImportError as exc:  # reported by the callers with a pointer to libvirt-
     LIBVIRT_IMPORT_ERROR = exc
 
 _URI = re.compile(r"^[a-z][a-z0-9+]*://[^\s]*$")
+# The transports libvirt offers for its QEMU driver, and its test driver (a fake host kept in memory).
+SCHEMES = ("qemu", "qemu+ssh", "qemu+tls", "qemu+unix", "qemu+tcp", "qemu+libssh", "qemu+libssh2", "test")
+QEMU_PATHS = ("/system", "/session")
 
 
 def _quiet(_context, _error):
@@ -34,9 +38,19 @@ def require_libvirt():
 
 
 def validate_uri(uri, field="uri"):
+    """A libvirt URI of a QEMU host (or libvirt's test driver), refused up front when libvirt could only fail
+    to connect to it: an unknown scheme would otherwise be reported as a failed connection to the local socket."""
     if not isinstance(uri, str) or not _URI.match(uri):
         raise ValidationError("%r is not a libvirt URI such as qemu:///system or qemu+ssh://root@host/system"
                               % (uri,), field)
+    scheme = uri.split("://", 1)[0]
+    if scheme not in SCHEMES:
+        raise ValidationError("%r: scheme %s is not supported; use one of %s"
+                              % (uri, scheme, ", ".join(item + "://" for item in SCHEMES)), field)
+    path = urlsplit(uri).path
+    if scheme != "test" and path not in QEMU_PATHS:
+        raise ValidationError("%r: a QEMU URI names the daemon as %s, not %r (for example qemu+ssh://root@host/system)"
+                              % (uri, " or ".join(QEMU_PATHS), path), field)
     return uri
 
 
@@ -79,6 +93,20 @@ class Connection:
                 pass
             self.conn = None
         return False
+
+
+def start_or_undefine(obj, *starts):
+    """Call each of ``starts`` on a just-defined libvirt object (network, storage pool); when one fails, the
+    definition is removed again, so a refused object is not left behind half made. Raises the libvirtError."""
+    try:
+        for start in starts:
+            start()
+    except libvirt.libvirtError:
+        try:
+            obj.undefine()
+        except libvirt.libvirtError:
+            pass
+        raise
 
 
 def _lookup(find, name, missing_code, what):

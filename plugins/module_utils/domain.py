@@ -3,8 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The libvirt domain of a machine: its XML, the record kept in its metadata, and the fields we own.
 
-Every owned field is declared once in FIELDS: how it is read from a domain, written into it, and whether a
-running guest can take the change. Edits are made in place on libvirt's own XML so its defaults survive.
+The owned fields are declared with their options (options.py) and read and written through the functions here.
+Edits are made in place on libvirt's own XML so its defaults survive.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import hashlib
 import json
 import re
 
+from ansible_collections.machinery.compute.plugins.module_utils import elements
+
 try:
     from lxml import etree
     HAS_LXML = True
@@ -20,7 +22,6 @@ except ImportError:  # reported by the module base with a pointer to the package
     etree = None
     HAS_LXML = False
 
-from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
 
 NAMESPACE = "https://machinery.compute/xmlns/machine/1"
 PREFIX = "machinery"
@@ -126,12 +127,12 @@ def _set_text(tree, tag, text, attrib=None):
         node.set(key, value)
 
 
-def _read_cpu(tree, _record):
+def read_cpu(tree, _record=None):
     node = tree.find("vcpu")
     return int(node.get("current") or node.text) if node is not None else None
 
 
-def _write_cpu(tree, record, value):
+def write_cpu(tree, record, value):
     record["spec"]["cpu"] = value
     node = tree.find("vcpu")
     if node is not None and "current" in node.attrib:
@@ -139,70 +140,15 @@ def _write_cpu(tree, record, value):
     _set_text(tree, "vcpu", str(value))
 
 
-def _write_memory(tree, record, value):
+def read_memory(tree, _record=None):
+    return _kib(tree, "memory")
+
+
+def write_memory(tree, record, value):
     record["spec"]["memory"] = value
     kib = str(value // 1024)
     _set_text(tree, "memory", kib, {"unit": "KiB"})
     _set_text(tree, "currentMemory", kib, {"unit": "KiB"})
-
-
-def _spec_reader(key):
-    def read(_tree, record):
-        return (record or {}).get("spec", {}).get(key)
-    return read
-
-
-def _spec_writer(key):
-    def write(_tree, record, value):
-        record["spec"][key] = value
-    return write
-
-
-class Field:
-    """One owned field: ``read(tree, record)``, ``write(tree, record, value)``, ``show`` for diffs, and
-    ``live``: how a running domain takes the change ('metadata' live, 'balloon' when shrinking, or None)."""
-
-    def __init__(self, name, read, write, show=None, live=None):
-        self.name = name
-        self.read = read
-        self.write = write
-        self.show = show or (lambda value: value)
-        self.live = live
-
-
-FIELDS = (
-    Field("cpu", _read_cpu, _write_cpu),
-    Field("memory", lambda tree, _record: _kib(tree, "memory"), _write_memory,
-          show=lambda value: None if value is None else format_quantity(value), live="balloon"),
-    Field("machine_class", _spec_reader("machine_class"), _spec_writer("machine_class"), live="metadata"),
-    Field("labels", _spec_reader("labels"), _spec_writer("labels"), live="metadata"),
-    Field("boot_config", _spec_reader("boot_config"), _spec_writer("boot_config"), live="metadata"),
-)
-FIELD_BY_NAME = {field.name: field for field in FIELDS}
-
-# Fixed at creation: changing them would mean a new machine.
-IMMUTABLE = ("image_checksum", "firmware")
-
-
-def owned_values(tree, record):
-    return {field.name: field.read(tree, record) for field in FIELDS}
-
-
-def changed_fields(tree, record, desired):
-    """Names of owned fields whose desired value differs from the domain's (only the fields the user set)."""
-    current = owned_values(tree, record)
-    return [name for name in current if name in desired and desired[name] != current[name]]
-
-
-def apply_fields(tree, record, desired, names):
-    for name in names:
-        FIELD_BY_NAME[name].write(tree, record, desired[name])
-    write_record(tree, record)
-
-
-def shown(values):
-    return {name: FIELD_BY_NAME[name].show(value) if name in FIELD_BY_NAME else value
-            for name, value in values.items()}
 
 
 # --- building a new domain ------------------------------------------------------------------------------------
@@ -214,19 +160,6 @@ def _sub(parent, tag, text=None, **attrib):
     return node
 
 
-def _disk(devices, path, fmt, target, bus, alias, device="disk", readonly=False):
-    disk = _sub(devices, "disk", type="file", device=device)
-    driver = _sub(disk, "driver", name="qemu", type=fmt)
-    if device == "disk":
-        driver.set("discard", "unmap")
-    _sub(disk, "source", file=path)
-    _sub(disk, "target", dev=target, bus=bus)
-    if readonly:
-        _sub(disk, "readonly")
-    _sub(disk, "alias", name=alias)
-    return disk
-
-
 def volume_alias(name):
     """Device aliases allow letters, digits, '_' and '-': a volume name like data.qcow2 becomes data-qcow2."""
     return "ua-vol-%s" % re.sub(r"[^A-Za-z0-9_-]", "-", name)
@@ -234,6 +167,12 @@ def volume_alias(name):
 
 def nic_alias(name):
     return "ua-nic-%s" % name
+
+
+def nic_element(nic):
+    """The <interface> of a NIC entry of the record ({name, mac, network | bridge, model})."""
+    return elements.interface(nic["mac"], nic.get("model") or "virtio", network=nic.get("network"),
+                              bridge=nic.get("bridge"), alias=nic_alias(nic["name"]))
 
 
 def build_domain(plan):
@@ -261,21 +200,19 @@ def build_domain(plan):
     _sub(root, "on_reboot", "restart")
     _sub(root, "on_crash", "destroy")
     devices = _sub(root, "devices")
-    _sub(devices, "controller", type="pci", index=0, model="pcie-root")
+    devices.append(elements.controller("pci", "pcie-root", index=0))
     for disk in plan["disks"]:
-        node = _disk(devices, disk["path"], disk["format"], disk["device"], disk.get("bus", "virtio"),
-                     volume_alias(disk["name"]))
-        if disk.get("boot"):
-            _sub(node, "boot", order=1)
+        devices.append(elements.disk(disk["path"], disk["format"], disk["device"], disk.get("bus", "virtio"),
+                                     volume_alias(disk["name"]), shareable=bool(disk.get("shareable")),
+                                     boot_order=1 if disk.get("boot") else None))
     if plan.get("seed_path"):
-        _disk(devices, plan["seed_path"], "raw", "sda", "sata", "ua-cidata", device="cdrom", readonly=True)
+        # The NoCloud seed on a virtio-scsi cdrom: cloud kernels (Debian's cloud flavour has no AHCI driver) see
+        # virtio-scsi where a SATA cdrom would be invisible to them.
+        devices.append(elements.controller("scsi", "virtio-scsi"))
+        devices.append(elements.disk(plan["seed_path"], "raw", "sda", "scsi", "ua-cidata", device="cdrom",
+                                     readonly=True))
     for nic in plan["nics"]:
-        kind = "network" if nic.get("network") else "bridge"
-        node = _sub(devices, "interface", type=kind)
-        _sub(node, "mac", address=nic["mac"])
-        _sub(node, "source", **{kind: nic[kind]})
-        _sub(node, "model", type=nic.get("model") or "virtio")
-        _sub(node, "alias", name=nic_alias(nic["name"]))
+        devices.append(nic_element(nic))
     serial = _sub(devices, "serial", type="pty")
     _sub(serial, "log", file=plan["console_path"], append="off")
     _sub(serial, "target", port=0)
@@ -286,12 +223,13 @@ def build_domain(plan):
     rng = _sub(devices, "rng", model="virtio")
     _sub(rng, "backend", "/dev/urandom", model="random")
     _sub(devices, "memballoon", model="virtio")
-    _sub(devices, "controller", type="usb", model="none")
-    # libvirt puts every PCIe device on a root port of its own; keep SPARE_ROOT_PORTS free for hot-plug.
+    devices.append(elements.controller("usb", "none"))
+    # libvirt puts every PCIe device on a root port of its own (virtio disks and NICs, the virtio-serial, rng and
+    # balloon devices, the seed's virtio-scsi controller); keep SPARE_ROOT_PORTS free for hot-plug.
     pcie_devices = len([disk for disk in plan["disks"] if disk.get("bus", "virtio") == "virtio"]) + \
-        len(plan["nics"]) + 3
+        len(plan["nics"]) + 3 + (1 if plan.get("seed_path") else 0)
     for _port in range(pcie_devices + SPARE_ROOT_PORTS):
-        _sub(devices, "controller", type="pci", model="pcie-root-port")
+        devices.append(elements.controller("pci", "pcie-root-port"))
     return root
 
 
@@ -300,27 +238,4 @@ def tostring(tree):
 
 
 def parse(xml):
-    return etree.fromstring(xml.encode() if isinstance(xml, str) else xml)
-
-
-# --- reading devices back -------------------------------------------------------------------------------------
-
-def _child_attr(node, child, attribute):
-    found = node.find(child)
-    return found.get(attribute) if found is not None else None
-
-
-def disks(tree):
-    """[{alias, device, bus, path, format, type}] of file-backed disks and cdroms."""
-    return [{"alias": _child_attr(disk, "alias", "name"), "device": _child_attr(disk, "target", "dev"),
-             "bus": _child_attr(disk, "target", "bus"), "path": _child_attr(disk, "source", "file"),
-             "format": _child_attr(disk, "driver", "type"), "type": disk.get("device")}
-            for disk in tree.findall("devices/disk")]
-
-
-def interfaces(tree):
-    """[{alias, mac, network, bridge, model, type}] of the NICs."""
-    return [{"alias": _child_attr(nic, "alias", "name"), "mac": _child_attr(nic, "mac", "address"),
-             "network": _child_attr(nic, "source", "network"), "bridge": _child_attr(nic, "source", "bridge"),
-             "model": _child_attr(nic, "model", "type"), "type": nic.get("type")}
-            for nic in tree.findall("devices/interface")]
+    return elements.parse(xml)

@@ -12,15 +12,15 @@ from ansible.module_utils.urls import open_url
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils import options
 from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError, ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.pool import PoolContext
-from ansible_collections.machinery.compute.plugins.module_utils.pools import pool_entries
+from ansible_collections.machinery.compute.plugins.module_utils.pool_context import PoolContext
+from ansible_collections.machinery.compute.plugins.module_utils.fleet import pool_entries
 
 # The common options of the action group machinery.compute.machinery. Every member takes them, because
 # module_defaults of the group gives them to every member and a module fails on an option it does not know.
-COMMON_ARGS = dict(uri=dict(type="str", default="qemu:///system"))
-# A module over several pools takes the group's uri as its one pool when no pools are given, so it has no default.
-MULTI_POOL_ARGS = dict(uri=dict(type="str"), pools=dict(type="list", elements="raw"))
+COMMON_ARGS = options.argument_spec(options.COMMON)
+MULTI_POOL_ARGS = options.argument_spec(options.MULTI_POOL)
 
 
 class MachineryModule:
@@ -86,10 +86,21 @@ class MachineryModule:
             self.module.fail_json(**result)
         self.module.exit_json(**result)
 
+    def converged(self, plan, **returned):
+        """The return of a converging module: ``changed``, ``actions`` (short forms such as ``create``),
+        ``plan`` (each action with its target, fields before and after, and libvirt steps) and ``diff`` all come
+        from the plan, so a check-mode run returns exactly what the real run will do."""
+        before, after = plan.diff()
+        warnings = returned.pop("warnings", None)
+        result = dict(returned, changed=plan.changed, actions=plan.summaries(), plan=plan.as_list(),
+                      diff=self.diff(before, after) if plan.changed else None)
+        result["warnings"] = list(plan.warnings) if warnings is None else list(warnings)
+        return result
+
     def attachment_result(self, result, key):
         """The return of volume_attach and nic_attach: the attachment under ``key`` and the machine."""
         return {"changed": result["changed"], key: result[key], "machine": result["machine"],
-                "warnings": result["warnings"],
+                "warnings": result["warnings"], "actions": result["actions"], "plan": result["plan"],
                 "diff": self.diff(result["before"], result["after"]) if result["changed"] else None}
 
     def run(self, ctx):

@@ -10,21 +10,23 @@ fails verification and the reader falls back to the previous generation: an obje
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import random
 import re
+import socket
+import tempfile
 import time
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils import elements
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError, LibvirtFailure
 
 REGISTRY_POOL = "machinery-registry"
 STORAGE_POOL = "machinery"
-DEFAULT_STORAGE_PATH = "/var/lib/libvirt/machinery"
 POOL_KEY = "pool"
 _DOC = re.compile(r"^(?P<key>[a-z0-9][-a-z0-9]*)\.(?P<generation>[0-9]+)\.json$")
 
@@ -36,6 +38,12 @@ def registry_path(storage_path):
 
 def class_key(name):
     return "class-%s" % name
+
+
+def pending_key(machine):
+    """The journal of a machine being created or deleted: the volumes the run makes or removes. A run that dies
+    midway leaves it, so the next run for that name knows exactly which volumes were left behind."""
+    return "pending-%s" % machine
 
 
 def encode(key, generation, body):
@@ -118,10 +126,11 @@ class Registry:
             return self._read(key, relisted=True)
         return None
 
-    def put(self, key, body):
-        # under the host's admission lock, listed afresh: two runs writing the same document at once (both
-        # registering a pool, say) then take distinct generations instead of colliding on one volume name
-        with AdmissionLock(self.conn, self.pool):
+    def put(self, key, body, locked=False):
+        """Write ``key``. Under the host's admission lock (``locked`` when the caller holds it already), listed
+        afresh: two runs writing the same document at once (both registering a pool, say) then take distinct
+        generations instead of colliding on one volume name."""
+        with _held(self.conn, self.pool, locked):
             self._index = None
             versions = self._generations().get(key, [])
             generation = versions[0][0] + 1 if versions else 1
@@ -136,9 +145,9 @@ class Registry:
         self._index[key] = [(generation, name)]
         self._bodies[key] = body
 
-    def delete(self, key):
+    def delete(self, key, locked=False):
         self._bodies.pop(key, None)
-        with AdmissionLock(self.conn, self.pool):
+        with _held(self.conn, self.pool, locked):
             self._index = None
             versions = self._generations().pop(key, [])
             for _generation, name in versions:
@@ -161,46 +170,114 @@ class Registry:
 
 
 LOCK_VOLUME = "admission.lock"
-LOCK_STALE_SECONDS = 120
+# A live holder keeps the lock for seconds (it creates volumes and defines a domain, or writes a document). A
+# lock older than LOCK_STALE_SECONDS whose holder cannot be checked (another controller) is taken as abandoned,
+# and a waiter gives up after LOCK_WAIT_SECONDS, so it always outlasts an abandoned lock. A holder on this
+# controller that is no longer running is known dead at once and its lock is broken without waiting.
+LOCK_STALE_SECONDS = 60
+LOCK_WAIT_SECONDS = 90
+
+
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _process_start(pid):
+    """The start time of process ``pid`` (clock ticks since boot), or None when there is no such process: with
+    the pid it names one process, even after the pid is reused."""
+    try:
+        with open("/proc/%d/stat" % int(pid)) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def lock_holder():
+    """Who takes a lock: this controller (host name and boot) and this process (pid and start time)."""
+    return {"host": socket.gethostname(), "boot": _boot_id(), "pid": os.getpid(),
+            "start": _process_start(os.getpid()), "since": time.time()}
+
+
+def holder_is_dead(holder):
+    """True when ``holder`` ran on this controller and that process is gone; None when it cannot be told."""
+    if not isinstance(holder, dict) or holder.get("host") != socket.gethostname() or not holder.get("boot") \
+            or holder.get("boot") != _boot_id():
+        return None
+    return _process_start(holder.get("pid", 0)) != holder.get("start")
 
 
 class AdmissionLock:
     """A lock on one pool host made from libvirt alone: creating a storage volume is atomic, so whoever creates
-    ``admission.lock`` in the registry pool holds it. A lock older than LOCK_STALE_SECONDS (its holder died)
-    is broken. Works over any URI, across hosts and processes."""
+    ``admission.lock`` in the registry pool holds it. The volume names its holder, so a lock left by a process
+    that died is broken at once by the next run on the same controller; one older than LOCK_STALE_SECONDS is
+    broken by anyone. Works over any URI, across hosts and processes."""
 
-    def __init__(self, conn, pool, timeout=60.0):
+    def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS):
         self.conn = conn
         self.pool = pool
         self.timeout = timeout
         self.volume = None
 
-    def _age(self):
+    def _current(self):
+        """(volume, age in seconds, holder or None) of the lock as it is now, or None when it is free."""
         vol = lv.lookup_volume(self.pool, LOCK_VOLUME)
         if vol is None:
             return None
-        node = dx.parse(vol.XMLDesc(0)).find("target/timestamps/mtime")
-        if node is None or not node.text:
-            return 0.0
-        return max(0.0, time.time() - float(node.text))
+        try:
+            mtime = elements.read_volume(elements.parse(vol.XMLDesc(0)))["mtime"]
+            data = storage.download_bytes(self.conn, vol, limit=4096)
+        except (lv.libvirt.libvirtError, LibvirtFailure):
+            return None  # released meanwhile: try again
+        try:
+            holder = json.loads(data.decode())
+        except (ValueError, UnicodeDecodeError):
+            holder = None  # not written yet (or its holder died before it could say who it is)
+        return vol, max(0.0, time.time() - mtime) if mtime else 0.0, holder
+
+    def _break(self, holder):
+        """Delete the lock when it still belongs to ``holder``. Waiters on this controller break one at a time
+        (a file lock), so none deletes a lock another waiter has just taken."""
+        path = os.path.join(tempfile.gettempdir(), "machinery-compute-%s.lock" % self.pool.UUIDString())
+        with open(path, "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            current = self._current()
+            if current is not None and current[2] == holder:
+                storage.delete_volume(self.pool, LOCK_VOLUME)
 
     def acquire(self):
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                self.volume = self.pool.createXML(storage.volume_xml(LOCK_VOLUME, 1, "raw", mode="0600"), 0)
-                return self
+                volume = self.pool.createXML(storage.volume_xml(LOCK_VOLUME, 4096, "raw", mode="0600"), 0)
             except lv.libvirt.libvirtError as exc:
                 if exc.get_error_code() not in (lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST, lv.libvirt.VIR_ERR_INTERNAL_ERROR,
                                                 lv.libvirt.VIR_ERR_OPERATION_FAILED):
                     raise LibvirtFailure("cannot take the admission lock: %s" % lv.describe(exc)) from None
-            age = self._age()
-            if age is not None and age > LOCK_STALE_SECONDS:
-                storage.delete_volume(self.pool, LOCK_VOLUME)
-                continue
+            else:
+                self.volume = volume
+                try:
+                    storage.upload_bytes(self.conn, volume, json.dumps(lock_holder()).encode().ljust(4096))
+                except BaseException:
+                    self.release()
+                    raise
+                return self
+            current = self._current()
+            if current is not None:
+                _vol, age, holder = current
+                if holder_is_dead(holder) or age > LOCK_STALE_SECONDS:
+                    self._break(holder)
+                    continue
             if time.monotonic() > deadline:
-                raise ConflictError("the admission lock of this pool has been held for over %ds by another run"
-                                    % self.timeout, "uri")
+                who = ""
+                if current is not None and isinstance(current[2], dict):
+                    who = " (pid %s on %s)" % (current[2].get("pid"), current[2].get("host"))
+                raise ConflictError("the admission lock of this pool has been held for over %ds by another run%s; "
+                                    "a lock is taken as abandoned after %ds" % (self.timeout, who, LOCK_STALE_SECONDS),
+                                    "uri")
             time.sleep(0.05 + random.random() * 0.1)
 
     def release(self):
@@ -217,3 +294,16 @@ class AdmissionLock:
     def __exit__(self, *exc_info):
         self.release()
         return False
+
+
+class _Held:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return False
+
+
+def _held(conn, pool, locked):
+    """The admission lock, or nothing when the caller holds it already."""
+    return _Held() if locked else AdmissionLock(conn, pool)

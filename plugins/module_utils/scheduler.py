@@ -19,16 +19,31 @@ from ansible_collections.machinery.compute.plugins.module_utils.errors import Ma
 STRATEGIES = ("spread", "binpack")
 OPERATORS = ("Equal", "Exists")
 SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")
+# What a machine spec of the lookup may hold: a misspelt key (tolerance, machine_pool_selectors) is refused,
+# not silently ignored, since the machine would be placed as if it were not there.
+SPEC_KEYS = ("name", "machine_class", "cpu", "memory", "machine_pool_selector", "tolerations", "machine_pool")
+TOLERATION_KEYS = ("key", "operator", "value", "effect")
+
+
+def unknown_keys(item, known, field):
+    unknown = sorted(str(key) for key in item if key not in known)
+    if unknown:
+        raise ValidationError("unknown key%s %s; the keys are %s" % ("s" if len(unknown) > 1 else "",
+                                                                     ", ".join(unknown), ", ".join(known)), field)
 
 
 class Unschedulable(MachineryError):
     reason = "Unschedulable"
 
 
-def normalize_machine(spec, index=0, field="terms"):
+def normalize_machine(spec, index=0, field="terms", keys=SPEC_KEYS):
+    """A machine spec checked and normalized; ``keys`` are the keys it may have (None: any, for callers that
+    checked the keys themselves, as machine_batch does against the machine module's options)."""
     where = "%s[%d]" % (field, index)
     if not isinstance(spec, dict):
         raise ValidationError("a machine spec must be a mapping with at least name and machine_class", where)
+    if keys is not None:
+        unknown_keys(spec, keys, where)
     name = check.dns_label(spec.get("name"), where + ".name")
     size = None
     if spec.get("machine_class"):
@@ -42,22 +57,37 @@ def normalize_machine(spec, index=0, field="terms"):
     selector = spec.get("machine_pool_selector") or {}
     if not isinstance(selector, dict):
         raise ValidationError("must be a mapping of labels", where + ".machine_pool_selector")
-    tolerations = []
-    for position, item in enumerate(spec.get("tolerations") or []):
-        field = "%s.tolerations[%d]" % (where, position)
-        if not isinstance(item, dict):
-            raise ValidationError("must be a mapping with key, operator, value, effect", field)
-        operator = check.one_of(item.get("operator") or "Equal", OPERATORS, field + ".operator")
-        if operator == "Equal" and not item.get("key"):
-            raise ValidationError("operator Equal needs a key", field + ".key")
-        effect = item.get("effect") or ""
-        if effect:
-            check.one_of(effect, SCHEDULING_EFFECTS, field + ".effect")
-        tolerations.append({"key": item.get("key") or "", "operator": operator,
-                            "value": str(item.get("value") or ""), "effect": effect})
-    return {"name": name, "machine_class": machine_class, "size": size,
-            "machine_pool_selector": {str(k): str(v) for k, v in selector.items()},
-            "tolerations": tolerations, "machine_pool": spec.get("machine_pool")}
+    # pool labels are strings by the label rules: a selector that breaks them could never match
+    selector = check.labels(selector, where + ".machine_pool_selector")
+    items = spec.get("tolerations") or []
+    if not isinstance(items, list):
+        raise ValidationError("must be a list of tolerations (key, operator, value, effect)", where + ".tolerations")
+    tolerations = [normalize_toleration(item, "%s.tolerations[%d]" % (where, position))
+                   for position, item in enumerate(items)]
+    pool = spec.get("machine_pool")
+    if pool is not None:
+        check.dns_label(pool, where + ".machine_pool")
+    return {"name": name, "machine_class": machine_class, "size": size, "machine_pool_selector": selector,
+            "tolerations": tolerations, "machine_pool": pool}
+
+
+def normalize_toleration(item, field):
+    """A toleration as Kubernetes validates it: key and value by the label rules, Equal needs a key, Exists
+    takes no value."""
+    if not isinstance(item, dict):
+        raise ValidationError("must be a mapping with key, operator, value, effect", field)
+    unknown_keys(item, TOLERATION_KEYS, field)
+    operator = check.one_of(item.get("operator") or "Equal", OPERATORS, field + ".operator")
+    key = check.label_key(item["key"], field + ".key") if item.get("key") not in (None, "") else ""
+    value = check.label_value(item.get("value"), field + ".value")
+    if operator == "Equal" and not key:
+        raise ValidationError("operator Equal needs a key", field + ".key")
+    if operator == "Exists" and value:
+        raise ValidationError("operator Exists matches any value; give none", field + ".value")
+    effect = item.get("effect") or ""
+    if effect:
+        check.one_of(effect, SCHEDULING_EFFECTS, field + ".effect")
+    return {"key": key, "operator": operator, "value": value, "effect": effect}
 
 
 def tolerates(toleration, taint):
@@ -227,14 +257,15 @@ def _gib(number):
     return "%.1fGi" % (number / 2 ** 30)
 
 
-def schedule(specs, pools, strategy="spread", strict=True, field="terms"):
+def schedule(specs, pools, strategy="spread", strict=True, field="terms", keys=SPEC_KEYS):
     """[{name, pool, uri, reason}] in the order of ``specs``, placed one by one against one ledger.
 
     With ``strict`` every machine that fits nowhere is reported in one Unschedulable error; without it such a
-    machine comes back with pool and uri None and the reason in ``reason``.
+    machine comes back with pool and uri None and the reason in ``reason``. ``keys`` are the keys a spec may
+    have (see normalize_machine).
     """
     check.one_of(strategy, STRATEGIES, "strategy")
-    machines = [normalize_machine(spec, index, field) for index, spec in enumerate(specs)]
+    machines = [normalize_machine(spec, index, field, keys) for index, spec in enumerate(specs)]
     seen = set()
     for index, machine in enumerate(machines):
         if machine["name"] in seen:

@@ -8,11 +8,10 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from xml.sax.saxutils import escape
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.errors import LibvirtFailure, NotFoundError
+from ansible_collections.machinery.compute.plugins.module_utils import elements
+from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError, LibvirtFailure, NotFoundError
 
 CHUNK = 1024 * 1024
 QCOW2_MAGIC = b"QFI\xfb"
@@ -41,66 +40,62 @@ def sha256_file(path):
     return digest.hexdigest()
 
 
-def dir_pool_xml(name, path):
-    return ("<pool type='dir'><name>%s</name><target><path>%s</path>"
-            "<permissions><mode>0711</mode></permissions></target></pool>" % (escape(name), escape(path)))
+def define_dir_pool(conn, name, path):
+    """Define, build, start and autostart a dir storage pool ``name`` at ``path``."""
+    try:
+        pool = conn.storagePoolDefineXML(elements.to_string(elements.storage_pool(name, path)), 0)
+    except lv.libvirt.libvirtError as exc:
+        raise LibvirtFailure("cannot define storage pool %s at %s: %s" % (name, path, lv.describe(exc)),
+                             "storage_path") from None
+    try:
+        lv.start_or_undefine(pool, lambda: pool.build(0), lambda: pool.create(0), lambda: pool.setAutostart(1))
+    except lv.libvirt.libvirtError as exc:
+        raise LibvirtFailure("cannot build storage pool %s at %s: %s" % (name, path, lv.describe(exc)),
+                             "storage_path") from None
+    return pool
 
 
-def ensure_dir_pool(conn, name, path, check_mode=False):
-    """Make sure a running, autostarted dir pool ``name`` exists at ``path``; return (pool, changed)."""
+def remove_pool(conn, name):
+    """Delete every volume of the storage pool ``name``, then the pool and its directory."""
     pool = lv.lookup_storage_pool(conn, name)
-    changed = False
     if pool is None:
-        if check_mode:
-            return None, True
-        try:
-            pool = conn.storagePoolDefineXML(dir_pool_xml(name, path), 0)
-            pool.build(0)
-        except lv.libvirt.libvirtError as exc:
-            raise LibvirtFailure("cannot define storage pool %s at %s: %s" % (name, path, lv.describe(exc)),
-                                 "storage_path") from None
-        changed = True
-    if not pool.isActive():
-        if check_mode:
-            return pool, True
-        try:
+        return
+    try:
+        if not pool.isActive():
             pool.create(0)
-        except lv.libvirt.libvirtError as exc:
-            raise LibvirtFailure("cannot start storage pool %s: %s" % (name, lv.describe(exc)),
-                                 "storage_path") from None
-        changed = True
-    if not pool.autostart():
-        if check_mode:
-            return pool, True
-        pool.setAutostart(1)
-        changed = True
-    return pool, changed
+        for volume in pool.listAllVolumes(0):
+            volume.delete(0)
+        pool.destroy()
+        pool.delete(0)
+        pool.undefine()
+    except lv.libvirt.libvirtError as exc:
+        raise LibvirtFailure("cannot remove storage pool %s: %s" % (name, lv.describe(exc))) from None
+
+
+def start_dir_pool(conn, name, start=True):
+    """Start the storage pool ``name`` (``start``), or mark it autostarted."""
+    pool = lv.lookup_storage_pool(conn, name)
+    try:
+        if start:
+            pool.create(0)
+        else:
+            pool.setAutostart(1)
+    except lv.libvirt.libvirtError as exc:
+        raise LibvirtFailure("cannot start storage pool %s: %s" % (name, lv.describe(exc)), "storage_path") from None
 
 
 def pool_path(pool):
-    return dx.parse(pool.XMLDesc(0)).findtext("target/path")
+    return elements.read_storage_pool(elements.parse(pool.XMLDesc(0)))["path"]
 
 
 def volume_format(vol):
     """The format libvirt records for a volume (raw when it records none)."""
-    node = dx.parse(vol.XMLDesc(0)).find("target/format")
-    return node.get("type") if node is not None else "raw"
+    return elements.read_volume(elements.parse(vol.XMLDesc(0)))["format"] or "raw"
 
 
-def volume_xml(name, capacity, fmt="raw", mode=None, backing=None, allocation=0):
+def volume_xml(name, capacity, fmt="raw", mode=None, backing=None):
     """Volume XML; ``backing`` is (path, format) for a thin overlay."""
-    parts = ["<volume><name>%s</name>" % escape(name),
-             "<capacity unit='bytes'>%d</capacity><allocation unit='bytes'>%d</allocation>" % (capacity, allocation),
-             "<target><format type='%s'/>" % fmt]
-    if mode:
-        parts.append("<permissions><mode>%s</mode></permissions>" % mode)
-    parts.append("</target>")
-    if backing:
-        path, fmt_of_backing = backing
-        parts.append("<backingStore><path>%s</path><format type='%s'/></backingStore>"
-                     % (escape(path), fmt_of_backing))
-    parts.append("</volume>")
-    return "".join(parts)
+    return elements.to_string(elements.volume(name, capacity, fmt, mode=mode, backing=backing))
 
 
 def create_volume(pool, name, capacity, fmt="raw", mode=None, backing=None):
@@ -227,6 +222,37 @@ def ensure_image(conn, pool, path, checksum, check_mode=False):
     create_volume(pool, marker, 1, "raw", mode="0644")
     vol = pool.storageVolLookupByName(name)
     return vol, fmt, True
+
+
+def users_of(conn, path, except_machine):
+    """Names of the other domains of the pool whose persistent XML uses ``path`` as a disk."""
+    users = []
+    for dom in conn.listAllDomains(0):
+        if dom.name() == except_machine:
+            continue
+        tree = elements.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+        if any(disk["path"] == path for disk in elements.read_disks(tree)):
+            users.append(dom.name())
+    return sorted(users)
+
+
+def reserved_volume(name):
+    """Why the collection's own volume ``name`` may never be attached as a disk, or None for any other name:
+    image caches are the backing files of every root on the pool, the others are a machine's boot material or
+    console log (or a KVM probe's)."""
+    if name.startswith("image-") or name.endswith(".complete"):
+        return "it is an image cache, the backing file of the machines' root disks"
+    for suffix, what in (("-ignition.json", "an Ignition file"), ("-cidata.iso", "a cloud-init seed"),
+                         ("-console.log", "a console log"), (".log", "a log")):
+        if name.endswith(suffix):
+            return "it is %s of the collection's own" % what
+    return None
+
+
+def check_attachable(name, field):
+    reason = reserved_volume(name)
+    if reason:
+        raise ConflictError("volume %s cannot be attached: %s" % (name, reason), field)
 
 
 def find_volume(pool, name, field):

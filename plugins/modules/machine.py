@@ -58,6 +58,9 @@ options:
     description:
       - OS image (qcow2 or raw) as a path on the host that runs the module, or an V(http://) / V(https://) URL.
       - Required to create a machine; fixed afterwards.
+      - A qcow2 image must stand alone (no backing file) and be unencrypted. A raw image must look like a disk,
+        a whole number of 512-byte sectors starting with a partition table (MBR or GPT) or a file system (ext,
+        XFS, btrfs, squashfs, ISO 9660). Anything else is refused before anything is written.
     type: str
   image_checksum:
     description: sha256 of the image (V(sha256:<hex>) or V(<hex>)); required for a URL, verified for a path.
@@ -99,6 +102,13 @@ options:
         description: Delete the volume with the machine. Defaults to true for new volumes and false for
           existing ones.
         type: bool
+      shareable:
+        description:
+          - Attach an existing raw O(volumes[].volume) that other machines use as well (a shared disk, without
+            host caching). Without it, a volume another machine uses is refused.
+          - The pool's own volumes (image caches, Ignition files, seeds, console logs) are never attachable.
+        type: bool
+        default: false
   network_interfaces:
     description:
       - NICs. When omitted the machine gets one NIC C(eth0) on the pool's first network; V([]) means none.
@@ -113,7 +123,7 @@ options:
         description: libvirt network.
         type: str
       bridge:
-        description: Host bridge.
+        description: Host bridge; it must exist on the pool host (checked through libvirt before anything is created).
         type: str
       mac:
         description: MAC address; derived from the machine and NIC names when not given, so it is stable.
@@ -138,10 +148,13 @@ options:
         description: user-data; a mapping is written as C(#cloud-config).
         type: raw
       meta_data:
-        description: meta-data; C(instance-id) and C(local-hostname) default to the machine name.
+        description:
+          - meta-data, a mapping or YAML text of one; C(instance-id) and C(local-hostname) default to the
+            machine name (in the mapping form).
         type: raw
       network_config:
-        description: network-config (version 1 or 2).
+        description:
+          - network-config, a mapping or YAML text of one, with C(version) 1 (and a C(config) list) or 2.
         type: raw
   ssh_authorized_keys:
     description: Public keys merged into the cloud-config (or the Ignition C(core) user when only Ignition is
@@ -149,7 +162,9 @@ options:
     type: list
     elements: str
   labels:
-    description: Labels of the machine (kept in its record; used by selectors and the inventory).
+    description:
+      - Labels of the machine (kept in its record; used by selectors and the inventory).
+      - Keys and values follow the Kubernetes label rules; values must be strings (quote V("true") or V("1")).
     type: dict
   firmware:
     description: Firmware, fixed at creation; V(bios) when not given.
@@ -161,16 +176,20 @@ options:
     choices: [auto, kvm, qemu]
     default: auto
   wait:
-    description: After starting, wait for nothing more, for the domain to run, or for a DHCP address.
+    description:
+      - After starting, wait for nothing more, for the domain to run, or for a DHCP address.
+      - V(address) needs a NIC on a libvirt network (whose DHCP lease is read); it is refused up front otherwise.
     type: str
     choices: [none, running, address]
     default: running
   wait_timeout:
-    description: Seconds to wait for O(wait=address).
+    description: Seconds to wait for O(wait=address); must be positive.
     type: int
     default: 300
   shutdown_timeout:
-    description: Seconds the guest has to power off after the ACPI request before it is forced off.
+    description:
+      - Seconds the guest has to power off after the ACPI request before it is forced off.
+      - V(0) forces it off at once; a negative number is refused.
     type: int
     default: 60
   adopt:
@@ -281,7 +300,7 @@ restart_required:
   returned: always
   type: bool
 actions:
-  description: What the run did (or would do in check mode), in order.
+  description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory).
   returned: always
   type: list
   elements: str
@@ -293,21 +312,47 @@ field:
   description: On failure, the option the error is about, when there is one.
   returned: failure
   type: str
+plan:
+  description:
+    - The actions of the run (or, in check mode, of the run it would make), in order, each with what it changes.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    action:
+      description: The kind of action, for example C(create), C(start), C(update), C(attach), C(register).
+      type: str
+    target:
+      description: What it acts on (a machine, volume, NIC, storage pool, network or document name).
+      type: str
+    fields:
+      description: For C(update), the owned fields it changes.
+      type: list
+      elements: str
+    before:
+      description: The owned fields before the action, where it changes some.
+      type: dict
+    after:
+      description: The owned fields after the action, where it changes some.
+      type: dict
+    steps:
+      description: The libvirt operations it takes, each with C(action) and C(target).
+      type: list
+      elements: dict
 """
 
+from ansible_collections.machinery.compute.plugins.module_utils import options
 from ansible_collections.machinery.compute.plugins.module_utils.machine import MachineService
-from ansible_collections.machinery.compute.plugins.module_utils.machine_args import MACHINE_ARGUMENT_SPEC
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
 
 
 class MachineModule(MachineryModule):
-    argument_spec = MACHINE_ARGUMENT_SPEC
+    argument_spec = options.argument_spec(options.MACHINE)
 
     def run(self, ctx):
         outcome = MachineService(ctx, self.check_mode).ensure(self.params)
-        return {"changed": outcome.changed, "machine": outcome.machine, "actions": outcome.actions,
-                "restart_required": outcome.restart_required, "warnings": outcome.warnings,
-                "diff": self.diff(outcome.before, outcome.after) if outcome.changed else None}
+        return self.converged(outcome.plan, machine=outcome.machine, restart_required=outcome.restart_required,
+                              warnings=outcome.warnings)
 
 
 def main():

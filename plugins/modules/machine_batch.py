@@ -47,11 +47,11 @@ options:
     choices: [spread, binpack]
     default: spread
   retries:
-    description: How often a machine crowded out by a concurrent run is rescheduled.
+    description: How often a machine crowded out by a concurrent run is rescheduled (0 to 100).
     type: int
     default: 3
   workers:
-    description: Machines converged at the same time.
+    description: Machines converged at the same time (1 to 256).
     type: int
     default: 16
 """
@@ -117,16 +117,15 @@ attempts:
 """
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.errors import UnsupportedError
 
 from ansible_collections.machinery.compute.plugins.module_utils import batch
+from ansible_collections.machinery.compute.plugins.module_utils import options
 from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.machine_args import MACHINE_ARGUMENT_SPEC
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
 
-ELEMENT_SPEC = {key: value for key, value in MACHINE_ARGUMENT_SPEC.items() if key != "unique_across"}
-ELEMENT_SPEC.update(machine_pool_selector=dict(type="dict"), tolerations=dict(type="list", elements="dict"),
-                    machine_pool=dict(type="str"))
-SECRET_OPTIONS = ("ignition",)
+ELEMENT_SPEC = options.argument_spec(options.MACHINE + options.SCHEDULING, without=("unique_across",))
+SECRETS = options.secret_paths(options.MACHINE)
 
 
 def validated(machines):
@@ -138,7 +137,9 @@ def validated(machines):
             raise ValidationError("must be a mapping of machine options", "machines[%d]" % index)
         result = validator.validate(machine)
         if result.error_messages:
-            raise ValidationError("; ".join(result.error_messages), "machines[%d]" % index)
+            # an unknown key (a misspelt tolerations, say) comes as the bare key: say what it is
+            raise ValidationError("; ".join("unknown option %s" % error.msg if isinstance(error, UnsupportedError)
+                                            else error.msg for error in result.errors), "machines[%d]" % index)
         specs.append(result.validated_parameters)
     names = [spec["name"] for spec in specs]
     for index, name in enumerate(names):
@@ -149,21 +150,17 @@ def validated(machines):
 
 class MachineBatchModule(MachineryModule):
     multi_pool = True
-    argument_spec = dict(
-        machines=dict(type="list", elements="dict", required=True),
-        strategy=dict(type="str", choices=["spread", "binpack"], default="spread"),
-        retries=dict(type="int", default=3),
-        workers=dict(type="int", default=16),
-    )
+    argument_spec = options.argument_spec(options.MACHINE_BATCH)
 
     def run_pools(self, entries):
         specs = validated(self.params["machines"])
         for spec in specs:
-            for key in SECRET_OPTIONS:
-                if spec.get(key) is not None:
-                    self.module.no_log_values.update(self.secret_strings(spec[key]))
-            if (spec.get("cloud_init") or {}).get("user_data") is not None:
-                self.module.no_log_values.update(self.secret_strings(spec["cloud_init"]["user_data"]))
+            for path in SECRETS:
+                value = spec
+                for key in path:
+                    value = value.get(key) if isinstance(value, dict) else None
+                if value is not None:
+                    self.module.no_log_values.update(self.secret_strings(value))
         outcome = batch.converge(entries, specs, self.params["strategy"], self.params["retries"],
                                  self.params["workers"], self.check_mode, self.url_opener())
         result = dict(batch.summary(outcome, specs), changed=outcome.changed, warnings=outcome.warnings,

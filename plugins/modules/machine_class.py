@@ -69,24 +69,51 @@ machine_class:
   returned: always
   type: dict
   sample: {"name": "small", "cpu": 1, "memory": "512Mi"}
+actions:
+  description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory).
+  returned: always
+  type: list
+  elements: str
+plan:
+  description:
+    - The actions of the run (or, in check mode, of the run it would make), in order, each with what it changes.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    action:
+      description: The kind of action, for example C(create), C(start), C(update), C(attach), C(register).
+      type: str
+    target:
+      description: What it acts on (a machine, volume, NIC, storage pool, network or document name).
+      type: str
+    fields:
+      description: For C(update), the owned fields it changes.
+      type: list
+      elements: str
+    before:
+      description: The owned fields before the action, where it changes some.
+      type: dict
+    after:
+      description: The owned fields after the action, where it changes some.
+      type: dict
+    steps:
+      description: The libvirt operations it takes, each with C(action) and C(target).
+      type: list
+      elements: dict
 """
 
+from ansible_collections.machinery.compute.plugins.module_utils import options
 from ansible_collections.machinery.compute.plugins.module_utils.classes import ensure_class
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
 
 
 class MachineClassModule(MachineryModule):
-    argument_spec = dict(
-        name=dict(type="str", required=True),
-        cpu=dict(type="int"),
-        memory=dict(type="raw"),
-        state=dict(type="str", choices=["present", "absent"], default="present"),
-        force=dict(type="bool", default=False),
-    )
+    argument_spec = options.argument_spec(options.MACHINE_CLASS)
 
     def run(self, ctx):
-        changed, before, after = ensure_class(ctx, self.params, self.check_mode)
-        return {"changed": changed, "machine_class": after, "diff": self.diff(before, after)}
+        plan, published = ensure_class(ctx, self.params, self.check_mode)
+        return self.converged(plan, machine_class=published)
 
 
 def main():

@@ -86,15 +86,14 @@ machine_classes:
       sample: 3
 """
 
+from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils.fleet import read_snapshots
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
-from ansible_collections.machinery.compute.plugins.module_utils.pools import read_snapshots
 
 
 class MachineClassInfoModule(MachineryModule):
     multi_pool = True
-    argument_spec = dict(
-        name=dict(type="list", elements="str"),
-    )
+    argument_spec = options.argument_spec(options.MACHINE_CLASS_INFO)
 
     def run_pools(self, entries):
         names = self.params["name"]

@@ -30,7 +30,9 @@ options:
     type: list
     elements: str
   labels:
-    description: Only machines that carry all of these labels with these values.
+    description:
+      - Only machines that carry all of these labels with these values.
+      - Values are strings, as labels are (quote V("true") or V("1")); any other value is refused.
     type: dict
   phase:
     description: Only machines in one of these phases.
@@ -45,6 +47,7 @@ options:
     description:
       - Return the last this many lines of each machine's serial console log as RV(machines[].console).
       - The log is read through the libvirt connection, so this works over any URI. V(0) reads nothing.
+      - At most V(10000); a negative number is refused.
     type: int
     default: 0
 """
@@ -82,7 +85,9 @@ table:
   elements: str
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils.machine import console_tail, list_machines, table
+from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.machine_status import console_tail, list_machines, table
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
 
 
@@ -91,24 +96,23 @@ def selected(machine, names, labels, phases):
         return False
     if phases and machine["phase"] not in phases:
         return False
-    return all(machine["labels"].get(key) == str(value) for key, value in (labels or {}).items())
+    return all(machine["labels"].get(key) == value for key, value in labels.items())
+
+
+MAX_CONSOLE_LINES = 10000
 
 
 class MachineInfoModule(MachineryModule):
-    argument_spec = dict(
-        name=dict(type="list", elements="str"),
-        labels=dict(type="dict"),
-        phase=dict(type="list", elements="str",
-                   choices=["Pending", "Running", "Shutdown", "Terminating", "Failed"]),
-        include_unmanaged=dict(type="bool", default=False),
-        console_lines=dict(type="int", default=0),
-    )
+    argument_spec = options.argument_spec(options.MACHINE_INFO)
 
     def run(self, ctx):
+        lines = check.whole_number(self.params["console_lines"], "console_lines", 0, MAX_CONSOLE_LINES)
+        # compared with labels as machines keep them: strings (a YAML true or 1 would silently never match)
+        labels = check.labels(self.params["labels"], "labels")
         machines = [machine for machine in list_machines(ctx, self.params["include_unmanaged"])
-                    if selected(machine, self.params["name"], self.params["labels"], self.params["phase"])]
-        if self.params["console_lines"] > 0 and machines:
-            tails = console_tail(ctx, [machine["name"] for machine in machines], self.params["console_lines"])
+                    if selected(machine, self.params["name"], labels, self.params["phase"])]
+        if lines > 0 and machines:
+            tails = console_tail(ctx, [machine["name"] for machine in machines], lines)
             for machine in machines:
                 machine["console"] = tails[machine["name"]]
         return {"changed": False, "machines": machines, "table": table(machines)}

@@ -29,18 +29,23 @@ attributes:
     description: Shows the registration before and after.
 options:
   name:
-    description: Name of the pool, a DNS-1123 label.
+    description:
+      - Name of the pool, a DNS-1123 label.
+      - A host registered under another name can be renamed only while it holds no machines.
     type: str
     required: true
   state:
     description:
-      - V(absent) removes the registration and the published classes; it refuses while machines exist unless
-        O(force=true). Storage pools, networks and volumes are kept.
+      - V(absent) removes the registration, the published classes and the registry storage pool that held them;
+        it refuses while machines exist unless O(force=true). The machines' storage pool, its volumes (image
+        caches included) and the networks are kept.
     type: str
     choices: [present, absent]
     default: present
   labels:
-    description: Labels that machine pool selectors match.
+    description:
+      - Labels that machine pool selectors match.
+      - Keys and values follow the Kubernetes label rules; values must be strings (quote V("true") or V("1")).
     type: dict
   taints:
     description: Taints that machines must tolerate to be scheduled here.
@@ -48,11 +53,11 @@ options:
     elements: dict
     suboptions:
       key:
-        description: Taint key.
+        description: Taint key, by the rules of a label key; one taint per key and effect.
         type: str
         required: true
       value:
-        description: Taint value.
+        description: Taint value, by the rules of a label value.
         type: str
       effect:
         description: Taint effect.
@@ -71,6 +76,12 @@ options:
         description: Memory overcommit ratio.
         type: float
         default: 1.0
+      storage:
+        description:
+          - Storage overcommit ratio. Thin disks (qcow2 overlays, empty qcow2 volumes) count their virtual size
+            against the storage pool's capacity times this ratio, so 1.0 never promises more than the disk has.
+        type: float
+        default: 1.0
   reserved:
     description: Host resources kept for the host itself.
     type: dict
@@ -81,6 +92,9 @@ options:
         default: 0
       memory:
         description: Memory kept for the host, a quantity such as V(2Gi).
+        type: raw
+      storage:
+        description: Storage kept free on the pool's storage path, a quantity such as V(20Gi).
         type: raw
   storage_path:
     description: Directory on the pool host for the machines' volumes.
@@ -98,7 +112,10 @@ options:
         type: str
         required: true
       cidr:
-        description: IPv4 subnet, for example V(192.168.100.0/24).
+        description:
+          - IPv4 subnet, for example V(192.168.100.0/24), at least a V(/28).
+          - It must not overlap the loopback, link-local, multicast, V(0.0.0.0/8) or V(240.0.0.0/4) ranges, the
+            other O(networks), or a network the host has already; that is checked before anything is created.
         type: str
       mode:
         description: Forwarding mode for a network that is created.
@@ -112,6 +129,12 @@ options:
     default: auto
   force:
     description: Allow O(state=absent) while machines exist.
+    type: bool
+    default: false
+  prune_images:
+    description:
+      - Delete the image caches of the pool (C(image-<sha256>.*) in its storage) that no machine's disk is
+        backed by any more. Each is checked again right before it goes.
     type: bool
     default: false
 """
@@ -155,6 +178,12 @@ pool:
     allocatable:
       description: Capacity less reservations, times overcommit.
       type: dict
+    storage:
+      description:
+        - The machines' storage as quantities - C(capacity) and C(available) of the storage pool, C(allocated)
+          (the virtual size of every machine disk) and C(allocatable) (capacity less C(reserved.storage), times
+          C(overcommit.storage)).
+      type: dict
     available_machine_classes:
       description: Published classes with how many more of each fit.
       type: list
@@ -162,38 +191,51 @@ pool:
     machine_count:
       description: Number of machines defined on the pool.
       type: int
+actions:
+  description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory).
+  returned: always
+  type: list
+  elements: str
+plan:
+  description:
+    - The actions of the run (or, in check mode, of the run it would make), in order, each with what it changes.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    action:
+      description: The kind of action, for example C(create), C(start), C(update), C(attach), C(register).
+      type: str
+    target:
+      description: What it acts on (a machine, volume, NIC, storage pool, network or document name).
+      type: str
+    fields:
+      description: For C(update), the owned fields it changes.
+      type: list
+      elements: str
+    before:
+      description: The owned fields before the action, where it changes some.
+      type: dict
+    after:
+      description: The owned fields after the action, where it changes some.
+      type: dict
+    steps:
+      description: The libvirt operations it takes, each with C(action) and C(target).
+      type: list
+      elements: dict
 """
 
+from ansible_collections.machinery.compute.plugins.module_utils import options
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
-from ansible_collections.machinery.compute.plugins.module_utils.pools import ensure_pool
+from ansible_collections.machinery.compute.plugins.module_utils.pool_registration import ensure_pool
 
 
 class MachinePoolModule(MachineryModule):
-    argument_spec = dict(
-        name=dict(type="str", required=True),
-        state=dict(type="str", choices=["present", "absent"], default="present"),
-        labels=dict(type="dict"),
-        taints=dict(type="list", elements="dict", options=dict(
-            key=dict(type="str", required=True, no_log=False),
-            value=dict(type="str"),
-            effect=dict(type="str", choices=["NoSchedule", "NoExecute"], default="NoSchedule"),
-        )),
-        overcommit=dict(type="dict", options=dict(cpu=dict(type="float", default=1.0),
-                                                  memory=dict(type="float", default=1.0))),
-        reserved=dict(type="dict", options=dict(cpu=dict(type="int", default=0), memory=dict(type="raw"))),
-        storage_path=dict(type="str", default="/var/lib/libvirt/machinery"),
-        networks=dict(type="list", elements="dict", options=dict(
-            name=dict(type="str", required=True),
-            cidr=dict(type="str"),
-            mode=dict(type="str", choices=["nat", "isolated"], default="nat"),
-        )),
-        virt_type=dict(type="str", choices=["auto", "kvm", "qemu"], default="auto"),
-        force=dict(type="bool", default=False),
-    )
+    argument_spec = options.argument_spec(options.MACHINE_POOL)
 
     def run(self, ctx):
-        changed, before, after, status = ensure_pool(ctx, self.params, self.check_mode)
-        return {"changed": changed, "pool": status, "diff": self.diff(before, after)}
+        plan, status = ensure_pool(ctx, self.params, self.check_mode)
+        return self.converged(plan, pool=status)
 
 
 def main():

@@ -104,6 +104,12 @@ pools:
     allocatable:
       description: Capacity less reservations, times overcommit; nothing when Offline.
       type: dict
+    storage:
+      description:
+        - The machines' storage as quantities - C(capacity) and C(available) of the storage pool, C(allocated)
+          (the virtual size of every machine disk) and C(allocatable) (capacity less C(reserved.storage), times
+          C(overcommit.storage)). Null when Offline.
+      type: dict
     available_machine_classes:
       description: Published classes with how many more of each fit.
       type: list
@@ -129,15 +135,17 @@ pools:
       type: dict
 """
 
+from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils.fleet import read_snapshots
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
-from ansible_collections.machinery.compute.plugins.module_utils.pools import read_snapshots
 
 
 def offline_status(snapshot):
     """An unreachable pool in the shape of a pool status: what could not be read is null, and it offers nothing."""
     return {"name": snapshot["name"], "uri": snapshot["uri"], "labels": {}, "taints": [], "state": "Offline",
             "problems": [snapshot["problem"]], "virt_type": None, "capacity": None, "allocated": None,
-            "allocatable": {"cpu": 0, "memory": "0"}, "available_machine_classes": [], "machine_count": None,
+            "allocatable": {"cpu": 0, "memory": "0"}, "storage": None, "available_machine_classes": [],
+            "machine_count": None,
             "hypervisor": None}
 
 
@@ -151,10 +159,7 @@ def selected(status, names, labels):
 
 class MachinePoolInfoModule(MachineryModule):
     multi_pool = True
-    argument_spec = dict(
-        name=dict(type="list", elements="str"),
-        labels=dict(type="dict"),
-    )
+    argument_spec = options.argument_spec(options.MACHINE_POOL_INFO)
 
     def run_pools(self, entries):
         statuses, warnings = [], []

@@ -111,29 +111,50 @@ machine:
   description: The machine's status, as the machine module returns it.
   returned: always
   type: dict
+actions:
+  description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory).
+  returned: always
+  type: list
+  elements: str
+plan:
+  description:
+    - The actions of the run (or, in check mode, of the run it would make), in order, each with what it changes.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    action:
+      description: The kind of action, for example C(create), C(start), C(update), C(attach), C(register).
+      type: str
+    target:
+      description: What it acts on (a machine, volume, NIC, storage pool, network or document name).
+      type: str
+    fields:
+      description: For C(update), the owned fields it changes.
+      type: list
+      elements: str
+    before:
+      description: The owned fields before the action, where it changes some.
+      type: dict
+    after:
+      description: The owned fields after the action, where it changes some.
+      type: dict
+    steps:
+      description: The libvirt operations it takes, each with C(action) and C(target).
+      type: list
+      elements: dict
 """
 
+from ansible_collections.machinery.compute.plugins.module_utils import options
 from ansible_collections.machinery.compute.plugins.module_utils.attach import NicAttachment
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
 
 
 class NicAttachModule(MachineryModule):
-    argument_spec = dict(
-        machine=dict(type="str", required=True),
-        name=dict(type="str", required=True),
-        network=dict(type="str"),
-        bridge=dict(type="str"),
-        mac=dict(type="str"),
-        model=dict(type="str", choices=["virtio", "e1000e", "rtl8139"], default="virtio"),
-        state=dict(type="str", choices=["attached", "detached"], default="attached"),
-        wait=dict(type="str", choices=["none", "address"], default="none"),
-        wait_timeout=dict(type="int", default=300),
-        timeout=dict(type="int", default=30),
-    )
+    argument_spec = options.argument_spec(options.NIC_ATTACH)
 
     def run(self, ctx):
-        return self.attachment_result(NicAttachment(ctx, self.check_mode).ensure(self.params),
-                                      "network_interface")
+        return self.attachment_result(NicAttachment(ctx, self.params, self.check_mode).ensure(), "network_interface")
 
 
 def main():

@@ -118,28 +118,50 @@ machine:
   description: The machine's status, as the machine module returns it.
   returned: always
   type: dict
+actions:
+  description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory).
+  returned: always
+  type: list
+  elements: str
+plan:
+  description:
+    - The actions of the run (or, in check mode, of the run it would make), in order, each with what it changes.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    action:
+      description: The kind of action, for example C(create), C(start), C(update), C(attach), C(register).
+      type: str
+    target:
+      description: What it acts on (a machine, volume, NIC, storage pool, network or document name).
+      type: str
+    fields:
+      description: For C(update), the owned fields it changes.
+      type: list
+      elements: str
+    before:
+      description: The owned fields before the action, where it changes some.
+      type: dict
+    after:
+      description: The owned fields after the action, where it changes some.
+      type: dict
+    steps:
+      description: The libvirt operations it takes, each with C(action) and C(target).
+      type: list
+      elements: dict
 """
 
+from ansible_collections.machinery.compute.plugins.module_utils import options
 from ansible_collections.machinery.compute.plugins.module_utils.attach import VolumeAttachment
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
 
 
 class VolumeAttachModule(MachineryModule):
-    argument_spec = dict(
-        machine=dict(type="str", required=True),
-        volume=dict(type="str", required=True),
-        size=dict(type="raw"),
-        format=dict(type="str", choices=["qcow2", "raw"], default="qcow2"),
-        device=dict(type="str"),
-        bus=dict(type="str", choices=["virtio", "scsi", "sata"], default="virtio"),
-        state=dict(type="str", choices=["attached", "detached"], default="attached"),
-        ephemeral=dict(type="bool"),
-        shareable=dict(type="bool", default=False),
-        timeout=dict(type="int", default=30),
-    )
+    argument_spec = options.argument_spec(options.VOLUME_ATTACH)
 
     def run(self, ctx):
-        return self.attachment_result(VolumeAttachment(ctx, self.check_mode).ensure(self.params), "volume")
+        return self.attachment_result(VolumeAttachment(ctx, self.params, self.check_mode).ensure(), "volume")
 
 
 def main():

@@ -55,7 +55,8 @@ def test_pool_lifecycle(pools, module):
 
     gone = module("machine_pool", uri=pool.uri, name=pool.name, state="absent")
     assert gone["changed"] is True
-    assert not [n for n in registry.listVolumes() if n.startswith("pool.")]
+    # the registration is gone, and so is the registry storage pool that held it (issue 10: it was left empty)
+    assert "machinery-registry" not in storage_pool_names(pool)
     assert module("machine_pool", uri=pool.uri, name=pool.name, state="absent")["changed"] is False
 
 

@@ -13,7 +13,7 @@ PLAYBOOK = os.path.join(REPO, "tests", "integration", "playbooks", "module_defau
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 UNREACHABLE = "qemu+unix:///system?socket=/nonexistent/sock"
 POOL_KEYS = {"name", "uri", "labels", "taints", "state", "problems", "virt_type", "capacity", "allocated",
-             "allocatable", "available_machine_classes", "machine_count", "hypervisor"}
+             "allocatable", "storage", "available_machine_classes", "machine_count", "hypervisor"}
 CLASS_KEYS = {"name", "cpu", "memory", "pool", "uri", "allocatable"}
 
 

@@ -3,6 +3,7 @@ import os
 import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils import options
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 RECORD = {"version": 1, "created": "2026-01-01T00:00:00+00:00", "boots": 0, "last_error": None,
@@ -58,20 +59,20 @@ def test_owned_values_and_edit_in_place():
     # libvirt's own additions (uuid, addresses, emulator) must survive an edit of owned fields.
     tree = dx.parse(golden("web-1-libvirt.xml"))
     record = dx.read_record(tree)
-    assert dx.owned_values(tree, record) == {"cpu": 1, "memory": 128 * 2 ** 20, "machine_class": "small",
-                                             "labels": {"app": "web"}, "boot_config": "abc"}
+    assert options.owned_values(tree, record) == {"cpu": 1, "memory": 128 * 2 ** 20, "machine_class": "small",
+                                                  "labels": {"app": "web"}, "boot_config": "abc"}
     desired = {"cpu": 2, "memory": 256 * 2 ** 20, "labels": {"app": "db"}, "machine_class": "small",
                "boot_config": "abc"}
-    names = dx.changed_fields(tree, record, desired)
-    assert names == ["cpu", "memory", "labels"]
-    dx.apply_fields(tree, record, desired, names)
+    names = options.changed_fields(options.owned_values(tree, record), desired)
+    assert names == ["machine_class", "cpu", "memory", "labels"][1:]
+    options.apply_fields(tree, record, desired, names)
     assert pretty(tree) == golden("web-1-libvirt-edited.xml")
-    assert dx.changed_fields(tree, dx.read_record(tree), desired) == []
+    assert options.changed_fields(options.owned_values(tree, dx.read_record(tree)), desired) == []
 
 
 def test_changed_fields_ignores_unset():
     tree = dx.parse(golden("web-1.xml"))
-    assert dx.changed_fields(tree, dx.read_record(tree), {"cpu": 1}) == []
+    assert options.changed_fields(options.owned_values(tree, dx.read_record(tree)), {"cpu": 1}) == []
 
 
 def test_record_xml_has_no_namespace_of_its_own():

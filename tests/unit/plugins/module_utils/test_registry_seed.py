@@ -7,7 +7,7 @@ import pytest
 from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils import seed
 from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.machine import table
+from ansible_collections.machinery.compute.plugins.module_utils.machine_status import table
 
 
 def test_document_round_trip():

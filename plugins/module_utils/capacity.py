@@ -1,0 +1,140 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What a pool holds and offers: host capacity, the machines defined on it, allocatable after reservations and
+overcommit, and the public ``pool`` status. One accounting model: allocated = the sizes of the machines defined
+on the pool."""
+
+from __future__ import annotations
+
+from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
+
+
+def _version(number):
+    return "%d.%d.%d" % (number // 1000000, (number // 1000) % 1000, number % 1000)
+
+
+def machine_disks(record):
+    """{volume name: virtual bytes} of the disks a machine's record accounts for (an adopted domain: none)."""
+    spec = record.get("spec", {})
+    if record.get("adopted") or not spec.get("name"):
+        return {}
+    disks = {"%s-root.qcow2" % spec["name"]: spec.get("root_size") or 0}
+    for vol in spec.get("volumes") or []:
+        disks[vol["volume"]] = vol.get("size") or 0
+    return disks
+
+
+def machine_sizes(conn):
+    """[(name, cpu, memory bytes, machine_class, {volume: bytes})] of the machines (domains with our record) on
+    the host."""
+    sizes = []
+    for dom in conn.listAllDomains(0):
+        tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+        record = dx.read_record(tree)
+        if record is None:
+            continue
+        sizes.append((dom.name(), dx.read_cpu(tree), dx.read_memory(tree), record["spec"].get("machine_class"),
+                      machine_disks(record)))
+    return sizes
+
+
+def disks_allocated(sizes, except_machine=None):
+    """The virtual size of every machine disk on the pool, a volume shared by several machines counted once."""
+    disks = {}
+    for size in sizes:
+        if size[0] != except_machine:
+            disks.update(size[4])
+    return sum(disks.values())
+
+
+def storage_of(conn):
+    """{capacity, available} of the pool's machine storage in bytes (zero when it has none)."""
+    pool = lv.lookup_storage_pool(conn, reg.STORAGE_POOL)
+    if pool is None or not pool.isActive():
+        return {"capacity": 0, "available": 0}
+    info = pool.info()
+    return {"capacity": int(info[1]), "available": int(info[3])}
+
+
+def storage_allocatable(storage, registration):
+    """Virtual bytes the pool offers to thin disks: its storage less the reservation, times the overcommit."""
+    reserved = (registration.get("reserved") or {}).get("storage") or 0
+    ratio = (registration.get("overcommit") or {}).get("storage") or 1.0
+    return max(0, int((storage["capacity"] - reserved) * ratio))
+
+
+def capacity_of(conn):
+    info = conn.getInfo()
+    return {"cpu": int(info[2]), "memory": int(info[1]) * 2 ** 20}
+
+
+def allocatable_for(capacity, registration):
+    """What a registered pool offers: ``capacity`` less its reservations, times its overcommit."""
+    return allocatable_of(capacity, registration.get("reserved") or {"cpu": 0, "memory": 0},
+                          registration.get("overcommit") or {"cpu": 1.0, "memory": 1.0})
+
+
+def registered_allocatable(conn, registration):
+    """What the pool offers now: the host's capacity is read live (it is not stored)."""
+    return allocatable_for(capacity_of(conn), registration)
+
+
+def allocatable_of(capacity, reserved, overcommit):
+    return {"cpu": int((capacity["cpu"] - reserved["cpu"]) * overcommit["cpu"]),
+            "memory": int((capacity["memory"] - reserved["memory"]) * overcommit["memory"])}
+
+
+def pool_status(ctx, registration=None, sizes=None, capacity=None):
+    """The public ``pool`` return: registration plus live capacity, allocation and class fit."""
+    conn = ctx.conn
+    registration = registration or ctx.registration or {}
+    sizes = machine_sizes(conn) if sizes is None else sizes
+    capacity = capacity_of(conn) if capacity is None else capacity
+    allocatable = allocatable_for(capacity, registration)
+    allocated = {"cpu": sum(size[1] or 0 for size in sizes), "memory": sum(size[2] or 0 for size in sizes)}
+    free = {"cpu": allocatable["cpu"] - allocated["cpu"], "memory": allocatable["memory"] - allocated["memory"]}
+    problems = []
+    storage_pool = lv.lookup_storage_pool(conn, reg.STORAGE_POOL)
+    if storage_pool is None or not storage_pool.isActive():
+        problems.append("storage pool %s is not active" % reg.STORAGE_POOL)
+    for name in registration.get("networks") or []:
+        net = lv.lookup_network(conn, name)
+        if net is None or not net.isActive():
+            problems.append("network %s is not active" % name)
+    classes = []
+    for body in ctx.registry.machine_classes().values():
+        fits = min(free["cpu"] // body["cpu"], free["memory"] // body["memory"]) if body["cpu"] and body["memory"] \
+            else 0
+        classes.append({"name": body["name"], "cpu": body["cpu"], "memory": format_quantity(body["memory"]),
+                        "allocatable": max(0, int(fits))})
+    classes.sort(key=lambda item: item["name"])
+
+    def show(resources):
+        return {"cpu": resources["cpu"], "memory": format_quantity(max(resources["memory"], 0))}
+
+    storage = storage_of(conn)
+
+    return {
+        "name": registration.get("name"),
+        "uri": ctx.uri,
+        "labels": registration.get("labels") or {},
+        "taints": registration.get("taints") or [],
+        "state": "Error" if problems else "Ready",
+        "problems": problems,
+        "virt_type": registration.get("virt_type"),
+        "capacity": show(capacity),
+        "allocated": show(allocated),
+        "allocatable": show(allocatable),
+        "storage": {"capacity": format_quantity(storage["capacity"]),
+                    "available": format_quantity(storage["available"]),
+                    "allocated": format_quantity(disks_allocated(sizes)),
+                    "allocatable": format_quantity(storage_allocatable(storage, registration))},
+        "available_machine_classes": classes,
+        "machine_count": len(sizes),
+        "hypervisor": {"libvirt": _version(conn.getLibVersion()), "qemu": _version(conn.getVersion()),
+                       "hostname": conn.getHostname()},
+    }

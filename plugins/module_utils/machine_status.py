@@ -1,0 +1,216 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A machine as the modules, info and the inventory return it: phase, conditions, addresses, the table."""
+
+from __future__ import annotations
+
+import datetime
+
+from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils import elements
+from ansible_collections.machinery.compute.plugins.module_utils import storage
+from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+
+
+def is_active(state):
+    return state not in (lv.libvirt.VIR_DOMAIN_SHUTOFF, lv.libvirt.VIR_DOMAIN_CRASHED, lv.libvirt.VIR_DOMAIN_NOSTATE)
+
+
+def _phase(state, reason, record):
+    if state in (lv.libvirt.VIR_DOMAIN_RUNNING, lv.libvirt.VIR_DOMAIN_BLOCKED, lv.libvirt.VIR_DOMAIN_PMSUSPENDED):
+        return "Running"
+    if state == lv.libvirt.VIR_DOMAIN_PAUSED:
+        failed = (lv.libvirt.VIR_DOMAIN_PAUSED_CRASHED, lv.libvirt.VIR_DOMAIN_PAUSED_IOERROR,
+                  lv.libvirt.VIR_DOMAIN_PAUSED_UNKNOWN)
+        return "Failed" if reason in failed else "Running"
+    if state == lv.libvirt.VIR_DOMAIN_SHUTDOWN:
+        return "Terminating"
+    if state == lv.libvirt.VIR_DOMAIN_CRASHED:
+        return "Failed"
+    if state == lv.libvirt.VIR_DOMAIN_SHUTOFF and reason == lv.libvirt.VIR_DOMAIN_SHUTOFF_CRASHED:
+        return "Failed"
+    return "Shutdown" if (record or {}).get("boots") else "Pending"
+
+
+def _age(created, moment):
+    if not created:
+        return "<unknown>"
+    try:
+        then = datetime.datetime.fromisoformat(created)
+    except ValueError:
+        return "<unknown>"
+    seconds = max(0, int((moment - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size * (2 if unit != "m" else 1):
+            return "%d%s" % (seconds // size, unit)
+    return "%ds" % seconds
+
+
+class PoolView:
+    """What statuses need of a pool beyond each domain, read at most once per run: the DHCP leases of its
+    networks ({mac: [ip, ...]} per network) and the names of the volumes in its storage."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self._leases = {}
+        self._volumes = None
+
+    def refresh(self):
+        self._leases = {}
+        self._volumes = None
+
+    def addresses(self, network, mac):
+        if network not in self._leases:
+            table = {}
+            net = self.ctx.network(network)
+            if net is not None and net.isActive():
+                try:
+                    for lease in net.DHCPLeases():
+                        table.setdefault((lease.get("mac") or "").lower(), []).append(lease["ipaddr"])
+                except lv.libvirt.libvirtError:
+                    table = {}
+            self._leases[network] = table
+        return list(self._leases[network].get(mac.lower(), []))
+
+    def missing(self, path):
+        """True when ``path`` lies in the pool's storage but no volume of the storage pool has it."""
+        if self._volumes is None:
+            try:
+                self._volumes = (self.ctx.storage_path.rstrip("/") + "/", set(self.ctx.storage.listVolumes()))
+            except MachineryError:
+                self._volumes = ("", set())
+        prefix, names = self._volumes
+        return bool(prefix and path and path.startswith(prefix) and path[len(prefix):] not in names)
+
+
+def _condition(kind, ok, reason, message=""):
+    return {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message}
+
+
+def _nic_states(spec, shown, view, active):
+    macs = {nic["mac"] for nic in elements.read_interfaces(shown)}
+    nics = []
+    for nic in spec.get("network_interfaces") or []:
+        addresses = view.addresses(nic["network"], nic["mac"]) if (active and nic.get("network")) else []
+        nics.append({"name": nic["name"], "mac": nic["mac"], "network": nic.get("network") or nic.get("bridge"),
+                     "ip_addresses": addresses, "ephemeral": nic.get("ephemeral", True),
+                     "state": "Attached" if nic["mac"] in macs else "Pending"})
+    return nics
+
+
+def _volume_states(spec, tree, shown, view):
+    """Each volume of the record: Attached when the guest has it, Pending when not yet, Missing when the volume
+    it uses is gone from the pool's storage (a machine that cannot start again)."""
+    attached = {disk["alias"] for disk in elements.read_disks(shown)}
+    paths = {disk["alias"]: disk["path"] for disk in elements.read_disks(tree)}
+    entries = [{"name": "root", "device": "vda", "size": spec.get("root_size"), "ephemeral": True}]
+    entries += [{"name": vol["name"], "device": vol["device"], "size": vol.get("size"),
+                 "ephemeral": vol.get("ephemeral", True)} for vol in spec.get("volumes") or []]
+    volumes = []
+    for entry in entries:
+        alias = dx.volume_alias(entry["name"])
+        state = "Attached" if alias in attached else "Pending"
+        if view.missing(paths.get(alias)):
+            state = "Missing"
+        volumes.append(dict(entry, size=format_quantity(entry["size"] or 0), state=state))
+    return volumes
+
+
+def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None):
+    """The public ``machine`` return for a domain (the same shape for the module, info and inventory).
+
+    ``tree`` (the persistent XML) and ``state`` ((state, reason)) may be passed when already read."""
+    tree = tree if tree is not None else dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+    record = dx.read_record(tree) or {}
+    spec = record.get("spec", {})
+    view = view or PoolView(ctx)
+    state, reason = state or dom.state()
+    active = is_active(state)
+    phase = _phase(state, reason, record)
+    # a device counts as attached once the guest has it: the live XML of a running machine, else the persistent
+    shown = dx.parse(dom.XMLDesc(0)) if active else tree
+    nics = _nic_states(spec, shown, view, active)
+    volumes = _volume_states(spec, tree, shown, view)
+    missing = [vol["name"] for vol in volumes if vol["state"] == "Missing"]
+    volumes_ready = all(vol["state"] == "Attached" for vol in volumes)
+    nics_ready = all(nic["state"] == "Attached" for nic in nics)
+    memory = dx.read_memory(tree)
+    return {
+        "name": dom.name(),
+        "uuid": dom.UUIDString(),
+        "pool": ctx.name,
+        "uri": ctx.uri,
+        "phase": phase,
+        "machine_class": spec.get("machine_class"),
+        "cpu": dx.read_cpu(tree),
+        "memory": format_quantity(memory) if memory else None,
+        "image": (spec.get("image") or {}).get("source"),
+        "labels": spec.get("labels") or {},
+        "ip_addresses": [address for nic in nics for address in nic["ip_addresses"]],
+        "network_interfaces": nics,
+        "volumes": volumes,
+        "conditions": [
+            _condition("Ready", phase == "Running", phase),
+            _condition("VolumesReady", volumes_ready, "Missing" if missing else
+                       "Attached" if volumes_ready else "Pending",
+                       "volume(s) gone from the pool's storage: %s" % ", ".join(missing) if missing else ""),
+            _condition("NetworkInterfacesReady", nics_ready, "Attached" if nics_ready else "Pending"),
+        ],
+        "restart_count": max(0, int(record.get("boots") or 0) - 1),
+        "created": record.get("created"),
+        "age": _age(record.get("created"), moment or now()),
+        "last_error": record.get("last_error"),
+        "managed": bool(record),
+    }
+
+
+def console_tail(ctx, names, lines):
+    """{name: last ``lines`` lines of the machine's serial console log}, read through a libvirt stream."""
+    storage_pool = ctx.storage
+    storage_pool.refresh(0)
+    tails = {}
+    for name in names:
+        vol = lv.lookup_volume(storage_pool, "%s-console.log" % name)
+        if vol is None:
+            tails[name] = []
+            continue
+        text = storage.download_bytes(ctx.conn, vol).decode("utf-8", errors="replace")
+        tails[name] = [line.rstrip("\r") for line in text.splitlines()[-lines:]]
+    return tails
+
+
+TABLE_COLUMNS = ("NAME", "POOL", "CLASS", "PHASE", "RESTARTS", "AGE", "IPS")
+
+
+def table(machines):
+    """Lines like ``kubectl get machines -o wide``."""
+    rows = [TABLE_COLUMNS]
+    for machine in machines:
+        rows.append((machine["name"], machine.get("pool") or "-", machine.get("machine_class") or "-",
+                     machine["phase"], str(machine.get("restart_count", 0)), machine.get("age") or "-",
+                     ",".join(machine.get("ip_addresses") or []) or "<none>"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_COLUMNS))]
+    return ["   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+
+
+def list_machines(ctx, include_unmanaged=False):
+    """Status of every machine of the pool (domains the collection created, unless include_unmanaged)."""
+    view = PoolView(ctx)
+    moment = now()
+    result = []
+    # one call for every domain's state instead of one per domain
+    for dom, stats in ctx.conn.getAllDomainStats(lv.libvirt.VIR_DOMAIN_STATS_STATE, 0):
+        tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+        if dx.read_record(tree) is None and not include_unmanaged:
+            continue
+        state = (stats.get("state.state"), stats.get("state.reason"))
+        result.append(machine_status(dom, ctx, view, tree, moment, state if state[0] is not None else None))
+    result.sort(key=lambda machine: machine["name"])
+    return result

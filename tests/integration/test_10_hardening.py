@@ -1,0 +1,384 @@
+"""Hardening, as an adversary would try it: runs racing for one name, runs killed at random points, a pool daemon
+restarted under a batch, a detach right after boot, the pool's own volumes offered as disks.
+
+Every effect is checked from libvirt itself. The kill points are drawn from a seeded generator
+(MACHINERY_HARDENING_SEED) and the counts are written to tests/output/hardening.json.
+"""
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import libvirt
+import pytest
+from lxml import etree
+
+from conftest import REPO, assert_failed, lab_file, lab_pid
+
+SEED = int(os.environ.get("MACHINERY_HARDENING_SEED", "20261122"))
+REPORT = {"seed": SEED, "kills": {}, "orphans_found": 0, "race_rounds": 0, "max_rerun_seconds": 0.0}
+STORAGE = "machinery"
+REGISTRY = "machinery-registry"
+
+
+def module_process(module_name, args):
+    """Start machinery.compute.<name> as Ansible runs it on a host, in a process group of its own."""
+    args = dict({"_ansible_check_mode": False, "_ansible_diff": True, "_ansible_no_log": False}, **args)
+    handle = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    with handle:
+        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
+    command = [sys.executable, "-m", "ansible_collections.machinery.compute.plugins.modules." + module_name,
+               handle.name]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    return proc, handle.name
+
+
+def finish(proc, path, timeout=600):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        os.unlink(path)
+    try:
+        return json.loads(out[out.index("{"):])
+    except ValueError:
+        raise AssertionError("no JSON from the module (rc %s): %s %s" % (proc.returncode, out, err)) from None
+
+
+def run(module_name, **args):
+    """Run a module to its end; returns (result, seconds)."""
+    started = time.monotonic()
+    result = finish(*module_process(module_name, args))
+    return result, time.monotonic() - started
+
+
+def killed(module_name, delay, **args):
+    """Run a module and kill its whole process tree ``delay`` seconds in (if it is still running)."""
+    proc, path = module_process(module_name, args)
+    try:
+        proc.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    proc.communicate()
+    os.unlink(path)
+
+
+def rerun(module_name, **args):
+    result, seconds = run(module_name, **args)
+    REPORT["max_rerun_seconds"] = max(REPORT["max_rerun_seconds"], round(seconds, 2))
+    assert not result.get("failed"), result
+    # the old lock waited 60 s for a dead holder; a re-run now never waits for one
+    assert seconds < 15, "re-run took %.1fs" % seconds
+    return result
+
+
+def used_paths(pool):
+    paths = set()
+    for dom in pool.conn.listAllDomains(0):
+        tree = etree.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE).encode())
+        paths.update(node.get("file") for node in tree.iterfind("devices/disk/source") if node.get("file"))
+        paths.update(node.get("file") for node in tree.iterfind("sysinfo/entry") if node.get("file"))
+        paths.update(node.get("file") for node in tree.iterfind("devices/serial/log") if node.get("file"))
+    return paths
+
+
+def orphans(pool, prefix):
+    """Volumes named like a machine's (``prefix``...) that no domain of the pool uses."""
+    storage = pool.conn.storagePoolLookupByName(STORAGE)
+    storage.refresh(0)
+    used = used_paths(pool)
+    found = sorted(name for name in storage.listVolumes() if name.startswith(prefix)
+                   and storage.storageVolLookupByName(name).path() not in used)
+    REPORT["orphans_found"] += len(found)
+    return found
+
+
+def registry_leftovers(pool):
+    """An admission lock or a machine journal left in the pool's registry."""
+    registry = pool.conn.storagePoolLookupByName(REGISTRY)
+    registry.refresh(0)
+    return sorted(name for name in registry.listVolumes() if name == "admission.lock" or name.startswith("pending-"))
+
+
+def count(kind):
+    REPORT["kills"][kind] = REPORT["kills"].get(kind, 0) + 1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report():
+    yield
+    os.makedirs(os.path.join(REPO, "tests", "output"), exist_ok=True)
+    with open(os.path.join(REPO, "tests", "output", "hardening.json"), "w") as handle:
+        json.dump(dict(REPORT, total_kills=sum(REPORT["kills"].values())), handle, indent=1)
+    print("\nhardening:", json.dumps(dict(REPORT, total_kills=sum(REPORT["kills"].values()))))
+
+
+def machine_args(pool, image, name, **extra):
+    args = {"uri": pool.uri, "name": name, "machine_class": "small", "image": image, "state": "present",
+            "ignition": {"ignition": {"version": "3.4.0"}}, "volumes": [{"name": "data", "size": "32Mi"}],
+            "network_interfaces": []}
+    args.update(extra)
+    return args
+
+
+# --- races --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("runs", [2, 3, 4])
+def test_concurrent_creates_of_one_name(pool, image, runs):
+    name = "race-%d" % runs
+    run("machine", uri=pool.uri, name=name, state="absent")
+    for _round in range(2):
+        REPORT["race_rounds"] += 1
+        results = [None] * runs
+
+        def create(index):
+            results[index] = run("machine", **machine_args(pool, image, name))[0]
+        threads = [threading.Thread(target=create, args=(index,)) for index in range(runs)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        winners = [result for result in results if not result.get("failed")]
+        assert winners, results
+        for result in results:
+            if result.get("failed"):  # a loser says so clearly and names the field
+                assert (result.get("field"), "meanwhile" in result["msg"]) == ("name", True) or \
+                    (result.get("field"), "already exists" in result["msg"]) == ("volumes[0].name", True), result
+        dom = pool.domain(name)
+        assert dom is not None and [d.name() for d in pool.conn.listAllDomains(0)].count(name) == 1
+        storage = pool.conn.storagePoolLookupByName(STORAGE)
+        storage.refresh(0)
+        existing = {storage.storageVolLookupByName(v).path() for v in storage.listVolumes()}
+        tree = etree.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE).encode())
+        disks = [node.get("file") for node in tree.iterfind("devices/disk/source")]
+        assert disks and all(path in existing for path in disks), (disks, existing)
+        assert orphans(pool, name + "-") == [] and registry_leftovers(pool) == []
+        status = run("machine_info", uri=pool.uri, name=[name])[0]["machines"][0]
+        assert {c["type"]: c["status"] for c in status["conditions"]}["VolumesReady"] in ("True", "False")
+        assert all(vol["state"] != "Missing" for vol in status["volumes"]), status
+        gone = run("machine", uri=pool.uri, name=name, state="absent")[0]
+        assert gone["changed"] and pool.domain(name) is None and orphans(pool, name + "-") == []
+
+
+def test_a_disk_gone_from_storage_is_reported(pool, image):
+    name = "lost-disk"
+    run("machine", uri=pool.uri, name=name, state="absent")
+    assert not run("machine", **machine_args(pool, image, name))[0].get("failed")
+    storage = pool.conn.storagePoolLookupByName(STORAGE)
+    storage.storageVolLookupByName(name + "-data.qcow2").delete(0)
+    machine = run("machine_info", uri=pool.uri, name=[name])[0]["machines"][0]
+    conditions = {c["type"]: c for c in machine["conditions"]}
+    assert conditions["VolumesReady"]["status"] == "False" and conditions["VolumesReady"]["reason"] == "Missing"
+    assert [vol["state"] for vol in machine["volumes"] if vol["name"] == "data"] == ["Missing"]
+    run("machine", uri=pool.uri, name=name, state="absent")
+
+
+# --- the pool's own volumes and other machines' disks -------------------------------------------------------
+
+def test_own_and_foreign_volumes_are_refused_alike(pool, image):
+    owner, other = "vol-owner", "vol-other"
+    for name in (owner, other):
+        run("machine", uri=pool.uri, name=name, state="absent")
+    assert not run("machine", **machine_args(pool, image, owner))[0].get("failed")
+    assert not run("machine", **machine_args(pool, image, other, volumes=[]))[0].get("failed")
+    storage = pool.conn.storagePoolLookupByName(STORAGE)
+    storage.refresh(0)
+    cache = next(v for v in storage.listVolumes() if v.startswith("image-") and not v.endswith(".complete"))
+    before = (sorted(storage.listVolumes()), pool.domain(other).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+    for volume in (cache, owner + "-ignition.json", owner + "-console.log", owner + "-root.qcow2"):
+        assert_failed(run("volume_attach", uri=pool.uri, machine=other, volume=volume)[0], "volume")
+        refused = run("machine", uri=pool.uri, name="vol-new", machine_class="small", image=image,
+                      state="present", network_interfaces=[], volumes=[{"name": "x", "volume": volume}])[0]
+        assert_failed(refused, "volumes[0].volume")
+        assert pool.domain("vol-new") is None
+    storage.refresh(0)
+    assert (sorted(storage.listVolumes()), pool.domain(other).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)) == before
+    for name in (owner, other):
+        run("machine", uri=pool.uri, name=name, state="absent")
+
+
+# --- kills at random points ---------------------------------------------------------------------------------
+
+def test_killed_creates_and_deletes_leave_nothing_behind(pool, image):
+    rng = random.Random(SEED)
+    for index in range(16):
+        name = "kill-%d" % index
+        run("machine", uri=pool.uri, name=name, state="absent")
+        if index % 4 == 3:  # a delete killed midway
+            assert not run("machine", **machine_args(pool, image, name, state="running"))[0].get("failed")
+            killed("machine", rng.uniform(0.3, 2.5), uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
+            count("delete")
+            rerun("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
+        else:  # a create killed midway, then converged or deleted
+            killed("machine", rng.uniform(0.2, 2.0), **machine_args(pool, image, name))
+            count("create")
+            if index % 2:
+                rerun("machine", **machine_args(pool, image, name))
+                assert pool.domain(name) is not None
+            rerun("machine", uri=pool.uri, name=name, state="absent")
+        assert pool.domain(name) is None
+        assert orphans(pool, name + "-") == [], name
+        assert registry_leftovers(pool) == []
+
+
+def test_killed_attachments_converge(pool, image):
+    rng = random.Random(SEED + 1)
+    name = "kill-attach"
+    run("machine", uri=pool.uri, name=name, state="absent")
+    assert not run("machine", **machine_args(pool, image, name, volumes=[]))[0].get("failed")
+    for index in range(6):
+        volume = "%s-extra%d.qcow2" % (name, index)
+        killed("volume_attach", rng.uniform(0.2, 1.5), uri=pool.uri, machine=name, volume=volume, size="16Mi",
+               ephemeral=True)
+        count("attach")
+        result = rerun("volume_attach", uri=pool.uri, machine=name, volume=volume, size="16Mi", ephemeral=True)
+        assert result["volume"]["state"] in ("Attached", "Pending")
+        assert registry_leftovers(pool) == []
+    rerun("machine", uri=pool.uri, name=name, state="absent")
+    assert orphans(pool, name + "-") == []
+
+
+def test_killed_batches_and_registrations_converge(registered, image):
+    pools = registered
+    rng = random.Random(SEED + 2)
+    names = ["kill-batch-a", "kill-batch-b"]
+    specs = [{"name": n, "machine_class": "small", "image": image, "state": "present", "network_interfaces": []}
+             for n in names]
+    for _round in range(4):
+        run("machine_batch", pools=[p.uri for p in pools], machines=[{"name": n, "state": "absent"} for n in names])
+        killed("machine_batch", rng.uniform(0.3, 2.5), pools=[p.uri for p in pools], machines=specs)
+        count("batch")
+        rerun("machine_batch", pools=[p.uri for p in pools], machines=specs)
+        for name in names:
+            assert sum(1 for p in pools if p.domain(name) is not None) == 1
+        rerun("machine_batch", pools=[p.uri for p in pools], machines=[{"name": n, "state": "absent"} for n in names])
+        for p in pools:
+            assert orphans(p, "kill-batch-") == [] and registry_leftovers(p) == []
+    pool = pools[1]
+    registration = dict(uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}],
+                        overcommit={"cpu": 16.0, "memory": 1.0})
+    for round_ in range(4):
+        killed("machine_pool", rng.uniform(0.2, 1.5), **dict(registration, labels={"round": str(round_)}))
+        count("registration")
+        again = rerun("machine_pool", **registration)
+        assert again["pool"]["state"] == "Ready" and again["pool"]["labels"] == {}
+        assert registry_leftovers(pool) == []
+        registry = pool.conn.storagePoolLookupByName(REGISTRY)
+        registry.refresh(0)
+        assert len([v for v in registry.listVolumes() if v.startswith("pool.")]) == 1
+
+
+# --- a daemon restarted under a run -------------------------------------------------------------------------
+
+def restart_daemon(pools, pool):
+    pid = lab_pid(pool)
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while os.path.exists("/proc/%d" % pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    subprocess.run(["python3", os.path.join(REPO, "lab", "lab.py"), "up", "--pools", str(len(pools)),
+                    "--dir", os.path.dirname(lab_file())], check=True, capture_output=True, timeout=300)
+    for each in pools:
+        each.reconnect()
+
+
+def test_daemon_restart_under_a_batch(registered, image):
+    pools = registered
+    names = ["restart-%d" % index for index in range(4)]
+    specs = [{"name": n, "machine_class": "small", "image": image, "state": "present", "network_interfaces": []}
+             for n in names]
+    run("machine_batch", pools=[p.uri for p in pools], machines=[{"name": n, "state": "absent"} for n in names])
+    proc, path = module_process("machine_batch", {"pools": [p.uri for p in pools], "machines": specs})
+    time.sleep(1.0)
+    restart_daemon(pools, pools[1])
+    result = finish(proc, path)
+    if result.get("failed"):  # the pool whose daemon went away is named, with the cause
+        assert pools[1].name in result["msg"] or pools[1].uri in result["msg"], result
+    again = rerun("machine_batch", pools=[p.uri for p in pools], machines=specs)
+    assert not again.get("failed")
+    for name in names:
+        assert sum(1 for p in pools if p.domain(name) is not None) == 1
+    rerun("machine_batch", pools=[p.uri for p in pools], machines=[{"name": n, "state": "absent"} for n in names])
+    for p in pools:
+        assert orphans(p, "restart-") == [] and registry_leftovers(p) == []
+
+
+# --- detach right after boot --------------------------------------------------------------------------------
+
+def test_detach_one_second_after_start(pool, image):
+    name = "early-detach"
+    run("machine", uri=pool.uri, name=name, state="absent")
+    started = run("machine", **machine_args(pool, image, name, volumes=[], state="running", wait="running"))[0]
+    assert not started.get("failed"), started
+    begun = time.monotonic()
+    attached = run("volume_attach", uri=pool.uri, machine=name, volume=name + "-hot.qcow2", size="16Mi")[0]
+    assert not attached.get("failed"), attached
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - begun)))
+    detached = run("volume_attach", uri=pool.uri, machine=name, volume=name + "-hot.qcow2", state="detached",
+                   timeout=90)[0]
+    assert not detached.get("failed"), detached
+    live = pool.domain(name).XMLDesc(0)
+    assert "ua-vol-%s-hot-qcow2" % name not in live
+    run("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=5)
+    storage = pool.conn.storagePoolLookupByName(STORAGE)
+    storage.storageVolLookupByName(name + "-hot.qcow2").delete(0)
+
+
+# --- storage: accounted, refused with the field, caches pruned ----------------------------------------------
+
+def test_disks_that_do_not_fit_are_refused(pool, image):
+    storage = pool.conn.storagePoolLookupByName(STORAGE)
+    before = (pool.domain_names(), pool.volumes())
+    assert_failed(run("machine", uri=pool.uri, name="too-big", machine_class="small", image=image,
+                      root_size="1Pi", network_interfaces=[])[0], "root_size", "does not fit")
+    assert_failed(run("machine", uri=pool.uri, name="too-big", machine_class="small", image=image,
+                      network_interfaces=[], volumes=[{"name": "a", "size": "1Mi"}, {"name": "b", "size": "1Pi"}])[0],
+                  "volumes[1].size")
+    name = "fits"
+    run("machine", uri=pool.uri, name=name, state="absent")
+    assert not run("machine", **machine_args(pool, image, name, volumes=[]))[0].get("failed")
+    assert_failed(run("volume_attach", uri=pool.uri, machine=name, volume=name + "-huge.qcow2", size="1Pi")[0],
+                  "size", "does not fit")
+    status = run("machine_pool_info", uri=pool.uri)[0]["pools"][0]["storage"]
+    assert set(status) == {"capacity", "available", "allocated", "allocatable"}
+    run("machine", uri=pool.uri, name=name, state="absent")
+    assert (pool.domain_names(), pool.volumes()) == before
+    assert storage.isActive()
+
+
+def test_unused_image_caches_are_pruned(pool, image, tmp_path):
+    raw = str(tmp_path / "raw-copy.img")
+    subprocess.run(["qemu-img", "convert", "-O", "raw", image, raw], check=True)
+    with open(raw, "rb") as handle:
+        cache = "image-%s.raw" % hashlib.sha256(handle.read()).hexdigest()[:32]
+    name = "prune-me"
+    run("machine", uri=pool.uri, name=name, state="absent")
+    made = run("machine", uri=pool.uri, name=name, machine_class="small", image=raw, state="present",
+               network_interfaces=[])[0]
+    assert not made.get("failed"), made
+    assert cache in pool.volumes()
+    registration = dict(uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}],
+                        overcommit={"cpu": 16.0, "memory": 1.0}, prune_images=True)
+
+    def pruned(result):
+        return [action["target"] for action in result["plan"] if action["action"] == "prune_image"]
+    in_use = finish(*module_process("machine_pool", dict(registration, _ansible_check_mode=True)))
+    assert cache not in pruned(in_use)
+    run("machine", uri=pool.uri, name=name, state="absent")
+    planned = finish(*module_process("machine_pool", dict(registration, _ansible_check_mode=True)))
+    assert cache in pruned(planned) and cache in pool.volumes()
+    used = {v for v in pool.volumes() if v.startswith("image-") and not v.endswith(".complete")} - \
+        set(pruned(planned))
+    done = run("machine_pool", **registration)[0]
+    assert pruned(done) == pruned(planned)
+    assert cache not in pool.volumes() and cache + ".complete" not in pool.volumes()
+    assert used <= set(pool.volumes())  # the caches machines still use are kept
+    assert pruned(run("machine_pool", **registration)[0]) == []

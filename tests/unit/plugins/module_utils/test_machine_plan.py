@@ -1,0 +1,124 @@
+"""plan_machine as a pure function: parsed golden XML and a spec in, actions out (no libvirt daemon)."""
+
+import copy
+import os
+
+import libvirt
+import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError
+from ansible_collections.machinery.compute.plugins.module_utils.machine import Observed, adoption_record, plan_machine
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+RUNNING = (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_RUNNING_BOOTED)
+SHUTOFF = (libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_SHUTOFF_SHUTDOWN)
+MIB = 2 ** 20
+
+
+def tree():
+    with open(os.path.join(GOLDEN, "web-1-libvirt.xml"), "rb") as handle:
+        return dx.parse(handle.read())
+
+
+def observed(state=SHUTOFF, live_max=None, record=True):
+    parsed = tree()
+    return Observed("web-1", dom=object(), tree=parsed, record=dx.read_record(parsed) if record else None,
+                    state=state, live_max_memory=live_max)
+
+
+def spec(**changes):
+    base = {"name": "web-1", "state": "present", "cpu": 1, "memory": 128 * MIB, "machine_class": "small",
+            "labels": {"app": "web"}, "boot_config": "abc", "firmware": "bios",
+            "image": {"source": "/images/test.qcow2", "checksum": "0" * 64}, "root_size": None, "volumes": [],
+            "network_interfaces": []}
+    base.update(changes)
+    return base
+
+
+def test_nothing_to_do():
+    plan = plan_machine(spec(), observed())
+    assert plan.actions == [] and not plan.changed and plan.diff() == ({}, {})
+
+
+def test_absent_machine_is_created_then_started():
+    data = {"name": "data", "volume": "web-1-data.qcow2", "source": "empty", "size": 64 * MIB, "device": "vdb",
+            "bus": "virtio"}
+    new = spec(state="running", volumes=[data], ignition_data=b"{}")
+    plan = plan_machine(new, Observed("web-1"))
+    assert plan.summaries() == ["create", "start"]
+    create = plan.as_list()[0]
+    assert [(s["action"], s["target"]) for s in create["steps"]] == [
+        ("cache_image", "/images/test.qcow2"), ("create_volume", "web-1-root.qcow2"),
+        ("create_volume", "web-1-data.qcow2"), ("write_volume", "web-1-ignition.json"), ("define", "web-1")]
+    before, after = plan.diff()
+    assert before == {} and after["memory"] == "128Mi" and after["state"] == "running"
+
+
+def test_absent_stays_absent():
+    assert plan_machine(spec(state="absent"), Observed("web-1")).actions == []
+
+
+def test_delete_lists_every_volume_of_the_machine():
+    plan = plan_machine(spec(state="absent"), observed(RUNNING))
+    delete = plan.as_list()[0]
+    assert delete["action"] == "delete"
+    assert [s["action"] for s in delete["steps"]][:2] == ["shutdown", "undefine"]
+    assert ("delete_volume", "web-1-root.qcow2") in [(s["action"], s["target"]) for s in delete["steps"]]
+
+
+def test_update_on_a_stopped_machine():
+    plan = plan_machine(spec(cpu=2, memory=256 * MIB, labels={"app": "db"}), observed())
+    assert plan.summaries() == ["update cpu, memory, labels"]
+    assert plan.diff() == ({"cpu": 1, "memory": "128Mi", "labels": {"app": "web"}},
+                           {"cpu": 2, "memory": "256Mi", "labels": {"app": "db"}})
+    assert plan.facts["restart_required"] is False and plan.warnings == []
+    assert plan.actions[0].data["grows"] == ["cpu", "memory"]
+
+
+def test_live_update_knows_what_waits_for_a_restart():
+    within = plan_machine(spec(memory=96 * MIB, labels={"x": "y"}), observed(RUNNING, live_max=128 * MIB))
+    assert within.facts["restart_required"] is False
+    beyond = plan_machine(spec(memory=512 * MIB), observed(RUNNING, live_max=128 * MIB))
+    assert beyond.facts["restart_required"] is True and "next restart" in beyond.warnings[0]
+    cpu = plan_machine(spec(cpu=2), observed(RUNNING, live_max=128 * MIB))
+    assert cpu.facts["restart_required"] is True
+
+
+@pytest.mark.parametrize("wanted,state,expected", [
+    ("running", SHUTOFF, ["start"]), ("running", RUNNING, []),
+    ("stopped", RUNNING, ["stop"]), ("stopped", SHUTOFF, []), ("present", RUNNING, []), ("present", SHUTOFF, []),
+])
+def test_power(wanted, state, expected):
+    assert plan_machine(spec(state=wanted), observed(state)).summaries() == expected
+
+
+def test_new_boot_configuration_needs_the_device_it_had():
+    record = dx.read_record(tree())
+    record["spec"]["files"] = {}
+    with pytest.raises(ConflictError) as raised:
+        plan_machine(spec(boot_config="new", ignition_data=b"{}"), observed(), record)
+    assert raised.value.field == "ignition"
+
+
+def test_device_changes_are_warned_not_applied():
+    plan = plan_machine(spec(requested_volumes=[{"name": "extra"}]), observed())
+    assert plan.actions == [] and "volume_attach" in plan.warnings[0]
+
+
+def test_adopting_a_foreign_domain():
+    foreign = observed(record=False)
+    record = adoption_record(foreign, None, "2026-01-01T00:00:00+00:00")
+    assert record["adopted"] and record["spec"]["cpu"] == 1 and record["spec"]["memory"] == 128 * MIB
+    adopted = spec(machine_class=None, labels={}, boot_config=None)
+    plan = plan_machine(adopted, foreign, record)
+    assert plan.summaries() == ["adopt"]
+    assert plan_machine(dict(adopted, labels={"a": "b"}), foreign, record).summaries() == ["adopt", "update labels"]
+
+
+def test_plan_does_not_touch_its_inputs():
+    seen = observed()
+    wanted = spec(cpu=4)
+    before = (copy.deepcopy(dx.read_record(seen.tree)), copy.deepcopy(wanted))
+    plan_machine(wanted, seen)
+    assert (dx.read_record(seen.tree), wanted) == before

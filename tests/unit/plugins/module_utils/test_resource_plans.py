@@ -1,0 +1,191 @@
+"""The plans of pools, classes and attachments as pure functions: an observation in, actions out."""
+
+import os
+
+import libvirt
+import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.attach import plan_nic, plan_volume
+from ansible_collections.machinery.compute.plugins.module_utils.classes import plan_class
+from ansible_collections.machinery.compute.plugins.module_utils.convergence import (
+    Action, ConvergenceError, Plan, converge)
+from ansible_collections.machinery.compute.plugins.module_utils.errors import (
+    ConflictError, NotFoundError, ValidationError)
+from ansible_collections.machinery.compute.plugins.module_utils.machine import Observed
+from ansible_collections.machinery.compute.plugins.module_utils.pool_registration import plan_pool
+
+GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
+GIB = 2 ** 30
+READY = {"active": True, "autostart": True}
+
+
+def pool_seen(registration=None, storage="ready", networks=None, machines=()):
+    storage = dict(READY) if storage == "ready" else storage
+    return {"registration": registration, "documents": ["pool"] if registration else [],
+            "storage_pools": {"machinery-registry": storage, "machinery": storage},
+            "networks": networks or {}, "capacity": {"cpu": 8, "memory": 16 * GIB}, "machines": list(machines)}
+
+
+REGISTERED = {"name": "hv1", "labels": {}, "taints": [], "overcommit": {"cpu": 1.0, "memory": 1.0, "storage": 1.0},
+              "reserved": {"cpu": 0, "memory": 0, "storage": 0}, "storage_path": "/var/lib/libvirt/machinery", "networks": [],
+              "virt_type": "qemu"}
+
+
+def test_first_registration_makes_storage_networks_and_the_document():
+    plan = plan_pool({"name": "hv1", "networks": [{"name": "net", "cidr": "10.9.0.0/24"}]},
+                     pool_seen(storage=None))
+    assert plan.kinds() == ["define_storage_pool", "define_storage_pool", "define_network", "register"]
+    register = plan.find("register").as_dict()
+    assert [step["action"] for step in register["steps"]] == ["probe_virt_type", "write_document"]
+
+
+def test_registered_pool_is_left_alone():
+    assert plan_pool({"name": "hv1"}, pool_seen(REGISTERED)).actions == []
+
+
+def test_inactive_pieces_are_started():
+    plan = plan_pool({"name": "hv1", "networks": ["net"]},
+                     pool_seen(dict(REGISTERED, networks=["net"]), {"active": False, "autostart": False},
+                               {"net": {"active": True, "autostart": False}}))
+    assert plan.kinds() == ["start_storage_pool", "autostart_storage_pool"] * 2 + ["autostart_network"]
+
+
+def test_label_change_is_one_register_action_with_a_diff():
+    plan = plan_pool({"name": "hv1", "labels": {"zone": "b"}}, pool_seen(REGISTERED))
+    assert plan.summaries() == ["register"]
+    before, after = plan.diff()
+    assert before["labels"] == {} and after["labels"] == {"zone": "b"} and after["virt_type"] == "qemu"
+
+
+@pytest.mark.parametrize("params,field", [
+    ({"name": "hv1", "networks": ["missing"]}, "networks"),
+    ({"name": "hv1", "reserved": {"cpu": 8}}, "reserved"),
+    ({"name": "hv1", "storage_path": "relative"}, "storage_path"),
+    ({"name": "hv1", "taints": [{"key": "a", "effect": "Sometimes"}]}, "taints[0].effect"),
+    ({"name": "Bad Name"}, "name"),
+])
+def test_bad_pool_input_names_the_field(params, field):
+    with pytest.raises(ValidationError) as raised:
+        plan_pool(params, pool_seen(REGISTERED))
+    assert raised.value.field == field
+
+
+def test_unregister_refuses_a_pool_with_machines():
+    with pytest.raises(ConflictError):
+        plan_pool({"name": "hv1", "state": "absent"}, pool_seen(REGISTERED, machines=["web-1"]))
+    assert plan_pool({"name": "hv1", "state": "absent", "force": True},
+                     pool_seen(REGISTERED, machines=["web-1"])).kinds() == ["unregister"]
+    assert plan_pool({"name": "hv1", "state": "absent"}, pool_seen(storage=None)).actions == []
+    # an empty registry left by an older release goes as well
+    assert plan_pool({"name": "hv1", "state": "absent"}, pool_seen()).kinds() == ["unregister"]
+
+
+def test_unused_image_caches_are_pruned_on_request():
+    seen = dict(pool_seen(REGISTERED), unused_images=["image-abc.qcow2"])
+    plan = plan_pool({"name": "hv1", "prune_images": True}, seen)
+    assert plan.kinds() == ["prune_image"] and plan.actions[0].target == "image-abc.qcow2"
+
+
+def test_class_plans():
+    small = {"name": "small", "cpu": 1, "memory": 512 * 2 ** 20}
+    assert plan_class({"name": "small", "cpu": 1, "memory": "512Mi"}, small, []).actions == []
+    grow = plan_class({"name": "small", "cpu": 2, "memory": "512Mi"}, small, [])
+    assert grow.summaries() == ["publish"] and grow.diff()[1] == {"name": "small", "cpu": 2, "memory": "512Mi"}
+    with pytest.raises(ConflictError):
+        plan_class({"name": "small", "state": "absent"}, small, ["web-1"])
+    assert plan_class({"name": "small", "state": "absent", "force": True}, small, ["web-1"]).kinds() == ["withdraw"]
+    with pytest.raises(ValidationError) as raised:
+        plan_class({"name": "small", "cpu": 1}, None, [])
+    assert raised.value.field == "memory"
+
+
+def target(running=False):
+    with open(os.path.join(GOLDEN, "web-1-libvirt.xml"), "rb") as handle:
+        tree = dx.parse(handle.read())
+    state = (libvirt.VIR_DOMAIN_RUNNING, 1) if running else (libvirt.VIR_DOMAIN_SHUTOFF, 1)
+    seen = Observed("web-1", object(), tree, dx.read_record(tree), state, 128 * 2 ** 20)
+    seen.live = tree
+    return seen
+
+
+def attached(seen, **entry):
+    seen.record["spec"].setdefault("volumes", []).append(dict({"name": "extra", "volume": "extra", "device": "vdc",
+                                                               "bus": "virtio", "ephemeral": False}, **entry))
+    return seen
+
+
+def test_volume_attach_create_and_grow():
+    plan = plan_volume({"volume": "extra", "size": "1Gi", "storage_pool": "machinery"}, target(), None)
+    attach = plan.as_list()[0]
+    assert attach["action"] == "attach" and [s["action"] for s in attach["steps"]][0] == "create_volume"
+    assert attach["after"]["device"] not in ("vda", "vdb")
+    existing = {"format": "qcow2", "capacity": GIB, "users": [], "path": "/p/extra"}
+    grow = plan_volume({"volume": "extra", "size": "2Gi"}, attached(target()), existing)
+    assert grow.summaries() == ["grow"] and grow.diff() == ({"size": "1Gi"}, {"size": "2Gi"})
+    shrink = plan_volume({"volume": "extra", "size": "512Mi"}, attached(target()), existing)
+    assert shrink.actions == [] and "never shrunk" in shrink.warnings[0]
+
+
+def test_volume_attach_refusals():
+    with pytest.raises(NotFoundError):
+        plan_volume({"volume": "nope", "storage_pool": "machinery"}, target(), None)
+    used = {"format": "qcow2", "capacity": GIB, "users": ["db-1"], "path": "/p/x"}
+    with pytest.raises(ConflictError):
+        plan_volume({"volume": "x"}, target(), used)
+    with pytest.raises(ValidationError) as raised:
+        plan_volume({"volume": "x", "shareable": True}, target(), used)
+    assert raised.value.field == "shareable"
+    with pytest.raises(ValidationError) as raised:
+        plan_volume({"volume": "x", "size": "1Gi", "bus": "sata", "storage_pool": "m"}, target(running=True), None)
+    assert raised.value.field == "bus"
+
+
+def test_volume_detach():
+    plan = plan_volume({"volume": "extra", "state": "detached"}, attached(target(), ephemeral=True), None)
+    assert plan.kinds() == ["detach"] and plan.diff()[1] == {"deleted": "extra"}
+    assert plan_volume({"volume": "extra", "state": "detached"}, target(), None).actions == []
+
+
+def test_nic_plans():
+    params = {"name": "eth9", "network": "net", "network_exists": True, "pool_name": "hv1"}
+    plan = plan_nic(params, target(), {})
+    assert plan.kinds() == ["attach"] and plan.diff()[1]["mac"] == dx.derive_mac("web-1", "eth9")
+    with pytest.raises(ConflictError) as raised:
+        plan_nic(params, target(), {dx.derive_mac("web-1", "eth9"): [("db-1", "net")]})
+    assert raised.value.field == "mac"
+    with pytest.raises(NotFoundError):
+        plan_nic(dict(params, network_exists=False), target(), {})
+    with pytest.raises(ValidationError):
+        plan_nic(dict(params, bridge="br0"), target(), {})
+
+
+class Counter:
+    """A resource whose apply does nothing: converge must report the leftover difference as a bug."""
+
+    def __init__(self, broken):
+        self.broken = broken
+        self.applied = []
+
+    def describe(self):
+        return "counter"
+
+    def observe(self):
+        return len(self.applied)
+
+    def plan(self, observed):
+        return Plan([Action("bump", "counter")] if observed < 1 else [])
+
+    def apply(self, action, _observed):
+        if not self.broken:
+            self.applied.append(action)
+
+
+def test_converge_verifies_and_check_mode_applies_nothing():
+    fine = Counter(broken=False)
+    plan, final = converge(fine)
+    assert plan.summaries() == ["bump"] and final == 1
+    checked = Counter(broken=False)
+    assert converge(checked, check_mode=True)[0].summaries() == ["bump"] and checked.applied == []
+    with pytest.raises(ConvergenceError):
+        converge(Counter(broken=True))

@@ -1,0 +1,102 @@
+"""Every module's documentation says what its argument spec (built from options.py) says.
+
+ansible-test's validate-modules checks the same for the modules it sees; this runs in seconds, and also shows
+that each module takes its argument spec from the declarations rather than a table of its own.
+"""
+
+import glob
+import importlib
+import inspect
+import os
+
+import pytest
+import yaml
+
+from ansible_collections.machinery.compute.plugins.module_utils import module_base
+from ansible_collections.machinery.compute.plugins.module_utils import options
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+MODULES = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(ROOT, "plugins", "modules", "*.py"))
+                 if not path.endswith("__init__.py"))
+PACKAGE = "ansible_collections.machinery.compute.plugins"
+
+
+def fragment_options(name):
+    """The options of machinery.compute.<file> or machinery.compute.<file>.<variable> (an upper-case attribute)."""
+    parts = name.split(".")[2:]
+    module = importlib.import_module("%s.doc_fragments.%s" % (PACKAGE, parts[0]))
+    text = getattr(module.ModuleDocFragment, parts[1].upper() if len(parts) > 1 else "DOCUMENTATION")
+    return (yaml.safe_load(text) or {}).get("options") or {}
+
+
+def documented(name):
+    module = importlib.import_module("%s.modules.%s" % (PACKAGE, name))
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    found = {}
+    for fragment in doc.get("extends_documentation_fragment") or []:
+        if fragment.startswith("machinery.compute."):
+            found.update(fragment_options(fragment))
+    found.update(doc.get("options") or {})
+    return module, found
+
+
+def module_class(module):
+    return next(value for value in vars(module).values() if inspect.isclass(value)
+                and issubclass(value, module_base.MachineryModule) and value is not module_base.MachineryModule)
+
+
+def full_spec(cls):
+    spec = dict(module_base.MULTI_POOL_ARGS if getattr(cls, "multi_pool", False) else module_base.COMMON_ARGS)
+    spec.update(cls.argument_spec)
+    return spec
+
+
+def compare(doc, spec, where):
+    problems = []
+    for name in sorted(set(doc) | set(spec)):
+        here = "%s.%s" % (where, name)
+        if name not in doc or name not in spec:
+            problems.append("%s: %s" % (here, "undocumented" if name not in doc else "documented, not in the spec"))
+            continue
+        documented_option, declared = doc[name], spec[name]
+        for key, fallback in (("type", "str"), ("required", False), ("default", None), ("choices", None),
+                              ("elements", None)):
+            said, meant = documented_option.get(key, fallback), declared.get(key, fallback)
+            if said != meant:
+                problems.append("%s.%s: documented %r, spec %r" % (here, key, said, meant))
+        if "options" in declared or "suboptions" in documented_option:
+            problems.extend(compare(documented_option.get("suboptions") or {}, declared.get("options") or {}, here))
+    return problems
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_documentation_matches_the_declared_options(name):
+    module, doc = documented(name)
+    assert compare(doc, full_spec(module_class(module)), name) == []
+
+
+def test_declarations_build_the_specs():
+    machine = importlib.import_module(PACKAGE + ".modules.machine")
+    assert module_class(machine).argument_spec == options.argument_spec(options.MACHINE)
+    for table in (options.MACHINE, options.MACHINE_POOL, options.MACHINE_CLASS, options.VOLUME_ATTACH,
+                  options.NIC_ATTACH):
+        for option in table:
+            spec = option.spec()
+            assert spec.get("default") is None or spec.get("choices") is None or spec["default"] in spec["choices"]
+
+
+def test_choices_are_typed_once():
+    # a choice list of the core is the same object as the one the argument spec shows
+    spec = options.argument_spec(options.MACHINE)
+    assert spec["network_interfaces"]["options"]["model"]["choices"] == list(options.NIC_MODELS)
+    assert spec["volumes"]["options"]["bus"]["choices"] == list(options.DISK_BUSES)
+    assert options.argument_spec(options.VOLUME_ATTACH)["bus"]["choices"] == list(options.DISK_BUSES)
+    assert options.argument_spec(options.MACHINE_POOL)["taints"]["options"]["effect"]["choices"] == \
+        list(options.TAINT_EFFECTS)
+
+
+def test_owned_fields_know_how_a_running_guest_takes_them():
+    assert {name: owned.live for name, owned in options.OWNED_BY_NAME.items()} == {
+        "machine_class": "metadata", "cpu": "restart", "memory": "balloon", "labels": "metadata",
+        "boot_config": "boot"}
+    assert [item.name for item in options.FIXED] == ["image", "image_checksum", "firmware"]
