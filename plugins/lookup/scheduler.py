@@ -24,7 +24,6 @@ description:
     C(0/3 pools available for web-9: 1 taint not tolerated, 2 insufficient memory), followed by the cause of
     each pool that could not be used (C(pools[2] (hv3) is unreachable: ...)). An unreachable pool is also a
     warning when every machine found a place elsewhere.'
-  - A spec with a key the lookup does not know (a misspelt C(tolerance), say) is refused, naming the key.
   - Use it with C(query) (or C(lookup(..., wantlist=true))) to always get a list.
 requirements:
   - libvirt-python
@@ -32,8 +31,12 @@ requirements:
 options:
   _terms:
     description:
-      - Machine specs, each a mapping with C(name), C(machine_class) and optionally C(machine_pool_selector)
-        (labels), C(tolerations) (list of key/operator/value/effect) and C(machine_pool) (a pool name to pin to).
+      - Machine specs, each a mapping with C(name), C(machine_class) (or C(cpu) and C(memory)) and optionally
+        C(machine_pool_selector) (labels), C(tolerations) (list of key/operator/value/effect) and C(machine_pool)
+        (a pool name to pin to).
+      - A spec may also carry the other options of M(machinery.compute.machine) (the scheduler does not read them), so
+        one list serves this lookup and M(machinery.compute.machine_batch); any other key (a misspelt C(tolerance),
+        say) is refused, naming it.
       - Lists of specs are flattened.
     type: list
     elements: raw
@@ -97,8 +100,13 @@ from ansible.plugins.lookup import LookupBase
 from ansible.utils.unsafe_proxy import wrap_var
 
 from ansible_collections.machinery.compute.plugins.module_utils import fleet
+from ansible_collections.machinery.compute.plugins.module_utils import options
 from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
-from ansible_collections.machinery.compute.plugins.module_utils.scheduler import Unschedulable, schedule
+from ansible_collections.machinery.compute.plugins.module_utils.scheduler import SPEC_KEYS, Unschedulable, schedule
+
+# the keys of a machine of machine_batch: the scheduler's own and the machine module's options
+KEYS = SPEC_KEYS + tuple(name for name in options.argument_spec(options.MACHINE + options.SCHEDULING,
+                                                                without=("unique_across",)) if name not in SPEC_KEYS)
 
 
 def flatten(terms):
@@ -129,7 +137,8 @@ class LookupModule(LookupBase):
             problems = pool_problems(snapshots)
             for problem in problems:
                 self._display.warning("machinery.compute.scheduler: %s" % problem)
-            placements = schedule(flatten(terms), snapshots, self.get_option("strategy"), self.get_option("strict"))
+            placements = schedule(flatten(terms), snapshots, self.get_option("strategy"), self.get_option("strict"),
+                                  keys=KEYS)
         except MachineryError as exc:
             # a machine placed nowhere is often placed nowhere because pools were out: say why they were
             message = "; ".join([to_native(exc)] + (problems if isinstance(exc, Unschedulable) else []))

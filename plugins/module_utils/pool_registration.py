@@ -67,8 +67,8 @@ def normalize_networks(items):
             net = check.network_cidr(item["cidr"], where + ".cidr")
             for position, other in enumerate(networks):
                 if other["cidr"] and net.overlaps(ipaddress.IPv4Network(other["cidr"])):
-                    raise ValidationError("%s overlaps networks[%d] (%s, %s)" % (net, position, other["name"],
-                                                                               other["cidr"]), where + ".cidr")
+                    raise ValidationError("%s overlaps networks[%d] (%s, %s)"
+                                          % (net, position, other["name"], other["cidr"]), where + ".cidr")
             entry["cidr"] = str(net)
         networks.append(entry)
     return networks
@@ -163,11 +163,11 @@ def desired_registration(params, current, host_capacity):
     if desired["reserved"]["cpu"] < 0:
         raise ValidationError("must not be negative", "reserved.cpu")
     if desired["reserved"]["cpu"] >= host_capacity["cpu"]:
-        raise ValidationError("cpu %d reserves all of the host's %d CPUs" % (desired["reserved"]["cpu"],
-                                                                           host_capacity["cpu"]), "reserved")
+        raise ValidationError("cpu %d reserves all of the host's %d CPUs"
+                              % (desired["reserved"]["cpu"], host_capacity["cpu"]), "reserved")
     if desired["reserved"]["memory"] >= host_capacity["memory"]:
-        raise ValidationError("memory %s reserves all of the host's %s" % (format_quantity(desired["reserved"]["memory"]),
-                                                                          format_quantity(host_capacity["memory"])),
+        raise ValidationError("memory %s reserves all of the host's %s"
+                              % (format_quantity(desired["reserved"]["memory"]), format_quantity(host_capacity["memory"])),
                               "reserved")
     virt_type = check.one_of(params.get("virt_type") or "auto", options.VIRT_TYPES, "virt_type")
     if virt_type != "auto":

@@ -19,17 +19,20 @@ from ansible_collections.machinery.compute.plugins.module_utils.errors import Ma
 STRATEGIES = ("spread", "binpack")
 OPERATORS = ("Equal", "Exists")
 SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")
-# What a machine spec of the lookup may hold: a misspelt key (tolerance, machine_pool_selectors) is refused,
-# not silently ignored, since the machine would be placed as if it were not there.
+# What the scheduler reads of a machine spec. A misspelt key (tolerance, machine_pool_selectors) is refused, not
+# silently ignored, since the machine would be placed as if it were not there.
 SPEC_KEYS = ("name", "machine_class", "cpu", "memory", "machine_pool_selector", "tolerations", "machine_pool")
 TOLERATION_KEYS = ("key", "operator", "value", "effect")
 
 
-def unknown_keys(item, known, field):
+def unknown_keys(item, known, field, what="the keys are"):
     unknown = sorted(str(key) for key in item if key not in known)
     if unknown:
-        raise ValidationError("unknown key%s %s; the keys are %s" % ("s" if len(unknown) > 1 else "",
-                                                                     ", ".join(unknown), ", ".join(known)), field)
+        shown = [key for key in known if key in SPEC_KEYS] or list(known)
+        more = " and the options of machinery.compute.machine" if len(shown) < len(known) else ""
+        raise ValidationError("unknown key%s %s; %s %s%s"
+                              % ("s" if len(unknown) > 1 else "", ", ".join(unknown), what, ", ".join(shown), more),
+                              field)
 
 
 class Unschedulable(MachineryError):
@@ -43,7 +46,7 @@ def normalize_machine(spec, index=0, field="terms", keys=SPEC_KEYS):
     if not isinstance(spec, dict):
         raise ValidationError("a machine spec must be a mapping with at least name and machine_class", where)
     if keys is not None:
-        unknown_keys(spec, keys, where)
+        unknown_keys(spec, keys, where, "a machine spec takes")
     name = check.dns_label(spec.get("name"), where + ".name")
     size = None
     if spec.get("machine_class"):
