@@ -219,8 +219,11 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             raise AnsibleParserError("machinery.compute.machines: %s" % to_native(exc)) from None
         options = (self.get_option("include_unmanaged"), self.get_option("include_pools"),
                    self.get_option("address_source"))
-        pools = fleet.read_each(entries, lambda ctx, entry: read_pool(ctx, entry, *options), unread_pool,
-                                self.get_option("workers"))
+        workers = self.get_option("workers")
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise AnsibleParserError("machinery.compute.machines: workers: must be a whole number of at least 1, "
+                                     "got %r" % (workers,))
+        pools = fleet.read_each(entries, lambda ctx, entry: read_pool(ctx, entry, *options), unread_pool, workers)
         return {"pools": pools}
 
     def populate(self, data):

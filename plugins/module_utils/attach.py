@@ -25,6 +25,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.admission import
 from ansible_collections.machinery.compute.plugins.module_utils.convergence import Action, Plan, converge, step
 from ansible_collections.machinery.compute.plugins.module_utils.errors import (
     ConflictError, LibvirtFailure, MachineryError, NotFoundError, ValidationError)
+from ansible_collections.machinery.compute.plugins.module_utils.machine_spec import host_bridge
 from ansible_collections.machinery.compute.plugins.module_utils.machine import (
     MachineService, observe_machine, update_record, wait_for_address)
 from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
@@ -64,6 +65,7 @@ class Attachment:
         self.check_mode = check_mode
         self.machine = check.dns_label(params.get("machine"), "machine")
         self.state = check.one_of(params.get("state") or "attached", options.ATTACH_STATES, "state")
+        check.timeout_seconds(params.get("timeout", 30), "timeout")
         self.warnings = []
 
     def describe(self):
@@ -100,7 +102,7 @@ class Attachment:
             raise LibvirtFailure("cannot detach %s from %s: %s" % (what, self.machine, lv.describe(exc))) from None
         if not running:
             return
-        timeout = float(self.params.get("timeout") or 30)
+        timeout = float(check.timeout_seconds(self.params.get("timeout", 30), "timeout"))
         deadline = time.monotonic() + timeout
         asked = time.monotonic()
         while dom.isActive() and alias in aliases(dx.parse(dom.XMLDesc(0))):
@@ -162,6 +164,9 @@ def plan_volume(params, observed, volume):
         raise ValidationError("a shareable volume must be raw (qcow2 cannot be written by two guests)", "shareable")
     if bus == "sata" and observed.active and entry is None:
         raise ValidationError("SATA disks cannot be hot-plugged; use virtio or scsi, or stop the machine", "bus")
+    if volume is not None and entry is None and volume["path"] in {disk["path"] for disk in
+                                                                   elements.read_disks(observed.tree)}:
+        raise ConflictError("volume %s is already a disk of %s" % (name, observed.name), "volume")
     if volume is not None and entry is None and volume["users"] and not shareable:
         raise ConflictError("volume %s is attached to %s; set shareable: true (raw volumes only) to attach it to "
                             "more than one machine" % (name, ", ".join(volume["users"])), "volume")
@@ -358,6 +363,10 @@ class NicAttachment(Attachment):
     def plan(self, observed):
         target, mac_users = observed
         network = self.params.get("network")
+        if self.state == "attached" and self.params.get("bridge"):
+            host_bridge(self.ctx, check.interface_name(self.params["bridge"], "bridge"), "bridge")
+        if self.params.get("wait") == "address":
+            check.timeout_seconds(self.params.get("wait_timeout", 300), "wait_timeout")
         params = dict(self.params, name=self.nic_name, pool_name=self.ctx.name or self.ctx.uri,
                       network_exists=bool(network) and self.ctx.network(network) is not None)
         return plan_nic(params, target, mac_users)
@@ -386,7 +395,7 @@ class NicAttachment(Attachment):
                        if nic["name"] == self.nic_name), None)
         if not self.check_mode and self.params.get("wait") == "address" and wanted and wanted.get("network"):
             wait_for_address(self.ctx, target.dom, self.machine, [wanted],
-                             float(self.params.get("wait_timeout") or 300))
+                             float(check.timeout_seconds(self.params.get("wait_timeout", 300), "wait_timeout")))
         machine = MachineService(self.ctx).status(self.machine)
         shown = next((nic for nic in machine.get("network_interfaces") or [] if nic["name"] == self.nic_name),
                      None)

@@ -111,6 +111,13 @@ def download(url, checksum, opener):
         os.unlink(handle.name)
         raise ValidationError("checksum mismatch for %s: expected sha256 %s, got %s"
                               % (url, checksum, digest.hexdigest()), "image_checksum")
+    with open(handle.name, "rb") as downloaded:  # the same rule as a local image, before it is cached
+        header = downloaded.read(check.IMAGE_HEADER_BYTES)
+    try:
+        check.disk_image(header, os.path.getsize(handle.name), "image")
+    except MachineryError:
+        os.unlink(handle.name)
+        raise
     os.replace(handle.name, target)
     return target
 

@@ -111,28 +111,31 @@ def probe_virt_type(conn, storage_pool):
         return "qemu"
     log_name = PROBE_NAME + ".log"
     log_path = "%s/%s" % (storage.pool_path(storage_pool).rstrip("/"), log_name)
-    for kernel in PROBE_KERNELS:
-        try:
-            dom = conn.createXML(elements.to_string(elements.probe_domain(PROBE_NAME, kernel, log_path)), 0)
-        except lv.libvirt.libvirtError:
-            continue  # no such kernel on this host: try the next one
-        try:
-            deadline = time.monotonic() + PROBE_SECONDS
-            while time.monotonic() < deadline:
-                storage_pool.refresh(0)
-                vol = lv.lookup_volume(storage_pool, log_name)
-                if vol is not None and b"Linux version" in storage.download_bytes(conn, vol):
-                    return "kvm"
-                time.sleep(0.5)
-        finally:
+    try:
+        for kernel in PROBE_KERNELS:
             try:
-                dom.destroy()
+                dom = conn.createXML(elements.to_string(elements.probe_domain(PROBE_NAME, kernel, log_path)), 0)
             except lv.libvirt.libvirtError:
-                pass
-            storage_pool.refresh(0)
-            storage.delete_volume(storage_pool, log_name)
+                continue  # no such kernel on this host: try the next one
+            try:
+                deadline = time.monotonic() + PROBE_SECONDS
+                while time.monotonic() < deadline:
+                    storage_pool.refresh(0)
+                    vol = lv.lookup_volume(storage_pool, log_name)
+                    if vol is not None and b"Linux version" in storage.download_bytes(conn, vol):
+                        return "kvm"
+                    time.sleep(0.5)
+            finally:
+                try:
+                    dom.destroy()
+                except lv.libvirt.libvirtError:
+                    pass
+            return "qemu"
         return "qemu"
-    return "qemu"
+    finally:
+        # QEMU may open the log even for a kernel it then fails to load: it goes whatever happened
+        storage_pool.refresh(0)
+        storage.delete_volume(storage_pool, log_name)
 
 
 # --- the pool as a resource ------------------------------------------------------------------------------------

@@ -57,8 +57,9 @@ options:
         type: str
         required: true
       value:
-        description: Taint value, by the rules of a label value.
-        type: str
+        description: Taint value, a string by the rules of a label value (quote values such as V("true") in YAML,
+          or it is refused rather than turned into C(True)).
+        type: raw
       effect:
         description: Taint effect.
         type: str

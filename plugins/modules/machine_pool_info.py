@@ -136,6 +136,7 @@ pools:
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.fleet import read_snapshots
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
 
@@ -152,9 +153,7 @@ def offline_status(snapshot):
 def selected(status, names, labels):
     if names and status["name"] not in names:
         return False
-    # compared as machine_pool stores them: strings, a null value as ""
-    return all(status["labels"].get(str(key)) == ("" if value is None else str(value))
-               for key, value in (labels or {}).items())
+    return all(status["labels"].get(key) == value for key, value in labels.items())
 
 
 class MachinePoolInfoModule(MachineryModule):
@@ -170,7 +169,8 @@ class MachinePoolInfoModule(MachineryModule):
             elif "status" in snapshot:
                 statuses.append(snapshot["status"])
             # else: a host that machine_pool never registered is no pool
-        pools = [status for status in statuses if selected(status, self.params["name"], self.params["labels"])]
+        wanted = check.labels(self.params["labels"], "labels")
+        pools = [status for status in statuses if selected(status, self.params["name"], wanted)]
         return {"changed": False, "pools": pools, "warnings": warnings}
 
 
