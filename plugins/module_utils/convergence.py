@@ -106,8 +106,11 @@ def converge(resource, check_mode=False):
     plan = resource.plan(observed)
     if check_mode or not plan.actions:
         return plan, observed
-    for action in plan.actions:
-        resource.apply(action, observed)
+    if hasattr(resource, "apply_plan"):  # a resource over many objects applies in parallel waves of its own
+        resource.apply_plan(plan, observed)
+    else:
+        for action in plan.actions:
+            resource.apply(action, observed)
     observed = resource.observe()
     leftover = resource.plan(observed)
     if leftover.actions:

@@ -86,6 +86,18 @@ class MachineryModule:
             self.module.fail_json(**result)
         self.module.exit_json(**result)
 
+    def hide_secrets(self, machine):
+        """Mask the secrets of a machine's options given inside another option (a batch's machines, a set's
+        template), as Ansible masks a no_log option of the machine module: each string of them is hidden
+        wherever it would appear in the output. Strings under 4 characters are not: masking every '1' or
+        'yes' would hide far more than it protects."""
+        for path in options.secret_paths(options.MACHINE):
+            value = machine
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            if value is not None:
+                self.module.no_log_values.update(text for text in _strings(value) if len(text) >= 4)
+
     def converged(self, plan, **returned):
         """The return of a converging module: ``changed``, ``actions`` (short forms such as ``create``),
         ``plan`` (each action with its target, fields before and after, and libvirt steps) and ``diff`` all come
@@ -110,3 +122,15 @@ class MachineryModule:
     def run_pools(self, entries):
         """The work of a ``multi_pool`` module, ``entries`` its pools as [{name, uri}]."""
         raise NotImplementedError
+
+
+def _strings(value):
+    """Every string leaf of a value (dicts, lists, scalars)."""
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+    elif value is not None:
+        yield str(value)

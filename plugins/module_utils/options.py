@@ -213,11 +213,51 @@ MACHINE_CLASS_INFO = (
     Option("name", "list", elements="str"),
 )
 
+# --- fleets ---------------------------------------------------------------------------------------------------
+
+DELETE_POLICIES = ("Random", "Newest", "Oldest")
+
+MACHINE_SET = (
+    Option("name", required=True),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("replicas", "int"),
+    Option("selector", "dict", options=(Option("match_labels", "dict", required=True),)),
+    Option("template", "dict"),
+    Option("delete_policy", choices=DELETE_POLICIES, default="Random"),
+    Option("strategy", choices=STRATEGIES, default="spread"),
+    Option("rollout", "dict", options=(Option("max_surge", "raw", default=1),
+                                       Option("max_unavailable", "raw", default=0))),
+    Option("wait", choices=WAITS, default="running"),
+    Option("wait_timeout", "int", default=300),
+    Option("shutdown_timeout", "int", default=60),
+    Option("workers", "int", default=16),
+)
+
+MACHINE_SET_INFO = (
+    Option("name", "list", elements="str"),
+)
+
+CONDITION_TYPES = ("Ready", "VolumesReady", "NetworkInterfacesReady", "Failed", "AddressAssigned")
+REMEDIATIONS = ("delete", "restart")
+
+MACHINE_HEALTH_CHECK = (
+    Option("name", required=True),
+    Option("selector", "dict", required=True, options=(Option("match_labels", "dict", required=True),)),
+    Option("unhealthy_conditions", "list", elements="dict", options=(
+        Option("type", required=True, choices=CONDITION_TYPES),
+        Option("status", required=True, choices=("True", "False")),
+        Option("timeout", required=True))),
+    Option("node_startup_timeout", default="10m"),
+    Option("max_unhealthy", "raw", default="100%"),
+    Option("remediation", choices=REMEDIATIONS, default="delete"),
+    Option("shutdown_timeout", "int", default=10),
+)
+
 # --- pools and classes ------------------------------------------------------------------------------------------
 
 TAINT = (
     Option("key", required=True, no_log=False),
-    Option("value"),
+    Option("value", "raw"),
     Option("effect", choices=TAINT_EFFECTS, default="NoSchedule"),
 )
 
@@ -308,3 +348,18 @@ def shown(values):
     """Owned values as a diff shows them (memory as a quantity)."""
     return {name: OWNED_BY_NAME[name].show(value) if name in OWNED_BY_NAME else value
             for name, value in values.items()}
+
+
+# --- moving a machine -------------------------------------------------------------------------------------------
+
+MIGRATION_MODES = ("cold", "live", "auto")
+
+MACHINE_MIGRATE = (
+    Option("machine", required=True),
+    Option("target"),
+    Option("mode", choices=MIGRATION_MODES, default="auto"),
+    Option("strategy", choices=STRATEGIES, default="spread"),
+    Option("shutdown_timeout", "int", default=60),
+    Option("wait", choices=WAITS, default="running"),
+    Option("wait_timeout", "int", default=300),
+)

@@ -125,7 +125,6 @@ from ansible_collections.machinery.compute.plugins.module_utils.errors import Va
 from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
 
 ELEMENT_SPEC = options.argument_spec(options.MACHINE + options.SCHEDULING, without=("unique_across",))
-SECRETS = options.secret_paths(options.MACHINE)
 
 
 def validated(machines):
@@ -155,12 +154,7 @@ class MachineBatchModule(MachineryModule):
     def run_pools(self, entries):
         specs = validated(self.params["machines"])
         for spec in specs:
-            for path in SECRETS:
-                value = spec
-                for key in path:
-                    value = value.get(key) if isinstance(value, dict) else None
-                if value is not None:
-                    self.module.no_log_values.update(self.secret_strings(value))
+            self.hide_secrets(spec)
         outcome = batch.converge(entries, specs, self.params["strategy"], self.params["retries"],
                                  self.params["workers"], self.check_mode, self.url_opener())
         result = dict(batch.summary(outcome, specs), changed=outcome.changed, warnings=outcome.warnings,
@@ -171,20 +165,6 @@ class MachineBatchModule(MachineryModule):
                                                              for failure in outcome.failures))
             result["failed"] = True
         return result
-
-    @staticmethod
-    def secret_strings(value):
-        """The strings of a secret option, as Ansible collects them for a no_log option of the same shape.
-
-        Unlike Ansible, leaves under 4 characters are skipped: masking every '1' or 'yes' in the output
-        would hide far more than it protects."""
-        if isinstance(value, dict):
-            return set().union(*(MachineBatchModule.secret_strings(item) for item in value.values())) \
-                if value else set()
-        if isinstance(value, list):
-            return set().union(*(MachineBatchModule.secret_strings(item) for item in value)) if value else set()
-        text = str(value) if value is not None else ""
-        return {text} if len(text) >= 4 else set()
 
 
 def main():

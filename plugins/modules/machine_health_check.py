@@ -1,0 +1,171 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: machine_health_check
+short_description: Find unhealthy machines across pools and remediate them (a MachineHealthCheck)
+description:
+  - OpenShift's MachineHealthCheck on libvirt pools. The check covers the machines of its pools whose labels
+    match O(selector). A machine is unhealthy when one of O(unhealthy_conditions) has held for its timeout (the
+    conditions are OR-ed), or when it has never been Ready O(node_startup_timeout) after its creation.
+  - 'Conditions, from what libvirt shows: C(Ready) (the domain runs), C(VolumesReady) and
+    C(NetworkInterfacesReady) (from the machine status), C(Failed) (crashed, or paused by an I/O error) and
+    C(AddressAssigned) (a machine with a NIC on a libvirt network has a DHCP lease).'
+  - Since when a condition holds is kept in the machine's record; every run records the conditions that changed,
+    so a timeout counts from the first observation of the bad state, across runs. Run the check periodically
+    (an AWX schedule, a cron job) for timeouts to elapse.
+  - When more machines are unhealthy than O(max_unhealthy) allows, nothing is remediated and the return says
+    C(remediation_allowed=false). Remediation V(delete) deletes the machine, so its set (see
+    M(machinery.compute.machine_set)) makes a replacement on its next run; V(restart) power-cycles it in place.
+version_added: 0.2.0
+author: machinery.compute contributors (@machinery)
+extends_documentation_fragment:
+  - machinery.compute.connection.pools
+  - machinery.compute.action_group
+attributes:
+  check_mode:
+    support: full
+    description: Reports which machines would be remediated and why; records nothing and changes nothing.
+  diff_mode:
+    support: full
+    description: Each remediated machine's phase before and after.
+options:
+  name:
+    description: Name of the check (a DNS-1123 label), shown in messages.
+    type: str
+    required: true
+  selector:
+    description: Which machines the check covers.
+    type: dict
+    required: true
+    suboptions:
+      match_labels:
+        description: Labels a covered machine has (all of them).
+        type: dict
+        required: true
+  unhealthy_conditions:
+    description: Conditions that make a machine unhealthy once they have held for their timeout.
+    type: list
+    elements: dict
+    suboptions:
+      type:
+        description: The condition.
+        type: str
+        required: true
+        choices: [Ready, VolumesReady, NetworkInterfacesReady, Failed, AddressAssigned]
+      status:
+        description: The status that is unhealthy.
+        type: str
+        required: true
+        choices: ["True", "False"]
+      timeout:
+        description: How long it must hold, as V(90s), V(5m), V(1h30m) or seconds.
+        type: str
+        required: true
+  node_startup_timeout:
+    description: A machine that has not been Ready once this long after its creation is unhealthy (as V(90s),
+      V(10m) or seconds); give a boot time's margin.
+    type: str
+    default: 10m
+  max_unhealthy:
+    description: The most unhealthy machines that are remediated, a number or a percentage of the covered ones;
+      with more, none is.
+    type: raw
+    default: 100%
+  remediation:
+    description: What happens to an unhealthy machine.
+    type: str
+    choices: [delete, restart]
+    default: delete
+  shutdown_timeout:
+    description: Seconds of graceful ACPI shutdown before a remediated machine is forced off.
+    type: int
+    default: 10
+"""
+
+EXAMPLES = r"""
+- name: Replace web machines that stopped running for two minutes
+  machinery.compute.machine_health_check:
+    name: web
+    pools: "{{ fleet }}"
+    selector:
+      match_labels: {app: web}
+    unhealthy_conditions:
+      - {type: Ready, status: "False", timeout: 2m}
+      - {type: Failed, status: "True", timeout: 0s}
+    max_unhealthy: 40%
+  register: health
+
+- name: The set brings the count back
+  machinery.compute.machine_set:
+    name: web
+    pools: "{{ fleet }}"
+    replicas: 3
+    selector: {match_labels: {app: web}}
+    template: "{{ web_template }}"
+"""
+
+RETURN = r"""
+unhealthy:
+  description: Unhealthy machines with name, pool, uri, phase and reasons.
+  returned: always
+  type: list
+  elements: dict
+covered:
+  description: How many machines the check covers.
+  returned: always
+  type: int
+max_unhealthy:
+  description: O(max_unhealthy) as a number of machines.
+  returned: always
+  type: int
+remediation_allowed:
+  description: False when more machines are unhealthy than O(max_unhealthy) allows (then none is remediated).
+  returned: always
+  type: bool
+actions:
+  description: The short form of each remediation (delete or restart), in order.
+  returned: always
+  type: list
+  elements: str
+plan:
+  description: Each remediation with its target machine, phase before and after, and its reasons.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils.convergence import converge
+from ansible_collections.machinery.compute.plugins.module_utils.fleet import Fleet
+from ansible_collections.machinery.compute.plugins.module_utils.health_check import HealthCheckResource
+from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+
+
+class MachineHealthCheckModule(MachineryModule):
+    multi_pool = True
+    argument_spec = options.argument_spec(options.MACHINE_HEALTH_CHECK)
+
+    def run_pools(self, entries):
+        fleet = Fleet(entries)
+        try:
+            resource = HealthCheckResource(fleet, self.params, self.check_mode)
+            plan, _observed = converge(resource, self.check_mode)
+            facts = resource.plan_facts
+            return self.converged(plan, unhealthy=facts["unhealthy"], covered=facts["covered"],
+                                  max_unhealthy=facts["max_unhealthy"],
+                                  remediation_allowed=facts["remediation_allowed"])
+        finally:
+            fleet.close()
+
+
+def main():
+    MachineHealthCheckModule()()
+
+
+if __name__ == "__main__":
+    main()

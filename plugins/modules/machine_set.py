@@ -1,0 +1,218 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: machine_set
+short_description: Keep a set of machines at its replica count across pools (a MachineSet)
+description:
+  - OpenShift's MachineSet on libvirt pools. The members of the set are the machines on its pools whose labels
+    match O(selector) and that carry the set's owner label C(machinery.compute/machine-set). Matching machines
+    that no set owns are adopted; machines another set owns are left alone.
+  - New members are named C(<name>-<5 characters>), unique across the pools, placed through the scheduler's
+    filters (taints, the template's C(machine_pool_selector), the class, capacity) and spread over the pools so that
+    no pool holds two members more than another while capacity allows (O(strategy=binpack) fills pools
+    instead). Scaling down deletes the members labelled C(machinery.compute/delete-machine) first, then those
+    not running, then by O(delete_policy); in parallel.
+  - Every member carries the hash of the template it was made from (C(machinery.compute/template-hash)). A
+    changed template applies to new members only and the return lists the out-of-date ones, as in OpenShift;
+    with O(rollout), out-of-date members are replaced in waves that never leave fewer than
+    C(replicas - max_unavailable) members running.
+  - The set's definition is recorded in the registry of each of its pools (without the template's secrets), so
+    M(machinery.compute.machine_set_info) and the health checks find it without the playbook's variables.
+version_added: 0.2.0
+author: machinery.compute contributors (@machinery)
+extends_documentation_fragment:
+  - machinery.compute.connection.pools
+  - machinery.compute.action_group
+attributes:
+  check_mode:
+    support: full
+    description: Reads the pools and returns the plan (members to create, adopt or delete, and where); writes nothing.
+  diff_mode:
+    support: full
+    description: Each action's members before and after.
+options:
+  name:
+    description: Set name, a DNS-1123 label of at most 57 characters (members add a dash and 5 characters).
+    type: str
+    required: true
+  state:
+    description: V(absent) deletes every member and the set's definition.
+    type: str
+    choices: [present, absent]
+    default: present
+  replicas:
+    description: How many members the set keeps. Required with O(state=present).
+    type: int
+  selector:
+    description: Which machines are members; it must match the template's labels.
+    type: dict
+    suboptions:
+      match_labels:
+        description: Labels a member has (all of them).
+        type: dict
+        required: true
+  template:
+    description:
+      - A member as M(machinery.compute.machine) takes it (every option but C(name), C(uri), C(adopt),
+        C(unique_across), C(wait) and C(wait_timeout)), plus C(machine_pool_selector) and C(tolerations) for
+        the scheduler. Its C(labels) must include O(selector.match_labels).
+      - Required with O(state=present).
+    type: dict
+  delete_policy:
+    description: Which members go first when the set shrinks, after the marked ones and those not running.
+    type: str
+    choices: [Random, Newest, Oldest]
+    default: Random
+  strategy:
+    description: V(spread) keeps the members even over the pools; V(binpack) fills pools.
+    type: str
+    choices: [spread, binpack]
+    default: spread
+  rollout:
+    description:
+      - Replace members made from an older template, in waves. Without it, only new members get the new
+        template.
+      - Each is a number or a percentage of O(replicas); the surge rounds up, the unavailable down.
+    type: dict
+    suboptions:
+      max_surge:
+        description: Members made above O(replicas) during a wave.
+        type: raw
+        default: 1
+      max_unavailable:
+        description: Members that may be missing below O(replicas) during a wave.
+        type: raw
+        default: 0
+  wait:
+    description: What a new member waits for.
+    type: str
+    choices: [none, running, address]
+    default: running
+  wait_timeout:
+    description: Seconds a new member waits for O(wait).
+    type: int
+    default: 300
+  shutdown_timeout:
+    description: Seconds of graceful ACPI shutdown before a deleted member is forced off.
+    type: int
+    default: 60
+  workers:
+    description: Members created or deleted at the same time.
+    type: int
+    default: 16
+"""
+
+EXAMPLES = r"""
+- name: Three web machines over the fleet
+  machinery.compute.machine_set:
+    name: web
+    pools: "{{ fleet }}"
+    replicas: 3
+    selector:
+      match_labels: {app: web}
+    template:
+      machine_class: small
+      image: /var/lib/images/fcos.qcow2
+      labels: {app: web}
+      ignition: "{{ lookup('file', 'web.ign') }}"
+    wait: address
+  register: web
+
+- name: Replace the members one by one after a template change
+  machinery.compute.machine_set:
+    name: web
+    pools: "{{ fleet }}"
+    replicas: 3
+    selector:
+      match_labels: {app: web}
+    template:
+      machine_class: medium
+      image: /var/lib/images/fcos.qcow2
+      labels: {app: web}
+    rollout: {max_surge: 1, max_unavailable: 0}
+"""
+
+RETURN = r"""
+replicas:
+  description: Members after the run (in check mode, now).
+  returned: always
+  type: int
+desired_replicas:
+  description: O(replicas).
+  returned: when O(state=present)
+  type: int
+ready_replicas:
+  description: Members whose phase is Running.
+  returned: when O(state=present)
+  type: int
+available_replicas:
+  description: Running members whose conditions are all True.
+  returned: when O(state=present)
+  type: int
+members:
+  description: Each member with name, pool, phase, template_current and ip_addresses.
+  returned: always
+  type: list
+  elements: dict
+out_of_date:
+  description: Members made from another template than the current one.
+  returned: always
+  type: list
+  elements: str
+planned_members:
+  description: Names of the members the run creates (or would create in check mode).
+  returned: always
+  type: list
+  elements: str
+table:
+  description: Lines NAME POOL CLASS PHASE RESTARTS AGE IPS of the members.
+  returned: always
+  type: list
+  elements: str
+actions:
+  description: The short form of each planned action (record, adopt, create, delete, forget), in order.
+  returned: always
+  type: list
+  elements: str
+plan:
+  description: Each action with its target (a member or a pool), what it changes, its wave and libvirt steps.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils.convergence import converge
+from ansible_collections.machinery.compute.plugins.module_utils.fleet import Fleet
+from ansible_collections.machinery.compute.plugins.module_utils.machine_set import MachineSetResource, set_status
+from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+
+
+class MachineSetModule(MachineryModule):
+    multi_pool = True
+    argument_spec = options.argument_spec(options.MACHINE_SET)
+    module_kwargs = {"required_if": [("state", "present", ("replicas", "template", "selector"))]}
+
+    def run_pools(self, entries):
+        template = self.params.get("template") or {}
+        self.hide_secrets(template)
+        fleet = Fleet(entries, self.url_opener())
+        try:
+            resource = MachineSetResource(fleet, self.params, self.check_mode)
+            plan, observed = converge(resource, self.check_mode)
+            return self.converged(plan, **set_status(resource.desired, observed, plan))
+        finally:
+            fleet.close()
+
+
+def main():
+    MachineSetModule()()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Machine set and health check plans as pure functions: observations built by hand, actions out."""
+
+import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils import machine_set as ms
+from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.health_check import normalize_check, plan_check
+
+GIB = 2 ** 30
+TEMPLATE = {"machine_class": "small", "image": "/images/test.qcow2", "labels": {"app": "web"}}
+
+
+def pool(name, members=0):
+    return {"name": name, "uri": "qemu+unix:///%s" % name, "state": "Ready", "labels": {}, "taints": [],
+            "classes": {"small": {"cpu": 1, "memory": GIB}}, "machines": [],
+            "allocated": {"cpu": members, "memory": members * GIB}, "allocatable": {"cpu": 64, "memory": 64 * GIB}}
+
+
+def desired(**changes):
+    params = {"name": "web", "replicas": 3, "selector": {"match_labels": {"app": "web"}}, "template": TEMPLATE}
+    params.update(changes)
+    return ms.normalize_set(params)
+
+
+def member(name, pool_name, created="2026-01-01T00:00:00+00:00", phase="Running", current=True, **labels):
+    tags = {"app": "web", ms.OWNER_LABEL: "web"}
+    if current:
+        tags[ms.HASH_LABEL] = desired()["template_hash"]
+    tags.update(labels)
+    return {"name": name, "pool": pool_name, "uri": "qemu+unix:///%s" % pool_name, "phase": phase,
+            "created": created, "labels": tags, "conditions": []}
+
+
+def observed(machines=(), pools=("p1", "p2", "p3"), definition="same"):
+    document = ms.definition(desired()) if definition == "same" else definition
+    return {"snapshots": [pool(name) for name in pools], "machines": list(machines),
+            "pools": [{"name": name, "uri": "qemu+unix:///%s" % name, "state": "Ready", "definition": document}
+                      for name in pools]}
+
+
+def test_scale_up_spreads_evenly_and_names_stably():
+    plan = ms.plan_set(desired(replicas=5), observed([member("web-a", "p1")]))
+    creates = [action for action in plan.actions if action.kind == "create"]
+    assert len(creates) == 4
+    pools = [action.data["pool"] for action in creates] + ["p1"]
+    assert sorted(pools.count(name) for name in ("p1", "p2", "p3")) == [1, 2, 2]
+    again = ms.plan_set(desired(replicas=5), observed([member("web-a", "p1")]))
+    # check mode shows the names the real run will use
+    assert [a.target for a in again.actions if a.kind == "create"] == [a.target for a in creates]
+    assert all(a.target.startswith("web-") and len(a.target) == 9 for a in creates)
+
+
+def test_nothing_to_do_and_the_definition_is_recorded_once():
+    members = [member("web-a", "p1"), member("web-b", "p2"), member("web-c", "p3")]
+    assert ms.plan_set(desired(), observed(members)).actions == []
+    fresh = ms.plan_set(desired(), observed(members, definition=None))
+    assert fresh.kinds() == ["record"] * 3
+
+
+@pytest.mark.parametrize("policy,expected", [("Newest", ["web-c"]), ("Oldest", ["web-a"])])
+def test_scale_down_by_policy(policy, expected):
+    members = [member("web-a", "p1", "2026-01-01T00:00:00+00:00"), member("web-b", "p2", "2026-01-02T00:00:00+00:00"),
+               member("web-c", "p3", "2026-01-03T00:00:00+00:00")]
+    plan = ms.plan_set(desired(replicas=2, delete_policy=policy), observed(members))
+    assert [a.target for a in plan.actions if a.kind == "delete"] == expected
+
+
+def test_the_delete_mark_wins_then_machines_not_running():
+    members = [member("web-a", "p1"), member("web-b", "p2", phase="Shutdown"),
+               member("web-c", "p3", **{ms.DELETE_LABEL: "true"})]
+    plan = ms.plan_set(desired(replicas=1, delete_policy="Oldest"), observed(members))
+    assert [a.target for a in plan.actions if a.kind == "delete"] == ["web-c", "web-b"]
+
+
+def test_random_policy_is_repeatable():
+    members = [member("web-%s" % c, "p1") for c in "abcdef"]
+    first = ms.plan_set(desired(replicas=2), observed(members))
+    assert first.summaries() == ms.plan_set(desired(replicas=2), observed(members)).summaries()
+
+
+def test_orphans_are_adopted_and_foreign_members_left_alone():
+    orphan = {"name": "lone", "pool": "p1", "uri": "qemu+unix:///p1", "phase": "Running", "labels": {"app": "web"}}
+    foreign = dict(orphan, name="theirs", labels={"app": "web", ms.OWNER_LABEL: "other"})
+    plan = ms.plan_set(desired(replicas=1), observed([orphan, foreign], definition=ms.definition(desired(replicas=1))))
+    assert plan.kinds() == ["adopt"] and plan.actions[0].data["labels"][ms.OWNER_LABEL] == "web"
+
+
+def test_template_change_lists_out_of_date_members_and_rolls_out_in_waves():
+    old = [member("web-a", "p1", current=False), member("web-b", "p2", current=False),
+           member("web-c", "p3", current=False)]
+    listed = ms.plan_set(desired(), observed(old))
+    assert listed.actions == [] and listed.facts["stale"] == ["web-a", "web-b", "web-c"]
+    rolled = ms.plan_set(desired(rollout={"max_surge": 1, "max_unavailable": 0}), observed(old))
+    waves = {}
+    for action in rolled.actions:
+        if action.kind == "record":
+            continue
+        waves.setdefault(action.data["wave"], []).append(action.kind)
+    assert waves == {1: ["create", "delete"], 2: ["create", "delete"], 3: ["create", "delete"]}
+    down_first = ms.plan_set(desired(rollout={"max_surge": 0, "max_unavailable": 1}), observed(old))
+    assert [a.kind for a in down_first.actions if a.kind != "record"][:2] == ["delete", "create"]
+
+
+def test_absent_deletes_members_and_forgets_the_definition():
+    plan = ms.plan_set(ms.normalize_set({"name": "web", "state": "absent"}), observed([member("web-a", "p1")]))
+    assert plan.kinds() == ["delete", "forget", "forget", "forget"]
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"replicas": -1}, "replicas"),
+    ({"selector": {"match_labels": {"app": "db"}}}, "selector"),
+    ({"selector": {"match_labels": {}}}, "selector.match_labels"),
+    ({"template": dict(TEMPLATE, nmae="x")}, "template"),
+    ({"template": dict(TEMPLATE, labels={"app": "web", ms.OWNER_LABEL: "x"})},
+     "template.labels.%s" % ms.OWNER_LABEL),
+    ({"rollout": {"max_surge": "150%"}}, "rollout.max_surge"),
+    ({"rollout": {"max_surge": 0, "max_unavailable": 0}}, "rollout"),
+    ({"name": "x" * 58}, "name"),
+])
+def test_bad_sets_name_the_field(changes, field):
+    with pytest.raises(ValidationError) as raised:
+        desired(**changes)
+    assert raised.value.field == field
+
+
+# --- health checks ----------------------------------------------------------------------------------------
+
+NOW = "2026-01-01T01:00:00+00:00"
+
+
+def watched(name, ready, since, created="2026-01-01T00:00:00+00:00", phase=None):
+    phase = phase or ("Running" if ready else "Shutdown")
+    return {"name": name, "pool": "p1", "uri": "qemu+unix:///p1", "phase": phase,
+            "created": created, "labels": {"app": "web"}, "ip_addresses": [], "network_interfaces": [],
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "health": {"Ready": {"status": "True" if ready else "False", "since": since},
+                       "ever_ready": {"status": "True", "since": created}}}
+
+
+def health(**changes):
+    params = {"name": "web", "selector": {"match_labels": {"app": "web"}},
+              "unhealthy_conditions": [{"type": "Ready", "status": "False", "timeout": "5m"}]}
+    params.update(changes)
+    return normalize_check(params)
+
+
+def test_a_condition_counts_from_its_first_observation():
+    fresh = watched("web-a", False, "2026-01-01T00:58:00+00:00")
+    old = watched("web-b", False, "2026-01-01T00:50:00+00:00")
+    plan = plan_check(health(), [fresh, old, watched("web-c", True, "2026-01-01T00:00:00+00:00")], NOW)
+    assert [a.target for a in plan.actions] == ["web-b"] and plan.facts["remediation_allowed"]
+    assert "Ready=False for 600s" in plan.actions[0].data["reasons"][0]
+
+
+def test_max_unhealthy_stops_remediation():
+    sick = [watched("web-%d" % i, False, "2026-01-01T00:00:00+00:00") for i in range(2)]
+    plan = plan_check(health(max_unhealthy=1), sick + [watched("web-9", True, NOW)], NOW)
+    assert plan.actions == [] and plan.facts["remediation_allowed"] is False and "nothing" in plan.warnings[0]
+    assert len(plan_check(health(max_unhealthy="70%"), sick + [watched("web-9", True, NOW)], NOW).actions) == 2
+
+
+def test_never_ready_after_the_startup_timeout():
+    stuck = watched("web-a", False, "2026-01-01T00:00:00+00:00")
+    del stuck["health"]["ever_ready"]
+    plan = plan_check(health(unhealthy_conditions=[], node_startup_timeout="30m"), [stuck], NOW)
+    assert plan.kinds() == ["delete"] and "node_startup_timeout" in plan.actions[0].data["reasons"][0]
+    assert plan_check(health(unhealthy_conditions=[], node_startup_timeout="2h"), [stuck], NOW).actions == []
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"unhealthy_conditions": [{"type": "Bogus", "status": "False", "timeout": "1m"}]},
+     "unhealthy_conditions[0].type"),
+    ({"unhealthy_conditions": [{"type": "Ready", "status": "False", "timeout": "soon"}]},
+     "unhealthy_conditions[0].timeout"),
+    ({"max_unhealthy": "120%"}, "max_unhealthy"),
+    ({"selector": {"match_labels": {}}}, "selector.match_labels"),
+])
+def test_bad_checks_name_the_field(changes, field):
+    with pytest.raises(ValidationError) as raised:
+        health(**changes)
+    assert raised.value.field == field
