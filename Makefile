@@ -107,6 +107,7 @@ benchmark: venv lab-up
 	$(PY) benchmarks/create_floor.py --lab $(LAB)/lab.json
 	$(PY) benchmarks/converge.py --lab $(LAB)/lab.json --community $$(bash benchmarks/community_libvirt.sh $(VENV))
 	$(PY) benchmarks/hotplug.py --lab $(LAB)/lab.json
+	$(PY) benchmarks/fleet_sets.py --lab $(LAB)/lab.json
 	$(PY) benchmarks/inventory_scale.py --lab $(LAB)/lab.json --community $$(bash benchmarks/community_libvirt.sh $(VENV)) \
 		--core 2.18.19 --core $(MIN_CORE)
 

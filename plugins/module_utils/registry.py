@@ -18,6 +18,7 @@ import random
 import re
 import socket
 import tempfile
+import threading
 import time
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
@@ -74,6 +75,8 @@ class Registry:
         self.pool = pool
         self._index = None
         self._bodies = {}
+        # the threads of one run (a batch, a set) share a pool's registry: one of them at a time in its caches
+        self._guard = threading.RLock()
 
     @classmethod
     def open(cls, conn):
@@ -97,12 +100,14 @@ class Registry:
         return self._index
 
     def keys(self, prefix=""):
-        return sorted(key for key in self._generations() if key.startswith(prefix))
+        with self._guard:
+            return sorted(key for key in self._generations() if key.startswith(prefix))
 
     def get(self, key):
-        if key not in self._bodies:
-            self._bodies[key] = self._read(key)
-        return self._bodies[key]
+        with self._guard:
+            if key not in self._bodies:
+                self._bodies[key] = self._read(key)
+            return self._bodies[key]
 
     def _read(self, key, relisted=False):
         vanished = False
@@ -130,7 +135,8 @@ class Registry:
         """Write ``key``. Under the host's admission lock (``locked`` when the caller holds it already), listed
         afresh: two runs writing the same document at once (both registering a pool, say) then take distinct
         generations instead of colliding on one volume name."""
-        with _held(self.conn, self.pool, locked):
+        # the host's lock first, then this object's guard: a thread holding the lock may need the guard
+        with _held(self.conn, self.pool, locked), self._guard:
             self._index = None
             versions = self._generations().get(key, [])
             generation = versions[0][0] + 1 if versions else 1
@@ -142,12 +148,12 @@ class Registry:
             # next put (readers take the newest valid generation, so it is never read again)
             for _old, old_name in versions:
                 storage.delete_volume(self.pool, old_name, keep_if_busy=True)
-        self._index[key] = [(generation, name)]
-        self._bodies[key] = body
+            self._index[key] = [(generation, name)]
+            self._bodies[key] = body
 
     def delete(self, key, locked=False):
-        self._bodies.pop(key, None)
-        with _held(self.conn, self.pool, locked):
+        with _held(self.conn, self.pool, locked), self._guard:
+            self._bodies.pop(key, None)
             self._index = None
             versions = self._generations().pop(key, [])
             for _generation, name in versions:
@@ -170,6 +176,7 @@ class Registry:
 
 
 LOCK_VOLUME = "admission.lock"
+HOLDER_PREFIX = "admission.holder."
 # A live holder keeps the lock for seconds (it creates volumes and defines a domain, or writes a document). A
 # lock older than LOCK_STALE_SECONDS whose holder cannot be checked (another controller) is taken as abandoned,
 # and a waiter gives up after LOCK_WAIT_SECONDS, so it always outlasts an abandoned lock. A holder on this
@@ -196,96 +203,116 @@ def _process_start(pid):
         return None
 
 
-def lock_holder():
-    """Who takes a lock: this controller (host name and boot) and this process (pid and start time)."""
-    return {"host": socket.gethostname(), "boot": _boot_id(), "pid": os.getpid(),
-            "start": _process_start(os.getpid()), "since": time.time()}
+def _controller():
+    """This controller, as a short stable token: its host name and boot."""
+    return hashlib.sha256(("%s/%s" % (socket.gethostname(), _boot_id())).encode()).hexdigest()[:12]
 
 
-def holder_is_dead(holder):
-    """True when ``holder`` ran on this controller and that process is gone; None when it cannot be told."""
-    if not isinstance(holder, dict) or holder.get("host") != socket.gethostname() or not holder.get("boot") \
-            or holder.get("boot") != _boot_id():
+def holder_marker():
+    """The name of the volume that says who holds the lock: this controller and this process (pid and start
+    time). A name, not content: it is read with a listing, never with a stream that would keep the lock busy."""
+    return "%s%s.%d.%s" % (HOLDER_PREFIX, _controller(), os.getpid(), _process_start(os.getpid()))
+
+
+def holder_is_dead(marker):
+    """True when the holder ``marker`` names ran on this controller and that process is gone; None when it
+    cannot be told (another controller, or no marker)."""
+    try:
+        controller, pid, start = marker[len(HOLDER_PREFIX):].split(".")
+    except (TypeError, ValueError):
         return None
-    return _process_start(holder.get("pid", 0)) != holder.get("start")
+    if controller != _controller():
+        return None
+    return _process_start(pid) != start
+
+
+def _delete_quietly(pool, name):
+    """Delete a lock volume, trying again for a moment while libvirt reports it busy."""
+    for _attempt in range(20):
+        try:
+            storage.delete_volume(pool, name)
+            return
+        except LibvirtFailure:
+            time.sleep(0.05)
 
 
 class AdmissionLock:
     """A lock on one pool host made from libvirt alone: creating a storage volume is atomic, so whoever creates
-    ``admission.lock`` in the registry pool holds it. The volume names its holder, so a lock left by a process
-    that died is broken at once by the next run on the same controller; one older than LOCK_STALE_SECONDS is
-    broken by anyone. Works over any URI, across hosts and processes."""
+    ``admission.lock`` in the registry pool holds it; beside it, the volume ``admission.holder.<controller>.<pid>.
+    <start>`` names the holder. A lock whose holder on this controller is gone is broken at once by the next
+    run; one older than LOCK_STALE_SECONDS is broken by anyone. Works over any URI, across hosts and processes."""
 
     def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS):
         self.conn = conn
         self.pool = pool
         self.timeout = timeout
         self.volume = None
+        self.marker = None
 
     def _current(self):
-        """(volume, age in seconds, holder or None) of the lock as it is now, or None when it is free."""
+        """(age in seconds, holder marker or None) of the lock as it is now, or None when it is free."""
         vol = lv.lookup_volume(self.pool, LOCK_VOLUME)
         if vol is None:
             return None
         try:
             mtime = elements.read_volume(elements.parse(vol.XMLDesc(0)))["mtime"]
-            data = storage.download_bytes(self.conn, vol, limit=4096)
-        except (lv.libvirt.libvirtError, LibvirtFailure):
+            self.pool.refresh(0)
+            markers = [name for name in self.pool.listVolumes() if name.startswith(HOLDER_PREFIX)]
+        except lv.libvirt.libvirtError:
             return None  # released meanwhile: try again
-        try:
-            holder = json.loads(data.decode())
-        except (ValueError, UnicodeDecodeError):
-            holder = None  # not written yet (or its holder died before it could say who it is)
-        return vol, max(0.0, time.time() - mtime) if mtime else 0.0, holder
+        return max(0.0, time.time() - mtime) if mtime else 0.0, markers[0] if len(markers) == 1 else None
 
-    def _break(self, holder):
-        """Delete the lock when it still belongs to ``holder``. Waiters on this controller break one at a time
+    def _break(self, marker):
+        """Delete the lock when it still belongs to ``marker``. Waiters on this controller break one at a time
         (a file lock), so none deletes a lock another waiter has just taken."""
         path = os.path.join(tempfile.gettempdir(), "machinery-compute-%s.lock" % self.pool.UUIDString())
         with open(path, "a") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
             current = self._current()
-            if current is not None and current[2] == holder:
-                storage.delete_volume(self.pool, LOCK_VOLUME)
+            if current is not None and current[1] == marker:
+                _delete_quietly(self.pool, LOCK_VOLUME)
+                if marker:
+                    _delete_quietly(self.pool, marker)
 
     def acquire(self):
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                volume = self.pool.createXML(storage.volume_xml(LOCK_VOLUME, 4096, "raw", mode="0600"), 0)
+                volume = self.pool.createXML(storage.volume_xml(LOCK_VOLUME, 1, "raw", mode="0600"), 0)
             except lv.libvirt.libvirtError as exc:
                 if exc.get_error_code() not in (lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST, lv.libvirt.VIR_ERR_INTERNAL_ERROR,
                                                 lv.libvirt.VIR_ERR_OPERATION_FAILED):
                     raise LibvirtFailure("cannot take the admission lock: %s" % lv.describe(exc)) from None
             else:
                 self.volume = volume
+                self.marker = holder_marker()
                 try:
-                    storage.upload_bytes(self.conn, volume, json.dumps(lock_holder()).encode().ljust(4096))
+                    storage.create_volume(self.pool, self.marker, 1, "raw", mode="0600")
                 except BaseException:
                     self.release()
                     raise
                 return self
             current = self._current()
             if current is not None:
-                _vol, age, holder = current
-                if holder_is_dead(holder) or age > LOCK_STALE_SECONDS:
-                    self._break(holder)
+                age, marker = current
+                if holder_is_dead(marker) or age > LOCK_STALE_SECONDS:
+                    self._break(marker)
                     continue
             if time.monotonic() > deadline:
                 who = ""
-                if current is not None and isinstance(current[2], dict):
-                    who = " (pid %s on %s)" % (current[2].get("pid"), current[2].get("host"))
+                if current is not None and current[1]:
+                    who = " (%s)" % current[1][len(HOLDER_PREFIX):]
                 raise ConflictError("the admission lock of this pool has been held for over %ds by another run%s; "
                                     "a lock is taken as abandoned after %ds" % (self.timeout, who, LOCK_STALE_SECONDS),
                                     "uri")
             time.sleep(0.05 + random.random() * 0.1)
 
     def release(self):
+        if self.marker is not None:
+            _delete_quietly(self.pool, self.marker)
+            self.marker = None
         if self.volume is not None:
-            try:
-                self.volume.delete(0)
-            except lv.libvirt.libvirtError:
-                pass
+            _delete_quietly(self.pool, LOCK_VOLUME)
             self.volume = None
 
     def __enter__(self):

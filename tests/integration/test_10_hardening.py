@@ -105,7 +105,7 @@ def registry_leftovers(pool):
     """An admission lock or a machine journal left in the pool's registry."""
     registry = pool.conn.storagePoolLookupByName(REGISTRY)
     registry.refresh(0)
-    return sorted(name for name in registry.listVolumes() if name == "admission.lock" or name.startswith("pending-"))
+    return sorted(name for name in registry.listVolumes() if name.startswith(("admission.", "pending-")))
 
 
 def count(kind):
