@@ -26,6 +26,7 @@ PLAY_SET = """
     - machinery.compute.machine_set:
         pools: "{{ pools }}"
         name: bench
+        state: "{{ state | default('present') }}"
         replicas: "{{ replicas }}"
         selector: {match_labels: {bench: set}}
         template: {machine_class: small, image: "{{ image }}", labels: {bench: set}, network_interfaces: [],
@@ -89,6 +90,7 @@ def main():
         times["role up"].append(playbook(role_play(args.count, lab["image"], "present"), extra))
         times["role no-op"].append(playbook(role_play(args.count, lab["image"], "present"), extra))
         times["role down"].append(playbook(role_play(args.count, lab["image"], "absent"), extra))
+    playbook(PLAY_SET, dict(extra, replicas=0, state="absent"))  # the set's definition goes from the pools too
     median = {key: statistics.median(values) for key, values in times.items()}
     print("%d machines on %d pools, %d rounds, median seconds:" % (args.count, len(pools), args.rounds))
     for key, value in median.items():
