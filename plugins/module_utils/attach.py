@@ -140,8 +140,10 @@ def plan_volume(params, observed, volume):
     """The volume attachment's plan: pure, from the parameters, the target and the volume (``observe``)."""
     name = params["volume"]
     storage.check_attachable(name, "volume")
-    alias = dx.volume_alias(name)
     entry = next((vol for vol in observed.record["spec"].get("volumes") or [] if vol.get("volume") == name), None)
+    # a disk the machine module made is aliased by its name in the machine's spec (ua-vol-data), one attached
+    # here by its volume's name
+    alias = dx.volume_alias(entry["name"] if entry is not None else name)
     if params.get("state") == "detached":
         if entry is None:
             return Plan(volume_state={"name": name, "state": "Detached"})

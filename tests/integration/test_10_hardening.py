@@ -382,3 +382,16 @@ def test_unused_image_caches_are_pruned(pool, image, tmp_path):
     assert cache not in pool.volumes() and cache + ".complete" not in pool.volumes()
     assert used <= set(pool.volumes())  # the caches machines still use are kept
     assert pruned(run("machine_pool", **registration)[0]) == []
+
+
+def test_detach_a_disk_the_machine_module_made(pool, image):
+    name = "made-disk"
+    run("machine", uri=pool.uri, name=name, state="absent")
+    assert not run("machine", **machine_args(pool, image, name))[0].get("failed")
+    detached = run("volume_attach", uri=pool.uri, machine=name, volume=name + "-data.qcow2", state="detached")[0]
+    assert detached["changed"] and not detached.get("failed"), detached
+    assert "ua-vol-data" not in pool.domain(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    again = run("volume_attach", uri=pool.uri, machine=name, volume=name + "-data.qcow2", state="detached")[0]
+    assert again["changed"] is False
+    run("machine", uri=pool.uri, name=name, state="absent")
+    assert orphans(pool, name + "-") == []

@@ -189,3 +189,9 @@ def test_converge_verifies_and_check_mode_applies_nothing():
     assert converge(checked, check_mode=True)[0].summaries() == ["bump"] and checked.applied == []
     with pytest.raises(ConvergenceError):
         converge(Counter(broken=True))
+
+
+def test_detach_finds_a_disk_the_machine_module_made_by_its_own_alias():
+    seen = attached(target(), name="data", volume="web-1-data.qcow2", device="vdb")
+    plan = plan_volume({"volume": "web-1-data.qcow2", "state": "detached"}, seen, None)
+    assert plan.actions[0].data["alias"] == "ua-vol-data"
