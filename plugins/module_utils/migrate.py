@@ -338,15 +338,6 @@ def _sparse_chunks(stream):
             yield data
 
 
-def _send_all(stream, data):
-    view = memoryview(data)
-    while view:
-        sent = stream.send(view.tobytes())
-        if sent < 0:
-            raise LibvirtFailure("the upload stream refused data")
-        view = view[sent:]
-
-
 def stream_volume(source_conn, source_vol, target_conn, target_vol, backing=None):
     """Copy the bytes of ``source_vol`` into ``target_vol`` through two libvirt streams, holes kept as holes.
     With ``backing``, the qcow2 header's backing file name is rewritten on the way (``rebase_header``).
@@ -375,7 +366,7 @@ def stream_volume(source_conn, source_vol, target_conn, target_vol, backing=None
                 if len(head) < 24 or len(head) < header_bytes_needed(head, backing):
                     continue
                 piece, head = rebase_header(head, backing), None
-            _send_all(up, piece)
+            storage.send_chunks(up, [piece])
         if head:
             raise LibvirtFailure("the qcow2 header of %s is cut short" % source_vol.name())
         down.finish()

@@ -124,7 +124,8 @@ def delete_volume(pool, name, keep_if_busy=False):
     return True
 
 
-def _send(stream, chunks):
+def send_chunks(stream, chunks):
+    """Send every chunk through an upload stream, as many calls as the stream needs for each."""
     for chunk in chunks:
         view = memoryview(chunk)
         while view:
@@ -139,7 +140,7 @@ def upload(conn, vol, chunks, length):
     stream = conn.newStream(0)
     try:
         vol.upload(stream, 0, length, 0)
-        _send(stream, chunks)
+        send_chunks(stream, chunks)
         stream.finish()
     except BaseException as exc:
         try:
