@@ -13,15 +13,16 @@ MIN_CORE := 2.16.19
 CORE_BIN := $(VENV)/cores/$(MIN_CORE)/bin
 APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt-dev \
 	libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils \
-	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time libxml2-utils
+	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time libxml2-utils \
+	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd
 
-.PHONY: help deps venv core-venv image lab-up lab-down lab-status demo demo-down test unit sanity lint packaging \
-	integration benchmark clean
+.PHONY: help deps venv core-venv image image-real lab-up lab-down lab-status demo demo-down test unit sanity lint \
+	packaging integration benchmark clean
 
 help:
 	@echo "make demo        a 3-pool lab of real libvirtd hosts, classes, machines booted with Ignition + cloud-init"
 	@echo "make test        unit tests, ansible-test sanity, ansible-lint, packaging, integration tests on a fresh lab"
-	@echo "make lab-up [POOLS=N] | lab-down | lab-status | image | venv | benchmark"
+	@echo "make lab-up [POOLS=N] | lab-down | lab-status | image | image-real | venv | benchmark"
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
@@ -50,6 +51,11 @@ core-venv: venv
 
 image: deps
 	@bash lab/image/build.sh $(IMAGE_DIR) | tail -n 1
+
+# A real Debian 12 guest (systemd, cloud-init, sshd, Python, the guest agent) for the tests and the demo that
+# work inside machines; the busybox image above stays the fast default.
+image-real: deps
+	@bash lab/image/real/build.sh $(IMAGE_DIR) | tail -n 1
 
 lab-up: deps image
 	python3 lab/lab.py up --pools $(POOLS) --dir $(LAB) --image $(IMAGE_DIR)/machinery-test.qcow2
