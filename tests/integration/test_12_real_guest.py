@@ -1,0 +1,211 @@
+"""The user story on a real Debian guest: the machines role creates machines from the real image (make image-real),
+the inventory plugin hands them over, a play runs inside them over SSH, the guest agent answers, and a stop goes
+through ACPI to systemd.
+
+The guests are reachable only inside the lab's network namespaces: ssh gets there through a ProxyCommand that
+enters the namespace of the pool's libvirtd (see playbooks/real_guest.yml), the lab's way in.
+"""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import libvirt
+import pytest
+
+from conftest import REPO, Pool, load_lab, lab_file, register, run_module, warnings_of
+
+BIN = os.path.dirname(sys.executable)
+PLAYBOOK = os.path.join(REPO, "tests", "integration", "playbooks", "real_guest.yml")
+NAMES = ["real-1", "real-2"]
+# A real system needs more memory than the busybox guests; one CPU each keeps two TCG guests on two cores.
+CLASS_REAL = {"name": "real", "cpu": 1, "memory": "512Mi"}
+LABELS = {"suite": "real-guest"}
+SHUTDOWN_TIMEOUT = 120
+ROOT_SIZE = "3Gi"
+
+
+def real_image():
+    """$MACHINERY_REAL_IMAGE, else machinery-real.qcow2 beside the lab's busybox image (make image-real)."""
+    path = os.environ.get("MACHINERY_REAL_IMAGE")
+    if not path:
+        lab_image = load_lab().get("image") or ""
+        path = os.path.join(os.path.dirname(lab_image), "machinery-real.qcow2")
+    if not os.path.isfile(path):
+        pytest.skip("no real test image at %s (make image-real)" % path)
+    return path
+
+
+def sha256(path):
+    proc = subprocess.run(["sha256sum", path], capture_output=True, text=True, check=True)
+    return proc.stdout.split()[0]
+
+
+def delete_machines(pools):
+    for pool in pools:
+        for name in NAMES:
+            if pool.domain(name) is not None:
+                run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=10)
+
+
+def stop_ssh_masters(control_dir):
+    """ansible's ssh keeps a master connection per guest (ControlPersist): close them, and their ProxyCommand."""
+    for socket in glob.glob(os.path.join(control_dir, "*")):
+        subprocess.run(["ssh", "-o", "ControlPath=%s" % socket, "-O", "exit", "guest"], capture_output=True,
+                       check=False, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory):
+    """Every lab pool registered with class real; ssh key, inventory source and ssh control directory."""
+    image = real_image()
+    lab = load_lab()
+    pools = [Pool(entry["name"], entry["uri"]) for entry in lab["pools"]]
+    for pool in pools:
+        register(pool)
+        published = run_module("machine_class", uri=pool.uri, **CLASS_REAL)
+        assert not published.get("failed"), published
+    delete_machines(pools)
+    work = tmp_path_factory.mktemp("real-guest")
+    key = work / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "machinery-real-guest", "-f", str(key)],
+                   check=True, timeout=60)
+    source = work / "real.machinery.yml"
+    source.write_text(json.dumps({
+        "plugin": "machinery.compute.machines",
+        "pools": [{"name": pool.name, "uri": pool.uri} for pool in pools],
+        "groups": {"real_guests": "machinery.labels.suite | default('') == 'real-guest'"}}))
+    control_dir = work / "cp"
+    control_dir.mkdir()
+    data = {"pools": pools, "image": image, "work": work, "key": key, "source": source,
+            "public_key": (work / "id_ed25519.pub").read_text().strip(), "control_dir": str(control_dir)}
+    yield data
+    stop_ssh_masters(data["control_dir"])
+    delete_machines(pools)
+    checksum = sha256(image)
+    for pool in pools:
+        run_module("machine_class", uri=pool.uri, name=CLASS_REAL["name"], state="absent")
+        # the pool's cached copy of the image, unless a volume still has it as its backing file
+        storage = pool.conn.storagePoolLookupByName("machinery")
+        storage.refresh(0)
+        volumes = storage.listAllVolumes(0)
+        cached = [vol for vol in volumes if vol.name().startswith("image-%s." % checksum[:32])]
+        others = [vol.XMLDesc(0) for vol in volumes if vol not in cached]
+        if not any(vol.path() in xml for vol in cached for xml in others):
+            for vol in cached:
+                vol.delete(0)
+
+
+def spec(name, public_key, image):
+    # root_size beyond the image's 2 GiB: cloud-init's growpart grows the root partition and file system into it
+    return {"name": name, "machine_class": CLASS_REAL["name"], "image": image, "root_size": ROOT_SIZE,
+            "labels": LABELS, "ssh_authorized_keys": [public_key],
+            "cloud_init": {"user_data": {
+                "users": ["default", {"name": "alice", "gecos": "Machinery test user", "shell": "/bin/bash",
+                                      "ssh_authorized_keys": [public_key]}],
+                "write_files": [{"path": "/etc/machinery/cloud-init.txt",
+                                 "content": "written by cloud-init on %s\n" % name}],
+                "runcmd": [["sh", "-c", 'echo "runcmd ran as $(id -un) on $(hostname)" >/var/tmp/machinery-runcmd']],
+            }}}
+
+
+def playbook(story, **extra):
+    variables = story["work"] / "vars.json"
+    variables.write_text(json.dumps(dict(extra, lab_file=lab_file(), guest_key=str(story["key"]))))
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_HOST_KEY_CHECKING="false",
+               ANSIBLE_PIPELINING="true", ANSIBLE_SSH_ARGS="-o ControlMaster=auto -o ControlPersist=30s",
+               ANSIBLE_SSH_CONTROL_PATH_DIR=story["control_dir"], ANSIBLE_LOCALHOST_WARNING="false")
+    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(story["source"]), PLAYBOOK,
+                           "-e", "@%s" % variables], capture_output=True, text=True, env=env, timeout=1200,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    return proc
+
+
+def hostvars(story, **options):
+    config = json.loads(story["source"].read_text())
+    config.update(options)
+    source = story["work"] / "agent.machinery.yml"
+    source.write_text(json.dumps(config))
+    proc = subprocess.run([os.path.join(BIN, "ansible-inventory"), "-i", str(source), "--list"],
+                          capture_output=True, text=True, env=dict(os.environ, ANSIBLE_NOCOLOR="1"), check=True,
+                          timeout=300)
+    return json.loads(proc.stdout)["_meta"]["hostvars"]
+
+
+def unwrap(value):
+    """ansible-inventory shows strings marked unsafe as {"__ansible_unsafe": ...}."""
+    return value["__ansible_unsafe"] if isinstance(value, dict) and "__ansible_unsafe" in value else value
+
+
+def where(pools, name):
+    return next(pool for pool in pools if pool.domain(name) is not None)
+
+
+def test_play_inside_real_guests(story):
+    results = story["work"] / "results.json"
+    started = time.monotonic()
+    playbook(story, machines=[spec(name, story["public_key"], story["image"]) for name in NAMES],
+             results_file=str(results))
+    print("\ncreate, boot, ssh and the play inside: %.0f s" % (time.monotonic() - started))
+    summary = json.loads(results.read_text())
+    assert sorted(summary) == NAMES, summary
+    for name, guest in sorted(summary.items()):
+        print("%s: up %.0f s at its first ssh session" % (name, float(guest["uptime_at_first_ssh"])))
+    for name, guest in summary.items():
+        pool = where(story["pools"], name)
+        leases = {lease["hostname"]: lease["ipaddr"] for lease in pool.leases() if lease.get("hostname")}
+        assert guest["hostname"] == name
+        assert (guest["distribution"], guest["distribution_major_version"]) == ("Debian", "12")
+        assert guest["kernel"].endswith("-cloud-amd64"), guest
+        # the inventory's ansible_host is the DHCP lease, and the guest's own default address
+        assert guest["ansible_host"] == guest["address"] == leases[name]
+        assert guest["user"] == "debian"
+        assert "status: done" in guest["cloud_init_status"]
+        assert guest["write_files"] == "written by cloud-init on %s\n" % name
+        assert guest["runcmd"] == "runcmd ran as root on %s\n" % name
+        # getent's passwd entry: password, uid, gid, gecos, home, shell
+        assert guest["alice"][3:] == ["Machinery test user", "/home/alice", "/bin/bash"], guest["alice"]
+        assert guest["written"] == "%s %s\n" % (name, guest["address"])
+        # the root file system grew from the image's 2 GiB towards the 3 GiB disk
+        assert int(guest["root_bytes"]) > 2.5 * 2 ** 30, guest["root_bytes"]
+
+
+def test_inventory_and_guest_agent(story):
+    pools = story["pools"]
+    listed = hostvars(story)
+    by_agent = hostvars(story, address_source=["agent"])
+    for name in NAMES:
+        dom = where(pools, name).domain(name)
+        address = unwrap(listed[name]["ansible_host"])
+        # hostname, OS, kernel and addresses from the QEMU guest agent, through libvirt
+        info = dom.guestInfo(libvirt.VIR_DOMAIN_GUEST_INFO_HOSTNAME | libvirt.VIR_DOMAIN_GUEST_INFO_OS, 0)
+        assert info["hostname"] == name
+        assert info["os.id"] == "debian" and info["os.version-id"] == "12"
+        assert info["os.kernel-release"].endswith("-cloud-amd64")
+        agent = dom.interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT, 0)
+        addresses = [entry["addr"] for nic in agent.values() for entry in nic["addrs"] or []]
+        assert address in addresses, agent
+        # the inventory asked only for the agent finds the same address
+        assert unwrap(by_agent[name]["ansible_host"]) == address
+
+
+def test_graceful_stop_through_acpi(story):
+    for name in NAMES:
+        pool = where(story["pools"], name)
+        started = time.monotonic()
+        stopped = run_module("machine", uri=pool.uri, name=name, state="stopped",
+                             shutdown_timeout=SHUTDOWN_TIMEOUT)
+        took = time.monotonic() - started
+        assert stopped["changed"] is True and stopped["actions"] == ["stop"], stopped
+        assert stopped["machine"]["phase"] == "Shutdown"
+        assert not any("forced" in warning for warning in warnings_of(stopped))
+        assert not pool.domain(name).isActive()
+        # systemd took the power button (logind) and powered the machine off itself
+        console = pool.console(name)
+        assert "systemd-shutdown" in console and "reboot: Power down" in console, console[-3000:]
+        assert took < SHUTDOWN_TIMEOUT / 2, took
+        print("%s: graceful stop in %.1f s" % (name, took))
