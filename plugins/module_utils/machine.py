@@ -312,7 +312,7 @@ class MachineResource:
         created = []
         try:
             spec["image"]["format"] = fmt
-            image_size = image_vol.info()[1]
+            image_size = self._virtual_size(pool, image_vol, spec["image"])
             root_size = spec["root_size"] or image_size
             if root_size < image_size:
                 raise ValidationError("%s is smaller than the image (%s)"
@@ -362,9 +362,18 @@ class MachineResource:
         backing = None
         if vol["source"] == "image":
             backing_vol, backing_fmt = images.ensure_cached(self.conn, pool, vol["image"], self.ctx.url_opener)
-            vol["size"] = max(backing_vol.info()[1], vol.get("size") or 0)
+            vol["size"] = max(self._virtual_size(pool, backing_vol, vol["image"]), vol.get("size") or 0)
             backing = (backing_vol.path(), backing_fmt)
         return self._new_volume(pool, created, vol["volume"], vol["size"], backing, disk)
+
+    @staticmethod
+    def _virtual_size(pool, image_vol, image):
+        """The disk size a guest sees of a cached image. A volume just uploaded reports its file size until the
+        pool is refreshed (libvirt reads the qcow2 header then), so a local image's own header is read first."""
+        if image.get("path"):
+            return storage.virtual_size(image["path"])
+        pool.refresh(0)
+        return pool.storageVolLookupByName(image_vol.name()).info()[1]
 
     def _secret(self, pool, created, volume_name, data):
         path = storage.write_secret_volume(self.conn, pool, volume_name, data).path()

@@ -13,8 +13,8 @@ description:
     M(machinery.compute.machine_pool).
   - The root disk is a thin qcow2 overlay on the image, which is uploaded to the pool once per checksum through
     the libvirt connection. Ignition goes to the guest through fw_cfg (C(opt/com.coreos/config)) from a mode 0600
-    volume; cloud-init through a NoCloud C(cidata) ISO on a SATA cdrom. Neither is ever put inline in the
-    domain XML or logged.
+    volume; cloud-init through a NoCloud C(cidata) ISO on a virtio-scsi cdrom (cloud kernels have no AHCI
+    driver). Neither is ever put inline in the domain XML or logged.
   - The machine's record (spec, creation time, restart count) lives in the domain's metadata. Domains without it
     were not created by this collection and are refused unless O(adopt=true).
   - On an existing machine, O(cpu), O(memory), O(machine_class), O(labels) and the boot configuration are
