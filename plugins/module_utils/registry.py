@@ -256,7 +256,6 @@ class AdmissionLock:
             return None
         try:
             mtime = elements.read_volume(elements.parse(vol.XMLDesc(0)))["mtime"]
-            self.pool.refresh(0)
             markers = [name for name in self.pool.listVolumes() if name.startswith(HOLDER_PREFIX)]
         except lv.libvirt.libvirtError:
             return None  # released meanwhile: try again
