@@ -20,7 +20,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machine import M
 from ansible_collections.machinery.compute.plugins.module_utils.machine_status import table
 from ansible_collections.machinery.compute.plugins.module_utils.scheduler import schedule
 
-SCHEDULING_KEYS = ("machine_pool_selector", "tolerations", "machine_pool")
+SCHEDULING_KEYS = ("machine_pool_selector", "machine_pool")
 
 
 class BatchOutcome:

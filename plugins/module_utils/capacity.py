@@ -10,6 +10,7 @@ from __future__ import annotations
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
 
 
@@ -29,8 +30,8 @@ def machine_disks(record):
 
 
 def machine_sizes(conn):
-    """[(name, cpu, memory bytes, machine_class, {volume: bytes})] of the machines (domains with our record) on
-    the host."""
+    """[(name, cpu, memory bytes, machine_class, {volume: bytes}, tolerations)] of the machines (domains with our
+    record) on the host."""
     sizes = []
     for dom in conn.listAllDomains(0):
         tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
@@ -38,7 +39,7 @@ def machine_sizes(conn):
         if record is None:
             continue
         sizes.append((dom.name(), dx.read_cpu(tree), dx.read_memory(tree), record["spec"].get("machine_class"),
-                      machine_disks(record)))
+                      machine_disks(record), record["spec"].get("tolerations") or []))
     return sizes
 
 
@@ -135,6 +136,9 @@ def pool_status(ctx, registration=None, sizes=None, capacity=None):
                     "allocatable": format_quantity(storage_allocatable(storage, registration))},
         "available_machine_classes": classes,
         "machine_count": len(sizes),
+        # machines that tolerate no NoExecute taint of the pool: the drain role moves exactly these
+        "must_leave": sorted(size[0] for size in sizes
+                             if scheduler.must_leave(registration.get("taints"), size[5])),
         "hypervisor": {"libvirt": _version(conn.getLibVersion()), "qemu": _version(conn.getVersion()),
                        "hostname": conn.getHostname()},
     }

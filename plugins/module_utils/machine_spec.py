@@ -16,6 +16,7 @@ from ansible_collections.machinery.compute.plugins.module_utils import domain as
 from ansible_collections.machinery.compute.plugins.module_utils import elements
 from ansible_collections.machinery.compute.plugins.module_utils import images
 from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils import seed
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils import validation as check
@@ -249,6 +250,8 @@ def normalize(params, ctx, existing_record=None, current=None, leftovers=()):
     recorded = dict((existing_record or {}).get("spec", {}), **(current or {}))
     spec["labels"] = check.labels(params.get("labels"), "labels") if params.get("labels") is not None \
         else recorded.get("labels", {})
+    spec["tolerations"] = scheduler.normalize_tolerations(params["tolerations"], "tolerations") \
+        if params.get("tolerations") is not None else recorded.get("tolerations")
     spec["machine_class"], spec["cpu"], spec["memory"] = _size_from_class(params, ctx, recorded)
     spec["firmware"] = check.one_of(params.get("firmware") or recorded.get("firmware") or "bios", options.FIRMWARES,
                                     "firmware")
@@ -306,8 +309,8 @@ def ephemeral_volumes(record):
 
 def recorded_spec(spec, files):
     """The normalized spec as the record keeps it: sizes and references, no boot configuration content."""
-    kept = {key: spec.get(key) for key in ("name", "machine_class", "cpu", "memory", "labels", "firmware",
-                                           "virt_type", "root_size", "boot_config")}
+    kept = {key: spec.get(key) for key in ("name", "machine_class", "cpu", "memory", "labels", "tolerations",
+                                           "firmware", "virt_type", "root_size", "boot_config")}
     kept["image"] = {key: spec["image"].get(key) for key in ("source", "checksum", "format")}
     kept["volumes"] = [{key: value for key, value in vol.items() if key != "image"} for vol in spec["volumes"]]
     for vol, source in zip(kept["volumes"], spec["volumes"]):

@@ -217,11 +217,12 @@ def resolve_interrupted(journal, source, target):
 
 
 def scheduling_spec(name, record, cpu, memory):
-    """The machine as the scheduler sees it: its own size (the one it runs with), no selector, no tolerations
-    (the record keeps none, so every taint repels it)."""
-    return {"name": name, "machine_class": (record or {}).get("spec", {}).get("machine_class"),
-            "size": {"cpu": cpu, "memory": memory}, "machine_pool_selector": {}, "tolerations": [],
-            "machine_pool": None}
+    """The machine as the scheduler sees it: its own size (the one it runs with), no selector, and the
+    tolerations its record keeps (none for machines made before records kept them: every taint repels those)."""
+    spec = (record or {}).get("spec", {})
+    return {"name": name, "machine_class": spec.get("machine_class"),
+            "size": {"cpu": cpu, "memory": memory}, "machine_pool_selector": {},
+            "tolerations": spec.get("tolerations") or [], "machine_pool": None}
 
 
 def pick_target(machine, snapshots, source_uri, strategy="spread", wanted=None):

@@ -171,6 +171,8 @@ MACHINE = (
     Option("cloud_init", "dict", options=CLOUD_INIT),
     Option("ssh_authorized_keys", "list", elements="str", no_log=False),
     Option("labels", "dict", owned=_recorded("labels")),
+    # kept in the record so that a NoExecute taint added later knows which machines may stay (pool must_leave)
+    Option("tolerations", "list", elements="dict", owned=_recorded("tolerations")),
     Option("firmware", choices=FIRMWARES, fixed=lambda spec: spec.get("firmware")),
     Option("virt_type", choices=VIRT_TYPES, default="auto"),
     # the hash of ignition, cloud_init and ssh_authorized_keys (never the configuration itself)
@@ -182,10 +184,10 @@ MACHINE = (
     Option("unique_across", "list", elements="str"),
 )
 
-# What each machine of a batch (and the template of a set) takes beyond the machine's own options.
+# What each machine of a batch (and the template of a set) takes beyond the machine's own options (tolerations
+# are the machine's own: they are recorded).
 SCHEDULING = (
     Option("machine_pool_selector", "dict"),
-    Option("tolerations", "list", elements="dict"),
     Option("machine_pool"),
 )
 

@@ -62,16 +62,22 @@ def normalize_machine(spec, index=0, field="terms", keys=SPEC_KEYS):
         raise ValidationError("must be a mapping of labels", where + ".machine_pool_selector")
     # pool labels are strings by the label rules: a selector that breaks them could never match
     selector = check.labels(selector, where + ".machine_pool_selector")
-    items = spec.get("tolerations") or []
-    if not isinstance(items, list):
-        raise ValidationError("must be a list of tolerations (key, operator, value, effect)", where + ".tolerations")
-    tolerations = [normalize_toleration(item, "%s.tolerations[%d]" % (where, position))
-                   for position, item in enumerate(items)]
+    tolerations = normalize_tolerations(spec.get("tolerations"), where + ".tolerations") or []
     pool = spec.get("machine_pool")
     if pool is not None:
         check.dns_label(pool, where + ".machine_pool")
     return {"name": name, "machine_class": machine_class, "size": size, "machine_pool_selector": selector,
             "tolerations": tolerations, "machine_pool": pool}
+
+
+def normalize_tolerations(items, field):
+    """A list of tolerations, validated; None when there are none (so a record that never had any and one
+    given an empty list compare equal)."""
+    if items is None:
+        return None
+    if not isinstance(items, list):
+        raise ValidationError("must be a list of tolerations (key, operator, value, effect)", field)
+    return [normalize_toleration(item, "%s[%d]" % (field, position)) for position, item in enumerate(items)] or None
 
 
 def normalize_toleration(item, field):
@@ -100,6 +106,14 @@ def tolerates(toleration, taint):
     if toleration["operator"] == "Exists":
         return not toleration["key"] or toleration["key"] == taint["key"]
     return toleration["key"] == taint["key"] and toleration["value"] == (taint.get("value") or "")
+
+
+def must_leave(taints, tolerations):
+    """True when a machine with these (recorded) tolerations may not stay on a pool with these taints: some
+    NoExecute taint is not tolerated. NoSchedule only keeps new machines away."""
+    return any(taint.get("effect") == "NoExecute"
+               and not any(tolerates(toleration, taint) for toleration in tolerations or [])
+               for taint in taints or [])
 
 
 def untolerated(machine, pool):

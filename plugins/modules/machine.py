@@ -166,6 +166,16 @@ options:
       - Labels of the machine (kept in its record; used by selectors and the inventory).
       - Keys and values follow the Kubernetes label rules; values must be strings (quote V("true") or V("1")).
     type: dict
+  tolerations:
+    description:
+      - Taints of the pool this machine tolerates (C(key), C(operator) Equal or Exists, C(value), C(effect)
+        NoSchedule or NoExecute; an empty effect matches both), kept in its record and changed in place.
+      - The scheduler (M(machinery.compute.machine_batch), M(machinery.compute.machine_set)) places the machine
+        by them; M(machinery.compute.machine_pool) lists as RV(machinery.compute.machine_pool#module:pool.must_leave)
+        the machines that tolerate no C(NoExecute) taint of their pool, and the C(drain) role moves exactly those.
+      - When not given, an existing machine keeps the tolerations it has.
+    type: list
+    elements: dict
   firmware:
     description: Firmware, fixed at creation; V(bios) when not given.
     type: str

@@ -36,8 +36,9 @@ options:
   machines:
     description:
       - The machines, each a mapping of the options of M(machinery.compute.machine) (except C(uri) and
-        C(unique_across)), plus the scheduling keys C(machine_pool_selector) (labels), C(tolerations) (key,
-        operator, value, effect) and C(machine_pool) (pin to a pool by name).
+        C(unique_across)), plus the scheduling keys C(machine_pool_selector) (labels) and C(machine_pool) (pin
+        to a pool by name). The machine's C(tolerations) (key, operator, value, effect) steer the scheduler too,
+        and are recorded with the machine.
     type: list
     elements: dict
     required: true

@@ -11,8 +11,9 @@ short_description: Move a machine to another pool, cold or live, resumable when 
 description:
   - Moves the machine O(machine) off the pool at O(uri) to the pool O(target), or to the pool the scheduler picks
     among O(pools) when O(target) is not given (the filters and score of the C(machinery.compute.scheduler)
-    lookup; the machine keeps its own cpu and memory, its class must be published on the target, and since
-    machines record no tolerations, a pool with a C(NoSchedule) or C(NoExecute) taint is never picked).
+    lookup; the machine keeps its own cpu and memory, its class must be published on the target, and a pool
+    with a C(NoSchedule) or C(NoExecute) taint that the tolerations in the machine's record do not tolerate is
+    never picked).
   - A cold move works between any two pools over any URI, through libvirt alone. The guest is shut down (ACPI,
     then forced after O(shutdown_timeout)); every file it has in its pool's storage (disks, seed ISO, Ignition
     file, console log) is streamed into the target's storage with its holes kept, so a thin qcow2 overlay stays

@@ -192,6 +192,13 @@ pool:
     machine_count:
       description: Number of machines defined on the pool.
       type: int
+    must_leave:
+      description:
+        - Names of the machines on the pool that tolerate none of its C(NoExecute) taints (by the tolerations in
+          their records), in order; empty without such a taint. The C(drain) role moves exactly these.
+      type: list
+      elements: str
+      sample: [web-1, web-2]
 actions:
   description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory).
   returned: always

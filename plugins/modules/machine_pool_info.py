@@ -130,6 +130,13 @@ pools:
     machine_count:
       description: Number of machines defined on the pool; null when Offline.
       type: int
+    must_leave:
+      description:
+        - Names of the machines on the pool that tolerate none of its C(NoExecute) taints (by the tolerations in
+          their records), in order; empty without such a taint. The C(drain) role moves exactly these.
+      type: list
+      elements: str
+      sample: [web-1, web-2]
     hypervisor:
       description: Versions of libvirt and QEMU and the host name; null when Offline.
       type: dict
@@ -146,7 +153,7 @@ def offline_status(snapshot):
     return {"name": snapshot["name"], "uri": snapshot["uri"], "labels": {}, "taints": [], "state": "Offline",
             "problems": [snapshot["problem"]], "virt_type": None, "capacity": None, "allocated": None,
             "allocatable": {"cpu": 0, "memory": "0"}, "storage": None, "available_machine_classes": [],
-            "machine_count": None,
+            "machine_count": None, "must_leave": [],
             "hypervisor": None}
 
 

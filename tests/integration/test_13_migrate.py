@@ -329,16 +329,26 @@ def test_drain_moves_every_machine_off_a_pool_with_its_data(registered, image, t
     pools = registered
     drained = pools[0]
     names = ["mig-drain-%d" % index for index in range(3)]
+    stays = "mig-drain-tolerant"  # tolerates the taint: stays where it is
     blobs = {name: random.Random(name).randbytes(8 * MIB) for name in names}
     taint = [{"key": "maintenance", "value": "drain", "effect": "NoExecute"}]
+    tolerations = [{"key": "maintenance", "operator": "Exists", "effect": "NoExecute"}]
     try:
         for name in names:
             make(drained, image, name, state="present", data="8Mi")
             upload(drained, "%s-data.qcow2" % name, disk_image(blobs[name], tmp_path, name))
             run_module("machine", uri=drained.uri, name=name, state="running", wait="none")
+        tolerant = dict(uri=drained.uri, name=stays, machine_class="small", image=image, state="present",
+                        tolerations=tolerations)
+        assert run_module("machine", **tolerant)["changed"]
+        again = run_module("machine", **tolerant)
+        assert again["changed"] is False and again["actions"] == [], again  # recorded, compared, unchanged
         for name in names:
             drained.wait_console(name, "MACHINERY-READY", 240)
         register(drained, taints=taint)
+        status = run_module("machine_pool_info", uri=drained.uri)["pools"][0]
+        ours = [name for name in status["must_leave"] if name.startswith("mig-drain-")]
+        assert ours == sorted(names), status  # by the tolerations each record keeps
         variables = {"drain_pool": drained.name, "drain_pools": fleet(pools), "drain_mode": "cold",
                      "drain_shutdown_timeout": 30}
         proc, recap = play(tmp_path, "first", **variables)
@@ -353,12 +363,14 @@ def test_drain_moves_every_machine_off_a_pool_with_its_data(registered, image, t
             assert guest_bytes(found[0], "%s-data.qcow2" % name, tmp_path) == blobs[name]
             assert owned_volumes(drained, name) == []
         assert {homes(pools, name)[0].name for name in names} == {pools[1].name, pools[2].name}  # spread
+        assert homes(pools, stays) == [drained]
+        assert stays not in run_module("machine_pool_info", uri=drained.uri)["pools"][0]["must_leave"]
 
         proc, recap = play(tmp_path, "again", **variables)
         assert recap["failed"] == 0 and recap["changed"] == 0, proc.stdout[-5000:]
     finally:
         register(drained, taints=[])
-        for name in names:
+        for name in names + [stays]:
             remove(pools, name)
 
 

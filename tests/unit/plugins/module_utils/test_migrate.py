@@ -272,3 +272,13 @@ def test_pick_target_says_why_not():
         migrate.pick_target(machine(), pools, UNIX % "a", wanted="d")
     with pytest.raises(Unschedulable, match="insufficient cpu"):
         migrate.pick_target(machine(), [snapshot("a"), snapshot("b", cpu=1)], UNIX % "a", wanted="b")
+
+
+def test_pick_target_honours_the_recorded_tolerations():
+    gpu = [{"key": "gpu", "value": "", "effect": "NoSchedule"}]
+    pools = [snapshot("a"), snapshot("gpu", taints=gpu)]
+    tolerant = migrate.scheduling_spec("web-1", {"spec": {"machine_class": "small", "tolerations": [
+        {"key": "gpu", "operator": "Exists", "value": "", "effect": ""}]}}, 2, GI)
+    assert migrate.pick_target(tolerant, pools, UNIX % "a")[0]["name"] == "gpu"
+    with pytest.raises(Unschedulable, match="taint not tolerated"):
+        migrate.pick_target(machine(), pools, UNIX % "a")

@@ -3,7 +3,7 @@ from hypothesis import given, settings, strategies as st
 
 from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.scheduler import (
-    Unschedulable, schedule, tolerates)
+    Unschedulable, must_leave, normalize_tolerations, schedule, tolerates)
 
 GI = 2 ** 30
 SMALL = {"cpu": 1, "memory": 1 * GI}
@@ -55,6 +55,36 @@ def test_tolerates_effect_rules():
     taint = {"key": "k", "value": "v", "effect": "NoExecute"}
     assert tolerates({"key": "k", "operator": "Equal", "value": "v", "effect": ""}, taint)
     assert not tolerates({"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule"}, taint)
+
+
+def test_must_leave_only_for_untolerated_no_execute_taints():
+    drain = {"key": "maintenance", "value": "drain", "effect": "NoExecute"}
+    keep_out = {"key": "gpu", "value": "", "effect": "NoSchedule"}
+    assert not must_leave([], None)
+    assert not must_leave([keep_out], [])  # NoSchedule keeps new machines away, never evicts
+    assert must_leave([keep_out, drain], [])
+    assert must_leave([drain], normalize_tolerations([{"key": "maintenance", "operator": "Equal",
+                                                       "value": "other"}], "tolerations"))
+    for toleration in ({"key": "maintenance", "operator": "Exists"},
+                       {"key": "maintenance", "value": "drain", "effect": "NoExecute"},
+                       {"operator": "Exists"}):
+        assert not must_leave([drain], normalize_tolerations([toleration], "tolerations")), toleration
+    assert must_leave([drain], normalize_tolerations([{"key": "maintenance", "operator": "Exists",
+                                                       "effect": "NoSchedule"}], "tolerations"))
+
+
+def test_normalize_tolerations_names_the_field():
+    assert normalize_tolerations(None, "tolerations") is None
+    assert normalize_tolerations([], "tolerations") is None  # as a record without any
+    assert normalize_tolerations([{"key": "a", "operator": "Exists"}], "tolerations") == [
+        {"key": "a", "operator": "Exists", "value": "", "effect": ""}]
+    with pytest.raises(ValidationError) as info:
+        normalize_tolerations("gpu", "tolerations")
+    assert info.value.field == "tolerations"
+    with pytest.raises(ValidationError) as info:
+        normalize_tolerations([{"key": "a", "operator": "Exists"}, {"key": "b", "effect": "Sometimes"}],
+                              "template.tolerations")
+    assert info.value.field == "template.tolerations[1].effect"
 
 
 def test_selector_filter():

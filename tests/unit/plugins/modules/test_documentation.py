@@ -98,5 +98,6 @@ def test_choices_are_typed_once():
 def test_owned_fields_know_how_a_running_guest_takes_them():
     assert {name: owned.live for name, owned in options.OWNED_BY_NAME.items()} == {
         "machine_class": "metadata", "cpu": "restart", "memory": "balloon", "labels": "metadata",
+        "tolerations": "metadata",
         "boot_config": "boot"}
     assert [item.name for item in options.FIXED] == ["image", "image_checksum", "firmware"]
