@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils import migrate
+from ansible_collections.machinery.compute.plugins.module_utils import move_plan
 from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.scheduler import Unschedulable
 
@@ -24,7 +24,7 @@ CHECKSUM = "ab" * 32
 def header(backing=b"/var/lib/libvirt/machinery/image-1.qcow2", cluster_bits=16, offset=0x200):
     """The first cluster of a qcow2 v3 file whose backing file name lies at ``offset``."""
     head = bytearray(1 << cluster_bits)
-    head[:4] = migrate.QCOW2_MAGIC
+    head[:4] = move_plan.QCOW2_MAGIC
     head[4:8] = struct.pack(">I", 3)
     head[8:24] = struct.pack(">QII", offset if backing else 0, len(backing), cluster_bits)
     head[offset:offset + len(backing)] = backing
@@ -33,30 +33,30 @@ def header(backing=b"/var/lib/libvirt/machinery/image-1.qcow2", cluster_bits=16,
 
 def test_rebase_header_replaces_the_name_in_place():
     head = header()
-    offset, length, cluster = migrate.backing_reference(head)
+    offset, length, cluster = move_plan.backing_reference(head)
     assert (offset, length, cluster) == (0x200, 40, 65536)
     longer = "/srv/pools/hv2/machinery/image-1.qcow2"
-    patched = migrate.rebase_header(head, longer + "-longer")
+    patched = move_plan.rebase_header(head, longer + "-longer")
     assert patched[16:20] == struct.pack(">I", len(longer) + 7)
     assert patched[0x200:0x200 + len(longer) + 7] == (longer + "-longer").encode()
     assert patched[:16] == head[:16] and patched[20:0x200] == head[20:0x200]
-    shorter = migrate.rebase_header(head, "/m/image-1.qcow2")
+    shorter = move_plan.rebase_header(head, "/m/image-1.qcow2")
     assert shorter[0x200:0x200 + 40] == b"/m/image-1.qcow2".ljust(40, b"\0")  # the old name leaves no tail
     assert len(shorter) == len(head)
-    assert migrate.header_bytes_needed(head, longer) == 0x200 + 40
+    assert move_plan.header_bytes_needed(head, longer) == 0x200 + 40
 
 
 def test_rebase_header_refuses_what_qemu_refuses():
     with pytest.raises(ValueError, match="does not fit"):
-        migrate.rebase_header(header(offset=65536 - 50), "/" + "x" * 60)
+        move_plan.rebase_header(header(offset=65536 - 50), "/" + "x" * 60)
     with pytest.raises(ValueError, match="does not fit"):
-        migrate.rebase_header(header(), "/" + "x" * 1100)
+        move_plan.rebase_header(header(), "/" + "x" * 1100)
     with pytest.raises(ValueError, match="no backing file"):
-        migrate.rebase_header(header(backing=b""), "/m/image.qcow2")
+        move_plan.rebase_header(header(backing=b""), "/m/image.qcow2")
     with pytest.raises(ValueError, match="not a qcow2"):
-        migrate.rebase_header(b"\0" * 512, "/m/image.qcow2")
+        move_plan.rebase_header(b"\0" * 512, "/m/image.qcow2")
     with pytest.raises(ValueError, match="too short"):
-        migrate.rebase_header(header()[:0x210], "/m/image.qcow2")
+        move_plan.rebase_header(header()[:0x210], "/m/image.qcow2")
 
 
 @pytest.mark.skipif(shutil.which("qemu-img") is None, reason="qemu-img is not installed")
@@ -71,8 +71,8 @@ def test_rebase_header_gives_what_qemu_reads(tmp_path):
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(base), "-F", "qcow2", str(overlay)],
                    check=True)
     data = overlay.read_bytes()
-    head = data[:migrate.header_bytes_needed(data[:24], str(moved))]
-    overlay.write_bytes(migrate.rebase_header(head, str(moved)) + data[len(head):])
+    head = data[:move_plan.header_bytes_needed(data[:24], str(moved))]
+    overlay.write_bytes(move_plan.rebase_header(head, str(moved)) + data[len(head):])
     info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", str(overlay)], check=True,
                                      capture_output=True, text=True).stdout)
     assert info["backing-filename"] == str(moved)
@@ -86,7 +86,7 @@ def golden():
 
 
 def test_relocate_points_every_file_at_the_target_storage():
-    tree = migrate.relocate(golden(), "/pool/", "/srv/machinery")
+    tree = move_plan.relocate(golden(), "/pool/", "/srv/machinery")
     text = dx.tostring(tree)
     assert "'/pool/" not in text and '"/pool/' not in text
     assert tree.find("sysinfo/entry").get("file") == "/srv/machinery/web-1-ignition.json"
@@ -99,7 +99,7 @@ def test_relocate_points_every_file_at_the_target_storage():
 
 
 def test_machine_files_and_what_cannot_move():
-    files = migrate.machine_files(golden(), "/pool")
+    files = move_plan.machine_files(golden(), "/pool")
     assert [(item["volume"], item["kind"]) for item in files] == [
         ("web-1-root.qcow2", "disk"), ("web-1-data.qcow2", "disk"), ("web-1-cidata.iso", "readonly"),
         ("web-1-ignition.json", "file"), ("web-1-console.log", "log")]
@@ -107,18 +107,18 @@ def test_machine_files_and_what_cannot_move():
     tree = golden()
     tree.find("devices/disk/source").set("file", "/elsewhere/disk.qcow2")
     with pytest.raises(ConflictError) as info:
-        migrate.machine_files(tree, "/pool")
+        move_plan.machine_files(tree, "/pool")
     assert info.value.field == "machine" and "/elsewhere/disk.qcow2" in info.value.message
 
 
 def test_image_of_names_the_cache_and_its_full_checksum():
     record = {"spec": {"image": {"checksum": CHECKSUM}, "volumes": [{"image": {"checksum": "cd" * 32}}]}}
-    assert migrate.image_of("image-%s.qcow2" % CHECKSUM[:32], record) == {
+    assert move_plan.image_of("image-%s.qcow2" % CHECKSUM[:32], record) == {
         "volume": "image-%s.qcow2" % CHECKSUM[:32], "checksum": CHECKSUM, "format": "qcow2"}
-    assert migrate.image_of("image-%s.raw" % ("cd" * 16), record)["checksum"] == "cd" * 32
-    assert migrate.image_of("image-%s.qcow2" % ("ef" * 16), record)["checksum"] == "ef" * 16  # the name's part
+    assert move_plan.image_of("image-%s.raw" % ("cd" * 16), record)["checksum"] == "cd" * 32
+    assert move_plan.image_of("image-%s.qcow2" % ("ef" * 16), record)["checksum"] == "ef" * 16  # the name's part
     with pytest.raises(ConflictError, match="not an image cache"):
-        migrate.image_of("someone-elses-base.qcow2", record)
+        move_plan.image_of("someone-elses-base.qcow2", record)
 
 
 @pytest.mark.parametrize("mode, active, source, target, chosen", [
@@ -130,30 +130,30 @@ def test_image_of_names_the_cache_and_its_full_checksum():
     ("live", True, SSH % "a", SSH % "b", "live"),
 ])
 def test_choose_mode(mode, active, source, target, chosen):
-    assert migrate.choose_mode(mode, active, source, target) == chosen
+    assert move_plan.choose_mode(mode, active, source, target) == chosen
 
 
 def test_live_needs_a_running_machine_and_a_known_mode():
     with pytest.raises(ValidationError) as info:
-        migrate.choose_mode("live", False, UNIX % "a", UNIX % "b")
+        move_plan.choose_mode("live", False, UNIX % "a", UNIX % "b")
     assert info.value.field == "mode" and "stopped" in info.value.message
     with pytest.raises(ValidationError) as info:
-        migrate.choose_mode("warm", True, UNIX % "a", UNIX % "b")
+        move_plan.choose_mode("warm", True, UNIX % "a", UNIX % "b")
     assert info.value.field == "mode"
 
 
 def test_live_transport():
-    assert migrate.unix_socket_dir(UNIX % "b") == "/lab/b/run"
-    assert migrate.unix_socket_dir("qemu+unix:///system") is None
-    assert migrate.unix_socket_dir(SSH % "b") is None
-    assert migrate.live_transport("web-1", UNIX % "a", UNIX % "b") == {
+    assert move_plan.unix_socket_dir(UNIX % "b") == "/lab/b/run"
+    assert move_plan.unix_socket_dir("qemu+unix:///system") is None
+    assert move_plan.unix_socket_dir(SSH % "b") is None
+    assert move_plan.live_transport("web-1", UNIX % "a", UNIX % "b") == {
         "uri": "unix:///lab/b/run/machinery-migrate-web-1.sock",
         "disks_uri": "unix:///lab/b/run/machinery-nbd-web-1.sock"}
-    assert migrate.live_transport("web-1", SSH % "a", SSH % "b") == {}
+    assert move_plan.live_transport("web-1", SSH % "a", SSH % "b") == {}
 
 
 def journal(was_running=True):
-    return migrate.journal_body("web-1", "u-1", "cold", was_running, {"pool": "a", "uri": UNIX % "a"},
+    return move_plan.journal_body("web-1", "u-1", "cold", was_running, {"pool": "a", "uri": UNIX % "a"},
                                 {"pool": "b", "uri": UNIX % "b"}, ["web-1-root.qcow2", "web-1-data.qcow2"],
                                 ["image-1.qcow2"])
 
@@ -173,14 +173,14 @@ def side(exists=True, active=False, uuid="u-1"):
     (side(active=True), side(), "discard_copy"),  # the source was started again after the copy was defined
 ])
 def test_resolve_interrupted(source, target, kind):
-    assert migrate.resolve_interrupted(journal(), source, target) == kind
+    assert move_plan.resolve_interrupted(journal(), source, target) == kind
 
 
 def test_resolve_interrupted_refuses_what_it_cannot_tell():
     with pytest.raises(ConflictError, match="runs on both"):
-        migrate.resolve_interrupted(journal(), side(active=True), side(active=True))
+        move_plan.resolve_interrupted(journal(), side(active=True), side(active=True))
     with pytest.raises(ConflictError, match="on neither") as info:
-        migrate.resolve_interrupted(journal(), side(exists=False), side(exists=False))
+        move_plan.resolve_interrupted(journal(), side(exists=False), side(exists=False))
     assert info.value.field == "machine" and "web-1-root.qcow2" in info.value.message
 
 
@@ -190,15 +190,15 @@ def actions(steps):
 
 def test_recovery_steps():
     present = {"source": ["web-1-data.qcow2"], "target": ["web-1-root.qcow2"], "images": ["image-1.qcow2"]}
-    assert actions(migrate.recovery_steps("finish", journal(), side(), side(), present)) == [
+    assert actions(move_plan.recovery_steps("finish", journal(), side(), side(), present)) == [
         ("start", "web-1", "b"), ("delete_volume", "web-1-data.qcow2", "a"), ("undefine", "web-1", "a"),
         ("clear_journal", "web-1", None)]
-    assert actions(migrate.recovery_steps("finish", journal(False), side(uuid="new"), side(), present)) == [
+    assert actions(move_plan.recovery_steps("finish", journal(False), side(uuid="new"), side(), present)) == [
         ("delete_volume", "web-1-data.qcow2", "a"), ("clear_journal", "web-1", None)]
-    assert actions(migrate.recovery_steps("discard", journal(), side(), side(exists=False), present)) == [
+    assert actions(move_plan.recovery_steps("discard", journal(), side(), side(exists=False), present)) == [
         ("delete_volume", "web-1-root.qcow2", "b"), ("delete_image", "image-1.qcow2", "b"),
         ("clear_journal", "web-1", None)]
-    assert actions(migrate.recovery_steps("discard_copy", journal(), side(active=True), side(), present))[0] == \
+    assert actions(move_plan.recovery_steps("discard_copy", journal(), side(active=True), side(), present))[0] == \
         ("undefine", "web-1", "b")
 
 
@@ -214,7 +214,7 @@ def facts(active=True, missing_images=True):
 
 
 def test_a_cold_move_copies_before_it_defines_and_deletes_last():
-    steps = actions(migrate.move_steps(facts(), "cold", True, 30))
+    steps = actions(move_plan.move_steps(facts(), "cold", True, 30))
     assert steps == [
         ("write_journal", "web-1", None), ("shutdown", "web-1", None), ("cache_image", "image-1.qcow2", "b"),
         ("copy_volume", "web-1-root.qcow2", "b"), ("copy_volume", "web-1-data.qcow2", "b"),
@@ -223,13 +223,13 @@ def test_a_cold_move_copies_before_it_defines_and_deletes_last():
         ("delete_volume", "web-1-root.qcow2", "a"), ("delete_volume", "web-1-data.qcow2", "a"),
         ("delete_volume", "web-1-cidata.iso", "a"), ("delete_volume", "web-1-console.log", "a"),
         ("undefine", "web-1", "a"), ("clear_journal", "web-1", None)]
-    stopped = actions(migrate.move_steps(facts(active=False, missing_images=False), "cold", False, 30))
+    stopped = actions(move_plan.move_steps(facts(active=False, missing_images=False), "cold", False, 30))
     assert ("shutdown", "web-1", None) not in stopped and ("start", "web-1", "b") not in stopped
     assert not any(item[0] == "cache_image" for item in stopped)
 
 
 def test_a_live_move_prepares_the_disks_and_migrates():
-    steps = actions(migrate.move_steps(facts(), "live", True, 30))
+    steps = actions(move_plan.move_steps(facts(), "live", True, 30))
     assert steps[:6] == [
         ("write_journal", "web-1", None), ("cache_image", "image-1.qcow2", "b"),
         ("prepare_volume", "web-1-root.qcow2", "b"), ("prepare_volume", "web-1-data.qcow2", "b"),
@@ -246,39 +246,39 @@ def snapshot(name, cpu=8, used_cpu=0, taints=None, classes=None, state="Ready"):
 
 
 def machine(machine_class="small"):
-    return migrate.scheduling_spec("web-1", {"spec": {"machine_class": machine_class}}, 2, GI)
+    return move_plan.scheduling_spec("web-1", {"spec": {"machine_class": machine_class}}, 2, GI)
 
 
 def test_pick_target_leaves_out_the_source_and_honours_the_filters():
     pools = [snapshot("a"), snapshot("b", used_cpu=6), snapshot("c", used_cpu=2),
              snapshot("d", taints=[{"key": "maintenance", "value": "", "effect": "NoExecute"}]),
              snapshot("e", classes={}), snapshot("f", state="Offline")]
-    chosen, reason = migrate.pick_target(machine(), pools, UNIX % "a")
+    chosen, reason = move_plan.pick_target(machine(), pools, UNIX % "a")
     assert chosen["name"] == "c" and "2/4 pools fit" in reason  # e does not publish the class
-    assert migrate.pick_target(machine(), pools, UNIX % "a", "binpack")[0]["name"] == "b"
-    assert migrate.pick_target(machine(None), pools, UNIX % "a", wanted="e")[0]["name"] == "e"
+    assert move_plan.pick_target(machine(), pools, UNIX % "a", "binpack")[0]["name"] == "b"
+    assert move_plan.pick_target(machine(None), pools, UNIX % "a", wanted="e")[0]["name"] == "e"
 
 
 def test_pick_target_says_why_not():
     pools = [snapshot("a"), snapshot("d", taints=[{"key": "maintenance", "value": "", "effect": "NoExecute"}]),
              snapshot("e", classes={})]
     with pytest.raises(Unschedulable) as info:
-        migrate.pick_target(machine(), pools, UNIX % "a")
+        move_plan.pick_target(machine(), pools, UNIX % "a")
     assert info.value.field == "target"
     assert "taint not tolerated" in info.value.message and "e: class small not published" in info.value.message
     with pytest.raises(Unschedulable, match="class small not published"):
-        migrate.pick_target(machine(), pools, UNIX % "a", wanted="e")
+        move_plan.pick_target(machine(), pools, UNIX % "a", wanted="e")
     with pytest.raises(Unschedulable, match="taint not tolerated"):
-        migrate.pick_target(machine(), pools, UNIX % "a", wanted="d")
+        move_plan.pick_target(machine(), pools, UNIX % "a", wanted="d")
     with pytest.raises(Unschedulable, match="insufficient cpu"):
-        migrate.pick_target(machine(), [snapshot("a"), snapshot("b", cpu=1)], UNIX % "a", wanted="b")
+        move_plan.pick_target(machine(), [snapshot("a"), snapshot("b", cpu=1)], UNIX % "a", wanted="b")
 
 
 def test_pick_target_honours_the_recorded_tolerations():
     gpu = [{"key": "gpu", "value": "", "effect": "NoSchedule"}]
     pools = [snapshot("a"), snapshot("gpu", taints=gpu)]
-    tolerant = migrate.scheduling_spec("web-1", {"spec": {"machine_class": "small", "tolerations": [
+    tolerant = move_plan.scheduling_spec("web-1", {"spec": {"machine_class": "small", "tolerations": [
         {"key": "gpu", "operator": "Exists", "value": "", "effect": ""}]}}, 2, GI)
-    assert migrate.pick_target(tolerant, pools, UNIX % "a")[0]["name"] == "gpu"
+    assert move_plan.pick_target(tolerant, pools, UNIX % "a")[0]["name"] == "gpu"
     with pytest.raises(Unschedulable, match="taint not tolerated"):
-        migrate.pick_target(machine(), pools, UNIX % "a")
+        move_plan.pick_target(machine(), pools, UNIX % "a")
