@@ -12,8 +12,10 @@ from the first observation of the bad state, across runs. When more machines are
 restarts it in place.
 
 The conditions are what libvirt shows: Ready (the domain runs), VolumesReady and NetworkInterfacesReady (from
-the machine's status), Failed (crashed, or paused by an I/O error) and AddressAssigned (a machine with a NIC on
-a libvirt network has a DHCP lease).
+the machine's status), Failed (crashed, or paused by an I/O error), AddressAssigned (a machine with a NIC on
+a libvirt network has a DHCP lease), GuestAgentConnected (a running machine's guest-agent channel is connected:
+the agent in the guest answers) and Booted (the check's ``boot_marker`` has appeared on the serial console since
+the machine last started; read from the console log's tail until it has, then taken from the record).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import re
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.convergence import Action, Plan, step
 from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
@@ -32,6 +35,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machine import M
 from ansible_collections.machinery.compute.plugins.module_utils.machine_set import read_fleet
 from ansible_collections.machinery.compute.plugins.module_utils.machine_status import now
 
+CONSOLE_TAIL = 256 * 1024  # how much of a console log the Booted condition reads
 _DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
 
@@ -80,7 +84,13 @@ def normalize_check(params):
         limit = {"percent": percent}
     else:
         limit = {"count": check.whole_number(limit, "max_unhealthy", minimum=0)}
-    return {"name": name, "match_labels": match, "rules": rules,
+    marker = params.get("boot_marker")
+    if marker is not None and (not isinstance(marker, str) or not marker.strip() or "\n" in marker):
+        raise ValidationError("must be one line of text that the guest prints on its serial console", "boot_marker")
+    if marker is None and any(rule["type"] == "Booted" for rule in rules):
+        raise ValidationError("condition Booted needs boot_marker, the line the guest prints once it has booted",
+                              "unhealthy_conditions")
+    return {"name": name, "match_labels": match, "rules": rules, "boot_marker": marker,
             "startup": seconds(params.get("node_startup_timeout", "10m"), "node_startup_timeout"),
             "max_unhealthy": limit,
             "remediation": check.one_of(params.get("remediation") or "delete", options.REMEDIATIONS, "remediation")}
@@ -92,6 +102,10 @@ def conditions_of(machine):
     found["Failed"] = "True" if machine.get("phase") == "Failed" else "False"
     on_network = any(nic.get("network") for nic in machine.get("network_interfaces") or [])
     found["AddressAssigned"] = "True" if machine.get("ip_addresses") or not on_network else "False"
+    # observed only for running machines (see HealthCheckResource.observe); otherwise the record keeps the last
+    for kind, key in (("GuestAgentConnected", "agent_connected"), ("Booted", "booted")):
+        if machine.get(key) is not None:
+            found[kind] = "True" if machine[key] else "False"
     return found
 
 
@@ -186,15 +200,44 @@ class HealthCheckResource:
                                                           for key, value in self.desired["match_labels"].items())]
 
         def keep(machine):
-            dom = lv.lookup_domain(by_uri[machine["uri"]].conn, machine["name"])
+            ctx = by_uri[machine["uri"]]
+            dom = lv.lookup_domain(ctx.conn, machine["name"])
             record = dx.read_record(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))) if dom else None
             machine["health"] = (record or {}).get("health") or {}
+            if dom is not None and machine.get("phase") == "Running":
+                self.observe_guest(ctx, dom, machine)
+            elif self.desired["boot_marker"] is not None:
+                machine["booted"] = False  # the log starts afresh (append=off) when it starts again
             health = transitions(machine, self.moment)
             if not self.check_mode and dom is not None and health != machine["health"]:
                 update_record(dom, lambda record: record.__setitem__("health", health))
                 machine["health"] = health
         in_parallel(covered, keep, 16)
         return covered
+
+    def observe_guest(self, ctx, dom, machine):
+        """The guest's own signals of a running machine: its agent channel's state (live XML), and whether the
+        boot marker is on the console (the log's tail, read only until the record says it was seen)."""
+        try:
+            live = dx.parse(dom.XMLDesc(0))
+        except lv.libvirt.libvirtError:
+            return  # it stopped meanwhile: the next run sees it
+        target = live.find("devices/channel/target[@name='%s']" % dx.GUEST_AGENT)
+        if target is not None:
+            machine["agent_connected"] = target.get("state") == "connected"
+        marker = self.desired["boot_marker"]
+        if marker is None:
+            return
+        if (machine["health"].get("Booted") or {}).get("status") == "True":
+            machine["booted"] = True
+            return
+        vol = lv.lookup_volume(ctx.storage, "%s-console.log" % machine["name"])
+        if vol is None:
+            machine["booted"] = False
+            return
+        size = vol.info()[1]
+        tail = storage.download_bytes(ctx.conn, vol, offset=max(0, size - CONSOLE_TAIL))
+        machine["booted"] = marker.encode() in tail
 
     def plan(self, observed):
         plan = plan_check(self.desired, observed, self.moment)

@@ -239,7 +239,8 @@ MACHINE_SET_INFO = (
     Option("name", "list", elements="str"),
 )
 
-CONDITION_TYPES = ("Ready", "VolumesReady", "NetworkInterfacesReady", "Failed", "AddressAssigned")
+CONDITION_TYPES = ("Ready", "VolumesReady", "NetworkInterfacesReady", "Failed", "AddressAssigned", "Booted",
+                   "GuestAgentConnected")
 REMEDIATIONS = ("delete", "restart")
 
 MACHINE_HEALTH_CHECK = (
@@ -250,6 +251,7 @@ MACHINE_HEALTH_CHECK = (
         Option("status", required=True, choices=("True", "False")),
         Option("timeout", required=True))),
     Option("node_startup_timeout", default="10m"),
+    Option("boot_marker"),
     Option("max_unhealthy", "raw", default="100%"),
     Option("remediation", choices=REMEDIATIONS, default="delete"),
     Option("shutdown_timeout", "int", default=10),

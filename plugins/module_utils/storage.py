@@ -165,12 +165,12 @@ def upload_file(conn, vol, path):
     upload(conn, vol, chunks(), size)
 
 
-def download_bytes(conn, vol, limit=64 * 1024 * 1024):
-    """The whole content of a (small) volume."""
+def download_bytes(conn, vol, limit=64 * 1024 * 1024, offset=0):
+    """The whole content of a (small) volume, or from ``offset`` on."""
     stream = conn.newStream(0)
     received = []
     try:
-        vol.download(stream, 0, 0, 0)
+        vol.download(stream, offset, 0, 0)
         total = 0
         while True:
             data = stream.recv(CHUNK)

@@ -13,8 +13,10 @@ description:
     match O(selector). A machine is unhealthy when one of O(unhealthy_conditions) has held for its timeout (the
     conditions are OR-ed), or when it has never been Ready O(node_startup_timeout) after its creation.
   - 'Conditions, from what libvirt shows: C(Ready) (the domain runs), C(VolumesReady) and
-    C(NetworkInterfacesReady) (from the machine status), C(Failed) (crashed, or paused by an I/O error) and
-    C(AddressAssigned) (a machine with a NIC on a libvirt network has a DHCP lease).'
+    C(NetworkInterfacesReady) (from the machine status), C(Failed) (crashed, or paused by an I/O error),
+    C(AddressAssigned) (a machine with a NIC on a libvirt network has a DHCP lease), C(GuestAgentConnected) (the
+    guest agent of a running machine has its channel open: the agent answers) and C(Booted) (the line
+    O(boot_marker) is on the serial console since the machine last started).'
   - Since when a condition holds is kept in the machine's record; every run records the conditions that changed,
     so a timeout counts from the first observation of the bad state, across runs. Run the check periodically
     (an AWX schedule, a cron job) for timeouts to elapse.
@@ -56,7 +58,7 @@ options:
         description: The condition.
         type: str
         required: true
-        choices: [Ready, VolumesReady, NetworkInterfacesReady, Failed, AddressAssigned]
+        choices: [Ready, VolumesReady, NetworkInterfacesReady, Failed, AddressAssigned, Booted, GuestAgentConnected]
       status:
         description: The status that is unhealthy.
         type: str
@@ -71,6 +73,13 @@ options:
       V(10m) or seconds); give a boot time's margin.
     type: str
     default: 10m
+  boot_marker:
+    description:
+      - A line the guest prints on its serial console once it has booted (for example what a systemd unit or
+        cloud-init's C(final_message) writes to C(/dev/ttyS0)). Needed by the condition C(Booted).
+      - The check reads the last 256 KiB of the console log of each running machine until the marker has been
+        seen, then relies on the machine's record; the log starts afresh when the machine starts.
+    type: str
   max_unhealthy:
     description: The most unhealthy machines that are remediated, a number or a percentage of the covered ones;
       with more, none is.

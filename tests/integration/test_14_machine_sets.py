@@ -120,6 +120,12 @@ def test_scale_policies_adoption_rollout_and_health(registered, module, image):
                       unhealthy_conditions=[{"type": "Ready", "status": "False", "timeout": "0s"}],
                       node_startup_timeout="1h", shutdown_timeout=2)
     assert module("machine_health_check", **check_args)["changed"] is False
+    # the guest's own signal: a boot marker none of them prints makes all three unhealthy (check mode: no change)
+    silent = module("machine_health_check", check=True, **dict(
+        check_args, boot_marker="NEVER-PRINTED", unhealthy_conditions=[{"type": "Booted", "status": "False",
+                                                                        "timeout": "0s"}]))
+    assert sorted(u["name"] for u in silent["unhealthy"]) == sorted(members(pools)), silent
+    assert all("Booted=False" in u["reasons"][0] for u in silent["unhealthy"]), silent
     broken = sorted(members(pools))[0]
     broken_pool = {p.name: p for p in pools}[members(pools)[broken][0]]
     broken_pool.domain(broken).destroy()

@@ -4,7 +4,8 @@ import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils import machine_set as ms
 from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.health_check import normalize_check, plan_check
+from ansible_collections.machinery.compute.plugins.module_utils.health_check import (
+    conditions_of, normalize_check, plan_check, transitions)
 
 GIB = 2 ** 30
 TEMPLATE = {"machine_class": "small", "image": "/images/test.qcow2", "labels": {"app": "web"}}
@@ -167,7 +168,28 @@ def test_never_ready_after_the_startup_timeout():
     assert plan_check(health(unhealthy_conditions=[], node_startup_timeout="2h"), [stuck], NOW).actions == []
 
 
+def test_guest_signals_count_like_any_condition():
+    silent = watched("web-a", True, "2026-01-01T00:00:00+00:00")
+    silent.update(agent_connected=False, booted=False)
+    answering = watched("web-b", True, "2026-01-01T00:00:00+00:00")
+    answering.update(agent_connected=True, booted=True)
+    unknown = watched("web-c", True, "2026-01-01T00:00:00+00:00")  # not observed (stopped): nothing to say
+    assert conditions_of(silent)["GuestAgentConnected"] == "False" and conditions_of(silent)["Booted"] == "False"
+    assert "GuestAgentConnected" not in conditions_of(unknown) and "Booted" not in conditions_of(unknown)
+    for machine in (silent, answering, unknown):
+        machine["health"] = transitions(machine, "2026-01-01T00:50:00+00:00")
+    rules = [{"type": "GuestAgentConnected", "status": "False", "timeout": "5m"},
+             {"type": "Booted", "status": "False", "timeout": "5m"}]
+    plan = plan_check(health(unhealthy_conditions=rules, boot_marker="READY"), [silent, answering, unknown], NOW)
+    assert [a.target for a in plan.actions] == ["web-a"]
+    assert [reason.split(" ")[0] for reason in plan.actions[0].data["reasons"]] == [
+        "GuestAgentConnected=False", "Booted=False"]
+
+
 @pytest.mark.parametrize("changes,field", [
+    ({"unhealthy_conditions": [{"type": "Booted", "status": "False", "timeout": "1m"}]}, "unhealthy_conditions"),
+    ({"boot_marker": "two\nlines"}, "boot_marker"),
+    ({"boot_marker": "  "}, "boot_marker"),
     ({"unhealthy_conditions": [{"type": "Bogus", "status": "False", "timeout": "1m"}]},
      "unhealthy_conditions[0].type"),
     ({"unhealthy_conditions": [{"type": "Ready", "status": "False", "timeout": "soon"}]},
