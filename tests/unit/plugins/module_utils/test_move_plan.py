@@ -154,8 +154,8 @@ def test_live_transport():
 
 def journal(was_running=True):
     return move_plan.journal_body("web-1", "u-1", "cold", was_running, {"pool": "a", "uri": UNIX % "a"},
-                                {"pool": "b", "uri": UNIX % "b"}, ["web-1-root.qcow2", "web-1-data.qcow2"],
-                                ["image-1.qcow2"])
+                                  {"pool": "b", "uri": UNIX % "b"}, ["web-1-root.qcow2", "web-1-data.qcow2"],
+                                  ["image-1.qcow2"])
 
 
 def side(exists=True, active=False, uuid="u-1"):
