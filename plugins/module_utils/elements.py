@@ -296,6 +296,22 @@ def read_network(tree):
             "bridge": _attr(tree, "bridge", "name")}
 
 
+# --- backup ---------------------------------------------------------------------------------------------------
+
+def domain_backup(targets, skipped=()):
+    """A push-mode backup job: ``targets`` {disk target: file} are copied whole into new qcow2 files; the disks
+    named in ``skipped`` (cdroms, shared disks) are left out."""
+    node = _element("domainbackup", mode="push")
+    disks = _sub(node, "disks")
+    for device, path in sorted(targets.items()):
+        disk_node = _sub(disks, "disk", name=device, backup="yes", type="file")
+        _sub(disk_node, "target", file=path)
+        _sub(disk_node, "driver", type="qcow2")
+    for device in skipped:
+        _sub(disks, "disk", name=device, backup="no")
+    return node
+
+
 # --- the KVM probe --------------------------------------------------------------------------------------------
 
 def probe_domain(name, kernel, log_path, memory_mib=128):

@@ -372,6 +372,17 @@ SECURITY_GROUP = (
     Option("force", "bool", default=False),
 )
 
+# --- backups (issue 13) -------------------------------------------------------------------------------------------
+
+MACHINE_BACKUP = (
+    Option("machine", required=True),
+    Option("name"),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("restore", "bool", default=False),
+    Option("retention", "dict", options=(Option("count", "int"), Option("days", "int"))),
+    Option("timeout", "int", default=600),
+)
+
 
 # --- moving a machine -------------------------------------------------------------------------------------------
 
