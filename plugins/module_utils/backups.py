@@ -101,6 +101,9 @@ def plan_backups(params, seen):
     backups = list(seen["backups"])
     existing = next((entry for entry in backups if entry["name"] == name), None)
     actions = []
+    if not seen.get("exists", True) and params.get("state") != "absent" and (params.get("restore") or existing is None):
+        # backups outlive their machine: they can still be listed, pruned and deleted, not taken or restored
+        raise NotFoundError("no machine %s on pool %s" % (machine, seen.get("pool")), "machine")
     if params.get("state") == "absent":
         if params.get("restore"):
             raise ValidationError("restore needs state: present", "restore")
@@ -170,16 +173,16 @@ class BackupResource:
     def observe(self):
         self.ctx.reset()
         observed = observe_machine(self.conn, self.machine)
-        if not observed.exists:
-            raise NotFoundError("no machine %s on pool %s" % (self.machine, self.ctx.name or self.ctx.uri), "machine")
-        if not observed.managed:
-            raise ConflictError("%s was not created by machinery.compute" % self.machine, "machine")
-        disks, skipped = own_disks(observed.tree)
         document = self.ctx.registry.get(backup_key(self.machine)) or {}
-        record = observed.record
-        return {"machine": self.machine, "active": observed.active, "disks": disks, "skipped": skipped,
-                "backups": document.get("backups") or [], "boots": record.get("boots"),
-                "last_restore": record.get("last_restore"), "dom": observed.dom}
+        seen = {"machine": self.machine, "exists": observed.exists, "active": observed.active, "disks": [],
+                "skipped": [], "backups": document.get("backups") or [], "boots": None, "last_restore": None,
+                "dom": observed.dom, "pool": self.ctx.name or self.ctx.uri}
+        if observed.exists:
+            if not observed.managed:
+                raise ConflictError("%s was not created by machinery.compute" % self.machine, "machine")
+            seen["disks"], seen["skipped"] = own_disks(observed.tree)
+            seen.update(boots=observed.record.get("boots"), last_restore=observed.record.get("last_restore"))
+        return seen
 
     def plan(self, seen):
         return plan_backups(self.params, seen)

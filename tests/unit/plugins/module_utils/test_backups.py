@@ -95,3 +95,13 @@ def test_backup_job_xml_copies_own_disks_and_skips_the_rest():
 
 def test_default_names_sort_by_time():
     assert bk.default_name(NOW) == "b20260310-020000"
+
+
+def test_backups_outlive_their_machine_they_are_deleted_not_taken_or_restored():
+    gone = dict(seen([entry("b", 1)], active=False), exists=False, pool="hv1")
+    assert bk.plan_backups(params(state="absent"), gone).summaries() == ["delete"]
+    assert not bk.plan_backups(params(), gone).changed  # listed, nothing to take
+    for asked in (params(name="new"), params(restore=True)):
+        with pytest.raises(NotFoundError) as caught:
+            bk.plan_backups(asked, gone)
+        assert caught.value.field == "machine"
