@@ -19,6 +19,7 @@ from ansible_collections.machinery.compute.plugins.module_utils import connectio
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import elements
 from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.admission import check_storage
@@ -385,6 +386,8 @@ class NicAttachment(Attachment):
         entry = action.data["entry"]
         self.detach_device(target, action.data["alias"], "NIC %s (%s)" % (action.target, entry["mac"]))
         self.save_entries(target, lambda entries: [nic for nic in entries if nic["name"] != action.target])
+        # the filter of the NIC's security groups has no other user
+        sgs.undefine_filter(self.conn, sgs.nic_filter(self.machine, action.target))
 
     def ensure(self):
         result = self.converge()

@@ -170,9 +170,10 @@ def nic_alias(name):
 
 
 def nic_element(nic):
-    """The <interface> of a NIC entry of the record ({name, mac, network | bridge, model})."""
+    """The <interface> of a NIC entry of the record ({name, mac, network | bridge, model}); ``filter`` names the
+    nwfilter of its security groups."""
     return elements.interface(nic["mac"], nic.get("model") or "virtio", network=nic.get("network"),
-                              bridge=nic.get("bridge"), alias=nic_alias(nic["name"]))
+                              bridge=nic.get("bridge"), alias=nic_alias(nic["name"]), filterref=nic.get("filter"))
 
 
 def build_domain(plan):

@@ -112,8 +112,9 @@ def read_disks(tree):
 
 # --- interface ------------------------------------------------------------------------------------------------
 
-def interface(mac, model="virtio", network=None, bridge=None, alias=None):
-    """A NIC on a libvirt network or on a host bridge: exactly one of the two."""
+def interface(mac, model="virtio", network=None, bridge=None, alias=None, filterref=None):
+    """A NIC on a libvirt network or on a host bridge: exactly one of the two; ``filterref`` names the nwfilter
+    that guards it."""
     if bool(network) == bool(bridge):
         raise ValueError("an interface needs exactly one of network or bridge")
     kind = "network" if network else "bridge"
@@ -121,16 +122,66 @@ def interface(mac, model="virtio", network=None, bridge=None, alias=None):
     _sub(node, "mac", address=mac)
     _sub(node, "source", **{kind: network or bridge})
     _sub(node, "model", type=model)
+    if filterref is not None:
+        _sub(node, "filterref", filter=filterref)
     if alias is not None:
         _sub(node, "alias", name=alias)
     return node
 
 
 def read_interface(node):
-    """{alias, mac, network, bridge, model, type} of one <interface>."""
+    """{alias, mac, network, bridge, model, type, filterref} of one <interface>."""
     return {"alias": _attr(node, "alias", "name"), "mac": _attr(node, "mac", "address"),
             "network": _attr(node, "source", "network"), "bridge": _attr(node, "source", "bridge"),
-            "model": _attr(node, "model", "type"), "type": node.get("type")}
+            "model": _attr(node, "model", "type"), "type": node.get("type"),
+            "filterref": _attr(node, "filterref", "filter")}
+
+
+def set_filterref(node, name):
+    """Point an <interface> at the nwfilter ``name``, or (None) at none, in place."""
+    old = node.find("filterref")
+    if old is not None:
+        node.remove(old)
+    if name is not None:
+        ref = _element("filterref", filter=name)
+        model = node.find("model")
+        if model is not None:
+            model.addnext(ref)
+        else:
+            node.append(ref)
+    return node
+
+
+# --- nwfilter -------------------------------------------------------------------------------------------------
+
+def nwfilter(name, rules=(), filterrefs=(), uuid=None):
+    """A network filter: ``rules`` [{action, direction, priority, protocol, match {attribute: value}}] and the
+    names of the filters it includes. ``uuid`` keeps the identity of a filter that is being redefined."""
+    node = _element("filter", name=name, chain="root")
+    if uuid:
+        _sub(node, "uuid", uuid)
+    for ref in filterrefs:
+        _sub(node, "filterref", filter=ref)
+    for rule in rules:
+        entry = _sub(node, "rule", action=rule["action"], direction=rule["direction"],
+                     priority=rule.get("priority"), statematch=rule.get("statematch"))
+        _sub(entry, rule["protocol"], **rule.get("match") or {})
+    return node
+
+
+def read_nwfilter(tree):
+    """{name, uuid, rules, filterrefs} of a network filter, in the shape nwfilter() takes."""
+    rules = []
+    for entry in tree.findall("rule"):
+        protocol = entry[0] if len(entry) else None
+        priority = entry.get("priority")
+        rules.append({"action": entry.get("action"), "direction": entry.get("direction"),
+                      "priority": int(priority) if priority is not None else None,
+                      "statematch": entry.get("statematch"),
+                      "protocol": protocol.tag if protocol is not None else None,
+                      "match": dict(protocol.attrib) if protocol is not None else {}})
+    return {"name": tree.get("name"), "uuid": tree.findtext("uuid"), "rules": rules,
+            "filterrefs": [ref.get("filter") for ref in tree.findall("filterref")]}
 
 
 def read_interfaces(tree):
@@ -243,6 +294,22 @@ def read_network(tree):
             "mode": "isolated" if forward is None else forward.get("mode", "nat"),
             "cidr": cidr, "gateway": gateway, "dhcp_start": start, "dhcp_end": end, "dhcp_hosts": hosts,
             "bridge": _attr(tree, "bridge", "name")}
+
+
+# --- backup ---------------------------------------------------------------------------------------------------
+
+def domain_backup(targets, skipped=()):
+    """A push-mode backup job: ``targets`` {disk target: file} are copied whole into new qcow2 files; the disks
+    named in ``skipped`` (cdroms, shared disks) are left out."""
+    node = _element("domainbackup", mode="push")
+    disks = _sub(node, "disks")
+    for device, path in sorted(targets.items()):
+        disk_node = _sub(disks, "disk", name=device, backup="yes", type="file")
+        _sub(disk_node, "target", file=path)
+        _sub(disk_node, "driver", type="qcow2")
+    for device in skipped:
+        _sub(disks, "disk", name=device, backup="no")
+    return node
 
 
 # --- the KVM probe --------------------------------------------------------------------------------------------

@@ -14,9 +14,11 @@ import time
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils import elements
 from ansible_collections.machinery.compute.plugins.module_utils import images
 from ansible_collections.machinery.compute.plugins.module_utils import options
 from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils import seed
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils import validation as check
@@ -47,6 +49,7 @@ class Observed:
         self.state = state  # (state, reason)
         self.live_max_memory = live_max_memory  # bytes the running guest can balloon up to
         self.journal = None  # of a dead run, for a machine that does not exist
+        self.security_groups = {}  # NIC name -> the groups guarding it, read from its nwfilter
 
     @property
     def exists(self):
@@ -72,7 +75,11 @@ def observe_machine(conn, name, journal=False):
     tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
     state = tuple(dom.state())
     live_max = dom.maxMemory() * 1024 if is_active(state[0]) else None
-    return Observed(name, dom, tree, dx.read_record(tree), state, live_max)
+    observed = Observed(name, dom, tree, dx.read_record(tree), state, live_max)
+    for interface in elements.read_interfaces(tree):
+        if (interface["alias"] or "").startswith("ua-nic-"):
+            observed.security_groups[interface["alias"][len("ua-nic-"):]] = sgs.nic_groups(conn, interface)
+    return observed
 
 
 # --- plan (pure) ------------------------------------------------------------------------------------------------
@@ -171,6 +178,32 @@ def live_effects(names, spec, observed):
     return pending, warnings
 
 
+def security_group_changes(spec, observed):
+    """{nic: (groups now, groups wanted)} of the NICs whose requested security groups differ from the ones
+    their nwfilter holds."""
+    changes = {}
+    for nic, wanted in sorted((spec.get("requested_security_groups") or {}).items()):
+        if nic in observed.security_groups and observed.security_groups[nic] != wanted:
+            changes[nic] = (observed.security_groups[nic], wanted)
+    return changes
+
+
+def security_groups_action(name, changes, active):
+    steps = []
+    for nic, (before, after) in changes.items():
+        filter_name = sgs.nic_filter(name, nic)
+        if after:
+            steps.append(step("define_nwfilter", filter_name, security_groups=after))
+        if bool(before) != bool(after):
+            steps.append(step("update_device", dx.nic_alias(nic), live=active,
+                              filterref=filter_name if after else None))
+        if not after:
+            steps.append(step("undefine_nwfilter", filter_name))
+    return Action("update", name, {"security_groups": {nic: pair[0] for nic, pair in changes.items()}},
+                  {"security_groups": {nic: pair[1] for nic, pair in changes.items()}}, steps,
+                  fields=["security_groups"], changes=changes, grows=[])
+
+
 def plan_machine(spec, observed, record=None):
     """The actions that take the machine from ``observed`` to ``spec``; ``record`` is the machine's record
     (the one about to be written when the plan adopts the domain)."""
@@ -212,6 +245,9 @@ def plan_machine(spec, observed, record=None):
                               options.shown({key: spec[key] for key in names}),
                               [step("define", name)] + ([step("set_live", name)] if observed.active else []),
                               fields=names, grows=grows))
+    changes = security_group_changes(spec, observed)
+    if changes:
+        actions.append(security_groups_action(name, changes, observed.active))
     if spec["state"] == "running" and not observed.active:
         actions.append(Action("start", name, steps=[step("start", name)]))
     elif spec["state"] == "stopped" and observed.active:
@@ -310,6 +346,7 @@ class MachineResource:
     def _create_locked(self, spec, pool, image_vol, fmt):
         name = spec["name"]
         created = []
+        filters = []
         try:
             spec["image"]["format"] = fmt
             image_size = self._virtual_size(pool, image_vol, spec["image"])
@@ -332,11 +369,23 @@ class MachineResource:
                 paths["seed_path"] = self._secret(pool, created, files["seed"], seed.nocloud_iso(spec["seed_files"]))
             record = {"version": dx.RECORD_VERSION, "created": now().isoformat(), "boots": 0, "last_error": None,
                       "spec": recorded_spec(spec, files)}
+            nics = []
+            for nic in spec["network_interfaces"]:
+                if nic.get("security_groups"):
+                    filters.append(sgs.nic_filter(name, nic["name"]))
+                    sgs.define_nic_filter(self.conn, name, nic["name"], nic["security_groups"])
+                    nic = dict(nic, filter=filters[-1])
+                nics.append(nic)
             inputs = dict(paths, name=name, virt_type=spec["virt_type"], cpu=spec["cpu"], memory=spec["memory"],
-                          firmware=spec["firmware"], record=record, disks=disks, nics=spec["network_interfaces"],
+                          firmware=spec["firmware"], record=record, disks=disks, nics=nics,
                           console_path=self.ctx.storage_file(files["console"]))
             self._define(dx.build_domain(inputs), "define machine")
         except BaseException:
+            for filter_name in filters:
+                try:
+                    sgs.undefine_filter(self.conn, filter_name)
+                except MachineryError:
+                    pass
             for volume_name in created:  # only what this run created
                 try:
                     storage.delete_volume(pool, volume_name)
@@ -386,6 +435,9 @@ class MachineResource:
         self._define(tree, "adopt")
 
     def _update(self, action, observed):
+        if "changes" in action.data:
+            self._update_security_groups(action, observed)
+            return
         spec = self.spec
         dom = observed.dom
         tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))  # fresh: an adopt may precede
@@ -397,6 +449,44 @@ class MachineResource:
         self._define(tree, "redefine")
         if dom.isActive():
             self._set_live(dom, record, action.fields, observed)
+
+    def _update_security_groups(self, action, observed):
+        """Groups change live: a NIC that keeps a filter gets it redefined (libvirt re-applies it to the running
+        guest); one that gains or loses its filter has its interface updated, live and persistent."""
+        dom = observed.dom
+        for nic, (before, after) in action.data["changes"].items():
+            filter_name = sgs.nic_filter(self.name, nic)
+            if after:
+                sgs.define_nic_filter(self.conn, self.name, nic, after)
+            if bool(before) != bool(after):
+                self._set_filterref(dom, nic, filter_name if after else None)
+            if not after:
+                sgs.undefine_filter(self.conn, filter_name)
+
+        def record_groups(record):
+            for entry in record["spec"].get("network_interfaces") or []:
+                if entry["name"] in action.data["changes"]:
+                    entry["security_groups"] = action.data["changes"][entry["name"]][1]
+        update_record(dom, record_groups)
+
+    def _set_filterref(self, dom, nic, filter_name):
+        alias = dx.nic_alias(nic)
+        views = [(lv.libvirt.VIR_DOMAIN_XML_INACTIVE, lv.libvirt.VIR_DOMAIN_AFFECT_CONFIG)]
+        if dom.isActive():
+            views.append((0, lv.libvirt.VIR_DOMAIN_AFFECT_LIVE))
+        for xml_flags, affect in views:
+            tree = dx.parse(dom.XMLDesc(xml_flags))
+            node = next((node for node in tree.findall("devices/interface")
+                         if node.find("alias") is not None and node.find("alias").get("name") == alias), None)
+            if node is None:
+                continue
+            elements.set_filterref(node, filter_name)
+            try:
+                dom.updateDeviceFlags(elements.to_string(node), affect)
+            except lv.libvirt.libvirtError as exc:
+                raise LibvirtFailure("cannot update the security groups of NIC %s of %s: %s"
+                                     % (nic, self.name, lv.describe(exc)),
+                                     "network_interfaces") from None
 
     def _rewrite_boot_files(self, record):
         files = record["spec"].get("files") or {}
@@ -467,6 +557,9 @@ class MachineResource:
         except lv.libvirt.libvirtError as exc:
             if exc.get_error_code() != lv.libvirt.VIR_ERR_NO_DOMAIN:
                 raise LibvirtFailure("cannot undefine %s: %s" % (self.name, lv.describe(exc))) from None
+        for interface in elements.read_interfaces(observed.tree):
+            if (interface["filterref"] or "").startswith(sgs.NIC_PREFIX):
+                sgs.undefine_filter(self.conn, interface["filterref"])
         pool = self.ctx.storage
         for volume_name in volumes:
             if volume_name.endswith("-console.log"):

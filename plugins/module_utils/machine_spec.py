@@ -17,6 +17,7 @@ from ansible_collections.machinery.compute.plugins.module_utils import elements
 from ansible_collections.machinery.compute.plugins.module_utils import images
 from ansible_collections.machinery.compute.plugins.module_utils import options
 from ansible_collections.machinery.compute.plugins.module_utils import scheduler
+from ansible_collections.machinery.compute.plugins.module_utils import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils import seed
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils import validation as check
@@ -135,12 +136,25 @@ def _nics(name, items, ctx):
         mac = check.mac_address(item["mac"], where + ".mac") if item.get("mac") else dx.derive_mac(name, nic_name)
         result.append({"name": nic_name, "network": item.get("network"), "bridge": item.get("bridge"), "mac": mac,
                        "model": check.one_of(item.get("model") or "virtio", options.NIC_MODELS, where + ".model"),
-                       "ephemeral": bool(item.get("ephemeral", True))})
+                       "ephemeral": bool(item.get("ephemeral", True)),
+                       "security_groups": sgs.check_group_names(ctx.conn, item.get("security_groups"),
+                                                                where + ".security_groups") or []})
     macs = [nic["mac"] for nic in result]
     for index, mac in enumerate(macs):
         if macs.count(mac) > 1:
             raise ValidationError("MAC %s is used twice" % mac, "network_interfaces[%d].mac" % index)
     return result
+
+
+def requested_security_groups(items, ctx):
+    """{nic: [groups]} of an existing machine's NICs that name their security_groups (validated; a NIC that
+    leaves the option out keeps its groups)."""
+    requested = {}
+    for index, item in enumerate(items or []):
+        if isinstance(item, dict) and item.get("security_groups") is not None and item.get("name"):
+            requested[item["name"]] = sgs.check_group_names(
+                ctx.conn, item["security_groups"], "network_interfaces[%d].security_groups" % index)
+    return requested
 
 
 def _host_interface(conn, name):
@@ -278,6 +292,7 @@ def normalize(params, ctx, existing_record=None, current=None, leftovers=()):
             spec[key] = recorded.get(key)
         spec["requested_volumes"] = params.get("volumes")
         spec["requested_network_interfaces"] = params.get("network_interfaces")
+        spec["requested_security_groups"] = requested_security_groups(params.get("network_interfaces"), ctx)
         check_wait(params, spec)
         return spec
     if not params.get("image"):

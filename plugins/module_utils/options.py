@@ -147,6 +147,8 @@ NETWORK_INTERFACE = (
     Option("mac"),
     Option("model", choices=NIC_MODELS, default="virtio"),
     Option("ephemeral", "bool", default=True),
+    # --- security groups (issue 13): nwfilters of the pool, see security_groups.py ---
+    Option("security_groups", "list", elements="str"),
 )
 
 CLOUD_INIT = (
@@ -352,6 +354,38 @@ def shown(values):
     """Owned values as a diff shows them (memory as a quantity)."""
     return {name: OWNED_BY_NAME[name].show(value) if name in OWNED_BY_NAME else value
             for name, value in values.items()}
+
+
+# --- security groups (issue 13) ----------------------------------------------------------------------------------
+
+SG_DIRECTIONS = ("ingress", "egress")
+SG_PROTOCOLS = ("tcp", "udp", "icmp", "all")
+
+SECURITY_GROUP_RULE = (
+    Option("direction", choices=SG_DIRECTIONS, default="ingress"),
+    Option("protocol", choices=SG_PROTOCOLS, default="tcp"),
+    Option("port", "int"),
+    Option("port_end", "int"),
+    Option("remote_cidr", default="0.0.0.0/0"),
+)
+
+SECURITY_GROUP = (
+    Option("name", required=True),
+    Option("rules", "list", elements="dict", options=SECURITY_GROUP_RULE),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("force", "bool", default=False),
+)
+
+# --- backups (issue 13) -------------------------------------------------------------------------------------------
+
+MACHINE_BACKUP = (
+    Option("machine", required=True),
+    Option("name"),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("restore", "bool", default=False),
+    Option("retention", "dict", options=(Option("count", "int"), Option("days", "int"))),
+    Option("timeout", "int", default=600),
+)
 
 
 # --- moving a machine -------------------------------------------------------------------------------------------

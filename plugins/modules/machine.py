@@ -137,6 +137,17 @@ options:
         description: Whether the NIC lives and dies with the machine.
         type: bool
         default: true
+      security_groups:
+        description:
+          - Names of security groups (M(machinery.compute.security_group)) on the pool that guard this NIC.
+          - Once a NIC has a group, inbound traffic that no group of the NIC allows is dropped (DHCP passes), and
+            so is outbound traffic, which a group without egress rules allows as a whole (see
+            C(docs/security-groups.md) in the collection).
+          - On a running machine a change takes effect at once (the NIC's nwfilter is redefined or its filter
+            reference updated live). V([]) removes every group; leaving the option out keeps the NIC's groups.
+          - An unknown group fails naming it, and nothing is changed.
+        type: list
+        elements: str
   ignition:
     description: Ignition config, as a JSON string or a mapping.
     type: raw

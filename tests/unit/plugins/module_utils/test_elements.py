@@ -101,10 +101,30 @@ def test_interface_round_trip():
     tree = round_trip(domain_with(on_network, on_bridge))
     assert el.read_interfaces(tree) == [
         {"alias": "ua-nic-eth0", "mac": "52:54:00:01:02:03", "network": "machinery", "bridge": None,
-         "model": "virtio", "type": "network"},
+         "model": "virtio", "type": "network", "filterref": None},
         {"alias": "ua-nic-eth1", "mac": "52:54:00:01:02:04", "network": None, "bridge": "br0",
-         "model": "e1000e", "type": "bridge"}]
+         "model": "e1000e", "type": "bridge", "filterref": None}]
     assert [child.tag for child in on_network] == ["mac", "source", "model", "alias"]
+
+
+def test_interface_filterref_set_and_removed():
+    guarded = el.interface("52:54:00:01:02:03", network="machinery", alias="ua-nic-eth0", filterref="f1")
+    assert [child.tag for child in guarded] == ["mac", "source", "model", "filterref", "alias"]
+    assert el.read_interface(guarded)["filterref"] == "f1"
+    el.set_filterref(guarded, "f2")
+    assert [child.tag for child in guarded] == ["mac", "source", "model", "filterref", "alias"]
+    assert el.read_interface(guarded)["filterref"] == "f2"
+    el.set_filterref(guarded, None)
+    assert el.read_interface(guarded)["filterref"] is None
+
+
+def test_nwfilter_round_trip():
+    rules = [{"action": "accept", "direction": "in", "priority": 500, "statematch": None, "protocol": "tcp",
+              "match": {"dstportstart": "80", "comment": "c"}},
+             {"action": "drop", "direction": "out", "priority": 1000, "statematch": "false", "protocol": "all",
+              "match": {"comment": "c"}}]
+    node = round_trip(el.nwfilter("f<&>", rules, ["inc"], uuid="u"))
+    assert el.read_nwfilter(node) == {"name": "f<&>", "uuid": "u", "rules": rules, "filterrefs": ["inc"]}
 
 
 @pytest.mark.parametrize("where", [{}, {"network": "machinery", "bridge": "br0"}, {"network": "", "bridge": None}])
@@ -303,7 +323,7 @@ def test_interface_carries_any_text(text, kind):
     node = round_trip(domain_with(el.interface(text, model=text, alias=text, **{kind: text})))
     other = "bridge" if kind == "network" else "network"
     assert el.read_interfaces(node) == [{"alias": text, "mac": text, kind: text, other: None, "model": text,
-                                         "type": kind}]
+                                         "type": kind, "filterref": None}]
 
 
 @pytest.mark.parametrize("text", AWKWARD)
