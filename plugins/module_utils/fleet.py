@@ -73,7 +73,7 @@ def read_each(entries, read, offline, workers=16):
 
     def one(entry):
         try:
-            with lv.Connection(entry["uri"]) as conn:
+            with lv.Connection(entry["uri"], name=entry.get("name")) as conn:
                 return read(PoolContext(conn, entry["uri"]), entry)
         except lv.libvirt.libvirtError as exc:
             return offline(entry, lv.describe(exc))
@@ -96,7 +96,7 @@ class Fleet:
         self.offline = {}
         for entry in entries:
             try:
-                conn = lv.open_connection(entry["uri"], "pools")
+                conn = lv.open_connection(entry["uri"], "pools", entry.get("name"))
             except MachineryError as exc:
                 self.offline[entry["uri"]] = str(exc)
                 continue
