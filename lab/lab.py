@@ -981,9 +981,10 @@ def transport_uris(pool: Pool, sshd: LabSSHD, pki: LabPKI) -> dict:
     uris = {"unix": pool.uri}
     port = sshd.port()
     if port is not None:
-        # libvirt's own SSH client (libssh): the key and the known_hosts file come from the URI.
+        # libvirt's built-in SSH client (libssh2): the key and the known_hosts file come from the URI. (Its
+        # libssh client, qemu+libssh, hangs on replies of a few KiB in a program without an event loop.)
         uris["ssh"] = (
-            f"qemu+libssh://root@127.0.0.1:{port}/system?socket={pool.socket}"
+            f"qemu+libssh2://root@127.0.0.1:{port}/system?socket={pool.socket}"
             f"&keyfile={sshd.key}&known_hosts={sshd.known_hosts}&sshauth=privkey"
         )
         # The OpenSSH client: checks the host key against the user's known_hosts, or the lab's when

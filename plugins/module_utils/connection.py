@@ -60,8 +60,9 @@ _REFUSALS = (
     (re.compile(r"host key verification failed|verify the session host key|ssh host key .* not accepted|"
                 r"host key .*(mismatch|changed)", re.I),
      "the host's SSH key is not trusted: add it to the known_hosts file (the known_hosts URI parameter for "
-     "qemu+libssh, the user's ~/.ssh/known_hosts for qemu+ssh), or set no_verify=1 on a network you trust"),
-    (re.compile(r"permission denied \(publickey|access denied for 'publickey'|failed to authenticate", re.I),
+     "qemu+libssh2 and qemu+libssh, the user's ~/.ssh/known_hosts for qemu+ssh), or set no_verify=1 on a network you trust"),
+    (re.compile(r"permission denied \(publickey|access denied for 'publickey'|failed to authenticate|"
+                r"username/publickey combination invalid", re.I),
      "the host refused the SSH key: check the keyfile URI parameter (or the ssh agent) and the host's "
      "authorized_keys"),
     (re.compile(r"unable to read tls confirmation", re.I),

@@ -10,6 +10,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.connection impor
     ("libssh transport error: No user interaction callback provided: Can't verify the session host key",
      "known_hosts"),
     ("libssh transport error: failed to authenticate: Access denied for 'publickey'.", "refused the SSH key"),
+    ("authentication failed: authentication with private key '/k' has failed: Username/PublicKey combination "
+     "invalid", "refused the SSH key"),
     ("Cannot recv data: root@127.0.0.1: Permission denied (publickey).: Connection reset by peer",
      "refused the SSH key"),
     ("Unable to read TLS confirmation: Input/output error", "did not accept the client certificate"),
