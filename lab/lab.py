@@ -15,6 +15,15 @@ so the daemon socket /run/libvirt/libvirt-sock is reachable from outside as
 loopback interface; the NAT network ``machinery`` (bridge mcbr0) and its
 dnsmasq and iptables rules live entirely inside it.
 
+Every pool is also reachable the two ways a remote host is:
+
+* qemu+ssh: one sshd of the lab's own on 127.0.0.1:<port> (key authentication
+  with a lab key, its own host key and known_hosts) runs ``nc -U`` against the
+  pool's socket, whose path is visible from the machine's mount namespace;
+* qemu+tls: libvirtd listens for TLS (lab CA, server and client certificates)
+  on the pool end of a veth pair; the other end is in this tool's network
+  namespace, a /30 out of 10.254.0.0/16.
+
 Usage::
 
     python3 lab/lab.py up --pools 3 --dir .lab [--image PATH]
@@ -28,11 +37,14 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
+import ipaddress
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -47,6 +59,13 @@ STATE_FILE = "daemon.json"
 PID_FILE = "libvirtd.pid"
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes including the NUL
 MAX_POOLS = 155  # subnets 192.168.101.0/24 .. 192.168.255.0/24
+LINK_FILE = "link.json"  # the pool's TLS link: interface names and addresses (kept across restarts)
+POOL_IF = "lab0"  # the pool's end of its veth pair, inside the pool's network namespace
+LINK_PREFIX = (10, 254)  # the links are /30 subnets of 10.254.0.0/16
+TLS_PORT = 16514
+PKI_DIR = "pki"  # lab CA and client certificate (pki/client is the clients' pkipath)
+SSH_DIR = "ssh"  # the lab's sshd: keys, config, known_hosts, log
+SSHD = "/usr/sbin/sshd"  # sshd re-executes itself, so it wants an absolute path
 
 # (sub directory of the pool dir, mount point inside the pool's namespace)
 BIND_MOUNTS = [
@@ -59,9 +78,17 @@ BIND_MOUNTS = [
 
 LIBVIRTD_CONF = """\
 # Written by lab/lab.py for one lab pool host.  Paths are as seen inside the
-# pool's mount namespace.
-listen_tls = 0
+# pool's mount namespace.  libvirtd runs with --listen: TLS only, on the
+# pool's end of its veth pair; any client certificate of the lab CA is let in.
+listen_tls = 1
 listen_tcp = 0
+listen_addr = "{address}"
+tls_port = "{port}"
+key_file = "/etc/libvirt/pki/serverkey.pem"
+cert_file = "/etc/libvirt/pki/servercert.pem"
+ca_file = "/etc/libvirt/pki/cacert.pem"
+auth_tls = "none"
+tls_no_verify_certificate = 0
 unix_sock_group = "root"
 unix_sock_ro_perms = "0700"
 unix_sock_rw_perms = "0700"
@@ -91,11 +118,13 @@ stdio_handler = "file"
 """
 
 # Runs inside the new namespaces (as PID == the one unshare got) and turns
-# into libvirtd.  $1 = pool dir (absolute), $2 = libvirtd binary.
+# into libvirtd.  $1 = pool dir (absolute), $2 = libvirtd binary, $3 = the
+# pool's end of the veth pair, which lab.py moves in and gives its address.
 NAMESPACE_SCRIPT = r"""
 set -e
 D="$1"
 LIBVIRTD="$2"
+IFACE="$3"
 mount --make-rprivate /
 # A sysfs mounted from inside the new network namespace shows that
 # namespace's interfaces (mcbr0, vnetN) instead of the machine's.
@@ -106,7 +135,19 @@ mount --bind "$D/etc" /etc/libvirt
 mount --bind "$D/log" /var/log/libvirt
 mount --bind "$D/cache" /var/cache/libvirt
 ip link set lo up
-exec "$LIBVIRTD" --pid-file "$D/libvirtd.pid" --config /etc/libvirt/libvirtd.conf
+# Guests must not use the TLS link: nothing but the link itself and loopback
+# may send to the link addresses (libvirt leaves the raw table alone).
+iptables -w -t raw -A PREROUTING -i lo -j ACCEPT
+iptables -w -t raw -A PREROUTING -i "$IFACE" -j ACCEPT
+iptables -w -t raw -A PREROUTING -d 10.254.0.0/16 -j DROP
+# libvirtd binds the TLS listener to the link address: wait for lab.py.
+i=0
+until ip -o -4 addr show dev "$IFACE" 2>/dev/null | grep -q inet; do
+    i=$((i + 1))
+    if [ "$i" -gt 400 ]; then echo "no address on $IFACE after 20s" >&2; exit 1; fi
+    sleep 0.05
+done
+exec "$LIBVIRTD" --listen --pid-file "$D/libvirtd.pid" --config /etc/libvirt/libvirtd.conf
 """
 
 CHILD_ENV = {
@@ -192,6 +233,309 @@ def signal_pids(pids: list[int], sig: int) -> None:
             pass
 
 
+def run(cmd: list[str], timeout: float = 60, env: dict | None = None) -> str:
+    """Run a helper command; its failure is a LabError with its stderr."""
+    try:
+        res = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            check=False,
+            env=env or CHILD_ENV,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise LabError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}") from exc
+    except FileNotFoundError as exc:
+        raise LabError(f"{cmd[0]} not found") from exc
+    if res.returncode != 0:
+        raise LabError(f"{' '.join(cmd)} failed: {res.stderr.strip() or res.stdout.strip()}")
+    return res.stdout
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` in the parent tree (children first found, then theirs)."""
+    parents: dict[int, list[int]] = {}
+    for child in all_pids():
+        try:
+            data = Path(f"/proc/{child}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(data[data.rindex(")") + 2 :].split()[1])
+        parents.setdefault(ppid, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def stop_tree(pid: int, what: str, timeout: float = 5) -> None:
+    """SIGTERM a process and everything it started, then SIGKILL what is left."""
+    family = [pid, *descendants(pid)]
+    signal_pids(family, signal.SIGTERM)
+    alive = wait_gone(family, timeout)
+    if alive:
+        log(f"{what}: {alive} ignored SIGTERM, sending SIGKILL")
+        signal_pids(alive, signal.SIGKILL)
+        alive = wait_gone(alive, 5)
+    if alive:
+        raise LabError(f"{what}: processes {alive} survive SIGKILL")
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --------------------------------------------------------------------------
+# TLS: the lab CA, the client certificate, a server certificate per pool
+
+CA_EXT = """\
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+"""
+
+LEAF_EXT = """\
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = {purpose}
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+"""
+
+
+def make_ca(directory: Path, name: str) -> None:
+    """A self-signed CA: ``directory``/cacert.pem and cakey.pem."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key, cert = directory / "cakey.pem", directory / "cacert.pem"
+    run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(key)])
+    key.chmod(0o600)
+    (directory / "ca.ext").write_text(CA_EXT)
+    run(["openssl", "req", "-new", "-key", str(key), "-subj", f"/O=machinery lab/CN={name}",
+         "-out", str(directory / "ca.csr")])
+    run(["openssl", "x509", "-req", "-in", str(directory / "ca.csr"), "-signkey", str(key), "-days", "3650",
+         "-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-extfile", str(directory / "ca.ext"),
+         "-out", str(cert)])
+    (directory / "ca.csr").unlink()
+
+
+def make_leaf(ca_dir: Path, directory: Path, kind: str, common_name: str, alt_names: list[str]) -> None:
+    """``directory``/<kind>cert.pem and <kind>key.pem (kind: server or client) signed by the CA in
+    ``ca_dir``, and a copy of the CA's certificate as cacert.pem: the file names libvirt looks for."""
+    directory.mkdir(parents=True, exist_ok=True)
+    key, cert = directory / f"{kind}key.pem", directory / f"{kind}cert.pem"
+    ext = LEAF_EXT.format(purpose="serverAuth" if kind == "server" else "clientAuth")
+    if alt_names:
+        ext += "subjectAltName = " + ", ".join(alt_names) + "\n"
+    (directory / f"{kind}.ext").write_text(ext)
+    run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", str(key)])
+    key.chmod(0o600)
+    run(["openssl", "req", "-new", "-key", str(key), "-subj", f"/O=machinery lab/CN={common_name}",
+         "-out", str(directory / f"{kind}.csr")])
+    run(["openssl", "x509", "-req", "-in", str(directory / f"{kind}.csr"), "-CA", str(ca_dir / "cacert.pem"),
+         "-CAkey", str(ca_dir / "cakey.pem"), "-set_serial", str(int.from_bytes(os.urandom(8), "big")),
+         "-days", "825", "-extfile", str(directory / f"{kind}.ext"), "-out", str(cert)])
+    (directory / f"{kind}.csr").unlink()
+    shutil.copyfile(ca_dir / "cacert.pem", directory / "cacert.pem")
+
+
+def signed_by(ca_dir: Path, cert: Path) -> bool:
+    if not cert.exists() or not (ca_dir / "cacert.pem").exists():
+        return False
+    res = subprocess.run(["openssl", "verify", "-CAfile", str(ca_dir / "cacert.pem"), str(cert)],
+                         capture_output=True, stdin=subprocess.DEVNULL, check=False, env=CHILD_ENV)
+    return res.returncode == 0
+
+
+class LabPKI:
+    """<dir>/pki/ca: the lab CA; <dir>/pki/client: the clients' pkipath (cacert, clientcert, clientkey)."""
+
+    def __init__(self, lab_dir: Path):
+        self.dir = lab_dir / PKI_DIR
+        self.ca = self.dir / "ca"
+        self.client = self.dir / "client"
+
+    def ensure(self) -> None:
+        if not (self.ca / "cacert.pem").exists() or not (self.ca / "cakey.pem").exists():
+            make_ca(self.ca, "machinery lab CA")
+        if not signed_by(self.ca, self.client / "clientcert.pem") or not (self.client / "clientkey.pem").exists():
+            make_leaf(self.ca, self.client, "client", "machinery lab client", [])
+
+
+# --------------------------------------------------------------------------
+# SSH: one sshd of the lab's own on loopback
+
+SSHD_CONFIG = """\
+# Written by lab/lab.py: the lab's sshd. Only the lab key gets in, as root,
+# and only to run commands (libvirt runs nc -U <pool socket> through it).
+ListenAddress 127.0.0.1:{port}
+HostKey {dir}/host_ed25519_key
+PidFile {dir}/sshd.pid
+AuthorizedKeysFile {dir}/authorized_keys
+AuthenticationMethods publickey
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+AllowUsers root
+UsePAM no
+StrictModes no
+PermitTTY no
+AllowTcpForwarding no
+AllowAgentForwarding no
+X11Forwarding no
+PermitUserEnvironment no
+PrintMotd no
+MaxStartups 100:30:200
+MaxSessions 100
+LogLevel VERBOSE
+"""
+
+
+class LabSSHD:
+    """The lab's sshd and its files in <dir>/ssh: host key, the lab's client key (id_ed25519),
+    authorized_keys, known_hosts (the host key at [127.0.0.1]:<port>), sshd_config, sshd.json, sshd.log."""
+
+    def __init__(self, lab_dir: Path):
+        self.dir = lab_dir / SSH_DIR
+        self.config = self.dir / "sshd_config"
+        self.state_file = self.dir / "sshd.json"
+        self.log_file = self.dir / "sshd.log"
+        self.host_key = self.dir / "host_ed25519_key"
+        self.key = self.dir / "id_ed25519"
+        self.known_hosts = self.dir / "known_hosts"
+        self.authorized_keys = self.dir / "authorized_keys"
+        self.client_bin = self.dir / "bin"
+
+    def read_state(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def pid(self) -> int | None:
+        """The pid of the lab's running sshd, or None."""
+        st = self.read_state()
+        pid = st.get("pid")
+        if not isinstance(pid, int) or proc_starttime(pid) != st.get("starttime"):
+            return None
+        # The listener rewrites its command line ("sshd: /usr/sbin/sshd -D -f <config> ... [listener] ...").
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            return None
+        if exe != SSHD or f" -f {self.config} " not in " ".join(proc_cmdline(pid)) + " ":
+            return None
+        return pid
+
+    def port(self) -> int | None:
+        return self.read_state().get("port") if self.pid() is not None else None
+
+    def prepare_keys(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for key, comment in ((self.host_key, "machinery-lab-host"), (self.key, "machinery-lab")):
+            if not key.exists() or not key.with_suffix(".pub").exists():
+                for old in (key, key.with_suffix(".pub")):
+                    if old.exists():
+                        old.unlink()
+                run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)])
+        public = self.key.with_suffix(".pub").read_text().strip()
+        self.authorized_keys.write_text(f'restrict,from="127.0.0.1" {public}\n')
+        # libvirt's qemu+ssh transport runs the OpenSSH client, which takes its known_hosts from the user's
+        # ~/.ssh, never from the URI. This wrapper, first in PATH, makes it check the lab's known_hosts.
+        self.client_bin.mkdir(exist_ok=True)
+        wrapper = self.client_bin / "ssh"
+        wrapper.write_text(
+            "#!/bin/sh\n"
+            "# Written by lab/lab.py: the OpenSSH client checking the lab's known_hosts (put this dir first in PATH).\n"
+            f'exec /usr/bin/ssh -o UserKnownHostsFile="{self.known_hosts}" -o GlobalKnownHostsFile=/dev/null '
+            '-o StrictHostKeyChecking=yes -o BatchMode=yes "$@"\n'
+        )
+        wrapper.chmod(0o755)
+
+    def ensure(self, timeout: float = 20) -> int:
+        """Start the sshd unless it runs; returns its port."""
+        if self.pid() is not None:
+            return self.read_state()["port"]
+        self.prepare_keys()
+        old = self.read_state().get("port")
+        port = old if isinstance(old, int) and port_free(old) else free_port()
+        self.config.write_text(SSHD_CONFIG.format(port=port, dir=self.dir))
+        host_public = self.host_key.with_suffix(".pub").read_text().split()
+        self.known_hosts.write_text(f"[127.0.0.1]:{port} {host_public[0]} {host_public[1]}\n")
+        # The privilege separation directory the Debian sshd is built with.
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        with open(self.log_file, "ab") as out:
+            proc = subprocess.Popen(
+                [SSHD, "-D", "-f", str(self.config), "-E", str(self.log_file)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                env=CHILD_ENV,
+                cwd="/",
+            )
+        self.state_file.write_text(
+            json.dumps({"pid": proc.pid, "starttime": proc_starttime(proc.pid), "port": port}, indent=2) + "\n"
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise LabError(f"sshd exited with status {proc.returncode}; see {self.log_file}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                    if sock.recv(64).startswith(b"SSH-2.0-"):
+                        return port
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise LabError(f"sshd did not answer on 127.0.0.1:{port} within {timeout:.0f}s; see {self.log_file}")
+            time.sleep(0.1)
+
+    def stop(self) -> bool:
+        """Stop the sshd and its sessions (by pid); True when one was running."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        stop_tree(pid, "sshd")
+        self.state_file.write_text(json.dumps({"port": self.read_state().get("port")}) + "\n")
+        return True
+
+
+# --------------------------------------------------------------------------
+# the TLS link of a pool: a veth pair, one end in the pool's namespace
+
+
+def link_networks_in_use() -> list[ipaddress.IPv4Network]:
+    """IPv4 networks of the addresses in this tool's network namespace."""
+    data = json.loads(run(["ip", "-j", "-4", "addr", "show"]) or "[]")
+    nets = []
+    for link in data:
+        for info in link.get("addr_info", []):
+            nets.append((link.get("ifname"), ipaddress.IPv4Interface(f"{info['local']}/{info['prefixlen']}").network))
+    return nets
+
+
+def link_exists(name: str) -> bool:
+    return subprocess.run(["ip", "link", "show", "dev", name], capture_output=True, stdin=subprocess.DEVNULL,
+                          check=False, env=CHILD_ENV).returncode == 0
+
+
 # --------------------------------------------------------------------------
 # virsh
 
@@ -239,6 +583,10 @@ class Pool:
         self.pid_file = self.dir / PID_FILE
         self.daemon_log = self.dir / "log" / "libvirtd.log"
         self.stdout_log = self.dir / "log" / "libvirtd.stdout.log"
+        self.link_file = self.dir / LINK_FILE
+        self.pki = self.dir / "etc" / "pki"  # /etc/libvirt/pki inside the pool
+        # The machine's end of the TLS link: a name unique to this pool directory (15 bytes at most).
+        self.host_if = "mlab" + hashlib.sha1(os.fsencode(str(self.dir))).hexdigest()[:8]
 
     # -- state ------------------------------------------------------------
 
@@ -298,11 +646,85 @@ class Pool:
                 f"{SUN_PATH_MAX} bytes. Use a shorter --dir."
             )
 
-    def prepare(self) -> None:
+    # -- the TLS link ---------------------------------------------------------
+
+    def link(self) -> dict | None:
+        """The pool's link: {host_if, host_address, address} (address: the pool's end, where TLS listens)."""
+        try:
+            data = json.loads(self.link_file.read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and data.get("address") else None
+
+    def allocate_link(self) -> dict:
+        """Keep the recorded /30 when nothing else on the machine uses it, else take the first free one
+        from a start that depends on the pool directory (so that labs side by side rarely meet)."""
+        used = [net for ifname, net in link_networks_in_use() if ifname != self.host_if]
+        current = self.link()
+        if current:
+            net = ipaddress.IPv4Network(f"{current['host_address']}/30", strict=False)
+            if not any(net.overlaps(other) for other in used):
+                return current
+        count = 1 << 14  # /30 subnets in a /16
+        start = int(hashlib.sha1(os.fsencode(str(self.dir))).hexdigest(), 16) % count
+        base = (LINK_PREFIX[0] << 24) | (LINK_PREFIX[1] << 16)
+        for step in range(count):
+            net = ipaddress.IPv4Network((base + ((start + step) % count) * 4, 30))
+            if not any(net.overlaps(other) for other in used):
+                hosts = list(net.hosts())
+                data = {"host_if": self.host_if, "host_address": str(hosts[0]), "address": str(hosts[1])}
+                self.link_file.write_text(json.dumps(data, indent=2) + "\n")
+                return data
+        raise LabError(f"{self.name}: no free /30 left in {LINK_PREFIX[0]}.{LINK_PREFIX[1]}.0.0/16")
+
+    def attach_link(self, pid: int) -> None:
+        """Create the veth pair: the machine's end here, POOL_IF in the namespace of ``pid``."""
+        link = self.link()
+        if link is None:
+            raise LabError(f"{self.name}: no link allocated")
+        self.remove_link()
+        run(["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", POOL_IF, "netns", str(pid)])
+        run(["ip", "addr", "add", f"{link['host_address']}/30", "dev", self.host_if])
+        run(["ip", "link", "set", self.host_if, "up"])
+        inside = ["nsenter", "--target", str(pid), "--net", "ip"]
+        run([*inside, "addr", "add", f"{link['address']}/30", "dev", POOL_IF])
+        run([*inside, "link", "set", POOL_IF, "up"])
+
+    def link_up(self, pid: int) -> bool:
+        link = self.link()
+        if link is None or not link_exists(self.host_if):
+            return False
+        res = subprocess.run(["nsenter", "--target", str(pid), "--net", "ip", "-o", "-4", "addr", "show", "dev",
+                              POOL_IF], capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False,
+                             env=CHILD_ENV)
+        return f" {link['address']}/30 " in res.stdout
+
+    def remove_link(self) -> None:
+        if link_exists(self.host_if):
+            run(["ip", "link", "del", self.host_if])
+
+    def listens_tls(self) -> bool:
+        """Whether the running daemon was started with its TLS listener (older labs' were not)."""
+        pid = self.daemon_pid()
+        return pid is not None and "--listen" in proc_cmdline(pid)
+
+    def ensure_server_cert(self, ca_dir: Path, address: str) -> None:
+        marker = self.pki / "address"
+        current = marker.read_text().strip() if marker.exists() else None
+        if current == address and signed_by(ca_dir, self.pki / "servercert.pem"):
+            return
+        make_leaf(ca_dir, self.pki, "server", self.name, [f"IP:{address}", f"DNS:{self.name}"])
+        marker.write_text(address + "\n")
+
+    # -- preparation ------------------------------------------------------
+
+    def prepare(self, ca_dir: Path) -> None:
         for sub, _mountpoint in BIND_MOUNTS:
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         etc = self.dir / "etc"
-        (etc / "libvirtd.conf").write_text(LIBVIRTD_CONF)
+        link = self.allocate_link()
+        self.ensure_server_cert(ca_dir, link["address"])
+        (etc / "libvirtd.conf").write_text(LIBVIRTD_CONF.format(address=link["address"], port=TLS_PORT))
         (etc / "qemu.conf").write_text(QEMU_CONF)
         # nwfilter definitions from the system (so <filterref> works); no
         # networks, domains or storage pools from the system configuration.
@@ -394,6 +816,7 @@ class Pool:
                     f"lab-{self.name}",
                     str(self.dir),
                     libvirtd,
+                    POOL_IF,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -421,6 +844,12 @@ class Pool:
             if time.monotonic() > deadline:
                 raise LabError(f"{self.name}: namespaces of pid {pid} never appeared")
             time.sleep(0.02)
+        try:
+            self.attach_link(pid)
+        except LabError:
+            proc.kill()
+            proc.wait()
+            raise
         self.state_file.write_text(
             json.dumps(
                 {
@@ -537,25 +966,62 @@ def find_libvirtd() -> str:
     path = shutil.which("libvirtd", path=CHILD_ENV["PATH"])
     if not path:
         raise LabError("libvirtd not found (install libvirt-daemon-system)")
-    for tool in ("virsh", "unshare"):
+    for tool, package in (("virsh", "libvirt-clients"), ("unshare", "util-linux"), ("openssl", "openssl"),
+                          ("ssh-keygen", "openssh-client"), ("nc", "netcat-openbsd"), ("nsenter", "util-linux")):
         if not shutil.which(tool, path=CHILD_ENV["PATH"]):
-            raise LabError(f"{tool} not found")
+            raise LabError(f"{tool} not found (install {package})")
+    if not os.access(SSHD, os.X_OK):
+        raise LabError(f"{SSHD} not found (install openssh-server)")
     return path
+
+
+def transport_uris(pool: Pool, sshd: LabSSHD, pki: LabPKI) -> dict:
+    """How to reach a running pool: its unix socket, through the lab's sshd, over TLS on its link.
+    A transport that is not up (no sshd, a daemon from before TLS) is left out."""
+    uris = {"unix": pool.uri}
+    port = sshd.port()
+    if port is not None:
+        # libvirt's built-in SSH client (libssh2): the key and the known_hosts file come from the URI. (Its
+        # libssh client, qemu+libssh, hangs on replies of a few KiB in a program without an event loop.)
+        uris["ssh"] = (
+            f"qemu+libssh2://root@127.0.0.1:{port}/system?socket={pool.socket}"
+            f"&keyfile={sshd.key}&known_hosts={sshd.known_hosts}&sshauth=privkey"
+        )
+        # The OpenSSH client: checks the host key against the user's known_hosts, or the lab's when
+        # <dir>/ssh/bin (lab.json ssh.client_path) is first in PATH.
+        uris["openssh"] = f"qemu+ssh://root@127.0.0.1:{port}/system?socket={pool.socket}&keyfile={sshd.key}"
+    link = pool.link()
+    if link and pool.listens_tls():
+        uris["tls"] = f"qemu+tls://{link['address']}/system?pkipath={pki.client}"
+    return uris
 
 
 def write_lab_json(lab_dir: Path, image: str | None) -> None:
     running = [p for p in existing_pools(lab_dir) if p.daemon_pid() is not None]
+    sshd, pki = LabSSHD(lab_dir), LabPKI(lab_dir)
     data = {
         "pools": [
             {
                 "name": p.name,
                 "uri": p.uri,
+                "uris": transport_uris(p, sshd, pki),
+                "tls_address": (p.link() or {}).get("address"),
                 "network": NETWORK_NAME,
                 "storage_pool": STORAGE_POOL_NAME,
             }
             for p in running
         ],
         "image": image,
+        "ssh": {
+            "port": sshd.port(),
+            "keyfile": str(sshd.key),
+            "known_hosts": str(sshd.known_hosts),
+            "client_path": str(sshd.client_bin),
+            "log": str(sshd.log_file),
+        }
+        if sshd.pid() is not None
+        else None,
+        "tls": {"pkipath": str(pki.client), "ca": str(pki.ca / "cacert.pem")} if running else None,
     }
     tmp = lab_dir / "lab.json.tmp"
     tmp.write_text(json.dumps(data, indent=2) + "\n")
@@ -605,16 +1071,24 @@ def cmd_up(args: argparse.Namespace) -> int:
             log(f"warning: image {image} does not exist (yet)")
 
     t0 = time.monotonic()
+    pki = LabPKI(lab_dir)
+    pki.ensure()
     to_start = []
     for pool in wanted:
-        if pool.daemon_pid() is not None:
-            log(f"{pool.name}: already running (pid {pool.daemon_pid()})")
+        pid = pool.daemon_pid()
+        if pid is not None:
+            log(f"{pool.name}: already running (pid {pid})")
+            if not pool.listens_tls():
+                log(f"{pool.name}: started by an older lab.py without TLS; `down` and `up` to get it")
+            elif not pool.link_up(pid):
+                log(f"{pool.name}: its TLS link was gone; made again")
+                pool.attach_link(pid)
             continue
         if pool.state() == "stale":
             log(f"{pool.name}: cleaning up after a dead daemon")
             pool.kill_everything()
         pool.clear_runtime()
-        pool.prepare()
+        pool.prepare(pki.ca)
         to_start.append(pool)
 
     # The first QEMU capability probe costs seconds of CPU; do it once and let
@@ -641,6 +1115,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         pool.wait_ready(args.timeout)
         pool.ensure_resources()
 
+    port = LabSSHD(lab_dir).ensure()
+    log(f"sshd on 127.0.0.1:{port}")
     write_lab_json(lab_dir, image)
     log(
         f"lab up: {len(wanted)} pool(s) in {time.monotonic() - t0:.1f}s; " f"{lab_dir / 'lab.json'}"
@@ -662,9 +1138,16 @@ def cmd_down(args: argparse.Namespace) -> int:
                 pool.kill_everything()
                 log(f"{pool.name}: stopped")
             pool.clear_runtime()
+            pool.remove_link()
         except LabError as exc:
             log(f"error: {exc}")
             failed = True
+    try:
+        if LabSSHD(lab_dir).stop():
+            log("sshd: stopped")
+    except LabError as exc:
+        log(f"error: {exc}")
+        failed = True
     if lab_dir.is_dir() and (lab_dir / "lab.json").exists() and not failed:
         write_lab_json(lab_dir, read_lab_json(lab_dir).get("image"))
     if args.purge and lab_dir.exists() and not failed:
@@ -678,6 +1161,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     lab_dir: Path = args.dir
+    sshd, pki = LabSSHD(lab_dir), LabPKI(lab_dir)
     rows = []
     for pool in existing_pools(lab_dir):
         state = pool.state()
@@ -689,14 +1173,17 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "state": state,
                 "pid": pid,
                 "uri": pool.uri,
+                "uris": transport_uris(pool, sshd, pki) if pid is not None else {},
+                "tls_address": (pool.link() or {}).get("address") if pid is not None else None,
                 "domains": doms[0] if doms else None,
                 "running_domains": doms[1] if doms else None,
             }
         )
+    ssh = {"pid": sshd.pid(), "port": sshd.port()}
     if args.json:
         print(
             json.dumps(
-                {"dir": str(lab_dir), "pools": rows, "image": read_lab_json(lab_dir).get("image")},
+                {"dir": str(lab_dir), "pools": rows, "sshd": ssh, "image": read_lab_json(lab_dir).get("image")},
                 indent=2,
             )
         )
@@ -704,13 +1191,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no lab pools in {lab_dir}")
         return 0
+    print(f"sshd     {'running' if ssh['pid'] else 'stopped':<8} pid={ssh['pid'] or '-':<8} "
+          f"{'127.0.0.1:%d' % ssh['port'] if ssh['port'] else '-'}")
     for r in rows:
         doms = (
             "-"
             if r["domains"] is None
             else f"{r['domains']} domains, {r['running_domains']} running"
         )
-        print(f"{r['name']:<8} {r['state']:<8} pid={r['pid'] or '-':<8} {r['uri']}  {doms}")
+        print(f"{r['name']:<8} {r['state']:<8} pid={r['pid'] or '-':<8} {r['uri']}  {doms}  "
+              f"tls={r['tls_address'] or '-'}")
     return 0
 
 

@@ -112,6 +112,11 @@ def converge(entries, specs, strategy="spread", retries=3, workers=16, check_mod
                 result.record(spec, outcome)
         for spec in absent:
             result.machines.setdefault(spec["name"], {"name": spec["name"], "pool": None, "phase": "Terminated"})
+        if absent:
+            # a machine to delete may live on a pool that could not be read: say so, never claim it gone there
+            result.warnings.extend("%s was not read, so machines to delete were not looked for there: %s"
+                                   % (snapshot["name"], snapshot.get("problem")) for snapshot in snapshots
+                                   if snapshot["state"] == "Offline")
         while pending:
             result.attempts += 1
             by_uri = {snapshot["uri"]: snapshot for snapshot in snapshots}

@@ -54,35 +54,73 @@ def validate_uri(uri, field="uri"):
     return uri
 
 
+# What libvirt reports when a remote host refuses a connection, and what to check then. libvirt's own words
+# name the symptom (for TLS often only "Unable to read TLS confirmation"); the hint names the cause.
+_REFUSALS = (
+    (re.compile(r"host key verification failed|verify the session host key|ssh host key .* not accepted|"
+                r"host key .*(mismatch|changed)", re.I),
+     "the host's SSH key is not trusted: add it to the known_hosts file (the known_hosts URI parameter for "
+     "qemu+libssh2 and qemu+libssh, the user's ~/.ssh/known_hosts for qemu+ssh), or set no_verify=1 on a network you trust"),
+    (re.compile(r"permission denied \(publickey|access denied for 'publickey'|failed to authenticate|"
+                r"username/publickey combination invalid", re.I),
+     "the host refused the SSH key: check the keyfile URI parameter (or the ssh agent) and the host's "
+     "authorized_keys"),
+    (re.compile(r"unable to read tls confirmation", re.I),
+     "the host closed the TLS session: it did not accept the client certificate (clientcert.pem in pkipath "
+     "must be signed by a CA the host trusts)"),
+    (re.compile(r"our own certificate .* failed validation", re.I),
+     "clientcert.pem in pkipath is not signed by the cacert.pem beside it"),
+    (re.compile(r"failed to verify peer's certificate|does not match the hostname", re.I),
+     "the host's TLS certificate is not trusted: cacert.pem in pkipath must be the CA that signed it, and the "
+     "certificate must name the host of the URI (or set no_verify=1)"),
+    (re.compile(r"connection refused", re.I), "nothing listens at that address and port"),
+    (re.compile(r"timed out|no route to host|network is unreachable", re.I), "the host does not answer"),
+)
+
+
+def refusal_hint(text):
+    """The likely cause of a failed connection, from libvirt's message; None when it says nothing known."""
+    for pattern, hint in _REFUSALS:
+        if pattern.search(text or ""):
+            return hint
+    return None
+
+
 def describe(exc):
     """The useful part of a libvirtError: its message without libvirt's trailing noise."""
     text = exc.get_error_message() if hasattr(exc, "get_error_message") else None
     return (text or str(exc)).strip()
 
 
-def open_connection(uri, field="uri"):
-    """Open ``uri`` read-write; an unreachable or wrong URI becomes ConnectionFailed naming the URI."""
+def open_connection(uri, field="uri", name=None):
+    """Open ``uri`` read-write; an unreachable or wrong URI becomes ConnectionFailed naming the pool (``name``,
+    when the caller knows it, and the URI), libvirt's cause and, for the usual refusals, what to check."""
     validate_uri(uri, field)
     require_libvirt()
+    where = "pool %s (%s)" % (name, uri) if name and name != uri else uri
     try:
         conn = libvirt.open(uri)
     except libvirt.libvirtError as exc:
-        raise ConnectionFailed("cannot connect to %s: %s" % (uri, describe(exc)), field) from None
+        cause = " ".join(describe(exc).split())  # one line: ssh's stderr can span several
+        hint = refusal_hint(cause)
+        raise ConnectionFailed("cannot connect to %s: %s%s" % (where, cause, "; " + hint if hint else ""),
+                               field) from None
     if conn is None:
-        raise ConnectionFailed("cannot connect to %s" % uri, field)
+        raise ConnectionFailed("cannot connect to %s" % where, field)
     return conn
 
 
 class Connection:
     """A context manager around one libvirt connection; the same object is shared by every step of a run."""
 
-    def __init__(self, uri, field="uri"):
+    def __init__(self, uri, field="uri", name=None):
         self.uri = uri
         self.field = field
+        self.name = name
         self.conn = None
 
     def __enter__(self):
-        self.conn = open_connection(self.uri, self.field)
+        self.conn = open_connection(self.uri, self.field, self.name)
         return self.conn
 
     def __exit__(self, *exc_info):

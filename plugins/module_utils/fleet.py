@@ -73,7 +73,7 @@ def read_each(entries, read, offline, workers=16):
 
     def one(entry):
         try:
-            with lv.Connection(entry["uri"]) as conn:
+            with lv.Connection(entry["uri"], name=entry.get("name")) as conn:
                 return read(PoolContext(conn, entry["uri"]), entry)
         except lv.libvirt.libvirtError as exc:
             return offline(entry, lv.describe(exc))
@@ -94,11 +94,16 @@ class Fleet:
         self.entries = entries
         self.contexts = {}
         self.offline = {}
-        for entry in entries:
+
+        def connect(entry):
             try:
-                conn = lv.open_connection(entry["uri"], "pools")
+                return lv.open_connection(entry["uri"], "pools", entry.get("name"))
             except MachineryError as exc:
-                self.offline[entry["uri"]] = str(exc)
+                return exc
+        # Opened side by side: over ssh or TLS each connection costs a handshake, and they add up in a row.
+        for entry, conn in zip(entries, in_parallel(entries, connect)):
+            if isinstance(conn, MachineryError):
+                self.offline[entry["uri"]] = str(conn)
                 continue
             ctx = PoolContext(conn, entry["uri"])
             ctx.url_opener = opener
