@@ -4,8 +4,8 @@
 """The AWX path: jobs and an inventory update run by ansible-runner on a private data directory laid out as AWX
 lays it out.
 
-The directory holds project/ (the playbooks of extensions/awx/playbooks, as a project synced from this source
-tree), inventory/ (a source file of the machinery.compute.machines plugin), env/extravars (the job template's
+The directory holds project/ (extensions/awx as a project synced from the collection's source tree: its playbooks
+and its inventory source file), inventory/ (the job's inventory, localhost), env/extravars (the job template's
 variables), env/envvars and the files of the credential of extensions/awx/credential_type_libvirt_pools.yml,
 rendered from its injectors the way AWX renders them (a sandboxed Jinja environment, each file injector under a
 name of its own in env/). The collection is the built tarball installed into requirements_collections, the
@@ -71,7 +71,11 @@ def awx(tmp_path_factory):
     private = work / "private"
     for part in ("env", "inventory", "artifacts"):
         (private / part).mkdir(parents=True)
-    shutil.copytree(REPO / "extensions" / "awx" / "playbooks", private / "project")
+    # the project: a checkout of the collection's extensions/awx (playbooks/ and inventory/)
+    shutil.copytree(REPO / "extensions" / "awx", private / "project")
+    # a job's inventory, which AWX writes from its database (jobs here run on localhost)
+    (private / "inventory" / "hosts").write_text(
+        "localhost ansible_connection=local ansible_python_interpreter={{ ansible_playbook_python }}\n")
     env = {key: value for key, value in os.environ.items() if not key.startswith("ANSIBLE_")}
     env.update(PATH="%s:%s" % (BIN, env.get("PATH", "")), ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false",
                ANSIBLE_HOME=str(work / "home"), ANSIBLE_NOCOLOR="1")
@@ -89,9 +93,6 @@ def awx(tmp_path_factory):
     envvars = dict(injected, ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false",
                    ANSIBLE_HOME=str(work / "home"), ANSIBLE_FORCE_COLOR="0")
     (private / "env" / "envvars").write_text(yaml.safe_dump(envvars))
-    # the inventory source: its pools come from the credential (MACHINERY_POOLS)
-    (private / "inventory" / "fleet.machinery.yml").write_text(yaml.safe_dump({
-        "plugin": "machinery.compute.machines", "include_pools": True, "address_source": ["lease"]}))
     yield {"private": private, "env": env, "pools": pools, "lab": lab, "injected": injected,
            "collections": collections}
     for entry in pools:
@@ -152,7 +153,7 @@ def test_jobs_and_inventory_update_through_runner(awx):
     pools_run = runner(awx, "pools", {
         "machinery_pools": [{"name": pool["name"], "uri": pool["uri"], "networks": [{"name": "machinery"}],
                              "overcommit": OVERCOMMIT} for pool in pools],
-        "machinery_classes": [{"name": "small", "cpu": 1, "memory": "128Mi"}]}, "-p", "pools.yml")
+        "machinery_classes": [{"name": "small", "cpu": 1, "memory": "128Mi"}]}, "-p", "playbooks/pools.yml")
     tasks = task_results(pools_run)
     # the roles came from the collection installed where AWX installs a project's collections
     role_paths = [task["path"] for task in tasks if "/roles/" in task["path"]]
@@ -165,19 +166,21 @@ def test_jobs_and_inventory_update_through_runner(awx):
     # job template "machines": one small machine, placed by the scheduler on the credential's pools
     machine = {"name": MACHINE, "machine_class": "small", "image": lab["image"], "labels": {"app": "awx"}}
     machines_run = runner(awx, "machines", {"machinery_machines": [machine], "machinery_wait": "running"},
-                          "-p", "machines.yml")
+                          "-p", "playbooks/machines.yml")
     task_results(machines_run)
     placed = [pool for pool in (Pool(entry["name"], entry["uri"]) for entry in pools) if pool.domain(MACHINE)]
     assert len(placed) == 1 and placed[0].domain(MACHINE).isActive()
 
-    # the inventory update, as AWX runs an inventory source: ansible-inventory --list --export through
-    # ansible-runner (runner's command line insists on a playbook, which a run of another binary leaves out)
+    # the inventory update, as AWX runs an inventory source from a project: ansible-inventory --list --export on
+    # the project's source file (its pools from the credential's MACHINERY_POOLS), through ansible-runner
+    # (runner's command line insists on a playbook, which a run of another binary leaves out)
     output = awx["private"] / "artifacts" / "inventory-output.json"
+    source = awx["private"] / "project" / "inventory" / "fleet.machinery.yml"
     inventory_run = runner(awx, "inventory", {}, "--binary", str(BIN / "ansible-inventory"), "-p", "unused.yml",
-                           cmdline="--list --export --output %s" % output)
+                           "--inventory", str(source), cmdline="--list --export --output %s" % output)
     command = json.loads((inventory_run["artifacts"] / "command").read_text())["command"]
     assert command[:3] == [str(BIN / "ansible-inventory"), "--list", "--export"]
-    assert command[command.index("-i") + 1] == str(awx["private"] / "inventory")
+    assert command[command.index("-i") + 1] == str(source)
     listing = json.loads(output.read_text())
     hostvars = listing["_meta"]["hostvars"]
     # --export writes strings read from libvirt as the unsafe values they are
@@ -185,10 +188,11 @@ def test_jobs_and_inventory_update_through_runner(awx):
     assert hostvars[MACHINE]["machinery"]["labels"]["app"] == {"__ansible_unsafe": "awx"}
     assert MACHINE in listing["machinery_pool_" + placed[0].name]["hosts"]
     assert set(listing["machine_pools"]["hosts"]) == {pool["name"] for pool in pools}
+    assert listing["app_awx"]["hosts"] == [MACHINE]
     assert inventory_run["rc"] == 0
 
     # job template "machines" again: the machine deleted
     deleting = runner(awx, "delete", {"machinery_machines": [dict(machine, state="absent", shutdown_timeout=0)],
-                                      "machinery_wait": "none"}, "-p", "machines.yml")
+                                      "machinery_wait": "none"}, "-p", "playbooks/machines.yml")
     task_results(deleting)
     assert placed[0].domain(MACHINE) is None
