@@ -90,7 +90,7 @@ sanity: venv
 	bash tests/sanity/run.sh $(VENV)
 
 lint: venv
-	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks $(wildcard roles/*)
+	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks extensions/awx/playbooks $(wildcard roles/*)
 
 # The collection as ansible-galaxy builds it: only what a user installs, and ansible-doc reads every plugin from a
 # fresh install of it.

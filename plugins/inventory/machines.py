@@ -35,10 +35,15 @@ options:
     required: true
     choices: [machinery.compute.machines]
   pools:
-    description: The pools, as libvirt URIs or mappings with C(uri) and an optional C(name).
+    description:
+      - The pools, as libvirt URIs or mappings with C(uri) and an optional C(name).
+      - When the source file does not give them, the comma-separated URIs of E(MACHINERY_POOLS), which the AWX
+        credential type of the collection's source tree sets (see C(docs/awx.md)).
     type: list
     elements: raw
     required: true
+    env:
+      - name: MACHINERY_POOLS
   hostname:
     description: What names a host.
     type: str

@@ -29,9 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 Artifact = namedtuple("Artifact", "tarball installed env cwd")
 
 # The top level of the artifact, all of it: what ansible-galaxy writes, the documents, the collection's content,
-# and requirements.txt (ansible-builder reads it for execution environments).
-TOP_LEVEL = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "requirements.txt", "meta", "plugins", "roles",
-             "docs", "changelogs"}
+# requirements.txt and bindep.txt (ansible-builder reads them for execution environments), and extensions (AWX).
+TOP_LEVEL = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "requirements.txt", "bindep.txt", "meta",
+             "plugins", "roles", "docs", "changelogs", "extensions"}
 # Development-only things that must not ship, wherever they are.
 NEVER_TOP = {"Makefile", "lab", "tests", "benchmarks", "playbooks", ".venv", ".lab", ".cache", ".ansible", ".ci",
              "galaxy.yml", "constraints.txt", "requirements-dev.txt"}
