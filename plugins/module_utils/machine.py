@@ -117,7 +117,9 @@ def planned_volumes(spec):
 
 def _image_size(image):
     """The virtual size of a local image (its qcow2 header or file size); 0 for one still to be downloaded."""
-    return storage.virtual_size(image["path"]) if image.get("path") else 0
+    if image.get("path"):
+        return storage.virtual_size(image["path"])
+    return image.get("virtual_size") or 0  # a published image knows its size; a URL is only read on download
 
 
 def new_disks(spec):
@@ -372,6 +374,8 @@ class MachineResource:
         pool is refreshed (libvirt reads the qcow2 header then), so a local image's own header is read first."""
         if image.get("path"):
             return storage.virtual_size(image["path"])
+        if image.get("virtual_size"):
+            return image["virtual_size"]
         pool.refresh(0)
         return pool.storageVolLookupByName(image_vol.name()).info()[1]
 

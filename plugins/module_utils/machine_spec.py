@@ -14,7 +14,7 @@ import os
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import elements
-from ansible_collections.machinery.compute.plugins.module_utils import images
+from ansible_collections.machinery.compute.plugins.module_utils import named_images
 from ansible_collections.machinery.compute.plugins.module_utils import options
 from ansible_collections.machinery.compute.plugins.module_utils import seed
 from ansible_collections.machinery.compute.plugins.module_utils import storage
@@ -80,8 +80,8 @@ def _volumes(name, items, ctx, taken_devices, leftovers=()):
             if item.get("size") is not None:
                 entry.update(source="empty", size=check.disk_bytes(item["size"], where + ".size"))
             else:
-                entry.update(source="image", image=images.resolve(item["image"], item.get("image_checksum"),
-                                                                  where + ".image"))
+                entry.update(source="image", image=named_images.resolve(item["image"], item.get("image_checksum"),
+                                                                        ctx, where + ".image"))
                 image_format(entry["image"], where + ".image")
         result.append(entry)
     for index, entry in enumerate(result):
@@ -279,7 +279,7 @@ def normalize(params, ctx, existing_record=None, current=None, leftovers=()):
         return spec
     if not params.get("image"):
         raise ValidationError("is required to create a machine", "image")
-    spec["image"] = images.resolve(params["image"], params.get("image_checksum"), "image")
+    spec["image"] = named_images.resolve(params["image"], params.get("image_checksum"), ctx, "image")
     image_format(spec["image"], "image")
     spec["root_size"] = check.disk_bytes(params["root_size"], "root_size") if params.get("root_size") else None
     if spec["root_size"] and spec["image"].get("path"):

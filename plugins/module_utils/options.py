@@ -292,6 +292,23 @@ MACHINE_CLASS = (
     Option("force", "bool", default=False),
 )
 
+IMAGE_OS = (
+    Option("family", choices=("linux", "windows")),
+    Option("distribution"),
+    Option("version"),
+    Option("architecture", choices=("amd64", "arm64", "x86_64")),
+)
+
+MACHINE_IMAGE = (
+    Option("name", required=True),
+    Option("url"),
+    Option("path"),
+    Option("checksum"),
+    Option("os", "dict", options=IMAGE_OS),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("force", "bool", default=False),
+)
+
 # --- attachments ------------------------------------------------------------------------------------------------
 
 VOLUME_ATTACH = (
