@@ -309,6 +309,26 @@ MACHINE_IMAGE = (
     Option("force", "bool", default=False),
 )
 
+# --- manifests --------------------------------------------------------------------------------------------------
+
+MANIFEST_DIALECTS = ("ironcore", "openshift", "kupenstack", "vitistack")
+
+MANIFEST = (
+    Option("src", "raw"),
+    Option("definition", "raw", no_log=False),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("prune", "bool", default=False),
+    Option("wait", choices=WAITS, default="running"),
+    Option("wait_timeout", "int", default=300),
+    Option("shutdown_timeout", "int", default=60),
+)
+
+MANIFEST_INFO = (
+    Option("dialect", choices=MANIFEST_DIALECTS, default="ironcore"),
+    Option("name", "list", elements="str"),
+    Option("labels", "dict"),
+)
+
 # --- attachments ------------------------------------------------------------------------------------------------
 
 VOLUME_ATTACH = (
