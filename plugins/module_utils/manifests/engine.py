@@ -241,8 +241,10 @@ class Run:
 
     def note(self, obj_ref, plan, pool=None):
         where = " on %s" % pool if pool else ""
+        name = obj_ref.split("/", 1)[1]
         for action in plan.actions:
-            self.actions.append("%s: %s%s" % (obj_ref, action.summary, where))
+            target = "" if action.target == name else " " + str(action.target)
+            self.actions.append("%s: %s%s%s" % (obj_ref, action.summary, target, where))
         if plan.actions:
             before, after = plan.diff()
             key = obj_ref + where

@@ -214,9 +214,10 @@ def status(obj, observed):
                 "availableReplicas": result.get("available_replicas", 0)}
     if obj.kind == "MachineHealthCheck":
         result = observed.get("check") or {}
-        covered = result.get("covered") or []
-        unhealthy = result.get("unhealthy") or []
-        return {"expectedMachines": len(covered), "currentHealthy": len(covered) - len(unhealthy),
+        covered = result.get("covered") or 0
+        covered = covered if isinstance(covered, int) else len(covered)
+        unhealthy = len(result.get("unhealthy") or [])
+        return {"expectedMachines": covered, "currentHealthy": covered - unhealthy,
                 "remediationsAllowed": result.get("remediation_allowed", 0)}
     return {}
 
