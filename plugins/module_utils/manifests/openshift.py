@@ -218,7 +218,7 @@ def status(obj, observed):
         covered = covered if isinstance(covered, int) else len(covered)
         unhealthy = len(result.get("unhealthy") or [])
         return {"expectedMachines": covered, "currentHealthy": covered - unhealthy,
-                "remediationsAllowed": result.get("remediation_allowed", 0)}
+                "remediationsAllowed": max(0, int(result.get("max_unhealthy") or 0) - unhealthy)}
     return {}
 
 
