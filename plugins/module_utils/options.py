@@ -324,7 +324,7 @@ MANIFEST = (
 )
 
 MANIFEST_INFO = (
-    Option("dialect", choices=("ironcore", "openshift"), default="ironcore"),
+    Option("dialect", choices=("ironcore", "openshift", "kupenstack"), default="ironcore"),
     Option("name", "list", elements="str"),
     Option("labels", "dict"),
 )

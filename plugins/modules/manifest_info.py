@@ -29,7 +29,7 @@ options:
   dialect:
     description: The dialect of the documents.
     type: str
-    choices: [ironcore, openshift]
+    choices: [ironcore, openshift, kupenstack]
     default: ironcore
   name:
     description: Only these machines.

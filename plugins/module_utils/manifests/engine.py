@@ -108,6 +108,10 @@ class Pools:
                 self.volumes[ctx.name or ctx.uri] = set(ctx.storage.listVolumes())
             except (MachineryError, lv.libvirt.libvirtError):
                 self.volumes[ctx.name or ctx.uri] = set()
+        self.images = {}
+        for ctx in self.contexts:
+            self.images[ctx.name or ctx.uri] = {key[len("image-"):]: ctx.registry.get(key) or {}
+                                                for key in ctx.registry.keys("image-")}
 
     def context(self, pool_name):
         snapshot = self.by_name.get(pool_name)
@@ -133,7 +137,7 @@ def link(objects, problems, pools):
         if obj.role not in ("machine", "set"):
             continue
         if hasattr(obj.dialect, "link"):
-            obj.dialect.link(obj, by_key, fields)
+            obj.dialect.link(obj, by_key, fields, pools)
         params = obj.params["template"] if obj.role == "set" else obj.params
         cls = obj.refs.get("class")
         if cls and ("MachineClass", cls) not in by_key and not pools.class_on(cls):

@@ -11,9 +11,9 @@ from ansible_collections.machinery.compute.plugins.module_utils import connectio
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.fleet import Fleet
 from ansible_collections.machinery.compute.plugins.module_utils.machine_set import read_fleet
-from ansible_collections.machinery.compute.plugins.module_utils.manifests import ironcore, openshift
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import ironcore, kupenstack, openshift
 
-EXPORTERS = {"ironcore": ironcore, "openshift": openshift}
+EXPORTERS = {"ironcore": ironcore, "openshift": openshift, "kupenstack": kupenstack}
 
 
 def exporter(dialect):

@@ -183,7 +183,7 @@ def _machine(obj, fields):
     machine_object(obj, params, refs)
 
 
-def link(obj, objects, fields):
+def link(obj, objects, fields, _pools=None):
     """Resolve a Machine's references to the other documents: its NetworkInterfaces and ignition Secret (which
     must be among the documents) and its Volumes (in the documents, or already in the pool's storage)."""
     refs = obj.refs

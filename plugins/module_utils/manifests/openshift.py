@@ -168,7 +168,7 @@ def read(obj, fields):
         machine_object(obj, params, {}, role="check")
 
 
-def link(obj, objects, fields):
+def link(obj, objects, fields, _pools=None):
     secret_ref = obj.refs.get("secret")
     if not secret_ref:
         return
