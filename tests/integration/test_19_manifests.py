@@ -4,6 +4,7 @@ edited, exported and deleted; every effect checked from libvirt."""
 import copy
 import json
 import os
+import subprocess
 
 import pytest
 import yaml
@@ -180,3 +181,71 @@ def test_invalid_documents_all_reported_nothing_written(lab2):
     assert any(p.startswith("Machine/bad-2: spec.providerSpec.value.kind:") for p in problems)
     assert any(p.startswith("Machine/bad-3: apiVersion: unknown apiVersion") for p in problems)
     assert (machines(pools), registry_keys(pools[0]), pools[0].volumes()) == before
+
+
+def upload_volume(pool, name, path):
+    """A raw volume of the pool's storage with the content of ``path``."""
+    size = os.path.getsize(path)
+    storage = pool.conn.storagePoolLookupByName("machinery")
+    xml = "<volume><name>%s</name><capacity>%d</capacity><target><format type='raw'/></target></volume>" % (
+        name, size)
+    vol = storage.createXML(xml, 0)
+    stream = pool.conn.newStream(0)
+    vol.upload(stream, 0, size, 0)
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(1 << 20)
+            if not chunk:
+                break
+            stream.send(chunk)
+    stream.finish()
+
+
+def test_kupenstack_sample_vm_boots_from_its_volume(lab2, tmp_path):
+    pools, entries, image = lab2
+    pool = pools[0]
+    run_module("machine", uri=pool.uri, name="sample-vm", state="absent", shutdown_timeout=1)
+    raw = str(tmp_path / "myvol.raw")
+    subprocess.run(["qemu-img", "convert", "-O", "raw", image, raw], check=True)
+    for name in ("myvol", "vol-db"):
+        if name in pool.volumes():
+            pool.conn.storagePoolLookupByName("machinery").storageVolLookupByName(name).delete(0)
+    upload_volume(pool, "myvol", raw)
+    pool.conn.storagePoolLookupByName("machinery").createXML(
+        "<volume><name>vol-db</name><capacity>16777216</capacity><target><format type='raw'/></target></volume>", 0)
+    vm = {"apiVersion": "kupenstack.io/v1alpha1", "kind": "VirtualMachine",
+          "metadata": {"name": "sample-vm", "namespace": "default", "labels": {"app": "kupenstack-demo"}},
+          "spec": {"running": True, "vcpu": 1, "memory": "128Mi", "virtualNetworks": ["machinery"],
+                   "diskAttachments": [{"name": "myvol"}, {"name": "vol-db"}]}}
+
+    planned = run_module("manifest", check=True, pools=entries, definition=[vm])
+    assert planned["actions"] == ["VirtualMachine/sample-vm: create", "VirtualMachine/sample-vm: start"], planned
+    assert pool.domain("sample-vm") is None
+    made = run_module("manifest", pools=entries, definition=[vm], wait="address", wait_timeout=240)
+    assert made["changed"] and not made.get("failed"), made
+    spec = record(pool, "sample-vm")["spec"]
+    assert spec["image"] is None and [v["volume"] for v in spec["volumes"]] == ["myvol", "vol-db"]
+    assert "sample-vm-root.qcow2" not in pool.volumes()
+    status = made["objects"][0]["status"]
+    assert status["phase"] == "Running" and status["node"] == pool.name and status["restartCount"] == 0
+    assert status["ip"].startswith("machinery(") and status["ip"].endswith(")"), status
+    table = made["tables"]["VirtualMachine"]
+    assert table[0].split() == ["NAME", "STATUS", "RESTARTS", "AGE", "NODE", "NETWORKS(IP)"]
+    assert table[1].split()[:2] == ["sample-vm", "Running"] and status["ip"] in table[1]
+
+    assert run_module("manifest", pools=entries, definition=[vm])["changed"] is False
+    exported = run_module("manifest_info", pools=entries, dialect="kupenstack", name=["sample-vm"])
+    assert run_module("manifest", pools=entries, definition=exported["documents"])["changed"] is False
+
+    stopped = copy.deepcopy(vm)
+    stopped["spec"]["running"] = False
+    edited = run_module("manifest", pools=entries, definition=[stopped], shutdown_timeout=2)
+    assert edited["actions"] == ["VirtualMachine/sample-vm: stop"] and not pool.domain("sample-vm").isActive()
+    assert edited["objects"][0]["status"]["phase"] == "Shutdown"
+
+    deleted = run_module("manifest", pools=entries, definition=[vm], state="absent", shutdown_timeout=2)
+    assert deleted["actions"] == ["VirtualMachine/sample-vm: delete"] and pool.domain("sample-vm") is None
+    assert {"myvol", "vol-db"} <= set(pool.volumes())  # deleting the VM leaves its volumes, as KupenStack does
+    assert run_module("manifest", pools=entries, definition=[vm], state="absent")["changed"] is False
+    for name in ("myvol", "vol-db"):
+        pool.conn.storagePoolLookupByName("machinery").storageVolLookupByName(name).delete(0)

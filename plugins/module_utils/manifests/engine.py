@@ -300,9 +300,8 @@ class Run:
             spec = {item.name: item.default for item in options.MACHINE + options.SCHEDULING}
             spec.update({key: value for key, value in obj.params.items() if value is not None})
             spec["state"] = state if state == "absent" else obj.params.get("state") or "running"
-            spec.setdefault("wait", self.params.get("wait") or "running")
-            spec.setdefault("wait_timeout", self.params.get("wait_timeout") or 300)
-            spec.setdefault("shutdown_timeout", self.params.get("shutdown_timeout") or 60)
+            spec.update(wait=self.params.get("wait") or "running", wait_timeout=self.params.get("wait_timeout") or 300,
+                        shutdown_timeout=self.params.get("shutdown_timeout") or 60)
             if self.check_mode and state == "present" and not self._ready_for_check(obj, pools):
                 planned.append(obj)  # its class or volume is made by this run: the core cannot plan it yet
                 continue
