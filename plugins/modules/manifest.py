@@ -128,6 +128,7 @@ class ManifestModule(MachineryModule):
 
     def run_pools(self, entries):
         documents, problems = docs.load_sources(self.params.get("src"), self.params.get("definition"))
+        self.module.no_log_values.update(docs.secret_strings(documents))
         try:
             result = engine.apply(entries, documents, self.params, self.check_mode, self.url_opener(), problems)
         except docs.ManifestError as exc:

@@ -81,6 +81,31 @@ def load_sources(src=None, definition=None):
     return documents, problems
 
 
+def secret_strings(documents):
+    """The strings of the documents that are secrets, for the module to mask wherever they would be shown: the
+    data and stringData of v1 Secrets (encoded and decoded) and vitistack's userData. Strings under 4 characters
+    are not masked (hiding every 'yes' would hide far more than it protects)."""
+    found = set()
+    for _origin, doc in documents:
+        if not isinstance(doc, dict):
+            continue
+        values = []
+        if doc.get("kind") == "Secret":
+            for key in ("data", "stringData"):
+                if isinstance(doc.get(key), dict):
+                    values.extend(str(value) for value in doc[key].values())
+            for value in list(values):
+                try:
+                    values.append(base64.b64decode(value, validate=True).decode())
+                except (binascii.Error, ValueError, UnicodeDecodeError):
+                    pass
+        spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+        if isinstance(spec.get("userData"), str):
+            values.append(spec["userData"])
+        found.update(value for value in values if len(value) >= 4)
+    return found
+
+
 class Problems:
     """Problems and warnings of a set of documents, each under the object it is about."""
 
