@@ -27,6 +27,7 @@ class BatchOutcome:
     def __init__(self):
         self.changed = False
         self.machines = {}
+        self.actions = {}  # name -> the short forms of its planned actions
         self.placements = {}
         self.before = {}
         self.after = {}
@@ -37,6 +38,8 @@ class BatchOutcome:
     def record(self, spec, outcome):
         name = spec["name"]
         self.machines[name] = outcome.machine
+        if outcome.actions:
+            self.actions[name] = list(outcome.actions)
         if outcome.changed:
             self.changed = True
             self.before[name] = outcome.before

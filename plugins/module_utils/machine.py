@@ -99,7 +99,7 @@ def adoption_record(observed, image, moment):
 def create_steps(spec):
     name = spec["name"]
     steps = [step("cache_image", spec["image"]["source"]),
-             step("create_volume", "%s-root.qcow2" % name, size=spec.get("root_size"))]
+             step("create_volume", "%s-root.qcow2" % name, size=spec.get("root_size"))] if spec.get("image") else []
     for vol in spec.get("volumes") or []:
         if vol["source"] == "volume":
             steps.append(step("use_volume", vol["volume"]))
@@ -115,7 +115,7 @@ def create_steps(spec):
 def planned_volumes(spec):
     """Every volume a create of ``spec`` makes (what its journal lists)."""
     name = spec["name"]
-    names = ["%s-root.qcow2" % name]
+    names = ["%s-root.qcow2" % name] if spec.get("image") else []
     names += [vol["volume"] for vol in spec.get("volumes") or [] if vol["source"] != "volume"]
     boot_files = (("ignition.json", "ignition_data"), ("cidata.iso", "seed_files"))
     names += ["%s-%s" % (name, suffix) for suffix, key in boot_files if key in spec]
@@ -124,12 +124,14 @@ def planned_volumes(spec):
 
 def _image_size(image):
     """The virtual size of a local image (its qcow2 header or file size); 0 for one still to be downloaded."""
-    return storage.virtual_size(image["path"]) if image.get("path") else 0
+    if image.get("path"):
+        return storage.virtual_size(image["path"])
+    return image.get("virtual_size") or 0  # a published image knows its size; a URL is only read on download
 
 
 def new_disks(spec):
     """[(field, virtual bytes)] of the disks a create of ``spec`` makes, for the storage check."""
-    disks = [("root_size", max(spec.get("root_size") or 0, _image_size(spec["image"])))]
+    disks = [("root_size", max(spec.get("root_size") or 0, _image_size(spec["image"])))] if spec.get("image") else []
     for index, vol in enumerate(spec.get("volumes") or []):
         if vol["source"] == "empty":
             disks.append(("volumes[%d].size" % index, vol["size"]))
@@ -220,7 +222,7 @@ def plan_machine(spec, observed, record=None):
         return Plan([Action("delete", name, {"state": "present"}, {"state": "absent"}, steps)])
     if not observed.exists:
         after = options.shown({key: spec.get(key) for key in SHOWN_AT_CREATION})
-        after.update(state=spec["state"], image=spec["image"]["source"])
+        after.update(state=spec["state"], image=(spec.get("image") or {}).get("source"))
         actions = [Action("create", name, {}, after, create_steps(spec))]
         if spec["state"] == "running":
             actions.append(Action("start", name, steps=[step("start", name)]))
@@ -307,7 +309,8 @@ class MachineResource:
         spec = self.spec
         pool = self.ctx.storage
         # the image upload can take long: it happens before the pool's admission lock is taken
-        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener)
+        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener) \
+            if spec.get("image") else (None, None)
         with Admission(self.ctx, self.params.get("unique_across") or []) as admission:
             # under the lock: a domain of this name defined meanwhile belongs to another run, whose volumes
             # (of the same names) must not be touched
@@ -348,15 +351,18 @@ class MachineResource:
         created = []
         filters = []
         try:
-            spec["image"]["format"] = fmt
-            image_size = self._virtual_size(pool, image_vol, spec["image"])
-            root_size = spec["root_size"] or image_size
-            if root_size < image_size:
-                raise ValidationError("%s is smaller than the image (%s)"
-                                      % (format_quantity(root_size), format_quantity(image_size)), "root_size")
-            spec["root_size"] = root_size
-            disks = [self._new_volume(pool, created, "%s-root.qcow2" % name, root_size, (image_vol.path(), fmt),
-                                      {"name": "root", "device": "vda", "boot": True})]
+            disks = []
+            if spec.get("image"):
+                spec["image"]["format"] = fmt
+                image_size = self._virtual_size(pool, image_vol, spec["image"])
+                root_size = spec["root_size"] or image_size
+                if root_size < image_size:
+                    raise ValidationError("%s is smaller than the image (%s)"
+                                          % (format_quantity(root_size), format_quantity(image_size)), "root_size")
+                spec["root_size"] = root_size
+                disks.append(self._new_volume(pool, created, "%s-root.qcow2" % name, root_size,
+                                              (image_vol.path(), fmt), {"name": "root", "device": "vda",
+                                                                         "boot": True}))
             for vol in spec["volumes"]:
                 disks.append(self._volume_disk(pool, created, vol))
             files = {"console": "%s-console.log" % name}
@@ -403,7 +409,7 @@ class MachineResource:
         return dict(disk, path=new.path(), format="qcow2")
 
     def _volume_disk(self, pool, created, vol):
-        disk = {"name": vol["name"], "device": vol["device"], "bus": vol["bus"]}
+        disk = {"name": vol["name"], "device": vol["device"], "bus": vol["bus"], "boot": vol.get("boot", False)}
         if vol["source"] == "volume":
             existing = pool.storageVolLookupByName(vol["volume"])
             return dict(disk, path=existing.path(), format=storage.volume_format(existing),
@@ -421,6 +427,8 @@ class MachineResource:
         pool is refreshed (libvirt reads the qcow2 header then), so a local image's own header is read first."""
         if image.get("path"):
             return storage.virtual_size(image["path"])
+        if image.get("virtual_size"):
+            return image["virtual_size"]
         pool.refresh(0)
         return pool.storageVolLookupByName(image_vol.name()).info()[1]
 

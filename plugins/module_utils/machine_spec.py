@@ -14,7 +14,7 @@ import os
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import elements
-from ansible_collections.machinery.compute.plugins.module_utils import images
+from ansible_collections.machinery.compute.plugins.module_utils import named_images
 from ansible_collections.machinery.compute.plugins.module_utils import options
 from ansible_collections.machinery.compute.plugins.module_utils import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils import security_groups as sgs
@@ -82,8 +82,8 @@ def _volumes(name, items, ctx, taken_devices, leftovers=()):
             if item.get("size") is not None:
                 entry.update(source="empty", size=check.disk_bytes(item["size"], where + ".size"))
             else:
-                entry.update(source="image", image=images.resolve(item["image"], item.get("image_checksum"),
-                                                                  where + ".image"))
+                entry.update(source="image", image=named_images.resolve(item["image"], item.get("image_checksum"),
+                                                                        ctx, where + ".image"))
                 image_format(entry["image"], where + ".image")
         result.append(entry)
     for index, entry in enumerate(result):
@@ -296,8 +296,20 @@ def normalize(params, ctx, existing_record=None, current=None, leftovers=()):
         check_wait(params, spec)
         return spec
     if not params.get("image"):
-        raise ValidationError("is required to create a machine", "image")
-    spec["image"] = images.resolve(params["image"], params.get("image_checksum"), "image")
+        # no image: the machine boots from the first existing volume attached (as KupenStack's machines do)
+        if not any(isinstance(item, dict) and item.get("volume") for item in params.get("volumes") or []):
+            raise ValidationError("is required to create a machine, unless it boots from an existing volume "
+                                  "(volumes: [{name, volume}])", "image")
+        if params.get("root_size"):
+            raise ValidationError("a machine without an image has no root disk to size", "root_size")
+        spec.update(image=None, root_size=None)
+        spec["volumes"] = _volumes(name, params.get("volumes"), ctx, set(), leftovers)
+        boot = next(vol for vol in spec["volumes"] if vol["source"] == "volume")
+        boot["boot"] = True
+        spec["network_interfaces"] = _nics(name, params.get("network_interfaces"), ctx)
+        check_wait(params, spec)
+        return spec
+    spec["image"] = named_images.resolve(params["image"], params.get("image_checksum"), ctx, "image")
     image_format(spec["image"], "image")
     spec["root_size"] = check.disk_bytes(params["root_size"], "root_size") if params.get("root_size") else None
     if spec["root_size"] and spec["image"].get("path"):
@@ -316,7 +328,8 @@ def ephemeral_volumes(record):
     spec = record.get("spec", {})
     if record.get("adopted") or not spec.get("name"):
         return []  # not ours to delete: only the domain goes
-    names = ["%s-root.qcow2" % spec.get("name")]
+    # a machine booted from an existing volume records image None: it has no root disk of its own
+    names = ["%s-root.qcow2" % spec.get("name")] if spec.get("image", {}) is not None else []
     names.extend(vol["volume"] for vol in spec.get("volumes") or [] if vol.get("ephemeral"))
     names.extend(spec.get("files", {}).values())
     return names
@@ -326,7 +339,8 @@ def recorded_spec(spec, files):
     """The normalized spec as the record keeps it: sizes and references, no boot configuration content."""
     kept = {key: spec.get(key) for key in ("name", "machine_class", "cpu", "memory", "labels", "tolerations",
                                            "firmware", "virt_type", "root_size", "boot_config")}
-    kept["image"] = {key: spec["image"].get(key) for key in ("source", "checksum", "format")}
+    kept["image"] = {key: spec["image"].get(key) for key in ("source", "checksum", "format")} \
+        if spec.get("image") else None
     kept["volumes"] = [{key: value for key, value in vol.items() if key != "image"} for vol in spec["volumes"]]
     for vol, source in zip(kept["volumes"], spec["volumes"]):
         if source.get("image"):

@@ -110,7 +110,8 @@ def _volume_states(spec, tree, shown, view):
     it uses is gone from the pool's storage (a machine that cannot start again)."""
     attached = {disk["alias"] for disk in elements.read_disks(shown)}
     paths = {disk["alias"]: disk["path"] for disk in elements.read_disks(tree)}
-    entries = [{"name": "root", "device": "vda", "size": spec.get("root_size"), "ephemeral": True}]
+    entries = [{"name": "root", "device": "vda", "size": spec.get("root_size"), "ephemeral": True}] \
+        if spec.get("image", {}) is not None else []  # a machine booted from a volume has no root disk
     entries += [{"name": vol["name"], "device": vol["device"], "size": vol.get("size"),
                  "ephemeral": vol.get("ephemeral", True)} for vol in spec.get("volumes") or []]
     volumes = []

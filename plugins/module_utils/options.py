@@ -298,6 +298,43 @@ MACHINE_CLASS = (
     Option("force", "bool", default=False),
 )
 
+IMAGE_OS = (
+    Option("family", choices=("linux", "windows")),
+    Option("distribution"),
+    Option("version"),
+    Option("architecture", choices=("amd64", "arm64", "x86_64")),
+)
+
+MACHINE_IMAGE = (
+    Option("name", required=True),
+    Option("url"),
+    Option("path"),
+    Option("checksum"),
+    Option("os", "dict", options=IMAGE_OS),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("force", "bool", default=False),
+)
+
+# --- manifests --------------------------------------------------------------------------------------------------
+
+MANIFEST_DIALECTS = ("ironcore", "openshift", "kupenstack", "vitistack")
+
+MANIFEST = (
+    Option("src", "raw"),
+    Option("definition", "raw", no_log=False),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("prune", "bool", default=False),
+    Option("wait", choices=WAITS, default="running"),
+    Option("wait_timeout", "int", default=300),
+    Option("shutdown_timeout", "int", default=60),
+)
+
+MANIFEST_INFO = (
+    Option("dialect", choices=("ironcore", "openshift", "kupenstack"), default="ironcore"),
+    Option("name", "list", elements="str"),
+    Option("labels", "dict"),
+)
+
 # --- attachments ------------------------------------------------------------------------------------------------
 
 VOLUME_ATTACH = (

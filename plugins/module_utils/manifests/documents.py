@@ -1,0 +1,254 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Reading manifests and checking their fields, every problem of every document collected at once.
+
+A problem reads as kubectl prints one: ``Machine/web-1: spec.cpu.cores: must be between 1 and 256``. The
+checks here take a value and its path and record a problem rather than raise, so one pass over all the
+documents finds everything wrong before anything is written.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+
+from ansible_collections.machinery.compute.plugins.module_utils import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError, ValidationError
+
+try:
+    import yaml
+    HAS_YAML = True
+except ImportError:  # pragma: no cover - ansible-core depends on PyYAML
+    HAS_YAML = False
+
+YAML_SUFFIXES = (".yml", ".yaml")
+
+
+class ManifestError(ValidationError):
+    """The documents are invalid: ``problems`` lists every one, each with its object and field path."""
+
+    reason = "Invalid"
+
+    def __init__(self, problems):
+        self.problems = list(problems)
+        super().__init__("%d problem(s) in the manifests, nothing was changed: %s"
+                         % (len(self.problems), "; ".join(self.problems)), "definition")
+
+
+def load_sources(src=None, definition=None):
+    """[(origin, document)] of every document: the files of ``src`` (a file, a directory of *.yml/*.yaml, or a
+    list of either), then ``definition`` (a document, a list of them, or YAML text). ``kind: List`` documents are
+    flattened. Empty documents are skipped."""
+    found, problems = [], []
+    paths = [src] if isinstance(src, str) else list(src or [])
+    for index, path in enumerate(paths):
+        if not isinstance(path, str):
+            problems.append("src[%d]: must be a path" % index)
+            continue
+        files = [path]
+        if os.path.isdir(path):
+            files = sorted(os.path.join(path, name) for name in os.listdir(path) if name.endswith(YAML_SUFFIXES))
+        elif not os.path.isfile(path):
+            problems.append("src: %s: no such file or directory" % path)
+            continue
+        for name in files:
+            try:
+                with open(name) as handle:
+                    loaded = list(yaml.safe_load_all(handle))
+            except (OSError, yaml.YAMLError) as exc:
+                problems.append("src: %s: %s" % (name, str(exc).replace("\n", " ")))
+                continue
+            found.extend(("%s#%d" % (name, number + 1), doc) for number, doc in enumerate(loaded))
+    if isinstance(definition, str):
+        try:
+            definition = list(yaml.safe_load_all(definition))
+        except yaml.YAMLError as exc:
+            problems.append("definition: %s" % str(exc).replace("\n", " "))
+            definition = []
+    if isinstance(definition, dict):
+        definition = [definition]
+    found.extend(("definition[%d]" % number, doc) for number, doc in enumerate(definition or []))
+    documents = []
+    for origin, doc in found:
+        if doc is None:
+            continue
+        if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+            documents.extend(("%s.items[%d]" % (origin, number), item) for number, item in enumerate(doc["items"]))
+        else:
+            documents.append((origin, doc))
+    return documents, problems
+
+
+def secret_strings(documents):
+    """The strings of the documents that are secrets, for the module to mask wherever they would be shown: the
+    data and stringData of v1 Secrets (encoded and decoded) and vitistack's userData. Strings under 4 characters
+    are not masked (hiding every 'yes' would hide far more than it protects)."""
+    found = set()
+    for _origin, doc in documents:
+        if not isinstance(doc, dict):
+            continue
+        values = []
+        if doc.get("kind") == "Secret":
+            for key in ("data", "stringData"):
+                if isinstance(doc.get(key), dict):
+                    values.extend(str(value) for value in doc[key].values())
+            for value in list(values):
+                try:
+                    values.append(base64.b64decode(value, validate=True).decode())
+                except (binascii.Error, ValueError, UnicodeDecodeError):
+                    pass
+        spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+        if isinstance(spec.get("userData"), str):
+            values.append(spec["userData"])
+        found.update(value for value in values if len(value) >= 4)
+    return found
+
+
+class Problems:
+    """Problems and warnings of a set of documents, each under the object it is about."""
+
+    def __init__(self):
+        self.errors = []
+        self.warnings = []
+
+    def error(self, ref, path, message):
+        self.errors.append("%s: %s: %s" % (ref, path, message) if path else "%s: %s" % (ref, message))
+
+    def warn(self, ref, path, message):
+        self.warnings.append("%s: %s: %s" % (ref, path, message) if path else "%s: %s" % (ref, message))
+
+    def raise_if_any(self):
+        if self.errors:
+            raise ManifestError(self.errors)
+
+
+class Fields:
+    """The checks of one document, recording problems under its ``ref`` (``Kind/name``)."""
+
+    def __init__(self, problems, ref):
+        self.problems = problems
+        self.ref = ref
+
+    def error(self, path, message):
+        self.problems.error(self.ref, path, message)
+
+    def warn(self, path, message):
+        self.problems.warn(self.ref, path, message)
+
+    def known(self, value, allowed, path, ignored=()):
+        """Unknown keys of a mapping are errors (kubectl's strict field validation); ``ignored`` ones are kept
+        silently (status, for instance)."""
+        for key in value:
+            if key not in allowed and key not in ignored:
+                self.error("%s.%s" % (path, key) if path else str(key), "unknown field")
+
+    def mapping(self, value, path, required=False):
+        if value is None:
+            if required:
+                self.error(path, "required value")
+            return None
+        if not isinstance(value, dict):
+            self.error(path, "must be a mapping")
+            return None
+        return value
+
+    def items(self, value, path, required=False):
+        """A list of mappings: [(index, item)] of those that are mappings."""
+        if value is None:
+            if required:
+                self.error(path, "required value")
+            return []
+        if not isinstance(value, list):
+            self.error(path, "must be a list")
+            return []
+        good = []
+        for index, item in enumerate(value):
+            if isinstance(item, dict):
+                good.append((index, item))
+            else:
+                self.error("%s[%d]" % (path, index), "must be a mapping")
+        return good
+
+    def strings(self, value, path):
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+            self.error(path, "must be a list of non-empty strings")
+            return []
+        return value
+
+    def string(self, value, path, required=False, choices=None):
+        if value is None:
+            if required:
+                self.error(path, "required value")
+            return None
+        if not isinstance(value, str) or not value:
+            self.error(path, "must be a non-empty string")
+            return None
+        if choices and value not in choices:
+            self.error(path, "unsupported value %r: must be one of %s" % (value, ", ".join(choices)))
+            return None
+        return value
+
+    def name(self, value, path, required=True):
+        text = self.string(value, path, required)
+        return None if text is None else self.run(check.dns_label, text, path)
+
+    def integer(self, value, path, minimum=None, maximum=None, required=False):
+        if value is None:
+            if required:
+                self.error(path, "required value")
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.error(path, "must be an integer")
+            return None
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            if maximum is None:
+                self.error(path, "must be at least %d" % minimum)
+            else:
+                self.error(path, "must be between %d and %d" % (minimum, maximum))
+            return None
+        return value
+
+    def boolean(self, value, path):
+        if value is None:
+            return None
+        if not isinstance(value, bool):
+            self.error(path, "must be true or false")
+            return None
+        return value
+
+    def run(self, validate, value, path, *args):
+        """A validation.py check on ``value``; its problem is recorded under ``path``."""
+        try:
+            return validate(value, path, *args)
+        except MachineryError as exc:
+            self.error(path, exc.message)
+            return None
+
+
+def secret_value(fields, secret, key, path):
+    """The text under ``key`` of a v1 Secret: stringData as is, data base64-decoded."""
+    string_data = secret.get("stringData") or {}
+    if isinstance(string_data, dict) and key in string_data:
+        return str(string_data[key])
+    data = secret.get("data") or {}
+    if isinstance(data, dict) and key in data:
+        try:
+            return base64.b64decode(str(data[key]), validate=True).decode()
+        except (binascii.Error, ValueError, UnicodeDecodeError):
+            fields.error(path, "data.%s of the secret is not valid base64 text" % key)
+            return None
+    fields.error(path, "the secret has no key %r" % key)
+    return None
+
+
+def kube_quantity(fields, value, path, minimum_bytes=None):
+    """A Kubernetes quantity as bytes (memory, storage)."""
+    if isinstance(value, bool) or value is None or not isinstance(value, (str, int)):
+        fields.error(path, "must be a quantity such as 512Mi or 10Gi")
+        return None
+    result = fields.run(check.memory_bytes if minimum_bytes else check.disk_bytes, value, path)
+    return result

@@ -1,0 +1,467 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Applying manifests: read every document, check them all (every problem at once, nothing written), then
+hand each object to the core its kind maps onto, in dependency order.
+
+Order when present: MachineClasses (classes.py) on every pool, Volumes (storage of one pool), Machines
+(batch.py: scheduled, converged in parallel), MachineSets (machine_set.py), MachineHealthChecks
+(health_check.py), then the prune. When absent, the reverse. No object kind has a converge path of its own
+here, but Volumes: an IronCore Volume is a plain volume of a pool's storage, created once (``VolumeResource``).
+"""
+
+from __future__ import annotations
+
+from ansible_collections.machinery.compute.plugins.module_utils import batch
+from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils import storage
+from ansible_collections.machinery.compute.plugins.module_utils import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.classes import ensure_class
+from ansible_collections.machinery.compute.plugins.module_utils.convergence import Action, Plan, converge, step
+from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.fleet import Fleet
+from ansible_collections.machinery.compute.plugins.module_utils.health_check import HealthCheckResource
+from ansible_collections.machinery.compute.plugins.module_utils.machine_set import (
+    OWNER_LABEL, MachineSetResource, read_fleet, set_status)
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import ironcore, openshift
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import Fields, Problems
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import ManifestObject, columns
+
+DIALECTS = [ironcore, openshift]
+try:  # the later dialects; each registers the same way
+    from ansible_collections.machinery.compute.plugins.module_utils.manifests import kupenstack, vitistack
+    DIALECTS += [kupenstack, vitistack]
+except ImportError:  # pragma: no cover
+    pass
+
+PRUNE_LABEL = "app"
+WAITS = ("none", "running", "address")
+
+
+def _kinds():
+    index = {}
+    for dialect in DIALECTS:
+        for api, kinds in dialect.KINDS.items():
+            for kind in kinds:
+                index.setdefault((api, kind), dialect)  # v1 Secret: the first dialect's reader (all read it alike)
+    return index
+
+
+def parse(documents, problems):
+    """ManifestObjects of the documents, each checked on its own; problems recorded, never raised."""
+    index = _kinds()
+    apis = sorted({api for api, _kind in index})
+    objects, seen = [], {}
+    for origin, doc in documents:
+        if not isinstance(doc, dict):
+            problems.error(origin, "", "must be a mapping (a Kubernetes object)")
+            continue
+        api, kind = doc.get("apiVersion"), doc.get("kind")
+        metadata = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+        name = metadata.get("name")
+        ref = "%s/%s" % (kind or "<no kind>", name if isinstance(name, str) and name else origin)
+        fields = Fields(problems, ref)
+        if not isinstance(api, str) or not api:
+            fields.error("apiVersion", "required value")
+            continue
+        if not isinstance(kind, str) or not kind:
+            fields.error("kind", "required value")
+            continue
+        if not any(known == api for known in apis):
+            fields.error("apiVersion", "unknown apiVersion %r; known: %s" % (api, ", ".join(apis)))
+            continue
+        if (api, kind) not in index:
+            fields.error("kind", "no kind %r in %s; it has %s" % (kind, api, ", ".join(
+                sorted(k for a, k in index if a == api))))
+            continue
+        if not isinstance(doc.get("metadata"), dict):
+            fields.error("metadata", "required value")
+            continue
+        fields.known(metadata, ("name", "namespace", "labels", "annotations", "uid", "resourceVersion",
+                                "generation", "creationTimestamp", "managedFields"), "metadata")
+        if fields.name(name, "metadata.name") is None:
+            continue
+        labels = fields.run(check.labels, metadata.get("labels") or {}, "metadata.labels") or {}
+        dialect = index[(api, kind)]
+        obj = ManifestObject(origin, doc, dialect, api, kind, name, labels)
+        if obj.key in seen:
+            fields.error("metadata.name", "duplicate %s %r (also in %s)" % (kind, name, seen[obj.key]))
+            continue
+        seen[obj.key] = origin
+        dialect.read(obj, fields)
+        objects.append(obj)
+    return objects
+
+
+class Pools:
+    """What the documents' references are checked against: the pools of the run, read once (a fleet)."""
+
+    def __init__(self, fleet):
+        self.fleet = fleet
+        self.snapshots, self.contexts, self.machines = read_fleet(fleet)
+        self.by_name = {snapshot["name"]: snapshot for snapshot in self.snapshots}
+        self.volumes = {}
+        for ctx in self.contexts:
+            try:
+                ctx.storage.refresh(0)
+                self.volumes[ctx.name or ctx.uri] = set(ctx.storage.listVolumes())
+            except (MachineryError, lv.libvirt.libvirtError):
+                self.volumes[ctx.name or ctx.uri] = set()
+        self.images = {}
+        for ctx in self.contexts:
+            self.images[ctx.name or ctx.uri] = {key[len("image-"):]: ctx.registry.get(key) or {}
+                                                for key in ctx.registry.keys("image-")}
+
+    def context(self, pool_name):
+        snapshot = self.by_name.get(pool_name)
+        return self.fleet.contexts.get(snapshot["uri"]) if snapshot else None
+
+    def class_on(self, name):
+        return [s["name"] for s in self.snapshots if name in (s.get("classes") or {})]
+
+    def volume_on(self, name):
+        return sorted(pool for pool, names in self.volumes.items() if name in names)
+
+
+def link(objects, problems, pools):
+    """Cross-document checks: references resolve, in the documents or on the pools; Volumes get their pool and
+    the machines using them are pinned to it."""
+    by_key = {obj.key: obj for obj in objects}
+    first_pool = pools.snapshots[0]["name"] if pools.snapshots else None
+    for obj in objects:
+        fields = Fields(problems, obj.ref)
+        if obj.role == "pool" and obj.name not in pools.by_name:
+            fields.error("metadata.name", "no pool named %r in this run (pools: %s)"
+                         % (obj.name, ", ".join(sorted(pools.by_name)) or "none"))
+        if obj.role not in ("machine", "set"):
+            continue
+        if hasattr(obj.dialect, "link"):
+            obj.dialect.link(obj, by_key, fields, pools)
+        params = obj.params["template"] if obj.role == "set" else obj.params
+        cls = obj.refs.get("class")
+        if cls and ("MachineClass", cls) not in by_key and not pools.class_on(cls):
+            fields.error(_class_path(obj), "MachineClass %r is neither among the documents nor published on a pool"
+                         % cls)
+        pool = params.get("machine_pool")
+        if pool and pool not in pools.by_name:
+            fields.error(_pool_path(obj), "no pool named %r in this run" % pool)
+        for path, name in obj.refs.get("volumes") or []:
+            volume = by_key.get(("Volume", name))
+            where = [volume.data.get("pool") or pool or first_pool] if volume else pools.volume_on(name)
+            if not where:
+                fields.error(path, "Volume %r is neither among the documents nor in a pool's storage" % name)
+                continue
+            if pool and pool not in where:
+                fields.error(path, "Volume %r is on pool %s, the machine on %s" % (name, ", ".join(where), pool))
+                continue
+            if volume is not None:
+                volume.data["pool"] = where[0]
+            if obj.role == "machine":
+                params["machine_pool"] = pool = where[0]
+
+
+def _class_path(obj):
+    if obj.dialect is ironcore:
+        return "spec.machineClassRef.name"
+    if obj.dialect is openshift:
+        return ("spec.template.spec" if obj.role == "set" else "spec") + ".providerSpec.value.machineClass"
+    return getattr(obj.dialect, "CLASS_PATH", "spec")
+
+
+def _pool_path(obj):
+    return getattr(obj.dialect, "POOL_PATH", {ironcore: "spec.machinePoolRef.name"}.get(obj.dialect,
+                                                                                           "spec.providerSpec.value"
+                                                                                           ".machinePool"))
+
+
+def check_documents(documents, pools, load_problems=()):
+    """Every document parsed and linked; raises ManifestError with every problem. Returns (objects, warnings)."""
+    problems = Problems()
+    problems.errors.extend(load_problems)
+    objects = parse(documents, problems)
+    if pools is not None:
+        link(objects, problems, pools)
+    problems.raise_if_any()
+    return objects, problems.warnings
+
+
+# --- the one kind without a core of its own: a volume of a pool's storage --------------------------------------
+
+class VolumeResource:
+    def __init__(self, ctx, name, size, state):
+        self.ctx, self.name, self.size, self.state = ctx, name, size, state
+
+    def describe(self):
+        return "volume %s on pool %s" % (self.name, self.ctx.name or self.ctx.uri)
+
+    def observe(self):
+        pool = self.ctx.storage
+        pool.refresh(0)
+        vol = lv.lookup_volume(pool, self.name)
+        return None if vol is None else vol.info()[1]
+
+    def plan(self, size):
+        if self.state == "absent":
+            if size is None:
+                return Plan()
+            return Plan([Action("delete", self.name, {"size": size}, None, [step("delete_volume", self.name)])])
+        if size is None:
+            return Plan([Action("create", self.name, None, {"size": self.size},
+                                [step("create_volume", self.name, size=self.size)])])
+        if size < self.size:
+            return Plan(warnings=["Volume %s is %d bytes, smaller than asked; volumes are not resized"
+                                  % (self.name, size)])
+        return Plan()
+
+    def apply(self, action, _observed):
+        if action.kind == "create":
+            storage.create_volume(self.ctx.storage, self.name, self.size, "qcow2")
+        else:
+            users = storage.users_of(self.ctx.conn, lv.lookup_volume(self.ctx.storage, self.name).path(), None)
+            if users:
+                raise MachineryError("Volume %s is still attached to %s" % (self.name, ", ".join(users)))
+            storage.delete_volume(self.ctx.storage, self.name)
+
+
+# --- the run ---------------------------------------------------------------------------------------------------
+
+class Run:
+    """One apply (or delete) of a set of documents over the pools of ``fleet``."""
+
+    def __init__(self, fleet, objects, params, check_mode):
+        self.fleet = fleet
+        self.objects = objects
+        self.params = params
+        self.check_mode = check_mode
+        self.actions = []
+        self.before, self.after = {}, {}
+        self.observed = {obj.key: {} for obj in objects}
+        self.warnings = []
+        self.failures = []
+
+    def of(self, role):
+        return [obj for obj in self.objects if obj.role == role]
+
+    def note(self, obj_ref, plan, pool=None):
+        where = " on %s" % pool if pool else ""
+        name = obj_ref.split("/", 1)[1]
+        for action in plan.actions:
+            target = "" if action.target == name else " " + str(action.target)
+            self.actions.append("%s: %s%s%s" % (obj_ref, action.summary, target, where))
+        if plan.actions:
+            before, after = plan.diff()
+            key = obj_ref + where
+            self.before[key], self.after[key] = before, after
+        self.warnings.extend("%s: %s" % (obj_ref, warning) for warning in plan.warnings)
+
+    def present(self, pools):
+        self.classes(pools, "present")
+        self.volumes(pools, "present")
+        self.machines(pools, "present")
+        self.sets("present")
+        self.checks()
+        if self.params.get("prune"):
+            self.prune(pools)
+
+    def absent(self, pools):
+        self.sets("absent")
+        self.machines(pools, "absent")
+        self.volumes(pools, "absent")
+        self.classes(pools, "absent")
+
+    def classes(self, pools, state):
+        for obj in self.of("class"):
+            published = []
+            for ctx in pools.contexts:
+                plan, shown = ensure_class(ctx, dict(obj.data, state=state, force=False), self.check_mode)
+                self.note(obj.ref, plan, ctx.name)
+                if shown:
+                    published.append(ctx.name)
+            self.observed[obj.key]["pools"] = published
+
+    def volumes(self, pools, state):
+        for obj in self.of("volume"):
+            pool = obj.data.get("pool") or (pools.snapshots[0]["name"] if pools.snapshots else None)
+            ctx = pools.context(pool)
+            if ctx is None:
+                continue
+            plan, size = converge(VolumeResource(ctx, obj.name, obj.data["size"], state), self.check_mode)
+            self.note(obj.ref, plan, pool)
+            exists = (size is not None) if not self.check_mode else (state == "present")
+            self.observed[obj.key]["pools"] = [pool] if exists else []
+
+    def machines(self, pools, state):
+        objs = self.of("machine")
+        if not objs:
+            return
+        specs, planned = [], []
+        for obj in objs:
+            spec = {item.name: item.default for item in options.MACHINE + options.SCHEDULING}
+            spec.update({key: value for key, value in obj.params.items() if value is not None})
+            spec["state"] = state if state == "absent" else obj.params.get("state") or "running"
+            spec.update(wait=self.params.get("wait") or "running", wait_timeout=self.params.get("wait_timeout") or 300,
+                        shutdown_timeout=self.params.get("shutdown_timeout") or 60)
+            if self.check_mode and state == "present" and not self._ready_for_check(obj, pools):
+                planned.append(obj)  # its class or volume is made by this run: the core cannot plan it yet
+                continue
+            specs.append(spec)
+        for obj in planned:
+            self.actions.append("%s: create" % obj.ref)
+            self.after[obj.ref] = {"state": obj.params.get("state") or "running"}
+            self.observed[obj.key]["machine"] = None
+        if not specs:
+            return
+        outcome = batch.converge(self.fleet.entries, specs, "spread", 3, 16, self.check_mode,
+                                 self.fleet.contexts and next(iter(self.fleet.contexts.values())).url_opener)
+        by_name = {obj.name: obj for obj in objs}
+        for name, actions in outcome.actions.items():
+            for summary in actions:
+                self.actions.append("Machine/%s: %s" % (name, summary) if by_name[name].kind == "Machine"
+                                    else "%s: %s" % (by_name[name].ref, summary))
+        for name in outcome.before:
+            self.before[by_name[name].ref] = outcome.before[name]
+            self.after[by_name[name].ref] = outcome.after[name]
+        self.warnings.extend(outcome.warnings)
+        for failure in outcome.failures:
+            self.failures.append("%s: %s" % (by_name[failure["name"]].ref, failure["msg"]))
+        for name, machine in outcome.machines.items():
+            self.observed[by_name[name].key]["machine"] = machine if machine.get("phase") != "Terminated" else None
+
+    def _ready_for_check(self, obj, pools):
+        cls = obj.params.get("machine_class")
+        if cls and not pools.class_on(cls):
+            return False
+        for vol in obj.params.get("volumes") or []:
+            if vol.get("volume") and not pools.volume_on(vol["volume"]):
+                return False
+        return True
+
+    def sets(self, state):
+        for obj in self.of("set"):
+            params = {item.name: item.default for item in options.MACHINE_SET}
+            params.update(obj.params, state=state, wait=self.params.get("wait") or "running",
+                          wait_timeout=self.params.get("wait_timeout") or 300,
+                          shutdown_timeout=self.params.get("shutdown_timeout") or 60)
+            params["rollout"] = None
+            params["template"] = {key: value for key, value in obj.params["template"].items() if value is not None}
+            resource = MachineSetResource(self.fleet, params, self.check_mode)
+            try:
+                plan, observed = converge(resource, self.check_mode)
+            except MachineryError as exc:
+                self.failures.append("%s: %s" % (obj.ref, exc))
+                continue
+            self.note(obj.ref, plan)
+            self.observed[obj.key]["set"] = set_status(resource.desired, observed, plan)
+
+    def checks(self):
+        for obj in self.of("check"):
+            params = {item.name: item.default for item in options.MACHINE_HEALTH_CHECK}
+            params.update(obj.params)
+            resource = HealthCheckResource(self.fleet, params, self.check_mode)
+            try:
+                plan, _observed = converge(resource, self.check_mode)
+            except MachineryError as exc:
+                self.failures.append("%s: %s" % (obj.ref, exc))
+                continue
+            self.note(obj.ref, plan)
+            self.observed[obj.key]["check"] = resource.plan_facts
+
+    def prune(self, pools):
+        """Machines and sets that carry an ``app`` label of these documents but are no longer in them go."""
+        apps = {obj.labels.get(PRUNE_LABEL) for obj in self.objects if obj.labels.get(PRUNE_LABEL)}
+        apps |= {(obj.params["template"].get("labels") or {}).get(PRUNE_LABEL) for obj in self.of("set")}
+        apps.discard(None)
+        if not apps:
+            return
+        wanted = {obj.name for obj in self.of("machine")}
+        sets = {obj.name for obj in self.of("set")}
+        for ctx in pools.contexts:
+            for key in ctx.registry.keys("set-"):
+                document = ctx.registry.get(key) or {}
+                labels = (document.get("template") or {}).get("labels") or {}
+                if labels.get(PRUNE_LABEL) in apps and document.get("name") not in sets:
+                    sets.add(document["name"])  # once, over every pool
+                    params = {item.name: item.default for item in options.MACHINE_SET}
+                    params.update(name=document["name"], state="absent", shutdown_timeout=self.params.get(
+                        "shutdown_timeout") or 60)
+                    plan, _observed = converge(MachineSetResource(self.fleet, params, self.check_mode),
+                                               self.check_mode)
+                    self.note("MachineSet/%s" % document["name"], plan)
+                    self.actions = [line + " (prune)" if line.startswith("MachineSet/%s:" % document["name"])
+                                    else line for line in self.actions]
+        doomed = sorted({machine["name"] for machine in pools.machines
+                         if (machine.get("labels") or {}).get(PRUNE_LABEL) in apps
+                         and OWNER_LABEL not in (machine.get("labels") or {}) and machine["name"] not in wanted})
+        if not doomed:
+            return
+        specs = [{"name": name, "state": "absent", "shutdown_timeout": self.params.get("shutdown_timeout") or 60}
+                 for name in doomed]
+        outcome = batch.converge(self.fleet.entries, specs, check_mode=self.check_mode)
+        for name, actions in outcome.actions.items():
+            self.actions.extend("Machine/%s: %s (prune)" % (name, summary) for summary in actions)
+        for failure in outcome.failures:
+            self.failures.append("Machine/%s: prune: %s" % (failure["name"], failure["msg"]))
+
+    def result(self):
+        """Every object with its status in its own dialect, and a kubectl get style table per kind."""
+        shown_objects, rows = [], {}
+        for obj in self.objects:
+            observed = self.observed[obj.key]
+            if obj.kind == "MachinePool":
+                observed["pool"] = (self._pool(obj.name) or {}).get("status")
+            if obj.kind == "NetworkInterface":
+                observed["machine"] = self._user_of(obj.name)
+            status = obj.dialect.status(obj, observed)
+            metadata = {"name": obj.name}
+            if obj.labels:
+                metadata["labels"] = obj.labels
+            shown_objects.append({"apiVersion": obj.api_version, "kind": obj.kind, "metadata": metadata,
+                                  "status": status})
+            rows.setdefault(obj.kind, (obj.dialect.TABLES.get(obj.kind), []))[1].append(
+                obj.dialect.row(obj, status, observed))
+        tables = {kind: columns(header, lines) for kind, (header, lines) in rows.items() if header}
+        return shown_objects, tables
+
+    def _user_of(self, nic):
+        """The machine status of the Machine whose networkInterfaceRef names ``nic``."""
+        for obj in self.of("machine"):
+            if any(target == nic for _path, target, _name in obj.refs.get("nics") or []):
+                return self.observed[obj.key].get("machine")
+        return None
+
+    def _pool(self, name):
+        for snapshot in self._snapshots():
+            if snapshot["name"] == name:
+                return snapshot
+        return None
+
+    def _snapshots(self):
+        if not hasattr(self, "_fresh"):
+            self._fresh = self.fleet.snapshots()
+        return self._fresh
+
+
+def apply(entries, documents, params, check_mode=False, opener=None, load_problems=()):
+    """Apply (state present) or delete (absent) the documents over the pools ``entries``; returns the module's
+    result without ``changed`` handling of its own: changed is whether any action was planned."""
+    state = check.one_of(params.get("state") or "present", options.PRESENCE, "state")
+    check.one_of(params.get("wait") or "running", WAITS, "wait")
+    fleet = Fleet(entries, opener)
+    try:
+        pools = Pools(fleet)
+        objects, warnings = check_documents(documents, pools, load_problems)
+        run = Run(fleet, objects, params, check_mode)
+        run.warnings.extend(warnings)
+        if state == "present":
+            run.present(pools)
+        else:
+            run.absent(pools)
+        shown, tables = run.result()
+    finally:
+        fleet.close()
+    result = {"changed": bool(run.actions), "actions": run.actions, "objects": shown, "tables": tables,
+              "warnings": run.warnings, "before": run.before, "after": run.after}
+    if run.failures:
+        result.update(failed=True, msg="%d object(s) failed: %s" % (len(run.failures), "; ".join(run.failures)))
+    return result

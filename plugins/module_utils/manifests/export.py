@@ -1,0 +1,46 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Existing machines written out as manifests of a dialect (manifest_info): what a machine's record and status
+say, in the fields that applying the document reads back, so applying an export to the same pools changes
+nothing."""
+
+from __future__ import annotations
+
+from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.fleet import Fleet
+from ansible_collections.machinery.compute.plugins.module_utils.machine_set import read_fleet
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import ironcore, kupenstack, openshift
+
+EXPORTERS = {"ironcore": ironcore, "openshift": openshift, "kupenstack": kupenstack}
+
+
+def exporter(dialect):
+    if dialect in EXPORTERS:
+        return EXPORTERS[dialect]
+    from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+    raise ValidationError("exporting to %s is not supported yet; export to %s" % (dialect, " or ".join(EXPORTERS)),
+                          "dialect")
+
+
+def export_machines(entries, dialect, names=None, labels=None):
+    """[document] of every machine of the pools (filtered by names and labels), and the pools' warnings."""
+    module = exporter(dialect)
+    fleet = Fleet(entries)
+    try:
+        _snapshots, contexts, machines = read_fleet(fleet)
+        by_uri = {ctx.uri: ctx for ctx in contexts}
+        documents = []
+        for machine in sorted(machines, key=lambda item: item["name"]):
+            if names and machine["name"] not in names:
+                continue
+            if labels and any((machine.get("labels") or {}).get(k) != v for k, v in labels.items()):
+                continue
+            dom = lv.lookup_domain(by_uri[machine["uri"]].conn, machine["name"])
+            record = dx.read_record(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))) or {}
+            documents.append(module.export(machine, record.get("spec") or {}))
+        offline = ["pool %s is offline: %s" % (uri, why) for uri, why in fleet.offline.items()]
+    finally:
+        fleet.close()
+    return documents, offline

@@ -1,0 +1,107 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""KupenStack: kupenstack.io/v1alpha1 VirtualMachine.
+
+A VirtualMachine has no image: it boots from the first volume of ``diskAttachments`` (volumes of the pool's
+storage, made beforehand). ``virtualNetworks`` are libvirt networks (a NIC each, named after its network),
+``publicKey`` an SSH key given by cloud-init, ``running`` the power state. Deleting it leaves its volumes and
+networks, as KupenStack does. ``swap`` maps onto the machine's swap option (see pending.py).
+"""
+
+from __future__ import annotations
+
+from ansible_collections.machinery.compute.plugins.module_utils import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import kube_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import machine_object
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.pending import refuse_pending
+
+API = "kupenstack.io/v1alpha1"
+KINDS = {API: ("VirtualMachine",)}
+CLASS_PATH = "spec"
+POOL_PATH = "spec"
+
+
+def read(obj, fields):
+    doc = obj.doc
+    fields.known(doc, ("apiVersion", "kind", "metadata", "spec"), "", ("status",))
+    spec = fields.mapping(doc.get("spec"), "spec", required=True) or {}
+    fields.known(spec, ("running", "vcpu", "memory", "swap", "publicKey", "virtualNetworks", "diskAttachments"),
+                 "spec")
+    running = fields.boolean(spec.get("running", True), "spec.running")
+    params = {"name": obj.name, "labels": obj.labels, "state": "stopped" if running is False else "running"}
+    if "vcpu" not in spec:
+        fields.error("spec.vcpu", "required value")
+    else:
+        params["cpu"] = fields.run(check.cpu_count, spec["vcpu"], "spec.vcpu") \
+            if isinstance(spec["vcpu"], int) and not isinstance(spec["vcpu"], bool) \
+            else fields.error("spec.vcpu", "must be an integer")
+    if "memory" not in spec:
+        fields.error("spec.memory", "required value")
+    else:
+        params["memory"] = kube_quantity(fields, spec["memory"], "spec.memory", True)
+    if spec.get("swap") not in (None, 0, "0"):
+        params["swap"] = kube_quantity(fields, spec["swap"], "spec.swap")
+    if spec.get("publicKey") is not None:
+        key = fields.string(spec["publicKey"], "spec.publicKey")
+        if key:
+            params["ssh_authorized_keys"] = [key]
+    networks = fields.strings(spec.get("virtualNetworks"), "spec.virtualNetworks")
+    nics = []
+    for index, network in enumerate(networks):
+        name = fields.name(network, "spec.virtualNetworks[%d]" % index)
+        if name in [nic["name"] for nic in nics]:
+            fields.error("spec.virtualNetworks[%d]" % index, "network %r is listed twice" % name)
+        nics.append({"name": name, "network": network, "ephemeral": True})
+    params["network_interfaces"] = nics
+    volumes, refs = [], {"volumes": []}
+    attachments = fields.items(spec.get("diskAttachments"), "spec.diskAttachments", required=True)
+    if "diskAttachments" in spec and not attachments and isinstance(spec.get("diskAttachments"), list):
+        fields.error("spec.diskAttachments", "needs at least one volume: the machine boots from the first")
+    for index, item in attachments:
+        where = "spec.diskAttachments[%d]" % index
+        fields.known(item, ("name",), where)
+        name = fields.name(item.get("name"), where + ".name")
+        if name in [vol["name"] for vol in volumes]:
+            fields.error(where + ".name", "volume %r is attached twice" % name)
+        volumes.append({"name": name, "volume": name, "ephemeral": False})
+        refs["volumes"].append((where + ".name", name))
+    params["volumes"] = volumes
+    refuse_pending(fields, params, {("swap",): "spec.swap"})
+    machine_object(obj, params, refs)
+
+
+def link(obj, objects, fields, _pools=None):  # every reference is checked by the engine
+    return None
+
+
+def status(obj, observed):
+    machine = observed.get("machine")
+    if machine is None:
+        return {"phase": "Pending"}
+    shown = ["%s(%s)" % (nic.get("network"), address) for nic in machine.get("network_interfaces") or []
+             for address in nic.get("ip_addresses") or []]
+    return {"id": machine.get("uuid"), "phase": machine["phase"], "node": machine.get("pool"),
+            "ip": ", ".join(shown), "restartCount": machine.get("restart_count", 0)}
+
+
+TABLES = {"VirtualMachine": ("NAME", "STATUS", "RESTARTS", "AGE", "NODE", "NETWORKS(IP)")}
+
+
+def row(obj, shown, observed):
+    machine = observed.get("machine") or {}
+    return (obj.name, shown.get("phase"), str(shown.get("restartCount", 0)), machine.get("age") or "-",
+            shown.get("node") or "-", shown.get("ip") or "<none>")
+
+
+def export(machine, record_spec):
+    spec = {"running": machine.get("phase") in ("Running", "Pending"), "vcpu": machine.get("cpu"),
+            "memory": machine.get("memory"),
+            "virtualNetworks": [nic["network"] for nic in record_spec.get("network_interfaces") or []
+                                if nic.get("network")],
+            "diskAttachments": [{"name": vol["volume"]} for vol in record_spec.get("volumes") or []
+                                if vol.get("source") == "volume"]}
+    metadata = {"name": machine["name"]}
+    if machine.get("labels"):
+        metadata["labels"] = dict(machine["labels"])
+    return {"apiVersion": API, "kind": "VirtualMachine", "metadata": metadata, "spec": spec}

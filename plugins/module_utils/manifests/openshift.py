@@ -1,0 +1,274 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""OpenShift Machine API: machine.openshift.io/v1beta1 Machine, MachineSet and MachineHealthCheck, with a
+``providerSpec.value`` of kind ``LibvirtMachineProviderSpec`` (docs/manifests.md) that carries what ``machine``
+takes; v1 Secret for a ``userDataSecret``.
+
+A Machine maps onto ``machine`` (the batch core), a MachineSet onto ``machine_set``, a MachineHealthCheck onto
+``machine_health_check``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
+    kube_quantity, secret_value)
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import machine_object
+
+API = "machine.openshift.io/v1beta1"
+KINDS = {API: ("Machine", "MachineSet", "MachineHealthCheck"), "v1": ("Secret",)}
+PROVIDER_API = "machinery.compute/v1alpha1"
+PROVIDER_KIND = "LibvirtMachineProviderSpec"
+# providerSpec.value key -> machine option
+PROVIDER_KEYS = {"machineClass": "machine_class", "cpu": "cpu", "memory": "memory", "image": "image",
+                 "imageChecksum": "image_checksum", "rootSize": "root_size", "firmware": "firmware",
+                 "sshAuthorizedKeys": "ssh_authorized_keys", "machinePool": "machine_pool",
+                 "machinePoolSelector": "machine_pool_selector", "tolerations": "tolerations", "state": "state"}
+VOLUME_KEYS = {"name": "name", "size": "size", "volume": "volume", "image": "image", "device": "device",
+               "bus": "bus", "ephemeral": "ephemeral"}
+NIC_KEYS = {"name": "name", "network": "network", "bridge": "bridge", "mac": "mac", "model": "model"}
+
+
+def provider_spec(fields, value, path, labels):
+    """Machine parameters from a providerSpec.value (validated field by field)."""
+    value = fields.mapping(value, path, required=True) or {}
+    fields.known(value, ("apiVersion", "kind", "volumes", "networkInterfaces", "userDataSecret") + tuple(PROVIDER_KEYS),
+                 path)
+    if value.get("kind") != PROVIDER_KIND:
+        fields.error(path + ".kind", "must be %s (the libvirt provider of machinery.compute), got %r"
+                     % (PROVIDER_KIND, value.get("kind")))
+    if value.get("apiVersion") not in (None, PROVIDER_API):
+        fields.error(path + ".apiVersion", "must be %s" % PROVIDER_API)
+    params = {"labels": labels}
+    for key, option in PROVIDER_KEYS.items():
+        if value.get(key) is not None:
+            params[option] = value[key]
+    if params.get("state") is not None:
+        fields.string(params["state"], path + ".state", choices=("running", "stopped", "present"))
+    if "cpu" in params:
+        params["cpu"] = fields.run(check.cpu_count, params["cpu"], path + ".cpu")
+    if "memory" in params:
+        kube_quantity(fields, params["memory"], path + ".memory", True)
+    if "machine_class" in params:
+        fields.name(params["machine_class"], path + ".machineClass")
+    elif "cpu" not in params or "memory" not in params:
+        fields.error(path + ".machineClass", "give machineClass, or both cpu and memory")
+    if "image" in params:
+        fields.string(params["image"], path + ".image")
+    if "firmware" in params:
+        fields.string(params["firmware"], path + ".firmware", choices=options.FIRMWARES)
+    if "machine_pool_selector" in params:
+        fields.run(check.labels, params["machine_pool_selector"], path + ".machinePoolSelector")
+    volumes = []
+    for index, item in fields.items(value.get("volumes"), path + ".volumes"):
+        where = "%s.volumes[%d]" % (path, index)
+        fields.known(item, tuple(VOLUME_KEYS), where)
+        fields.name(item.get("name"), where + ".name")
+        if sum(1 for key in ("size", "volume", "image") if item.get(key) is not None) != 1:
+            fields.error(where, "give exactly one of size, volume or image")
+        if item.get("size") is not None:
+            kube_quantity(fields, item["size"], where + ".size")
+        volumes.append({VOLUME_KEYS[key]: item[key] for key in item})
+    if "volumes" in value:
+        params["volumes"] = volumes
+    nics = []
+    for index, item in fields.items(value.get("networkInterfaces"), path + ".networkInterfaces"):
+        where = "%s.networkInterfaces[%d]" % (path, index)
+        fields.known(item, tuple(NIC_KEYS), where)
+        fields.name(item.get("name"), where + ".name")
+        if bool(item.get("network")) == bool(item.get("bridge")):
+            fields.error(where, "give exactly one of network or bridge")
+        if item.get("mac"):
+            fields.run(check.mac_address, item["mac"], where + ".mac")
+        nics.append({NIC_KEYS[key]: item[key] for key in item})
+    if "networkInterfaces" in value:
+        params["network_interfaces"] = nics
+    secret = fields.mapping(value.get("userDataSecret"), path + ".userDataSecret")
+    refs = {"class": params.get("machine_class"), "volumes": [], "secret": None}
+    for index, item in enumerate(volumes):
+        if item.get("volume"):
+            refs["volumes"].append(("%s.volumes[%d].volume" % (path, index), item["volume"]))
+    if secret:
+        fields.known(secret, ("name", "key"), path + ".userDataSecret")
+        refs["secret"] = (path + ".userDataSecret", fields.name(secret.get("name"), path + ".userDataSecret.name"),
+                          secret.get("key") or "userData")
+    return params, refs
+
+
+def read(obj, fields):
+    doc = obj.doc
+    if obj.kind == "Secret":
+        fields.known(doc, ("apiVersion", "kind", "metadata", "data", "stringData", "type", "immutable"), "")
+        obj.role = "secret"
+        return
+    fields.known(doc, ("apiVersion", "kind", "metadata", "spec"), "", ("status",))
+    spec = fields.mapping(doc.get("spec"), "spec", required=True) or {}
+    if obj.kind == "Machine":
+        fields.known(spec, ("providerSpec", "providerID", "taints", "lifecycleHooks", "metadata",
+                            "authoritativeAPI"), "spec")
+        provider = fields.mapping(spec.get("providerSpec"), "spec.providerSpec", required=True) or {}
+        params, refs = provider_spec(fields, provider.get("value"), "spec.providerSpec.value", obj.labels)
+        params["name"] = obj.name
+        for key in ("taints", "lifecycleHooks"):
+            if spec.get(key):
+                fields.warn("spec." + key, "node taints and lifecycle hooks have no meaning on libvirt pools")
+        machine_object(obj, params, refs)
+    elif obj.kind == "MachineSet":
+        fields.known(spec, ("replicas", "selector", "template", "deletePolicy", "minReadySeconds",
+                            "authoritativeAPI"), "spec")
+        replicas = fields.integer(spec.get("replicas", 1), "spec.replicas", minimum=0)
+        selector = fields.mapping(spec.get("selector"), "spec.selector", required=True) or {}
+        fields.known(selector, ("matchLabels",), "spec.selector")
+        match = fields.run(check.labels, selector.get("matchLabels") or {}, "spec.selector.matchLabels")
+        if selector and not match:
+            fields.error("spec.selector.matchLabels", "needs at least one label")
+        template = fields.mapping(spec.get("template"), "spec.template", required=True) or {}
+        fields.known(template, ("metadata", "spec"), "spec.template")
+        meta = fields.mapping(template.get("metadata"), "spec.template.metadata") or {}
+        labels = fields.run(check.labels, meta.get("labels") or {}, "spec.template.metadata.labels") or {}
+        if match and labels is not None and any(labels.get(k) != v for k, v in match.items()):
+            fields.error("spec.selector", "selector does not match the template's labels")
+        tspec = fields.mapping(template.get("spec"), "spec.template.spec", required=True) or {}
+        fields.known(tspec, ("providerSpec", "metadata", "taints", "lifecycleHooks", "providerID"),
+                     "spec.template.spec")
+        provider = fields.mapping(tspec.get("providerSpec"), "spec.template.spec.providerSpec", required=True) or {}
+        params, refs = provider_spec(fields, provider.get("value"), "spec.template.spec.providerSpec.value", labels)
+        policy = fields.string(spec.get("deletePolicy"), "spec.deletePolicy", choices=options.DELETE_POLICIES)
+        machine_object(obj, {"name": obj.name, "replicas": replicas, "selector": {"match_labels": match or {}},
+                             "template": params, "delete_policy": policy or "Random"}, refs, role="set")
+    else:
+        fields.known(spec, ("selector", "unhealthyConditions", "maxUnhealthy", "nodeStartupTimeout",
+                            "remediationTemplate"), "spec")
+        selector = fields.mapping(spec.get("selector"), "spec.selector", required=True) or {}
+        match = fields.run(check.labels, selector.get("matchLabels") or {}, "spec.selector.matchLabels")
+        if selector and not match:
+            fields.error("spec.selector.matchLabels", "needs at least one label")
+        conditions = []
+        for index, item in fields.items(spec.get("unhealthyConditions"), "spec.unhealthyConditions"):
+            where = "spec.unhealthyConditions[%d]" % index
+            fields.known(item, ("type", "status", "timeout"), where)
+            fields.string(item.get("type"), where + ".type", required=True, choices=options.CONDITION_TYPES)
+            fields.string(item.get("status"), where + ".status", required=True, choices=("True", "False", "Unknown"))
+            timeout = fields.string(item.get("timeout"), where + ".timeout", required=True)
+            if timeout:
+                from ansible_collections.machinery.compute.plugins.module_utils.health_check import seconds
+                fields.run(seconds, timeout, where + ".timeout")
+            conditions.append({"type": item.get("type"), "status": item.get("status"), "timeout": timeout})
+        params = {"name": obj.name, "selector": {"match_labels": match or {}}}
+        if conditions:
+            params["unhealthy_conditions"] = conditions
+        if spec.get("maxUnhealthy") is not None:
+            params["max_unhealthy"] = spec["maxUnhealthy"]
+        if spec.get("nodeStartupTimeout") is not None:
+            params["node_startup_timeout"] = spec["nodeStartupTimeout"]
+        machine_object(obj, params, {}, role="check")
+
+
+def link(obj, objects, fields, _pools=None):
+    secret_ref = obj.refs.get("secret")
+    if not secret_ref:
+        return
+    path, name, key = secret_ref
+    secret = objects.get(("Secret", name))
+    if secret is None:
+        fields.error(path + ".name", "Secret %r is not among the documents" % name)
+        return
+    text = secret_value(fields, secret.doc, key, path + ".key")
+    if text is None:
+        return
+    target = obj.params["template"] if obj.role == "set" else obj.params
+    try:
+        document = json.loads(text)
+    except ValueError:
+        document = None
+    if isinstance(document, dict) and "ignition" in document:
+        target["ignition"] = document
+    else:
+        target["cloud_init"] = {"user_data": text}
+
+
+PHASES = {"Pending": "Provisioned", "Running": "Running", "Shutdown": "Provisioned", "Terminating": "Deleting",
+          "Terminated": "Deleting", "Failed": "Failed"}
+
+
+def status(obj, observed):
+    if obj.kind == "Machine":
+        machine = observed.get("machine")
+        if machine is None:
+            return {"phase": "Provisioning"}
+        return {"phase": PHASES.get(machine["phase"], "Provisioning"),
+                "providerStatus": {"kind": "LibvirtMachineProviderStatus", "instanceState": machine["phase"],
+                                   "pool": machine.get("pool")},
+                "addresses": [{"type": "InternalIP", "address": address}
+                              for address in machine.get("ip_addresses") or []] +
+                [{"type": "Hostname", "address": machine["name"]}],
+                "conditions": machine.get("conditions") or []}
+    if obj.kind == "MachineSet":
+        result = observed.get("set") or {}
+        return {"replicas": result.get("replicas", 0), "fullyLabeledReplicas": result.get("replicas", 0),
+                "readyReplicas": result.get("ready_replicas", 0),
+                "availableReplicas": result.get("available_replicas", 0)}
+    if obj.kind == "MachineHealthCheck":
+        result = observed.get("check") or {}
+        covered = result.get("covered") or 0
+        covered = covered if isinstance(covered, int) else len(covered)
+        unhealthy = len(result.get("unhealthy") or [])
+        return {"expectedMachines": covered, "currentHealthy": covered - unhealthy,
+                "remediationsAllowed": max(0, int(result.get("max_unhealthy") or 0) - unhealthy)}
+    return {}
+
+
+TABLES = {
+    "Machine": ("NAME", "PHASE", "TYPE", "REGION", "ZONE", "AGE"),
+    "MachineSet": ("NAME", "DESIRED", "CURRENT", "READY", "AVAILABLE", "AGE"),
+    "MachineHealthCheck": ("NAME", "MAXUNHEALTHY", "EXPECTEDMACHINES", "CURRENTHEALTHY"),
+    "Secret": ("NAME", "TYPE"),
+}
+
+
+def row(obj, shown, observed):
+    if obj.kind == "Machine":
+        machine = observed.get("machine") or {}
+        return (obj.name, shown.get("phase"), obj.params.get("machine_class") or "-", machine.get("pool") or "-",
+                "", machine.get("age") or "-")
+    if obj.kind == "MachineSet":
+        return (obj.name, str(obj.params.get("replicas")), str(shown.get("replicas")), str(shown.get("readyReplicas")),
+                str(shown.get("availableReplicas")), "-")
+    if obj.kind == "MachineHealthCheck":
+        return (obj.name, str(obj.params.get("max_unhealthy", "100%")), str(shown.get("expectedMachines")),
+                str(shown.get("currentHealthy")))
+    return (obj.name, str(obj.doc.get("type") or "Opaque"))
+
+
+def export(machine, record_spec):
+    value = {"apiVersion": PROVIDER_API, "kind": PROVIDER_KIND, "image": machine.get("image")}
+    if machine.get("machine_class"):
+        value["machineClass"] = machine["machine_class"]
+    else:
+        value.update(cpu=machine.get("cpu"), memory=machine.get("memory"))
+    if machine.get("phase") not in ("Running", "Pending"):
+        value["state"] = "stopped"
+    volumes = []
+    for vol in record_spec.get("volumes") or []:
+        entry = {"name": vol["name"]}
+        if vol.get("source") == "volume":
+            entry["volume"] = vol["volume"]
+        elif vol.get("source") == "image":
+            entry["image"] = (vol.get("image") or {}).get("source")
+        else:
+            from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
+            entry["size"] = format_quantity(vol.get("size") or 0)
+        volumes.append(entry)
+    value["volumes"] = volumes
+    value["networkInterfaces"] = [{key: nic[key] for key in ("name", "network", "bridge", "mac") if nic.get(key)}
+                                  for nic in record_spec.get("network_interfaces") or []]
+    value["machinePool"] = machine.get("pool")
+    metadata = {"name": machine["name"]}
+    if machine.get("labels"):
+        metadata["labels"] = dict(machine["labels"])
+    return {"apiVersion": API, "kind": "Machine", "metadata": metadata,
+            "spec": {"providerSpec": {"value": value}}}

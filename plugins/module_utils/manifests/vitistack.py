@@ -1,0 +1,304 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""vitistack: vitistack.io/v1alpha1 Machine, with every validation range of its CRD.
+
+``instanceType`` is a machine class, ``os`` a named image (``imageID`` names it, else the published image
+whose os family, distribution, version and architecture match), ``providerConfig.name`` must be ``libvirt``
+(``region`` and ``zone`` select pools by their ``topology.kubernetes.io/region`` and ``/zone`` labels), ``cpu``
+the vCPU count and topology, the boot disk the root size, the other disks volumes, ``network.vpc`` the libvirt
+network, ``tags`` the labels. Fields with no meaning on libvirt (assignPublicIP, publicIP, monitoring, the
+provider's ``config`` and credentials) are warnings; ``backup`` is a warning pointing at machine_backup.
+
+Fields that map onto machine options this version of ``machine`` may not have yet (cpu topology, per-NIC
+ip_address and security_groups, per-volume iops, throughput, encrypted) are checked in full and translated to
+those options; pending.py refuses them, naming the field, while ``machine`` lacks the option.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ansible_collections.machinery.compute.plugins.module_utils import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import columns, machine_object
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.pending import refuse_pending
+
+API = "vitistack.io/v1alpha1"
+KINDS = {API: ("Machine",)}
+PROVIDERS = ("aws", "azure", "gcp", "vsphere", "openstack", "libvirt", "proxmox")
+OS_FAMILIES = ("linux", "windows")
+ARCHITECTURES = ("amd64", "arm64", "x86_64")
+REGION_LABEL = "topology.kubernetes.io/region"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+MIN_MEMORY = 16 * 2 ** 20
+GIB = 2 ** 30
+SPEC = ("name", "instanceType", "os", "providerConfig", "cpu", "memory", "disks", "network", "sshKeys", "userData",
+        "tags", "securityGroups", "monitoring", "backup")
+CLASS_PATH = "spec.instanceType"
+POOL_PATH = "spec.providerConfig.region"
+_CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
+
+
+def read(obj, fields):
+    doc = obj.doc
+    fields.known(doc, ("apiVersion", "kind", "metadata", "spec"), "", ("status",))
+    spec = fields.mapping(doc.get("spec"), "spec", required=True) or {}
+    fields.known(spec, SPEC, "spec")
+    params = {"name": obj.name}
+    name = fields.string(spec.get("name"), "spec.name", required=True)
+    if name and name != obj.name:
+        fields.error("spec.name", "must equal metadata.name (%s)" % obj.name)
+    params["machine_class"] = fields.name(spec.get("instanceType"), "spec.instanceType")
+    refs = {"class": params["machine_class"], "volumes": [], "os": _os(fields, spec.get("os"))}
+    _provider(fields, spec.get("providerConfig"), params)
+    cpu = fields.mapping(spec.get("cpu"), "spec.cpu")
+    if cpu is not None:
+        fields.known(cpu, ("cores", "threadsPerCore", "sockets"), "spec.cpu")
+        cores = fields.integer(cpu.get("cores", 1), "spec.cpu.cores", 1, 256)
+        threads = fields.integer(cpu.get("threadsPerCore", 1), "spec.cpu.threadsPerCore", 1, 8)
+        sockets = fields.integer(cpu.get("sockets", 1), "spec.cpu.sockets", 1, 16)
+        if None not in (cores, threads, sockets):
+            total = cores * threads * sockets
+            if total > check.MAX_CPU:
+                fields.error("spec.cpu", "%d sockets x %d cores x %d threads is %d vCPUs; at most %d"
+                             % (sockets, cores, threads, total, check.MAX_CPU))
+            params["cpu"] = total
+            if sockets > 1 or threads > 1:
+                params["topology"] = {"sockets": sockets, "cores": cores, "threads": threads}
+    if spec.get("memory") is not None:
+        memory = fields.integer(spec.get("memory"), "spec.memory", minimum=0)
+        if memory is not None and 0 < memory < MIN_MEMORY:
+            fields.error("spec.memory", "%d bytes is less than a libvirt guest needs (16Mi)" % memory)
+        elif memory:
+            params["memory"] = memory
+    _disks(fields, spec.get("disks"), params)
+    _network(fields, spec.get("network"), spec.get("securityGroups"), params)
+    keys = fields.strings(spec.get("sshKeys"), "spec.sshKeys")
+    if keys:
+        params["ssh_authorized_keys"] = keys
+    if spec.get("userData") is not None:
+        if fields.string(spec.get("userData"), "spec.userData"):
+            params["cloud_init"] = {"user_data": spec["userData"]}
+    tags = fields.mapping(spec.get("tags"), "spec.tags")
+    labels = dict(obj.labels)
+    if tags:
+        labels.update(fields.run(check.labels, tags, "spec.tags") or {})
+    params["labels"] = labels
+    if fields.boolean(spec.get("monitoring"), "spec.monitoring"):
+        fields.warn("spec.monitoring", "has no meaning on libvirt pools and is ignored")
+    _backup(fields, spec.get("backup"))
+    refuse_pending(fields, params, {
+        ("topology",): "spec.cpu (sockets or threadsPerCore above 1)",
+        ("volumes", "iops"): "spec.disks[].iops", ("volumes", "throughput"): "spec.disks[].throughput",
+        ("volumes", "encrypted"): "spec.disks[].encrypted",
+        ("network_interfaces", "ip_address"): "spec.network.privateIP",
+        ("network_interfaces", "security_groups"): "spec.securityGroups / spec.network.interfaces[].securityGroups"})
+    machine_object(obj, params, refs)
+
+
+def _os(fields, value):
+    value = fields.mapping(value, "spec.os", required=True)
+    if value is None:
+        return None
+    fields.known(value, ("family", "distribution", "version", "architecture", "imageID", "imageFamily"), "spec.os")
+    wanted = {"family": fields.string(value.get("family"), "spec.os.family", required=True, choices=OS_FAMILIES),
+              "distribution": fields.string(value.get("distribution"), "spec.os.distribution", required=True),
+              "version": _text(fields, value.get("version"), "spec.os.version", required=True)}
+    if value.get("architecture") is not None:
+        wanted["architecture"] = fields.string(value["architecture"], "spec.os.architecture", choices=ARCHITECTURES)
+    if value.get("imageID") is not None:
+        wanted["imageID"] = fields.name(value["imageID"], "spec.os.imageID")
+    if value.get("imageFamily") is not None:
+        fields.warn("spec.os.imageFamily", "marketplace image families have no meaning on libvirt pools; the image "
+                                           "is chosen by imageID or by family, distribution and version")
+    return wanted
+
+
+def _text(fields, value, path, required=False):
+    """A string field YAML may have read as a number (version: 12)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return fields.string(value, path, required=required)
+
+
+def _provider(fields, value, params):
+    value = fields.mapping(value, "spec.providerConfig", required=True)
+    if value is None:
+        return
+    fields.known(value, ("name", "region", "zone", "config", "credentialsRef"), "spec.providerConfig")
+    name = fields.string(value.get("name"), "spec.providerConfig.name", required=True, choices=PROVIDERS)
+    if name and name != "libvirt":
+        fields.error("spec.providerConfig.name", "provider %r is not served by machinery.compute: only libvirt is"
+                     % name)
+    region = fields.string(value.get("region"), "spec.providerConfig.region", required=True)
+    zone = fields.string(value.get("zone"), "spec.providerConfig.zone")
+    selector = {}
+    if region:
+        selector[REGION_LABEL] = fields.run(check.label_value, region, "spec.providerConfig.region")
+    if zone:
+        selector[ZONE_LABEL] = fields.run(check.label_value, zone, "spec.providerConfig.zone")
+    if selector:
+        params["machine_pool_selector"] = selector
+    for key in ("config", "credentialsRef"):
+        if value.get(key):
+            fields.warn("spec.providerConfig." + key, "has no meaning for the libvirt provider and is ignored")
+
+
+def _disks(fields, value, params):
+    volumes, boot_seen = [], False
+    names = set()
+    for index, item in fields.items(value, "spec.disks"):
+        where = "spec.disks[%d]" % index
+        fields.known(item, ("name", "sizeGB", "type", "boot", "encrypted", "iops", "throughput"), where)
+        name = fields.name(item.get("name"), where + ".name")
+        if name in names:
+            fields.error(where + ".name", "duplicate name %r" % name)
+        names.add(name)
+        size = fields.integer(item.get("sizeGB"), where + ".sizeGB", 1, 65536, required=True)
+        iops = fields.integer(item.get("iops"), where + ".iops", 100, 64000)
+        throughput = fields.integer(item.get("throughput"), where + ".throughput", 125, 4000)
+        boot = fields.boolean(item.get("boot"), where + ".boot")
+        encrypted = fields.boolean(item.get("encrypted"), where + ".encrypted")
+        if item.get("type") is not None:
+            fields.string(item.get("type"), where + ".type")
+            fields.warn(where + ".type", "disk types are provider-specific; libvirt volumes are qcow2")
+        if boot:
+            if boot_seen:
+                fields.error(where + ".boot", "only one disk can be the boot disk")
+            boot_seen = True
+            if size:
+                params["root_size"] = size * GIB
+            for key, option in (("iops", iops), ("throughput", throughput), ("encrypted", encrypted)):
+                if option:
+                    fields.error(where + "." + key, "the boot disk is the image's overlay; give %s on another disk"
+                                 % key)
+            continue
+        entry = {"name": name, "size": size * GIB if size else None}
+        for key, option in (("iops", iops), ("throughput", throughput), ("encrypted", encrypted)):
+            if option is not None and option is not False:
+                entry[key] = option
+        volumes.append(entry)
+    if volumes:
+        params["volumes"] = volumes
+
+
+def _network(fields, value, groups, params):
+    groups = fields.strings(groups, "spec.securityGroups")
+    value = fields.mapping(value, "spec.network")
+    if value is None:
+        if groups:
+            fields.error("spec.securityGroups", "security groups apply to network interfaces; give spec.network")
+        return
+    fields.known(value, ("vpc", "subnet", "assignPublicIP", "privateIP", "publicIP", "interfaces"), "spec.network")
+    vpc = fields.name(value.get("vpc"), "spec.network.vpc", required=True)
+    for key in ("assignPublicIP", "publicIP"):
+        if value.get(key) not in (None, False, ""):
+            fields.warn("spec.network." + key, "libvirt networks have no public addresses; ignored")
+    if value.get("subnet") is not None:
+        fields.warn("spec.network.subnet", "a libvirt network is one subnet; ignored")
+    private = None
+    if value.get("privateIP") is not None:
+        private = fields.run(_ipv4, value["privateIP"], "spec.network.privateIP")
+    nics = []
+    for index, item in fields.items(value.get("interfaces"), "spec.network.interfaces"):
+        where = "spec.network.interfaces[%d]" % index
+        fields.known(item, ("name", "primary", "subnet", "securityGroups"), where)
+        nic = {"name": fields.name(item.get("name"), where + ".name"), "network": vpc,
+               "primary": fields.boolean(item.get("primary"), where + ".primary")}
+        own = fields.strings(item.get("securityGroups"), where + ".securityGroups")
+        if own or groups:
+            nic["security_groups"] = list(dict.fromkeys(list(groups) + list(own)))
+        nics.append(nic)
+    if not nics:
+        nics = [{"name": "eth0", "network": vpc, "primary": True}]
+        if groups:
+            nics[0]["security_groups"] = list(groups)
+    primaries = [nic for nic in nics if nic.get("primary")]
+    if len(primaries) > 1:
+        fields.error("spec.network.interfaces", "only one interface can be primary")
+    if private:
+        (primaries or nics)[0]["ip_address"] = private
+    for nic in nics:
+        nic.pop("primary", None)
+    params["network_interfaces"] = nics
+
+
+def _ipv4(value, field):
+    import ipaddress
+    try:
+        return str(ipaddress.ip_address(str(value)))
+    except ValueError:
+        from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+        raise ValidationError("%r is not an IP address" % (value,), field) from None
+
+
+def _backup(fields, value):
+    value = fields.mapping(value, "spec.backup")
+    if value is None:
+        return
+    fields.known(value, ("enabled", "schedule", "retentionDays"), "spec.backup")
+    enabled = fields.boolean(value.get("enabled"), "spec.backup.enabled")
+    schedule = fields.string(value.get("schedule"), "spec.backup.schedule")
+    if schedule and (len(schedule.split()) != 5 or not all(_CRON_FIELD.match(part) for part in schedule.split())):
+        fields.error("spec.backup.schedule", "%r is not a cron schedule of 5 fields such as '0 2 * * *'" % schedule)
+    fields.integer(value.get("retentionDays"), "spec.backup.retentionDays", minimum=1)
+    if enabled:
+        fields.warn("spec.backup", "backups run on a schedule outside the pools: see docs/manifests.md for the "
+                                   "AWX/cron recipe and machinery.compute.machine_backup for the retention")
+
+
+def link(obj, objects, fields, pools=None):
+    """The image of ``os``: imageID names it; else the one published image whose os matches."""
+    wanted = obj.refs.get("os")
+    if not wanted:
+        return
+    if wanted.get("imageID"):
+        obj.params["image"] = wanted["imageID"]
+        return
+    if pools is None:
+        return
+    keys = [key for key in ("family", "distribution", "version", "architecture") if wanted.get(key)]
+    found = sorted({name for images in pools.images.values() for name, doc in images.items()
+                    if all(str((doc.get("os") or {}).get(key)) == wanted[key] for key in keys)})
+    if not found:
+        fields.error("spec.os", "no image published on the pools is %s; publish one with machine_image (os: ...)"
+                     % " ".join(wanted[key] for key in keys))
+    elif len(found) > 1:
+        fields.error("spec.os", "%d published images match (%s); name one with imageID" % (len(found),
+                                                                                        ", ".join(found)))
+    else:
+        obj.params["image"] = found[0]
+
+
+PHASES = {"Pending": "Creating", "Running": "Running", "Shutdown": "Stopped", "Terminating": "Terminating",
+          "Terminated": "Terminated", "Failed": "Failed"}
+
+
+def status(obj, observed):
+    machine = observed.get("machine")
+    if machine is None:
+        return {"phase": "Pending"}
+    addresses = machine.get("ip_addresses") or []
+    return {"phase": PHASES.get(machine["phase"], "Pending"), "state": machine["phase"],
+            "machineID": machine.get("uuid"), "providerID": "libvirt://%s/%s" % (machine.get("pool"),
+                                                                                 machine.get("uuid")),
+            "ipAddresses": addresses, "privateIPAddresses": addresses, "publicIPAddresses": [],
+            "ipv6Addresses": [address for address in addresses if ":" in address],
+            "networkInterfaces": machine.get("network_interfaces") or [],
+            "cpus": machine.get("cpu"), "memory": machine.get("memory"),
+            "disks": [{"name": vol["name"], "size": vol.get("size"), "state": vol["state"]}
+                      for vol in machine.get("volumes") or []],
+            "hostname": machine["name"], "creationTime": machine.get("created"),
+            "conditions": machine.get("conditions") or []}
+
+
+TABLES = {"Machine": ("NAME", "PHASE", "INSTANCETYPE", "PROVIDER", "POOL", "AGE")}
+
+
+def row(obj, shown, observed):
+    machine = observed.get("machine") or {}
+    return (obj.name, shown.get("phase"), obj.params.get("machine_class") or "-", "libvirt",
+            machine.get("pool") or "-", machine.get("age") or "-")
+
+
+__all__ = ["KINDS", "read", "link", "status", "TABLES", "row", "columns"]

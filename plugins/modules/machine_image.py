@@ -1,0 +1,171 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: machine_image
+short_description: Publish a named OS image on pools
+description:
+  - Caches an OS image (a local file or an http(s) URL, verified by sha256) in the storage of each pool, once per
+    checksum, and records it under a name in the pool's registry with what it is (os family, distribution,
+    version, architecture).
+  - M(machinery.compute.machine) then takes O(name) as its C(image), and manifests refer to it by name
+    (IronCore C(image), vitistack C(os)).
+  - Withdrawing a name leaves the cached bits (machines use them as backing files); the C(prune_images) option of M(machinery.compute.machine_pool)
+    removes unused ones.
+version_added: 0.3.0
+author: machinery.compute contributors (@machinery)
+extends_documentation_fragment:
+  - machinery.compute.connection.pools
+  - machinery.compute.action_group
+attributes:
+  check_mode:
+    support: full
+    description: Computes the same change and writes nothing.
+  diff_mode:
+    support: full
+    description: Shows the published record before and after.
+options:
+  name:
+    description: Name of the image, a DNS-1123 label.
+    type: str
+    required: true
+  url:
+    description: http(s) URL of the image (qcow2 or raw). Needs O(checksum). Exclusive with O(path).
+    type: str
+  path:
+    description: Path of the image on the controller (qcow2 or raw). Exclusive with O(url).
+    type: str
+  checksum:
+    description: sha256 of the image (V(sha256:<hex>) or the bare hex). Required with O(url).
+    type: str
+  os:
+    description: What the image is; kept with the name and returned.
+    type: dict
+    suboptions:
+      family:
+        description: OS family.
+        type: str
+        choices: [linux, windows]
+      distribution:
+        description: Distribution, such as V(debian) or V(ubuntu).
+        type: str
+      version:
+        description: Version of the distribution.
+        type: str
+      architecture:
+        description: CPU architecture.
+        type: str
+        choices: [amd64, arm64, x86_64]
+  state:
+    description: Whether the name is published on the pools.
+    type: str
+    choices: [present, absent]
+    default: present
+  force:
+    description: Withdraw the name even when machines were built on it (they keep their disks).
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Publish Debian 12 on every pool
+  machinery.compute.machine_image:
+    pools: "{{ groups['hypervisors'] | map('extract', hostvars, 'libvirt_uri') }}"
+    name: debian-12
+    url: https://cloud.debian.org/images/cloud/bookworm/latest/debian-12-genericcloud-amd64.qcow2
+    checksum: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    os:
+      family: linux
+      distribution: debian
+      version: "12"
+      architecture: amd64
+
+- name: A machine built on it
+  machinery.compute.machine:
+    uri: qemu+ssh://root@hv1/system
+    name: web-1
+    machine_class: small
+    image: debian-12
+"""
+
+RETURN = r"""
+image:
+  description: The image as published (as it would be in check mode), with the pools that have it.
+  returned: always
+  type: dict
+  contains:
+    name:
+      description: Name of the image.
+      type: str
+    source:
+      description: Where the bits came from (the URL or path given).
+      type: str
+    checksum:
+      description: sha256 of the image.
+      type: str
+    os:
+      description: The os description given.
+      type: dict
+    pools:
+      description: Names of the pools it is published on after the run.
+      type: list
+      elements: str
+actions:
+  description: Short form of each planned action (cache, publish, withdraw), over every pool in order.
+  returned: always
+  type: list
+  elements: str
+plan:
+  description: Each action with its target (C(<pool>/<image>)), the record before and after, and libvirt steps.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import named_images
+from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils.convergence import Plan, converge
+from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.pool_context import PoolContext
+
+
+class MachineImageModule(MachineryModule):
+    multi_pool = True
+    argument_spec = options.argument_spec(options.MACHINE_IMAGE)
+    module_kwargs = {"mutually_exclusive": [("url", "path")]}
+
+    def run_pools(self, entries):
+        params = named_images.validated(self.params)
+        whole = Plan()
+        shown, pools = None, []
+        for entry in entries:
+            with lv.Connection(entry["uri"]) as conn:
+                ctx = PoolContext(conn, entry["uri"])
+                ctx.url_opener = self.url_opener()
+                ctx.require_registration()
+                plan, observed = converge(named_images.ImageResource(ctx, params), self.check_mode)
+                pool = ctx.name or entry["uri"]
+                for action in plan.actions:
+                    action.target = "%s/%s" % (pool, action.target)
+                whole.actions.extend(plan.actions)
+                current = observed[0]
+                if self.check_mode and params["state"] == "present":
+                    current = dict(current or {}, **plan.facts["published"])
+                if params["state"] == "present":
+                    pools.append(pool)
+                    shown = named_images.shown(current)
+        image = dict(shown or {"name": params["name"]}, pools=pools)
+        return self.converged(whole, image=image)
+
+
+def main():
+    MachineImageModule()()
+
+
+if __name__ == "__main__":
+    main()

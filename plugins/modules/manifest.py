@@ -1,0 +1,147 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: manifest
+short_description: Apply Kubernetes-style machine manifests (IronCore, OpenShift, KupenStack, vitistack) to pools
+description:
+  - Applies YAML documents as C(kubectl apply -f) would, onto libvirt pools. The dialects are IronCore
+    (C(compute.ironcore.dev/v1alpha1) Machine, MachineClass, MachinePool; C(storage.ironcore.dev/v1alpha1) Volume;
+    C(networking.ironcore.dev/v1alpha1) NetworkInterface; C(v1) Secret), the OpenShift Machine API
+    (C(machine.openshift.io/v1beta1) Machine, MachineSet, MachineHealthCheck with a C(LibvirtMachineProviderSpec)),
+    KupenStack (C(kupenstack.io/v1alpha1) VirtualMachine) and vitistack (C(vitistack.io/v1alpha1) Machine).
+    docs/manifests.md has every field.
+  - Every document is checked before anything is written, and every problem is reported at once, each with
+    its object (C(Kind/name)) and field path, as kubectl prints them.
+  - Each object is handed to the core its kind maps onto (M(machinery.compute.machine),
+    M(machinery.compute.machine_class), M(machinery.compute.machine_set), M(machinery.compute.machine_health_check)),
+    so the same rules, idempotency and check mode apply.
+version_added: 0.3.0
+author: machinery.compute contributors (@machinery)
+extends_documentation_fragment:
+  - machinery.compute.connection.pools
+  - machinery.compute.action_group
+attributes:
+  check_mode:
+    support: full
+    description: Checks the documents and returns the actions the run would take; writes nothing.
+  diff_mode:
+    support: full
+    description: Shows each changed object's owned fields before and after.
+options:
+  src:
+    description:
+      - A YAML file, a directory (its C(*.yml) and C(*.yaml) files, in name order) or a list of either.
+    type: raw
+  definition:
+    description: Documents given inline, as a mapping, a list of mappings or YAML text.
+    type: raw
+  state:
+    description: V(present) applies the documents, V(absent) deletes the objects they describe.
+    type: str
+    choices: [present, absent]
+    default: present
+  prune:
+    description:
+      - Delete machines and machine sets on the pools that carry the C(app) label of these documents but are no
+        longer among them, as C(kubectl apply --prune -l app=...) does.
+    type: bool
+    default: false
+  wait:
+    description: What a machine that is started waits for (V(running), its DHCP V(address), or V(none)).
+    type: str
+    choices: [none, running, address]
+    default: running
+  wait_timeout:
+    description: Seconds each machine may take to reach O(wait).
+    type: int
+    default: 300
+  shutdown_timeout:
+    description: Seconds a deleted machine is given to power off gracefully before it is forced off.
+    type: int
+    default: 60
+"""
+
+EXAMPLES = r"""
+- name: Apply a directory of IronCore manifests to two pools
+  machinery.compute.manifest:
+    pools:
+      - qemu+ssh://root@hv1/system
+      - qemu+ssh://root@hv2/system
+    src: manifests/
+
+- name: An inline MachineClass
+  machinery.compute.manifest:
+    uri: qemu+ssh://root@hv1/system
+    definition:
+      apiVersion: compute.ironcore.dev/v1alpha1
+      kind: MachineClass
+      metadata:
+        name: small
+      capabilities:
+        cpu: 1
+        memory: 512Mi
+
+- name: Apply and remove what left the files
+  machinery.compute.manifest:
+    pools: [qemu+ssh://root@hv1/system]
+    src: manifests/
+    prune: true
+"""
+
+RETURN = r"""
+objects:
+  description: Every object of the documents with its C(status) in its own dialect.
+  returned: always
+  type: list
+  elements: dict
+tables:
+  description: Per kind, lines like C(kubectl get <kind> -o wide) prints.
+  returned: always
+  type: dict
+problems:
+  description: When the documents are invalid, every problem, each as C(<Kind>/<name>) and the field path.
+  returned: failure
+  type: list
+  elements: str
+actions:
+  description: Every planned action as C(<Kind>/<name>) then the action (with C(on <pool>) where it is per pool).
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import documents as docs
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import engine
+from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+
+
+class ManifestModule(MachineryModule):
+    multi_pool = True
+    argument_spec = options.argument_spec(options.MANIFEST)
+    module_kwargs = {"required_one_of": [("src", "definition")]}
+
+    def run_pools(self, entries):
+        documents, problems = docs.load_sources(self.params.get("src"), self.params.get("definition"))
+        self.module.no_log_values.update(docs.secret_strings(documents))
+        try:
+            result = engine.apply(entries, documents, self.params, self.check_mode, self.url_opener(), problems)
+        except docs.ManifestError as exc:
+            return {"failed": True, "msg": str(exc), "problems": exc.problems, "reason": exc.reason,
+                    "changed": False}
+        before, after = result.pop("before"), result.pop("after")
+        result["diff"] = self.diff(before, after) if result["changed"] else None
+        return result
+
+
+def main():
+    ManifestModule()()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""machine_image, manifest and manifest_info against a 2-pool lab: the seeds' examples applied, re-applied,
+edited, exported and deleted; every effect checked from libvirt."""
+
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import NS, Pool, lab_file, load_lab, register, run_module
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+IRONCORE = os.path.join(HERE, "manifests", "ironcore")
+CLASSES = os.path.join(HERE, "manifests", "classes")
+OPENSHIFT = os.path.join(HERE, "manifests", "openshift", "machineset.yml")
+
+
+@pytest.fixture(scope="module")
+def lab2():
+    """The lab's first two pools, registered, with the test image published as my-image."""
+    data = load_lab()
+    pools = [Pool(entry["name"], entry["uri"]) for entry in data["pools"][:2]]
+    for pool in pools:
+        register(pool)
+    entries = [{"name": pool.name, "uri": pool.uri} for pool in pools]
+    for src in (IRONCORE, OPENSHIFT):
+        run_module("manifest", pools=entries, src=src, state="absent", shutdown_timeout=2)
+    return pools, entries, data["image"]
+
+
+def registry_keys(pool):
+    storage = pool.conn.storagePoolLookupByName("machinery-registry")
+    storage.refresh(0)
+    return sorted(name.split(".")[0] for name in storage.listVolumes())
+
+
+def record(pool, name):
+    xml = pool.domain(name).XMLDesc(2)  # inactive
+    assert NS in xml
+    return json.loads(xml.split("<machinery:machine")[1].split(">", 1)[1].split("</machinery:machine")[0])
+
+
+def machines(pools):
+    return {name: pool.name for pool in pools for name in pool.domain_names()}
+
+
+def test_machine_image(lab2):
+    pools, entries, image = lab2
+    run_module("machine_image", pools=entries, name="img-test", state="absent", force=True)
+    planned = run_module("machine_image", check=True, pools=entries, name="img-test", path=image,
+                         os={"family": "linux", "distribution": "busybox", "version": "1"})
+    assert planned["changed"] and "image-img-test" not in registry_keys(pools[0]), planned
+    made = run_module("machine_image", pools=entries, name="img-test", path=image,
+                      os={"family": "linux", "distribution": "busybox", "version": "1"})
+    assert made["changed"] and made["image"]["pools"] == [p.name for p in pools], made
+    assert all("image-img-test" in registry_keys(pool) for pool in pools)
+    again = run_module("machine_image", pools=entries, name="img-test", path=image,
+                       os={"family": "linux", "distribution": "busybox", "version": "1"})
+    assert again["changed"] is False and again["actions"] == [], again
+    edited = run_module("machine_image", pools=entries, name="img-test", path=image,
+                        os={"family": "linux", "distribution": "busybox", "version": "2"})
+    assert edited["actions"] == ["publish", "publish"] and edited["diff"]["after"]["os"]["version"] == "2"
+    bad = run_module("machine_image", pools=entries, name="img-test", path=image, os={"family": "beos"})
+    assert bad["failed"] and "family" in bad["msg"], bad
+    missing = run_module("machine", uri=pools[0].uri, name="img-user", machine_class="small", image="no-such-image",
+                         network_interfaces=[])
+    assert missing["failed"] and missing["field"] == "image" and pools[0].domain("img-user") is None
+    gone = run_module("machine_image", pools=entries, name="img-test", state="absent")
+    assert gone["changed"] and all("image-img-test" not in registry_keys(pool) for pool in pools)
+    assert run_module("machine_image", pools=entries, name="img-test", state="absent")["changed"] is False
+    published = run_module("machine_image", pools=entries, name="my-image", path=image)
+    assert not published.get("failed"), published
+
+
+def test_ironcore_machine_with_class_volume_nic_and_ignition(lab2):
+    pools, entries, _image = lab2
+    planned = run_module("manifest", check=True, pools=entries, src=IRONCORE)
+    assert planned["changed"] and "Machine/machine-sample: create" in planned["actions"], planned
+    assert "machine-sample" not in machines(pools) and "class-machineclass-sample" not in registry_keys(pools[0])
+
+    made = run_module("manifest", pools=entries, src=IRONCORE)
+    assert made["changed"] and not made.get("failed"), made
+    pool = next(p for p in pools if p.domain("machine-sample"))
+    assert "my-volume" in pool.volumes() and pool.domain("machine-sample").isActive()
+    assert all("class-machineclass-sample" in registry_keys(p) for p in pools)
+    assert record(pool, "machine-sample")["spec"]["files"].get("ignition")  # the secret reached fw_cfg
+    status = next(o for o in made["objects"] if o["kind"] == "Machine")["status"]
+    assert status["state"] == "Running" and status["machinePoolRef"]["name"] == pool.name
+    assert status["volumes"] == [{"name": "rootdisk", "state": "Attached"}]
+    assert status["networkInterfaces"][0]["state"] == "Attached"
+    table = made["tables"]["Machine"]
+    assert table[0].split() == ["NAME", "MACHINECLASSREF", "IMAGE", "MACHINEPOOLREF", "STATE", "AGE"]
+    assert table[1].split()[:5] == ["machine-sample", "machineclass-sample", "my-image", pool.name, "Running"]
+
+    again = run_module("manifest", pools=entries, src=IRONCORE)
+    assert again["changed"] is False and again["actions"] == [], again
+
+    with open(os.path.join(IRONCORE, "machine.yml")) as handle:
+        documents = list(yaml.safe_load_all(handle))
+    edited = copy.deepcopy(documents)
+    edited[-1]["metadata"]["labels"]["tier"] = "web"
+    changed = run_module("manifest", pools=entries, definition=edited)
+    assert changed["actions"] == ["Machine/machine-sample: update labels"], changed
+    assert changed["diff"]["after"]["Machine/machine-sample"]["labels"]["tier"] == "web"
+    assert record(pool, "machine-sample")["spec"]["labels"]["tier"] == "web"
+
+    exported = run_module("manifest_info", pools=entries, dialect="ironcore", name=["machine-sample"])
+    assert len(exported["documents"]) == 1
+    round_trip = run_module("manifest", pools=entries, definition=exported["documents"])
+    assert round_trip["changed"] is False, round_trip
+
+    deleted = run_module("manifest", pools=entries, definition=edited, state="absent", shutdown_timeout=2)
+    assert deleted["changed"] and "machine-sample" not in machines(pools), deleted
+    assert "my-volume" not in pool.volumes() and "class-machineclass-sample" not in registry_keys(pools[0])
+    assert run_module("manifest", pools=entries, definition=edited, state="absent")["changed"] is False
+
+
+def test_openshift_machineset_with_health_check_export_and_prune(lab2):
+    pools, entries, _image = lab2
+    planned = run_module("manifest", check=True, pools=entries, src=OPENSHIFT)
+    assert planned["changed"] and not [n for n in machines(pools) if n.startswith("workers-")], planned
+    made = run_module("manifest", pools=entries, src=OPENSHIFT)
+    assert made["changed"] and not made.get("failed"), made
+    members = sorted(n for n in machines(pools) if n.startswith("workers-"))
+    assert len(members) == 2
+    shown = {o["kind"]: o["status"] for o in made["objects"]}
+    assert shown["MachineSet"]["readyReplicas"] == 2
+    assert shown["MachineHealthCheck"] == {"expectedMachines": 2, "currentHealthy": 2,
+                                             "remediationsAllowed": 0}  # 40% of 2, rounded down
+    assert made["tables"]["MachineSet"][1].split()[:5] == ["workers", "2", "2", "2", "2"]
+    assert made["tables"]["MachineHealthCheck"][0].split() == ["NAME", "MAXUNHEALTHY", "EXPECTEDMACHINES",
+                                                                "CURRENTHEALTHY"]
+    again = run_module("manifest", pools=entries, src=OPENSHIFT)
+    assert again["changed"] is False, again
+
+    with open(OPENSHIFT) as handle:
+        documents = list(yaml.safe_load_all(handle))
+    documents[0]["spec"]["replicas"] = 1
+    scaled = run_module("manifest", pools=entries, definition=documents, shutdown_timeout=2)
+    assert any(a.startswith("MachineSet/workers: delete workers-") for a in scaled["actions"]), scaled
+    assert "diff" in scaled and len([n for n in machines(pools) if n.startswith("workers-")]) == 1
+
+    exported = run_module("manifest_info", pools=entries, dialect="openshift",
+                          labels={"app": "openshift-demo"})
+    assert len(exported["documents"]) == 1 and exported["documents"][0]["kind"] == "Machine"
+    assert run_module("manifest", pools=entries, definition=exported["documents"])["changed"] is False
+
+    # prune: the set left the files and goes with its members (the exported member is one of them)
+    lone = copy.deepcopy(exported["documents"][0])
+    pruned = run_module("manifest", pools=entries, definition=[documents[1], lone], prune=True, shutdown_timeout=2)
+    assert "MachineSet/workers: forget (prune)" in pruned["actions"] or \
+        any("(prune)" in action for action in pruned["actions"]), pruned
+    assert all("set-workers" not in registry_keys(p) for p in pools)
+    assert not [n for n in machines(pools) if n.startswith("workers-")]
+    assert run_module("manifest", pools=entries, definition=[lone], state="absent",
+                      shutdown_timeout=2)["changed"] is False
+
+
+def test_invalid_documents_all_reported_nothing_written(lab2):
+    pools, entries, _image = lab2
+    before = (machines(pools), registry_keys(pools[0]), pools[0].volumes())
+    documents = [
+        {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "MachineClass", "metadata": {"name": "bad-class"},
+         "capabilities": {"cpu": 999, "memory": "1Mi"}},
+        {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "Machine", "metadata": {"name": "bad-1"},
+         "spec": {"machineClassRef": {"name": "nope"}, "image": "my-image", "power": "Maybe"}},
+        {"apiVersion": "machine.openshift.io/v1beta1", "kind": "Machine", "metadata": {"name": "bad-2"},
+         "spec": {"providerSpec": {"value": {"kind": "AWSMachineProviderConfig"}}}},
+        {"apiVersion": "example.com/v1", "kind": "Machine", "metadata": {"name": "bad-3"}},
+        {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "MachineClass", "metadata": {"name": "good-class"},
+         "capabilities": {"cpu": 1, "memory": "128Mi"}},
+    ]
+    result = run_module("manifest", pools=entries, definition=documents)
+    assert result["failed"] and result["reason"] == "Invalid", result
+    problems = result["problems"]
+    assert "MachineClass/bad-class: capabilities.cpu: must be between 1 and 256, got 999" in problems
+    assert any(p.startswith("MachineClass/bad-class: capabilities.memory:") for p in problems)
+    assert any(p.startswith("Machine/bad-1: spec.power: unsupported value 'Maybe'") for p in problems)
+    assert any(p.startswith("Machine/bad-1: spec.machineClassRef.name: MachineClass 'nope'") for p in problems)
+    assert any(p.startswith("Machine/bad-2: spec.providerSpec.value.kind:") for p in problems)
+    assert any(p.startswith("Machine/bad-3: apiVersion: unknown apiVersion") for p in problems)
+    assert (machines(pools), registry_keys(pools[0]), pools[0].volumes()) == before
+
+
+def upload_volume(pool, name, path):
+    """A raw volume of the pool's storage with the content of ``path``."""
+    size = os.path.getsize(path)
+    storage = pool.conn.storagePoolLookupByName("machinery")
+    xml = "<volume><name>%s</name><capacity>%d</capacity><target><format type='raw'/></target></volume>" % (
+        name, size)
+    vol = storage.createXML(xml, 0)
+    stream = pool.conn.newStream(0)
+    vol.upload(stream, 0, size, 0)
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(1 << 20)
+            if not chunk:
+                break
+            stream.send(chunk)
+    stream.finish()
+
+
+def test_kupenstack_sample_vm_boots_from_its_volume(lab2, tmp_path):
+    pools, entries, image = lab2
+    pool = pools[0]
+    run_module("machine", uri=pool.uri, name="sample-vm", state="absent", shutdown_timeout=1)
+    raw = str(tmp_path / "myvol.raw")
+    subprocess.run(["qemu-img", "convert", "-O", "raw", image, raw], check=True)
+    for name in ("myvol", "vol-db"):
+        if name in pool.volumes():
+            pool.conn.storagePoolLookupByName("machinery").storageVolLookupByName(name).delete(0)
+    upload_volume(pool, "myvol", raw)
+    pool.conn.storagePoolLookupByName("machinery").createXML(
+        "<volume><name>vol-db</name><capacity>16777216</capacity><target><format type='raw'/></target></volume>", 0)
+    vm = {"apiVersion": "kupenstack.io/v1alpha1", "kind": "VirtualMachine",
+          "metadata": {"name": "sample-vm", "namespace": "default", "labels": {"app": "kupenstack-demo"}},
+          "spec": {"running": True, "vcpu": 1, "memory": "128Mi", "virtualNetworks": ["machinery"],
+                   "diskAttachments": [{"name": "myvol"}, {"name": "vol-db"}]}}
+
+    planned = run_module("manifest", check=True, pools=entries, definition=[vm])
+    assert planned["actions"] == ["VirtualMachine/sample-vm: create", "VirtualMachine/sample-vm: start"], planned
+    assert pool.domain("sample-vm") is None
+    made = run_module("manifest", pools=entries, definition=[vm], wait="address", wait_timeout=240)
+    assert made["changed"] and not made.get("failed"), made
+    spec = record(pool, "sample-vm")["spec"]
+    assert spec["image"] is None and [v["volume"] for v in spec["volumes"]] == ["myvol", "vol-db"]
+    assert "sample-vm-root.qcow2" not in pool.volumes()
+    status = made["objects"][0]["status"]
+    assert status["phase"] == "Running" and status["node"] == pool.name and status["restartCount"] == 0
+    assert status["ip"].startswith("machinery(") and status["ip"].endswith(")"), status
+    table = made["tables"]["VirtualMachine"]
+    assert table[0].split() == ["NAME", "STATUS", "RESTARTS", "AGE", "NODE", "NETWORKS(IP)"]
+    assert table[1].split()[:2] == ["sample-vm", "Running"] and status["ip"] in table[1]
+
+    assert run_module("manifest", pools=entries, definition=[vm])["changed"] is False
+    exported = run_module("manifest_info", pools=entries, dialect="kupenstack", name=["sample-vm"])
+    assert run_module("manifest", pools=entries, definition=exported["documents"])["changed"] is False
+
+    stopped = copy.deepcopy(vm)
+    stopped["spec"]["running"] = False
+    edited = run_module("manifest", pools=entries, definition=[stopped], shutdown_timeout=2)
+    assert edited["actions"] == ["VirtualMachine/sample-vm: stop"] and not pool.domain("sample-vm").isActive()
+    assert edited["objects"][0]["status"]["phase"] == "Shutdown"
+
+    deleted = run_module("manifest", pools=entries, definition=[vm], state="absent", shutdown_timeout=2)
+    assert deleted["actions"] == ["VirtualMachine/sample-vm: delete"] and pool.domain("sample-vm") is None
+    assert {"myvol", "vol-db"} <= set(pool.volumes())  # deleting the VM leaves its volumes, as KupenStack does
+    assert run_module("manifest", pools=entries, definition=[vm], state="absent")["changed"] is False
+    for name in ("myvol", "vol-db"):
+        pool.conn.storagePoolLookupByName("machinery").storageVolLookupByName(name).delete(0)
+
+
+def test_manifests_role_applies_a_directory(lab2, tmp_path):
+    pools, entries, _image = lab2
+    variables = tmp_path / "vars.json"
+    env = dict(os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
+               ANSIBLE_NOCOLOR="1")
+    playbook = os.path.join(HERE, "playbooks", "manifests.yml")
+    command = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), playbook, "-e", "@%s" % variables]
+    recaps = []
+    for state in ("present", "present", "absent"):
+        variables.write_text(json.dumps({"lab_file": lab_file(), "manifests_dir": CLASSES, "manifests_state": state}))
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, check=False)
+        recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)",
+                          proc.stdout)
+        assert recap and recap.group(4) == "0", proc.stdout[-4000:] + proc.stderr[-2000:]
+        recaps.append((int(recap.group(2)), proc.stdout))
+        if state == "present":
+            assert all({"class-role-tiny", "class-role-small"} <= set(registry_keys(p)) for p in pools)
+    assert recaps[0][0] > 0 and "role-tiny" in recaps[0][1] and "MEMORY" in recaps[0][1]
+    assert recaps[1][0] == 0, recaps[1][1][-4000:]
+    assert recaps[2][0] > 0 and all("class-role-tiny" not in registry_keys(p) for p in pools)

@@ -1,0 +1,343 @@
+"""Manifests as pure functions: every dialect's documents checked and translated, every problem reported at once
+with its object and field path (no libvirt: the pools are a stand-in)."""
+
+import copy
+
+import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import documents as docs
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import engine, pending
+
+IC = "compute.ironcore.dev/v1alpha1"
+OS = "machine.openshift.io/v1beta1"
+KS = "kupenstack.io/v1alpha1"
+VS = "vitistack.io/v1alpha1"
+
+
+class FakePools:
+    """What link() reads of the pools: names, published classes, volumes, named images."""
+
+    def __init__(self):
+        self.snapshots = [{"name": "pool1", "classes": {"small": {}}}, {"name": "pool2", "classes": {"small": {}}}]
+        self.by_name = {s["name"]: s for s in self.snapshots}
+        self.volumes = {"pool1": {"boot-vol"}, "pool2": set()}
+        self.images = {"pool1": {"debian-12": {"os": {"family": "linux", "distribution": "debian", "version": "12"}}},
+                       "pool2": {}}
+
+    def class_on(self, name):
+        return [s["name"] for s in self.snapshots if name in s["classes"]]
+
+    def volume_on(self, name):
+        return sorted(pool for pool, names in self.volumes.items() if name in names)
+
+
+def problems_of(*documents):
+    with pytest.raises(docs.ManifestError) as info:
+        engine.check_documents([("definition[%d]" % i, d) for i, d in enumerate(documents)], FakePools())
+    return info.value.problems
+
+
+def objects_of(*documents):
+    objects, warnings = engine.check_documents([("definition[%d]" % i, d) for i, d in enumerate(documents)],
+                                               FakePools())
+    return {obj.ref: obj for obj in objects}, warnings
+
+
+# --- valid documents and their translation --------------------------------------------------------------------
+
+IC_CLASS = {"apiVersion": IC, "kind": "MachineClass", "metadata": {"name": "machineclass-sample"},
+            "capabilities": {"cpu": 4, "memory": "16Gi"}}
+IC_VOLUME = {"apiVersion": "storage.ironcore.dev/v1alpha1", "kind": "Volume", "metadata": {"name": "my-volume"},
+             "spec": {"resources": {"storage": "10Gi"}}}
+IC_NIC = {"apiVersion": "networking.ironcore.dev/v1alpha1", "kind": "NetworkInterface",
+          "metadata": {"name": "networkinterface-sample"}, "spec": {"networkRef": {"name": "machinery"}}}
+IC_SECRET = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "my-ignition-secret"},
+             "data": {"ignition": "eyJpZ25pdGlvbiI6IHsidmVyc2lvbiI6ICIzLjQuMCJ9fQ=="}}
+IC_MACHINE = {"apiVersion": IC, "kind": "Machine", "metadata": {"name": "machine-sample", "labels": {"app": "web"}},
+              "spec": {"machineClassRef": {"name": "machineclass-sample"}, "image": "my-image",
+                       "volumes": [{"name": "rootdisk", "volumeRef": {"name": "my-volume"}},
+                                   {"name": "scratch", "emptyDisk": {"sizeLimit": "1Gi"}}],
+                       "networkInterfaces": [{"name": "primary",
+                                              "networkInterfaceRef": {"name": "networkinterface-sample"}}],
+                       "ignitionRef": {"name": "my-ignition-secret"}}}
+OS_SET = {"apiVersion": OS, "kind": "MachineSet", "metadata": {"name": "workers"},
+          "spec": {"replicas": 2, "selector": {"matchLabels": {"set": "workers"}},
+                   "template": {"metadata": {"labels": {"set": "workers"}},
+                                "spec": {"providerSpec": {"value": {"kind": "LibvirtMachineProviderSpec",
+                                                                   "machineClass": "small", "image": "my-image"}}}}}}
+OS_MHC = {"apiVersion": OS, "kind": "MachineHealthCheck", "metadata": {"name": "workers"},
+          "spec": {"selector": {"matchLabels": {"set": "workers"}},
+                   "unhealthyConditions": [{"type": "Ready", "status": "False", "timeout": "300s"}],
+                   "maxUnhealthy": "40%"}}
+KS_VM = {"apiVersion": KS, "kind": "VirtualMachine", "metadata": {"name": "sample-vm"},
+         "spec": {"running": True, "vcpu": 3, "memory": "500Mi", "publicKey": "ssh-ed25519 AAAA test@example",
+                  "virtualNetworks": ["net-db", "net-backend"], "diskAttachments": [{"name": "boot-vol"}]}}
+VS_MACHINE = {"apiVersion": VS, "kind": "Machine", "metadata": {"name": "vm-1"},
+              "spec": {"name": "vm-1", "instanceType": "small",
+                       "os": {"family": "linux", "distribution": "debian", "version": 12},
+                       "providerConfig": {"name": "libvirt", "region": "west"},
+                       "cpu": {"cores": 2}, "memory": 536870912,
+                       "disks": [{"name": "root", "sizeGB": 20, "boot": True}, {"name": "data", "sizeGB": 1}],
+                       "network": {"vpc": "machinery"}, "tags": {"team": "platform"}, "monitoring": True}}
+
+
+def test_ironcore_sample_translates_to_machine_options():
+    objects, warnings = objects_of(IC_CLASS, IC_VOLUME, IC_NIC, IC_SECRET, IC_MACHINE)
+    machine = objects["Machine/machine-sample"].params
+    assert machine["machine_class"] == "machineclass-sample" and machine["image"] == "my-image"
+    assert machine["volumes"] == [{"name": "rootdisk", "volume": "my-volume"}, {"name": "scratch", "size": 2 ** 30}]
+    assert machine["network_interfaces"] == [{"name": "primary", "network": "machinery", "ephemeral": False}]
+    assert machine["ignition"] == {"ignition": {"version": "3.4.0"}}
+    assert machine["machine_pool"] == "pool1"  # where its volume is made
+    assert objects["Volume/my-volume"].data == {"name": "my-volume", "size": 10 * 2 ** 30, "pool": "pool1"}
+    assert objects["MachineClass/machineclass-sample"].data == {"name": "machineclass-sample", "cpu": 4,
+                                                                 "memory": 16 * 2 ** 30}
+    assert warnings == []
+
+
+def test_openshift_set_and_check_translate_to_their_cores():
+    objects, _warnings = objects_of(OS_SET, OS_MHC)
+    workers = objects["MachineSet/workers"].params
+    assert workers["replicas"] == 2 and workers["selector"] == {"match_labels": {"set": "workers"}}
+    assert workers["template"] == {"labels": {"set": "workers"}, "machine_class": "small", "image": "my-image"}
+    check = objects["MachineHealthCheck/workers"].params
+    assert check["unhealthy_conditions"] == [{"type": "Ready", "status": "False", "timeout": "300s"}]
+    assert check["max_unhealthy"] == "40%"
+
+
+def test_kupenstack_vm_boots_from_its_first_volume():
+    objects, _warnings = objects_of(KS_VM)
+    vm = objects["VirtualMachine/sample-vm"].params
+    assert "image" not in vm and vm["volumes"] == [{"name": "boot-vol", "volume": "boot-vol", "ephemeral": False}]
+    assert vm["cpu"] == 3 and vm["memory"] == 500 * 2 ** 20 and vm["machine_pool"] == "pool1"
+    assert [nic["network"] for nic in vm["network_interfaces"]] == ["net-db", "net-backend"]
+    assert vm["ssh_authorized_keys"] == ["ssh-ed25519 AAAA test@example"]
+
+
+def test_vitistack_machine_resolves_its_os_and_warns_of_what_libvirt_lacks():
+    objects, warnings = objects_of(VS_MACHINE)
+    vm = objects["Machine/vm-1"].params
+    assert vm["image"] == "debian-12" and vm["cpu"] == 2 and vm["memory"] == 512 * 2 ** 20
+    assert vm["root_size"] == 20 * 2 ** 30 and vm["volumes"] == [{"name": "data", "size": 2 ** 30}]
+    assert vm["machine_pool_selector"] == {"topology.kubernetes.io/region": "west"}
+    assert vm["labels"] == {"team": "platform"}
+    assert warnings == ["Machine/vm-1: spec.monitoring: has no meaning on libvirt pools and is ignored"]
+
+
+def test_pending_options_switch_on_with_options_py(monkeypatch):
+    doc = copy.deepcopy(VS_MACHINE)
+    doc["spec"]["cpu"] = {"cores": 2, "sockets": 2}
+    assert problems_of(doc) == ["Machine/vm-1: spec.cpu (sockets or threadsPerCore above 1): not supported yet: "
+                                "machinery.compute.machine has no option topology in this version"]
+    monkeypatch.setattr(pending, "machine_accepts", lambda path: True)
+    objects, _warnings = objects_of(doc)
+    assert objects["Machine/vm-1"].params["topology"] == {"sockets": 2, "cores": 2, "threads": 1}
+    assert objects["Machine/vm-1"].params["cpu"] == 4
+
+
+def test_all_problems_of_all_documents_at_once():
+    bad_class = dict(IC_CLASS, capabilities={"cpu": 0, "memory": "1Ki"})
+    bad_vm = copy.deepcopy(VS_MACHINE)
+    bad_vm["spec"]["cpu"] = {"cores": 257}
+    found = problems_of(bad_class, bad_vm)
+    assert found == [
+        "MachineClass/machineclass-sample: capabilities.cpu: must be between 1 and 256, got 0",
+        found[1],
+        "Machine/vm-1: spec.cpu.cores: must be between 1 and 256"]
+    assert found[1].startswith("MachineClass/machineclass-sample: capabilities.memory: ")
+
+
+def _set(doc, path, value):
+    doc = copy.deepcopy(doc)
+    node = doc
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+    if value is DELETE:
+        node.pop(keys[-1], None)
+    elif isinstance(node, list):
+        node[int(keys[-1])] = value
+    else:
+        node[keys[-1]] = value
+    return doc
+
+
+DELETE = object()
+
+# (id, documents, the problem expected: its start)
+CORPUS = [
+    # envelopes
+    ("not-a-mapping", ["just text"], "definition[0]: must be a mapping"),
+    ("no-apiversion", [_set(IC_CLASS, "apiVersion", DELETE)], "MachineClass/machineclass-sample: apiVersion: "
+                                                              "required value"),
+    ("unknown-apiversion", [_set(IC_CLASS, "apiVersion", "compute.example.com/v1")],
+     "MachineClass/machineclass-sample: apiVersion: unknown apiVersion"),
+    ("unknown-kind", [_set(IC_CLASS, "kind", "MachineFlavor")], "MachineFlavor/machineclass-sample: kind: no kind"),
+    ("no-kind", [_set(IC_CLASS, "kind", DELETE)], "<no kind>/machineclass-sample: kind: required value"),
+    ("no-metadata", [_set(IC_CLASS, "metadata", DELETE)], "MachineClass/definition[0]: metadata: required value"),
+    ("bad-name", [_set(IC_CLASS, "metadata.name", "Big_Name")], "MachineClass/Big_Name: metadata.name: 'Big_Name' is "
+                                                                "not a DNS-1123 label"),
+    ("bad-label", [_set(IC_CLASS, "metadata.labels", {"app": "a b"})], "MachineClass/machineclass-sample: "
+                                                                       "metadata.labels"),
+    ("duplicate", [IC_CLASS, IC_CLASS], "MachineClass/machineclass-sample: metadata.name: duplicate MachineClass"),
+    ("unknown-field", [_set(IC_CLASS, "spec", {})], "MachineClass/machineclass-sample: spec: unknown field"),
+    # IronCore
+    ("ic-class-cpu-0", [_set(IC_CLASS, "capabilities.cpu", 0)], "MachineClass/machineclass-sample: capabilities.cpu: "
+                                                                "must be between 1 and 256"),
+    ("ic-class-cpu-257", [_set(IC_CLASS, "capabilities.cpu", 257)], "MachineClass/machineclass-sample: "
+                                                                    "capabilities.cpu: must be between 1 and 256"),
+    ("ic-class-no-memory", [_set(IC_CLASS, "capabilities.memory", DELETE)],
+     "MachineClass/machineclass-sample: capabilities.memory: required value"),
+    ("ic-class-memory-word", [_set(IC_CLASS, "capabilities.memory", "lots")],
+     "MachineClass/machineclass-sample: capabilities.memory:"),
+    ("ic-machine-no-class", [_set(IC_MACHINE, "spec.machineClassRef", DELETE)],
+     "Machine/machine-sample: spec.machineClassRef: required value"),
+    ("ic-machine-dangling-class", [_set(IC_MACHINE, "spec.machineClassRef.name", "nope"), IC_VOLUME, IC_NIC, IC_SECRET],
+     "Machine/machine-sample: spec.machineClassRef.name: MachineClass 'nope' is neither"),
+    ("ic-machine-dangling-volume", [IC_CLASS, IC_NIC, IC_SECRET, IC_MACHINE],
+     "Machine/machine-sample: spec.volumes[0].volumeRef.name: Volume 'my-volume' is neither"),
+    ("ic-machine-dangling-nic", [IC_CLASS, IC_VOLUME, IC_SECRET, IC_MACHINE],
+     "Machine/machine-sample: spec.networkInterfaces[0].networkInterfaceRef.name: NetworkInterface "),
+    ("ic-machine-dangling-secret", [IC_CLASS, IC_VOLUME, IC_NIC, IC_MACHINE],
+     "Machine/machine-sample: spec.ignitionRef.name: Secret 'my-ignition-secret' is not among"),
+    ("ic-secret-no-key", [IC_CLASS, IC_VOLUME, IC_NIC, _set(IC_SECRET, "data", {"other": "e30="}), IC_MACHINE],
+     "Machine/machine-sample: spec.ignitionRef.key: the secret has no key 'ignition'"),
+    ("ic-secret-bad-base64", [IC_CLASS, IC_VOLUME, IC_NIC, _set(IC_SECRET, "data.ignition", "%%%"), IC_MACHINE],
+     "Machine/machine-sample: spec.ignitionRef.key: data.ignition of the secret is not valid base64"),
+    ("ic-power", [_set(IC_MACHINE, "spec.power", "Maybe")], "Machine/machine-sample: spec.power: unsupported value"),
+    ("ic-volume-two-sources", [_set(IC_MACHINE, "spec.volumes.1.volumeRef", {"name": "x"})],
+     "Machine/machine-sample: spec.volumes[1]: give exactly one of volumeRef, emptyDisk or ephemeral"),
+    ("ic-volume-duplicate", [_set(IC_MACHINE, "spec.volumes.1.name", "rootdisk")],
+     "Machine/machine-sample: spec.volumes[1].name: duplicate name"),
+    ("ic-volume-not-list", [_set(IC_MACHINE, "spec.volumes", "rootdisk")], "Machine/machine-sample: spec.volumes: "
+                                                                          "must be a list"),
+    ("ic-volume-size", [_set(IC_VOLUME, "spec.resources.storage", "-1Gi")], "Volume/my-volume: spec.resources.storage"),
+    ("ic-volume-no-resources", [_set(IC_VOLUME, "spec.resources", DELETE)], "Volume/my-volume: spec.resources: "
+                                                                            "required value"),
+    ("ic-nic-no-network", [_set(IC_NIC, "spec.networkRef", DELETE)], "NetworkInterface/networkinterface-sample: "
+                                                                    "spec.networkRef: required value"),
+    ("ic-pool-unknown", [{"apiVersion": IC, "kind": "MachinePool", "metadata": {"name": "pool9"}}],
+     "MachinePool/pool9: metadata.name: no pool named 'pool9'"),
+    ("ic-pool-ref-unknown", [IC_CLASS, _set(_set(_set(_set(IC_MACHINE, "spec.volumes", []), "spec.networkInterfaces",
+                                                       []), "spec.ignitionRef", DELETE), "spec.machinePoolRef",
+                                             {"name": "pool9"})],
+     "Machine/machine-sample: spec.machinePoolRef.name: no pool named 'pool9'"),
+    # OpenShift
+    ("os-provider-kind", [_set(OS_SET, "spec.template.spec.providerSpec.value.kind", "AWSMachineProviderConfig")],
+     "MachineSet/workers: spec.template.spec.providerSpec.value.kind: must be LibvirtMachineProviderSpec"),
+    ("os-replicas-negative", [_set(OS_SET, "spec.replicas", -1)], "MachineSet/workers: spec.replicas: must be at "
+                                                                  "least 0"),
+    ("os-replicas-text", [_set(OS_SET, "spec.replicas", "two")], "MachineSet/workers: spec.replicas: must be an "
+                                                                 "integer"),
+    ("os-selector-mismatch", [_set(OS_SET, "spec.selector.matchLabels", {"set": "other"})],
+     "MachineSet/workers: spec.selector: selector does not match"),
+    ("os-no-size", [_set(OS_SET, "spec.template.spec.providerSpec.value.machineClass", DELETE)],
+     "MachineSet/workers: spec.template.spec.providerSpec.value.machineClass: give machineClass, or both cpu"),
+    ("os-dangling-class", [_set(OS_SET, "spec.template.spec.providerSpec.value.machineClass", "huge")],
+     "MachineSet/workers: spec.template.spec.providerSpec.value.machineClass: MachineClass 'huge' is neither"),
+    ("os-delete-policy", [_set(OS_SET, "spec.deletePolicy", "Youngest")], "MachineSet/workers: spec.deletePolicy: "
+                                                                         "unsupported value"),
+    ("os-mhc-condition", [_set(OS_MHC, "spec.unhealthyConditions.0.type", "DiskPressure")],
+     "MachineHealthCheck/workers: spec.unhealthyConditions[0].type: unsupported value"),
+    ("os-mhc-timeout", [_set(OS_MHC, "spec.unhealthyConditions.0.timeout", "soon")],
+     "MachineHealthCheck/workers: spec.unhealthyConditions[0].timeout:"),
+    ("os-mhc-no-selector", [_set(OS_MHC, "spec.selector", DELETE)], "MachineHealthCheck/workers: spec.selector: "
+                                                                    "required value"),
+    ("os-dangling-secret", [_set(OS_SET, "spec.template.spec.providerSpec.value.userDataSecret",
+                                 {"name": "worker-user-data"})],
+     "MachineSet/workers: spec.template.spec.providerSpec.value.userDataSecret.name: Secret 'worker-user-data'"),
+    ("os-bad-mac", [_set(OS_SET, "spec.template.spec.providerSpec.value.networkInterfaces",
+                         [{"name": "eth0", "network": "machinery", "mac": "zz"}])],
+     "MachineSet/workers: spec.template.spec.providerSpec.value.networkInterfaces[0].mac:"),
+    # KupenStack
+    ("ks-no-vcpu", [_set(KS_VM, "spec.vcpu", DELETE)], "VirtualMachine/sample-vm: spec.vcpu: required value"),
+    ("ks-vcpu-text", [_set(KS_VM, "spec.vcpu", "three")], "VirtualMachine/sample-vm: spec.vcpu: must be an integer"),
+    ("ks-vcpu-0", [_set(KS_VM, "spec.vcpu", 0)], "VirtualMachine/sample-vm: spec.vcpu: must be between 1 and 256"),
+    ("ks-no-memory", [_set(KS_VM, "spec.memory", DELETE)], "VirtualMachine/sample-vm: spec.memory: required value"),
+    ("ks-memory-small", [_set(KS_VM, "spec.memory", "1Mi")], "VirtualMachine/sample-vm: spec.memory:"),
+    ("ks-no-disks", [_set(KS_VM, "spec.diskAttachments", DELETE)], "VirtualMachine/sample-vm: spec.diskAttachments: "
+                                                                   "required value"),
+    ("ks-empty-disks", [_set(KS_VM, "spec.diskAttachments", [])], "VirtualMachine/sample-vm: spec.diskAttachments: "
+                                                                  "needs at least one volume"),
+    ("ks-dangling-volume", [_set(KS_VM, "spec.diskAttachments", [{"name": "vol-nowhere"}])],
+     "VirtualMachine/sample-vm: spec.diskAttachments[0].name: Volume 'vol-nowhere' is neither"),
+    ("ks-running-text", [_set(KS_VM, "spec.running", "yes")], "VirtualMachine/sample-vm: spec.running: must be true "
+                                                              "or false"),
+    ("ks-swap", [_set(KS_VM, "spec.swap", "1Gi")], "VirtualMachine/sample-vm: spec.swap: not supported yet"),
+    ("ks-networks-twice", [_set(KS_VM, "spec.virtualNetworks", ["net-db", "net-db"])],
+     "VirtualMachine/sample-vm: spec.virtualNetworks[1]: network 'net-db' is listed twice"),
+    # vitistack: every range at both edges, required fields, provider
+    ("vs-cores-0", [_set(VS_MACHINE, "spec.cpu.cores", 0)], "Machine/vm-1: spec.cpu.cores: must be between 1 and 256"),
+    ("vs-cores-257", [_set(VS_MACHINE, "spec.cpu.cores", 257)], "Machine/vm-1: spec.cpu.cores: must be between 1 and "
+                                                                "256"),
+    ("vs-threads-0", [_set(VS_MACHINE, "spec.cpu.threadsPerCore", 0)], "Machine/vm-1: spec.cpu.threadsPerCore: must "
+                                                                       "be between 1 and 8"),
+    ("vs-threads-9", [_set(VS_MACHINE, "spec.cpu.threadsPerCore", 9)], "Machine/vm-1: spec.cpu.threadsPerCore: must "
+                                                                       "be between 1 and 8"),
+    ("vs-sockets-0", [_set(VS_MACHINE, "spec.cpu.sockets", 0)], "Machine/vm-1: spec.cpu.sockets: must be between 1 "
+                                                                "and 16"),
+    ("vs-sockets-17", [_set(VS_MACHINE, "spec.cpu.sockets", 17)], "Machine/vm-1: spec.cpu.sockets: must be between 1 "
+                                                                  "and 16"),
+    ("vs-size-0", [_set(VS_MACHINE, "spec.disks.1.sizeGB", 0)], "Machine/vm-1: spec.disks[1].sizeGB: must be between "
+                                                                "1 and 65536"),
+    ("vs-size-65537", [_set(VS_MACHINE, "spec.disks.1.sizeGB", 65537)], "Machine/vm-1: spec.disks[1].sizeGB: must be "
+                                                                        "between 1 and 65536"),
+    ("vs-iops-99", [_set(VS_MACHINE, "spec.disks.1.iops", 99)], "Machine/vm-1: spec.disks[1].iops: must be between "
+                                                                "100 and 64000"),
+    ("vs-iops-64001", [_set(VS_MACHINE, "spec.disks.1.iops", 64001)], "Machine/vm-1: spec.disks[1].iops: must be "
+                                                                      "between 100 and 64000"),
+    ("vs-throughput-124", [_set(VS_MACHINE, "spec.disks.1.throughput", 124)], "Machine/vm-1: spec.disks[1].throughput: "
+                                                                              "must be between 125 and 4000"),
+    ("vs-throughput-4001", [_set(VS_MACHINE, "spec.disks.1.throughput", 4001)],
+     "Machine/vm-1: spec.disks[1].throughput: must be between 125 and 4000"),
+    ("vs-memory-negative", [_set(VS_MACHINE, "spec.memory", -1)], "Machine/vm-1: spec.memory: must be at least 0"),
+    ("vs-os-family", [_set(VS_MACHINE, "spec.os.family", "beos")], "Machine/vm-1: spec.os.family: unsupported value"),
+    ("vs-os-arch", [_set(VS_MACHINE, "spec.os.architecture", "sparc")], "Machine/vm-1: spec.os.architecture: "
+                                                                        "unsupported value"),
+    ("vs-no-os", [_set(VS_MACHINE, "spec.os", DELETE)], "Machine/vm-1: spec.os: required value"),
+    ("vs-no-distribution", [_set(VS_MACHINE, "spec.os.distribution", DELETE)], "Machine/vm-1: spec.os.distribution: "
+                                                                               "required value"),
+    ("vs-no-instance-type", [_set(VS_MACHINE, "spec.instanceType", DELETE)], "Machine/vm-1: spec.instanceType: "
+                                                                             "required value"),
+    ("vs-no-provider", [_set(VS_MACHINE, "spec.providerConfig", DELETE)], "Machine/vm-1: spec.providerConfig: "
+                                                                          "required value"),
+    ("vs-provider-aws", [_set(VS_MACHINE, "spec.providerConfig.name", "aws")],
+     "Machine/vm-1: spec.providerConfig.name: provider 'aws' is not served by machinery.compute: only libvirt is"),
+    ("vs-provider-unknown", [_set(VS_MACHINE, "spec.providerConfig.name", "ibm")], "Machine/vm-1: "
+                                                                                   "spec.providerConfig.name: unsupported value 'ibm'"),
+    ("vs-no-region", [_set(VS_MACHINE, "spec.providerConfig.region", DELETE)], "Machine/vm-1: "
+                                                                               "spec.providerConfig.region: required value"),
+    ("vs-two-boot-disks", [_set(VS_MACHINE, "spec.disks.1.boot", True)], "Machine/vm-1: spec.disks[1].boot: only one "
+                                                                         "disk can be the boot disk"),
+    ("vs-name-mismatch", [_set(VS_MACHINE, "spec.name", "vm-2")], "Machine/vm-1: spec.name: must equal metadata.name"),
+    ("vs-no-image", [_set(VS_MACHINE, "spec.os.version", "13")], "Machine/vm-1: spec.os: no image published"),
+    ("vs-private-ip", [_set(VS_MACHINE, "spec.network.privateIP", "10.0.0.300")], "Machine/vm-1: "
+                                                                                  "spec.network.privateIP:"),
+    ("vs-backup-schedule", [_set(VS_MACHINE, "spec.backup", {"enabled": True, "schedule": "daily"})],
+     "Machine/vm-1: spec.backup.schedule: 'daily' is not a cron schedule"),
+    ("vs-backup-retention", [_set(VS_MACHINE, "spec.backup", {"enabled": True, "retentionDays": 0})],
+     "Machine/vm-1: spec.backup.retentionDays: must be at least 1"),
+    ("vs-tags", [_set(VS_MACHINE, "spec.tags", {"bad key!": "x"})], "Machine/vm-1: spec.tags"),
+    ("vs-encrypted-pending", [_set(VS_MACHINE, "spec.disks.1.encrypted", True)],
+     "Machine/vm-1: spec.disks[].encrypted: not supported yet"),
+]
+
+
+@pytest.mark.parametrize("documents,expected", [case[1:] for case in CORPUS], ids=[case[0] for case in CORPUS])
+def test_invalid_document(documents, expected):
+    found = problems_of(*documents)
+    assert any(problem.startswith(expected) for problem in found), found
+
+
+def test_corpus_is_large_enough():
+    assert len(CORPUS) >= 40
+
+
+def test_sources_from_files_dirs_and_text(tmp_path):
+    (tmp_path / "a.yml").write_text("apiVersion: v1\nkind: Secret\nmetadata: {name: one}\n---\n")
+    (tmp_path / "b.yaml").write_text("kind: List\nitems:\n  - {apiVersion: v1, kind: Secret, metadata: {name: two}}\n")
+    (tmp_path / "notes.txt").write_text("ignored")
+    found, problems = docs.load_sources(str(tmp_path), "apiVersion: v1\nkind: Secret\nmetadata: {name: three}\n")
+    assert [doc["metadata"]["name"] for _origin, doc in found] == ["one", "two", "three"] and problems == []
+    _found, problems = docs.load_sources([str(tmp_path / "missing.yml")], None)
+    assert problems == ["src: %s: no such file or directory" % (tmp_path / "missing.yml")]
