@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 CREDENTIAL_TYPE = REPO / "extensions" / "awx" / "credential_type_libvirt_pools.yml"
 MACHINE = "awx-1"
-# Stand-ins for the TLS files: the lab's pools are reached over unix sockets, so they are only copied into the
+# Stand-ins for the TLS files: the lab's pools are reached over unix sockets, so they are only linked into the
 # pkipath directory the playbooks assemble.
 PEM = "-----BEGIN CERTIFICATE-----\n%s\n-----END CERTIFICATE-----\n"
 
@@ -133,9 +133,10 @@ def task_results(run):
             by_task[data["task_uuid"]]["results"].append(event["event"])
     assert by_task, run["stdout"]
     for task in by_task.values():
-        assert task["results"], "no result event for task %r" % task["name"]
-        assert set(task["results"]) <= {"runner_on_ok", "runner_on_skipped", "runner_item_on_ok",
-                                        "runner_item_on_skipped", "runner_on_start"}, task
+        # a task's host result: runner_on_ok or runner_on_skipped (after its items' events for a loop)
+        assert {"runner_on_ok", "runner_on_skipped"} & set(task["results"]), "no result for task %r" % task
+        assert set(task["results"]) <= {"runner_on_start", "runner_on_ok", "runner_on_skipped",
+                                        "runner_item_on_ok", "runner_item_on_skipped"}, task
     assert [event["event"] for event in run["events"] if event["event"] != "verbose"][0] == "playbook_on_start"
     assert run["events"][-1]["event"] == "playbook_on_stats"
     stats = run["events"][-1]["event_data"]
