@@ -160,8 +160,8 @@ class BackupResource:
         self.params["name"] = check.dns_label(params["name"], "name") if params.get("name") else None
         if self.params["name"] is None:
             if params.get("state") == "absent" or params.get("restore"):
-                raise ValidationError("name the backup to %s" % ("delete" if params.get("state") == "absent"
-                                                                   else "restore"), "name")
+                what = "delete" if params.get("state") == "absent" else "restore"
+                raise ValidationError("name the backup to %s" % what, "name")
             self.params["name"] = default_name(self.params["moment"])
         check.timeout_seconds(params.get("timeout", 600), "timeout")
         check_retention(params.get("retention"))

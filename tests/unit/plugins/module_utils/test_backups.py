@@ -47,8 +47,8 @@ def test_retention_by_count_and_days_keeps_the_newest():
 def test_a_running_machine_is_backed_up_by_a_push_job_a_stopped_one_by_copies():
     plan = bk.plan_backups(params(), seen())
     assert plan.summaries() == ["backup"] and plan.find("backup").data["method"] == "push"
-    assert [s["action"] for s in plan.find("backup").steps] == ["fs_freeze", "backup_begin", "fs_thaw", "wait_job",
-                                                                 "write_document"]
+    steps = [s["action"] for s in plan.find("backup").steps]
+    assert steps == ["fs_freeze", "backup_begin", "fs_thaw", "wait_job", "write_document"]
     plan = bk.plan_backups(params(), seen(active=False))
     assert plan.find("backup").data["method"] == "copy"
     assert plan.find("backup").steps[0] == {"action": "copy_volume", "target": "/p/m-root.qcow2",
