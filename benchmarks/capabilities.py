@@ -75,8 +75,9 @@ def main():
             times.append(time.perf_counter() - start)
             run_module("machine", dict(base, state="absent"))
         medians[label] = statistics.median(times)
-        added = "" if label == against else "  %+6.0f ms against %s" % ((medians[label] - medians[against]) * 1000,
-                                                                       against)
+        added = ""
+        if label != against:
+            added = "  %+6.0f ms against %s" % ((medians[label] - medians[against]) * 1000, against)
         print("%-26s median %6.0f ms (min %4.0f, max %4.0f, %d rounds)%s"
               % (label, medians[label] * 1000, min(times) * 1000, max(times) * 1000, len(times), added), flush=True)
 

@@ -113,8 +113,8 @@ def test_desired_qos_lays_the_listed_volumes_over_the_current():
         "data": {"iops": 700, "throughput": 200}}
     assert cap.desired_disk_qos(volumes, [{"name": "logs", "throughput": 125}, {"name": "gone", "iops": 100}],
                                 current) == dict(current, logs={"iops": None, "throughput": 125})
-    assert cap.desired_disk_qos([{"name": "a", "iops": 100}, {"name": "b"}]) == {"a": {"iops": 100,
-                                                                                    "throughput": None}}
+    wanted = cap.desired_disk_qos([{"name": "a", "iops": 100}, {"name": "b"}])
+    assert wanted == {"a": {"iops": 100, "throughput": None}}
     assert cap.changed_disks(current, {"data": {"iops": 700, "throughput": 200}}) == ["data"]
     assert cap.iotune_values({"iops": None, "throughput": 125}) == {"total_iops_sec": 0,
                                                                     "total_bytes_sec": 125 * 10 ** 6}
@@ -170,3 +170,13 @@ def test_luks_volume_xml_carries_only_the_secret_uuid():
 
 def test_passphrase_is_no_log_and_found_in_lists():
     assert ("volumes", "passphrase") in options.secret_paths(options.MACHINE)
+
+
+def test_a_machine_with_pool_bound_capabilities_does_not_move():
+    from ansible_collections.machinery.compute.plugins.module_utils.migrate import unmovable
+    unmovable("m", {"spec": {"volumes": [{"name": "data"}], "network_interfaces": [{"name": "eth0"}]}})
+    with pytest.raises(ConflictError) as error:
+        unmovable("m", {"spec": {"volumes": [{"name": "secure", "encrypted": True}]}})
+    assert "secure" in error.value.message and error.value.field == "machine"
+    with pytest.raises(ConflictError):
+        unmovable("m", {"spec": {"network_interfaces": [{"name": "eth0", "ip_address": "192.168.100.20"}]}})
