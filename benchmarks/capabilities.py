@@ -3,7 +3,7 @@
 The machine module creates a machine (state present: defined, not started, so guest boots do not blur the
 numbers) once without capabilities and once with each capability alone: a CPU topology, swap, a volume with QoS
 limits (against the same volume without), an encrypted volume (against the same volume plain) and a fixed
-address. Each variant runs ``--rounds`` times, deleted between rounds; the median wall time of the module run is
+address. Each round runs every variant in turn (deleted after each); the median wall time of the module run is
 reported with its difference from its baseline. The image is cached on the pool before timing starts.
 
 Run by hand against a lab:  .venv/bin/python benchmarks/capabilities.py --lab .lab/<dir>/lab.json
@@ -66,21 +66,22 @@ def main():
     run_module("machine", dict(base, state="absent"))
     run_module("machine", base)  # caches the image
     run_module("machine", dict(base, state="absent"))
-    medians = {}
-    for label, against, extra in variants(free_address(uri)):
-        times = []
-        for _round in range(options.rounds):
+    cases = variants(free_address(uri))
+    times = {label: [] for label, _against, _extra in cases}
+    for _round in range(options.rounds):  # variants interleaved, so a change of load hits them all alike
+        for label, _against, extra in cases:
             start = time.perf_counter()
             run_module("machine", dict(base, **extra))
-            times.append(time.perf_counter() - start)
+            times[label].append(time.perf_counter() - start)
             run_module("machine", dict(base, state="absent"))
-        medians[label] = statistics.median(times)
+    medians = {label: statistics.median(values) for label, values in times.items()}
+    for label, against, _extra in cases:
+        values = times[label]
         added = ""
         if label != against:
             added = "  %+6.0f ms against %s" % ((medians[label] - medians[against]) * 1000, against)
         print("%-26s median %6.0f ms (min %4.0f, max %4.0f, %d rounds)%s"
-              % (label, medians[label] * 1000, min(times) * 1000, max(times) * 1000, len(times), added), flush=True)
-
+              % (label, medians[label] * 1000, min(values) * 1000, max(values) * 1000, len(values), added))
 
 if __name__ == "__main__":
     main()

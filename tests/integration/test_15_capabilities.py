@@ -224,3 +224,21 @@ def test_delete_releases_everything(guest):
     assert secrets(pool) == guest["secrets"]
     again = run_module("machine", uri=pool.uri, name=NAME, state="absent")
     assert not again["changed"], again
+
+
+def test_batch_takes_the_same_options_and_masks_the_passphrase(lab_pool):
+    pool, image = lab_pool
+    before = (pool.domain_names(), pool.volumes(), secrets(pool), hosts(pool))
+    machine = {"name": "cap-batch", "cpu": 2, "memory": "128Mi", "image": image, "state": "present",
+               "topology": {"cores": 2}, "swap": "32Mi", "network_interfaces": [],
+               "volumes": [{"name": "secure", "size": "16Mi", "encrypted": True, "passphrase": PASSPHRASE},
+                           {"name": "data", "size": "16Mi", "iops": 100, "throughput": 125}]}
+    planned = run_module("machine_batch", check=True, pools=[pool.uri], machines=[machine])
+    assert not planned.get("failed") and planned["changed"], planned
+    assert PASSPHRASE not in json.dumps(planned)
+    refused = run_module("machine_batch", check=True, pools=[pool.uri],
+                         machines=[dict(machine, topology={"cores": 3})])
+    assert refused.get("failed") and PASSPHRASE not in json.dumps(refused), refused
+    assert any(failure.get("field") == "machines[0].topology" for failure in refused.get("failures") or []) or \
+        "topology" in refused["msg"], refused
+    assert (pool.domain_names(), pool.volumes(), secrets(pool), hosts(pool)) == before

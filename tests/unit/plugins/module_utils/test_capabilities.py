@@ -180,3 +180,14 @@ def test_a_machine_with_pool_bound_capabilities_does_not_move():
     assert "secure" in error.value.message and error.value.field == "machine"
     with pytest.raises(ConflictError):
         unmovable("m", {"spec": {"network_interfaces": [{"name": "eth0", "ip_address": "192.168.100.20"}]}})
+
+
+def test_hide_secrets_walks_the_volumes_of_a_batch_machine():
+    from types import SimpleNamespace
+    from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+    holder = SimpleNamespace(module=SimpleNamespace(no_log_values=set()))
+    machine = {"name": "m", "volumes": [{"name": "a", "passphrase": "first secret"}, {"name": "b"},
+                                        {"name": "c", "passphrase": "second secret"}],
+               "cloud_init": {"user_data": "#!/bin/sh\necho hidden"}}
+    MachineryModule.hide_secrets(holder, machine)
+    assert {"first secret", "second secret", "#!/bin/sh\necho hidden"} <= holder.module.no_log_values
