@@ -83,5 +83,6 @@ def main():
         print("%-26s median %6.0f ms (min %4.0f, max %4.0f, %d rounds)%s"
               % (label, medians[label] * 1000, min(values) * 1000, max(values) * 1000, len(values), added))
 
+
 if __name__ == "__main__":
     main()
