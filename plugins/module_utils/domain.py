@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 
+from ansible_collections.machinery.compute.plugins.module_utils import capabilities
 from ansible_collections.machinery.compute.plugins.module_utils import elements
 
 try:
@@ -194,7 +195,11 @@ def build_domain(plan):
     _sub(features, "acpi")
     _sub(features, "apic")
     if plan["virt_type"] == "kvm":
-        _sub(root, "cpu", mode="host-passthrough", check="none", migratable="on")
+        cpu = _sub(root, "cpu", mode="host-passthrough", check="none", migratable="on")
+        if plan.get("topology"):
+            capabilities.topology_child(cpu, plan["topology"])
+    elif plan.get("topology"):
+        root.append(capabilities.topology_element(plan["topology"]))
     clock = _sub(root, "clock", offset="utc")
     _sub(clock, "timer", name="rtc", tickpolicy="catchup")
     _sub(root, "on_poweroff", "destroy")
@@ -205,7 +210,8 @@ def build_domain(plan):
     for disk in plan["disks"]:
         devices.append(elements.disk(disk["path"], disk["format"], disk["device"], disk.get("bus", "virtio"),
                                      volume_alias(disk["name"]), shareable=bool(disk.get("shareable")),
-                                     boot_order=1 if disk.get("boot") else None))
+                                     boot_order=1 if disk.get("boot") else None, serial=disk.get("serial"),
+                                     iotune=disk.get("iotune"), secret=disk.get("secret")))
     if plan.get("seed_path"):
         # The NoCloud seed on a virtio-scsi cdrom: cloud kernels (Debian's cloud flavour has no AHCI driver) see
         # virtio-scsi where a SATA cdrom would be invisible to them.

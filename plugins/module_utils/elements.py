@@ -73,17 +73,30 @@ def _bytes(node, default_unit="bytes"):
 # --- disk -----------------------------------------------------------------------------------------------------
 
 def disk(path, fmt, target, bus="virtio", alias=None, device="disk", readonly=False, shareable=False,
-         boot_order=None):
+         boot_order=None, serial=None, iotune=None, secret=None):
     """A file-backed disk or cdrom. Disks unmap discarded blocks; a shareable one is opened without host cache
-    instead, so two guests see each other's writes."""
+    instead, so two guests see each other's writes. ``serial`` is what the guest reads as the disk's serial,
+    ``iotune`` {total_iops_sec, total_bytes_sec} its limits (0 for none), ``secret`` the uuid of the LUKS
+    passphrase secret of an encrypted volume."""
     node = _element("disk", type="file", device=device)
     driver = _sub(node, "driver", name="qemu", type=fmt)
     if shareable:
         driver.set("cache", "none")
     elif device == "disk":
         driver.set("discard", "unmap")
-    _sub(node, "source", file=path)
+    source = _sub(node, "source", file=path)
+    if secret is not None:
+        encryption = _sub(source, "encryption", format="luks")
+        _sub(encryption, "secret", type="passphrase", uuid=secret)
     _sub(node, "target", dev=target, bus=bus)
+    limits = {key: value for key, value in (iotune or {}).items() if value}
+    if limits:
+        tune = _sub(node, "iotune")
+        for key in ("total_bytes_sec", "total_iops_sec"):
+            if key in limits:
+                _sub(tune, key, int(limits[key]))
+    if serial is not None:
+        _sub(node, "serial", serial)
     if readonly:
         _sub(node, "readonly")
     if shareable:
@@ -98,11 +111,15 @@ def disk(path, fmt, target, bus="virtio", alias=None, device="disk", readonly=Fa
 def read_disk(node):
     """{alias, device, bus, path, format, type, readonly, shareable, boot_order} of one <disk>."""
     boot = _attr(node, "boot", "order")
+    tune = node.find("iotune")
+    secret = _attr(node, "source/encryption/secret", "uuid") or _attr(node, "encryption/secret", "uuid")
     return {"alias": _attr(node, "alias", "name"), "device": _attr(node, "target", "dev"),
             "bus": _attr(node, "target", "bus"), "path": _attr(node, "source", "file"),
             "format": _attr(node, "driver", "type"), "type": node.get("device"),
             "readonly": node.find("readonly") is not None, "shareable": node.find("shareable") is not None,
-            "boot_order": int(boot) if boot is not None else None}
+            "boot_order": int(boot) if boot is not None else None, "serial": node.findtext("serial"),
+            "iotune": {child.tag: int(child.text) for child in tune if child.text} if tune is not None else {},
+            "secret": secret}
 
 
 def read_disks(tree):
@@ -217,8 +234,9 @@ def read_storage_pool(tree):
 
 # --- volume ---------------------------------------------------------------------------------------------------
 
-def volume(name, capacity, fmt="raw", mode=None, backing=None, allocation=0):
-    """A storage volume; ``backing`` is (path, format) for a thin overlay on that file."""
+def volume(name, capacity, fmt="raw", mode=None, backing=None, allocation=0, secret=None):
+    """A storage volume; ``backing`` is (path, format) for a thin overlay on that file; ``secret`` the uuid of
+    the passphrase secret of a LUKS volume (raw format only)."""
     node = _element("volume")
     _sub(node, "name", name)
     _sub(node, "capacity", int(capacity), unit="bytes")
@@ -228,6 +246,9 @@ def volume(name, capacity, fmt="raw", mode=None, backing=None, allocation=0):
     if mode is not None:
         permissions = _sub(target, "permissions")
         _sub(permissions, "mode", mode)
+    if secret is not None:
+        encryption = _sub(target, "encryption", format="luks")
+        _sub(encryption, "secret", type="passphrase", uuid=secret)
     if backing:
         backing_path, backing_format = backing
         store = _sub(node, "backingStore")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from ansible_collections.machinery.compute.plugins.module_utils import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import elements
@@ -34,6 +35,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.quantity import 
 
 POLL = 0.5
 SHOWN_AT_CREATION = ("cpu", "memory", "machine_class", "labels")
+CAPABILITIES_SHOWN = ("topology", "disk_qos", "ip_reservations")
 
 
 # --- observe ----------------------------------------------------------------------------------------------------
@@ -75,11 +77,38 @@ def observe_machine(conn, name, journal=False):
     tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
     state = tuple(dom.state())
     live_max = dom.maxMemory() * 1024 if is_active(state[0]) else None
-    observed = Observed(name, dom, tree, dx.read_record(tree), state, live_max)
+    record = dx.read_record(tree)
+    if record is not None and any(nic.get("ip_address") for nic in record.get("spec", {}).get("network_interfaces")
+                                  or []):
+        observe_reservations(conn, record)  # only machines with fixed addresses pay for the network's XML
+    observed = Observed(name, dom, tree, record, state, live_max)
     for interface in elements.read_interfaces(tree):
         if (interface["alias"] or "").startswith("ua-nic-"):
             observed.security_groups[interface["alias"][len("ua-nic-"):]] = sgs.nic_groups(conn, interface)
     return observed
+
+
+def network_hosts(conn, network):
+    """The DHCP host entries of a libvirt network [{mac, ip, name}] (none when it is gone)."""
+    net = lv.lookup_network(conn, network)
+    if net is None:
+        return []
+    return elements.read_network(elements.parse(net.XMLDesc(lv.libvirt.VIR_NETWORK_XML_INACTIVE)))["dhcp_hosts"]
+
+
+def observe_reservations(conn, record):
+    """Replace the fixed addresses the record lists by what the networks hold for the NICs' MACs: the network
+    is the truth (a reservation removed by hand shows as missing and is made again)."""
+    hosts = {}
+    for nic in record.get("spec", {}).get("network_interfaces") or []:
+        if not nic.get("network"):
+            continue
+        if nic["network"] not in hosts:
+            hosts[nic["network"]] = {(host.get("mac") or "").lower(): host.get("ip")
+                                     for host in network_hosts(conn, nic["network"])}
+        held = hosts[nic["network"]].get(nic["mac"].lower())
+        if held or nic.get("ip_address"):
+            nic["ip_address"] = held
 
 
 # --- plan (pure) ------------------------------------------------------------------------------------------------
@@ -104,7 +133,13 @@ def create_steps(spec):
         if vol["source"] == "volume":
             steps.append(step("use_volume", vol["volume"]))
         else:
-            steps.append(step("create_volume", vol["volume"], size=vol.get("size")))
+            if vol.get("encrypted"):
+                steps.append(step("define_secret", vol["volume"]))
+            steps.append(step("create_volume", vol["volume"], size=vol.get("size"),
+                              **({"encryption": "luks"} if vol.get("encrypted") else {})))
+    for nic in spec.get("network_interfaces") or []:
+        if nic.get("ip_address"):
+            steps.append(step("reserve_address", nic["network"], mac=nic["mac"], ip=nic["ip_address"]))
     if "ignition_data" in spec:
         steps.append(step("write_volume", "%s-ignition.json" % name))
     if "seed_files" in spec:
@@ -145,7 +180,7 @@ def device_request_warnings(spec, record):
     warnings = []
     for key, module in (("volumes", "volume_attach"), ("network_interfaces", "nic_attach")):
         requested = spec.get("requested_" + key)
-        recorded = [item["name"] for item in record["spec"].get(key) or []]
+        recorded = [item["name"] for item in record["spec"].get(key) or [] if not item.get("swap")]
         if requested is not None and [item.get("name") for item in requested] != recorded:
             warnings.append("%s of an existing machine are changed with machinery.compute.%s; the %s option was "
                             "not applied" % (key.replace("_", " "), module, key))
@@ -174,6 +209,9 @@ def live_effects(names, spec, observed):
             pending.append(name)
         elif live == "boot":
             warnings.append("the new boot configuration is read by the guest at its next first boot")
+        elif live == "network":
+            # the reservation changes at once; the guest asks for an address again when it starts
+            pending.append(name)
     if pending:
         warnings.append("%s of the running machine %s take effect at its next restart"
                         % (" and ".join(pending), spec["name"]))
@@ -219,9 +257,14 @@ def plan_machine(spec, observed, record=None):
             return Plan()
         steps = ([step("shutdown", name)] if observed.active else []) + [step("undefine", name)]
         steps += [step("delete_volume", volume) for volume in ephemeral_volumes(observed.record or {})]
+        steps += [step("release_address", nic["network"], mac=nic["mac"], ip=nic["ip_address"])
+                  for nic in reserved_nics(observed.record)]
         return Plan([Action("delete", name, {"state": "present"}, {"state": "absent"}, steps)])
     if not observed.exists:
         after = options.shown({key: spec.get(key) for key in SHOWN_AT_CREATION})
+        after.update({key: spec[key] for key in CAPABILITIES_SHOWN if spec.get(key)})
+        if spec.get("swap"):
+            after["swap"] = format_quantity(spec["swap"])
         after.update(state=spec["state"], image=(spec.get("image") or {}).get("source"))
         actions = [Action("create", name, {}, after, create_steps(spec))]
         if spec["state"] == "running":
@@ -350,6 +393,7 @@ class MachineResource:
         name = spec["name"]
         created = []
         filters = []
+        reserved = []
         try:
             disks = []
             if spec.get("image"):
@@ -384,8 +428,11 @@ class MachineResource:
                 nics.append(nic)
             inputs = dict(paths, name=name, virt_type=spec["virt_type"], cpu=spec["cpu"], memory=spec["memory"],
                           firmware=spec["firmware"], record=record, disks=disks, nics=nics,
-                          console_path=self.ctx.storage_file(files["console"]))
+                          console_path=self.ctx.storage_file(files["console"]), topology=spec.get("topology"))
             self._define(dx.build_domain(inputs), "define machine")
+            for nic in reserved_nics(record):
+                reserve_address(self.ctx, nic, name)
+                reserved.append(nic)
         except BaseException:
             for filter_name in filters:
                 try:
@@ -395,8 +442,19 @@ class MachineResource:
             for volume_name in created:  # only what this run created
                 try:
                     storage.delete_volume(pool, volume_name)
+                    storage.delete_volume_secret(self.conn, self.ctx.storage_file(volume_name))
                 except MachineryError:
                     pass
+            for nic in reserved:
+                try:
+                    release_address(self.ctx, nic)
+                except MachineryError:
+                    pass
+            if reserved or any(vol.get("encrypted") for vol in spec["volumes"]):
+                # the domain may have been defined before the failure: it must not outlive what it uses
+                dom = lv.lookup_domain(self.conn, name)
+                if dom is not None:
+                    dom.undefineFlags(lv.libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
             raise
 
     @staticmethod
@@ -409,7 +467,10 @@ class MachineResource:
         return dict(disk, path=new.path(), format="qcow2")
 
     def _volume_disk(self, pool, created, vol):
-        disk = {"name": vol["name"], "device": vol["device"], "bus": vol["bus"], "boot": vol.get("boot", False)}
+        disk = {"name": vol["name"], "device": vol["device"], "bus": vol["bus"], "boot": vol.get("boot", False),
+                "serial": vol.get("serial"), "iotune": cap.iotune_values(cap.qos_of(vol))}
+        if vol.get("encrypted"):
+            return self._encrypted_volume(pool, created, vol, disk)
         if vol["source"] == "volume":
             existing = pool.storageVolLookupByName(vol["volume"])
             return dict(disk, path=existing.path(), format=storage.volume_format(existing),
@@ -420,6 +481,16 @@ class MachineResource:
             vol["size"] = max(self._virtual_size(pool, backing_vol, vol["image"]), vol.get("size") or 0)
             backing = (backing_vol.path(), backing_fmt)
         return self._new_volume(pool, created, vol["volume"], vol["size"], backing, disk)
+
+    def _encrypted_volume(self, pool, created, vol, disk):
+        """A LUKS volume (raw inside): its passphrase goes into a private secret on the pool first, and only the
+        secret's uuid into the volume's and the domain's XML."""
+        path = self.ctx.storage_file(vol["volume"])
+        storage.delete_volume(pool, vol["volume"])
+        created.append(vol["volume"])  # from here on, a failure removes the secret too
+        uuid = storage.define_volume_secret(self.conn, path, self.name, vol.pop("passphrase"))
+        new = storage.create_volume(pool, vol["volume"], vol["size"], "raw", secret=uuid)
+        return dict(disk, path=new.path(), format="raw", secret=uuid)
 
     @staticmethod
     def _virtual_size(pool, image_vol, image):
@@ -453,10 +524,37 @@ class MachineResource:
         record["spec"] = dict(record["spec"])
         if "boot_config" in action.fields:
             self._rewrite_boot_files(record)
+        qos_before = cap.read_disk_qos(tree, record)
         options.apply_fields(tree, record, spec, action.fields)
+        if "ip_reservations" in action.fields:
+            observe_reservations(self.conn, record)  # what the networks hold now
+            self._reserve(record, spec["ip_reservations"])
         self._define(tree, "redefine")
         if dom.isActive():
             self._set_live(dom, record, action.fields, observed)
+            if "disk_qos" in action.fields:
+                self._set_iotune(dom, record, cap.changed_disks(qos_before, spec["disk_qos"]))
+
+    def _reserve(self, record, wanted):
+        """Make the networks hold exactly ``wanted`` ({nic: address}) for the machine's NICs."""
+        for nic in record["spec"].get("network_interfaces") or []:
+            if nic.get("network") and wanted.get(nic["name"]) != nic.get("ip_address"):
+                if nic.get("ip_address"):
+                    release_address(self.ctx, nic)
+                nic["ip_address"] = wanted.get(nic["name"])
+                if nic["ip_address"]:
+                    reserve_address(self.ctx, nic, self.name)
+
+    def _set_iotune(self, dom, record, names):
+        """QoS limits of a running machine's disks, live (the persistent XML was defined already)."""
+        devices = {vol["name"]: vol["device"] for vol in record["spec"].get("volumes") or []}
+        for name in names:
+            try:
+                dom.setBlockIoTune(devices[name], cap.iotune_values(self.spec["disk_qos"].get(name)),
+                                   lv.libvirt.VIR_DOMAIN_AFFECT_LIVE)
+            except lv.libvirt.libvirtError as exc:
+                raise LibvirtFailure("cannot set the QoS of volume %s of %s live: %s"
+                                     % (name, self.name, lv.describe(exc)), "volumes") from None
 
     def _update_security_groups(self, action, observed):
         """Groups change live: a NIC that keeps a filter gets it redefined (libvirt re-applies it to the running
@@ -573,6 +671,11 @@ class MachineResource:
             if volume_name.endswith("-console.log"):
                 pool.refresh(0)
             storage.delete_volume(pool, volume_name)
+        for vol in (observed.record or {}).get("spec", {}).get("volumes") or []:
+            if vol.get("encrypted") and vol.get("ephemeral"):
+                storage.delete_volume_secret(self.conn, self.ctx.storage_file(vol["volume"]))
+        for nic in reserved_nics(observed.record):
+            release_address(self.ctx, nic)
         if volumes:
             self.ctx.registry.delete(reg.pending_key(self.name))
 
@@ -588,6 +691,55 @@ class MachineResource:
             update_record(dom, note)
         except lv.libvirt.libvirtError:
             pass
+
+
+def reserved_nics(record):
+    """The NICs of a record with a fixed address on a libvirt network."""
+    return [nic for nic in (record or {}).get("spec", {}).get("network_interfaces") or []
+            if nic.get("network") and nic.get("ip_address")]
+
+
+def _update_network(ctx, nic, command, entry):
+    net = ctx.network(nic["network"])
+    if net is None:
+        return
+    flags = lv.libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG
+    if net.isActive():
+        flags |= lv.libvirt.VIR_NETWORK_UPDATE_AFFECT_LIVE
+    try:
+        net.update(command, lv.libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST, -1, entry, flags)
+    except lv.libvirt.libvirtError as exc:
+        raise LibvirtFailure("cannot update the DHCP reservations of network %s: %s"
+                             % (nic["network"], lv.describe(exc)), "network_interfaces") from None
+
+
+def reserve_address(ctx, nic, machine):
+    """A DHCP host entry for the NIC's MAC on its network (live and persistent); the machine's name is the
+    entry's host name unless another entry has it (a second NIC of the machine on the network)."""
+    hosts = MachineHosts(ctx, nic["network"])
+    name = machine if machine not in hosts.names() else None
+    _update_network(ctx, nic, lv.libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
+                    cap.host_entry(nic["mac"], nic["ip_address"], name))
+
+
+def release_address(ctx, nic):
+    """Remove every DHCP host entry of the NIC's MAC from its network."""
+    for host in MachineHosts(ctx, nic["network"]).of(nic["mac"]):
+        _update_network(ctx, nic, lv.libvirt.VIR_NETWORK_UPDATE_COMMAND_DELETE,
+                        cap.host_entry(host["mac"], host["ip"], host.get("name")))
+
+
+class MachineHosts:
+    """The DHCP host entries of one network, read once."""
+
+    def __init__(self, ctx, network):
+        self.hosts = network_hosts(ctx.conn, network)
+
+    def names(self):
+        return {host.get("name") for host in self.hosts if host.get("name")}
+
+    def of(self, mac):
+        return [host for host in self.hosts if (host.get("mac") or "").lower() == mac.lower()]
 
 
 def bump_boots(record):
@@ -639,7 +791,10 @@ def wait_for_address(ctx, dom, name, nics, timeout):
     deadline = time.monotonic() + timeout
     book = PoolView(ctx)
     while True:
-        if any(book.addresses(nic["network"], nic["mac"]) for nic in nics):
+        # a NIC with a fixed address counts once its lease is that address (a lease from before the
+        # reservation changed may still be listed)
+        if any(nic["ip_address"] in book.addresses(nic["network"], nic["mac"]) if nic.get("ip_address")
+               else book.addresses(nic["network"], nic["mac"]) for nic in nics):
             return
         if not dom.isActive():
             raise MachineryError("%s stopped while waiting for an address" % name, "wait")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from ansible_collections.machinery.compute.plugins.module_utils import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import elements
@@ -61,6 +62,9 @@ def _volumes(name, items, ctx, taken_devices, leftovers=()):
         if vol_name in seen or vol_name == "root":
             raise ValidationError("volume name %r is used twice (root is the image disk)" % vol_name,
                                   where + ".name")
+        if vol_name == cap.SWAP_VOLUME:
+            raise ValidationError("volume name swap is the swap disk's; give the machine swap: <size> instead",
+                                  where + ".name")
         seen.add(vol_name)
         sources = [key for key in ("size", "volume", "image") if item.get(key) is not None]
         if len(sources) != 1:
@@ -74,7 +78,9 @@ def _volumes(name, items, ctx, taken_devices, leftovers=()):
             entry.update(source="volume", volume=existing.name(), size=existing.info()[1],
                          ephemeral=bool(ephemeral), shareable=_shareable(item, existing, ctx, name, where))
         else:
-            entry.update(volume="%s-%s.qcow2" % (name, vol_name), ephemeral=ephemeral is not False)
+            # an encrypted volume is LUKS with raw data inside, not qcow2
+            entry.update(volume="%s-%s.%s" % (name, vol_name, "luks" if item.get("encrypted") else "qcow2"),
+                         ephemeral=ephemeral is not False)
             if entry["volume"] not in leftovers and lv.lookup_volume(ctx.storage, entry["volume"]) is not None:
                 raise ConflictError("volume %s already exists in storage pool %s (left by an earlier machine?); "
                                     "delete it, or attach it with volume: %s"
@@ -85,6 +91,7 @@ def _volumes(name, items, ctx, taken_devices, leftovers=()):
                 entry.update(source="image", image=named_images.resolve(item["image"], item.get("image_checksum"),
                                                                         ctx, where + ".image"))
                 image_format(entry["image"], where + ".image")
+        _volume_capabilities(item, entry, where)
         result.append(entry)
     for index, entry in enumerate(result):
         if entry["device"]:
@@ -97,6 +104,86 @@ def _volumes(name, items, ctx, taken_devices, leftovers=()):
     for entry in result:
         entry["device"] = entry["device"] or next(free)
     return result
+
+
+def checked(table, key, value, field):
+    """``value`` of option ``key`` of ``table`` through the check options.py declares for it."""
+    return options.option(table, key).check(value, field)
+
+
+def _volume_capabilities(item, entry, where):
+    """QoS limits and encryption of a volume entry (issue 13)."""
+    for key in ("iops", "throughput"):
+        if item.get(key) is not None:
+            entry[key] = checked(options.VOLUME, key, item[key], "%s.%s" % (where, key))
+    if item.get("encrypted"):
+        if entry["source"] != "empty":
+            raise ValidationError("only a new empty volume (size) can be encrypted", where + ".encrypted")
+        entry["encrypted"] = True
+        entry["passphrase"] = checked(options.VOLUME, "passphrase", item.get("passphrase"), where + ".passphrase")
+    elif item.get("passphrase") not in (None, ""):
+        raise ValidationError("is only used with encrypted: true", where + ".passphrase")
+
+
+def _swap(name, params, ctx, volumes, leftovers):
+    """The swap size, and its disk appended to ``volumes`` on the next free device."""
+    size = checked(options.MACHINE, "swap", params.get("swap"), "swap")
+    if size:
+        entry = cap.swap_volume(name, size)
+        if entry["volume"] not in leftovers and lv.lookup_volume(ctx.storage, entry["volume"]) is not None:
+            raise ConflictError("volume %s already exists in storage pool %s (left by an earlier machine?)"
+                                % (entry["volume"], ctx.storage.name()), "swap")
+        entry["device"] = dx.device_names(1, {"vda"} | {vol["device"] for vol in volumes})[0]
+        volumes.append(entry)
+    return size
+
+
+def reservation(ctx, nic, ip, field):
+    """A NIC's fixed address, checked against its network (range, other reservations, leases)."""
+    if not nic.get("network"):
+        raise ValidationError("needs an interface on a libvirt network (a host bridge has no libvirt DHCP)", field)
+    net = ctx.network(nic["network"])
+    info = elements.read_network(elements.parse(net.XMLDesc(lv.libvirt.VIR_NETWORK_XML_INACTIVE)))
+    leases = []
+    if net.isActive():
+        try:
+            leases = [(lease.get("mac"), lease.get("ipaddr")) for lease in net.DHCPLeases()]
+        except lv.libvirt.libvirtError:
+            leases = []
+    return cap.check_reservation(ip, nic["mac"], nic["network"], info, leases, field)
+
+
+def _reservations(ctx, nics, items):
+    seen = {}
+    for index, (nic, item) in enumerate(zip(nics, items or [])):
+        if isinstance(item, dict) and item.get("ip_address") not in (None, ""):
+            field = "network_interfaces[%d].ip_address" % index
+            nic["ip_address"] = reservation(ctx, nic, item["ip_address"], field)
+            key = (nic["network"], nic["ip_address"])
+            if key in seen:
+                raise ValidationError("%s is given to interface %s as well" % (nic["ip_address"], seen[key]), field)
+            seen[key] = nic["name"]
+
+
+def _existing_capabilities(params, ctx, spec, recorded):
+    """Topology, QoS and fixed addresses of an existing machine: what the user gives again over what it has."""
+    volumes, nics = spec["volumes"] or [], spec["network_interfaces"] or []
+    names = {vol["name"]: index for index, vol in enumerate(volumes)}
+    for index, item in enumerate(params.get("volumes") or []):
+        if isinstance(item, dict) and item.get("name") in names:
+            _volume_capabilities(item, dict(volumes[names[item["name"]]]), "volumes[%d]" % index)
+    spec["disk_qos"] = cap.desired_disk_qos(volumes, params.get("volumes"), recorded.get("disk_qos") or {})
+    by_name = {nic["name"]: nic for nic in nics}
+    seen = {}
+    for index, item in enumerate(params.get("network_interfaces") or []):
+        if isinstance(item, dict) and item.get("name") in by_name and item.get("ip_address") not in (None, ""):
+            field = "network_interfaces[%d].ip_address" % index
+            ip = reservation(ctx, by_name[item["name"]], item["ip_address"], field)
+            if ip in seen:
+                raise ValidationError("%s is given to interface %s as well" % (ip, seen[ip]), field)
+            seen[ip] = item["name"]
+    spec["ip_reservations"] = cap.desired_reservations(nics, params.get("network_interfaces"),
+                                                       recorded.get("ip_reservations") or {})
 
 
 def _shareable(item, existing, ctx, machine, where):
@@ -232,9 +319,11 @@ def check_wait(params, spec):
                               "address); this machine has none", "wait")
 
 
-def _comparable(name, value):
-    """A fixed option's value as the record keeps it (a checksum without its 'sha256:' prefix)."""
-    return check.sha256_checksum(value, name) if name == "image_checksum" else value
+def _comparable(item, value):
+    """A fixed option's value as the record keeps it (a checksum without its 'sha256:' prefix, a size in bytes)."""
+    if item.name == "image_checksum":
+        return check.sha256_checksum(value, item.name)
+    return item.check(value, item.name) if item.check else value
 
 
 def check_fixed(params, recorded):
@@ -244,7 +333,7 @@ def check_fixed(params, recorded):
         if wanted is None or wanted == "":
             continue
         current = item.fixed(recorded)
-        if _comparable(item.name, wanted) != current:
+        if _comparable(item, wanted) != current:
             raise ConflictError("the %s of an existing machine is fixed at creation and cannot change (it is %s); "
                                 "delete and recreate the machine to use %s" % (item.name.replace("_", " "), current, wanted), item.name)
 
@@ -267,6 +356,8 @@ def normalize(params, ctx, existing_record=None, current=None, leftovers=()):
     spec["tolerations"] = scheduler.normalize_tolerations(params["tolerations"], "tolerations") \
         if params.get("tolerations") is not None else recorded.get("tolerations")
     spec["machine_class"], spec["cpu"], spec["memory"] = _size_from_class(params, ctx, recorded)
+    spec["topology"] = cap.topology(params["topology"] if params.get("topology") is not None
+                                    else recorded.get("topology"), spec["cpu"])
     spec["firmware"] = check.one_of(params.get("firmware") or recorded.get("firmware") or "bios", options.FIRMWARES,
                                     "firmware")
     virt_type = check.one_of(params.get("virt_type") or "auto", options.VIRT_TYPES, "virt_type")
@@ -288,8 +379,9 @@ def normalize(params, ctx, existing_record=None, current=None, leftovers=()):
             {key: value.decode() for key, value in spec.get("seed_files", {}).items()} or None, None)
     if existing_record is not None:
         check_fixed(params, existing_record.get("spec", {}))
-        for key in ("image", "root_size", "volumes", "network_interfaces"):
+        for key in ("image", "root_size", "volumes", "network_interfaces", "swap"):
             spec[key] = recorded.get(key)
+        _existing_capabilities(params, ctx, spec, recorded)
         spec["requested_volumes"] = params.get("volumes")
         spec["requested_network_interfaces"] = params.get("network_interfaces")
         spec["requested_security_groups"] = requested_security_groups(params.get("network_interfaces"), ctx)
@@ -318,7 +410,11 @@ def normalize(params, ctx, existing_record=None, current=None, leftovers=()):
             raise ValidationError("%s is smaller than the image (%s)" % (format_quantity(spec["root_size"]),
                                                                          format_quantity(image_size)), "root_size")
     spec["volumes"] = _volumes(name, params.get("volumes"), ctx, {"vda"}, leftovers)
+    spec["swap"] = _swap(name, params, ctx, spec["volumes"], leftovers)
+    spec["disk_qos"] = cap.desired_disk_qos(spec["volumes"])
     spec["network_interfaces"] = _nics(name, params.get("network_interfaces"), ctx)
+    _reservations(ctx, spec["network_interfaces"], params.get("network_interfaces"))
+    spec["ip_reservations"] = cap.desired_reservations(spec["network_interfaces"])
     check_wait(params, spec)
     return spec
 
@@ -338,10 +434,12 @@ def ephemeral_volumes(record):
 def recorded_spec(spec, files):
     """The normalized spec as the record keeps it: sizes and references, no boot configuration content."""
     kept = {key: spec.get(key) for key in ("name", "machine_class", "cpu", "memory", "labels", "tolerations",
-                                           "firmware", "virt_type", "root_size", "boot_config")}
+                                           "firmware", "virt_type", "root_size", "boot_config", "topology", "swap")}
     kept["image"] = {key: spec["image"].get(key) for key in ("source", "checksum", "format")} \
         if spec.get("image") else None
-    kept["volumes"] = [{key: value for key, value in vol.items() if key != "image"} for vol in spec["volumes"]]
+    # never the passphrase of an encrypted volume
+    kept["volumes"] = [{key: value for key, value in vol.items() if key not in ("image", "passphrase")}
+                       for vol in spec["volumes"]]
     for vol, source in zip(kept["volumes"], spec["volumes"]):
         if source.get("image"):
             vol["image"] = {"source": source["image"]["source"], "checksum": source["image"]["checksum"]}

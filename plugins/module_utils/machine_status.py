@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 
+from ansible_collections.machinery.compute.plugins.module_utils import capabilities
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import elements
@@ -101,6 +102,7 @@ def _nic_states(spec, shown, view, active):
         addresses = view.addresses(nic["network"], nic["mac"]) if (active and nic.get("network")) else []
         nics.append({"name": nic["name"], "mac": nic["mac"], "network": nic.get("network") or nic.get("bridge"),
                      "ip_addresses": addresses, "ephemeral": nic.get("ephemeral", True),
+                     "ip_address": nic.get("ip_address"),
                      "state": "Attached" if nic["mac"] in macs else "Pending"})
     return nics
 
@@ -113,7 +115,9 @@ def _volume_states(spec, tree, shown, view):
     entries = [{"name": "root", "device": "vda", "size": spec.get("root_size"), "ephemeral": True}] \
         if spec.get("image", {}) is not None else []  # a machine booted from a volume has no root disk
     entries += [{"name": vol["name"], "device": vol["device"], "size": vol.get("size"),
-                 "ephemeral": vol.get("ephemeral", True)} for vol in spec.get("volumes") or []]
+                 "ephemeral": vol.get("ephemeral", True), "iops": vol.get("iops"),
+                 "throughput": vol.get("throughput"), "encrypted": bool(vol.get("encrypted"))}
+                for vol in spec.get("volumes") or []]
     volumes = []
     for entry in entries:
         alias = dx.volume_alias(entry["name"])
@@ -151,6 +155,8 @@ def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None):
         "phase": phase,
         "machine_class": spec.get("machine_class"),
         "cpu": dx.read_cpu(tree),
+        "topology": capabilities.read_topology(tree),
+        "swap": format_quantity(spec["swap"]) if spec.get("swap") else None,
         "memory": format_quantity(memory) if memory else None,
         "image": (spec.get("image") or {}).get("source"),
         "labels": spec.get("labels") or {},

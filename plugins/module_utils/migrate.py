@@ -40,7 +40,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machine_status i
 from ansible_collections.machinery.compute.plugins.module_utils.pool_context import PoolContext
 from ansible_collections.machinery.compute.plugins.module_utils.move_plan import (
     MODES, choose_mode, image_of, journal_body, live_transport, machine_files, move_key, move_steps, ours,
-    pick_target, recovery_steps, relocate, resolve_interrupted, scheduling_spec)
+    pick_target, recovery_steps, relocate, resolve_interrupted, scheduling_spec, unmovable)
 from ansible_collections.machinery.compute.plugins.module_utils.volume_stream import (
     refresh, stream_volume, undefine, volume_facts)
 
@@ -286,6 +286,7 @@ class MoveResource:
         if home.record is None:
             raise ConflictError("%s on %s was not created by machinery.compute (adopt it with the machine module "
                                 "first)" % (self.machine, home.pool), "machine")
+        unmovable(self.machine, home.record)
         spec = scheduling_spec(self.machine, home.record, dx.read_cpu(home.tree), dx.read_memory(home.tree))
         uris = [entry["uri"] for entry in self.pools.entries if entry["uri"] != home.uri]
         if target_uri and target_uri not in uris:

@@ -92,11 +92,13 @@ class MachineryModule:
         wherever it would appear in the output. Strings under 4 characters are not: masking every '1' or
         'yes' would hide far more than it protects."""
         for path in options.secret_paths(options.MACHINE):
-            value = machine
-            for key in path:
-                value = value.get(key) if isinstance(value, dict) else None
-            if value is not None:
-                self.module.no_log_values.update(text for text in _strings(value) if len(text) >= 4)
+            values = [machine]
+            for key in path:  # a list on the way (volumes[].passphrase) is walked item by item
+                values = [item for value in values for item in (value if isinstance(value, list) else [value])]
+                values = [value.get(key) for value in values if isinstance(value, dict)]
+            for value in values:
+                if value is not None:
+                    self.module.no_log_values.update(text for text in _strings(value) if len(text) >= 4)
 
     def converged(self, plan, **returned):
         """The return of a converging module: ``changed``, ``actions`` (short forms such as ``create``),

@@ -199,6 +199,20 @@ def scheduling_spec(name, record, cpu, memory):
             "tolerations": spec.get("tolerations") or [], "machine_pool": None}
 
 
+def unmovable(machine, record):
+    """A LUKS volume's passphrase secret and a fixed address live on the source pool only (issue 13): a move does
+    not carry them yet, so such a machine is refused before anything is written."""
+    spec = (record or {}).get("spec", {})
+    encrypted = [vol["name"] for vol in spec.get("volumes") or [] if vol.get("encrypted")]
+    if encrypted:
+        raise ConflictError("%s has encrypted volumes (%s) whose passphrase secret stays on its pool; moving it is "
+                            "not supported" % (machine, ", ".join(encrypted)), "machine")
+    fixed = [nic["name"] for nic in spec.get("network_interfaces") or [] if nic.get("ip_address")]
+    if fixed:
+        raise ConflictError("%s has fixed addresses (network interfaces %s) reserved on its pool's network; moving "
+                            "it is not supported" % (machine, ", ".join(fixed)), "machine")
+
+
 def pick_target(machine, snapshots, source_uri, strategy="spread", wanted=None):
     """The pool a machine moves to: ``wanted`` (a pool name) or the scheduler's choice among the pools other
     than its own that publish its class, with the filters and score of scheduler.py. Raises Unschedulable."""

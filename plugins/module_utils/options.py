@@ -14,6 +14,7 @@ that each module's documentation says the same.
 
 from __future__ import annotations
 
+from ansible_collections.machinery.compute.plugins.module_utils import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
 
@@ -64,11 +65,13 @@ class Option:
 
     ``owned`` (an Owned) marks a field of the machine that the collection converges in place; ``fixed`` a
     value that is set at creation and compared afterwards (``fixed`` reads it from the record's spec);
-    ``argument=False`` a field that is no module option (it is derived from others)."""
+    ``argument=False`` a field that is no module option (it is derived from others); ``check(value, field)``
+    the core's validation and normalization of a value (its range), where it has one of its own."""
 
     def __init__(self, name, type="str", choices=None, default=None, required=False, elements=None, options=None,
-                 no_log=None, aliases=None, owned=None, fixed=None, argument=True):
+                 no_log=None, aliases=None, owned=None, fixed=None, argument=True, check=None):
         self.name = name
+        self.check = check
         self.owned = owned
         self.fixed = fixed
         self.argument = argument
@@ -126,6 +129,33 @@ COMMON = (Option("uri", default="qemu:///system"),)
 # A module over several pools takes the group's uri as its one pool when no pools are given, so it has no default.
 MULTI_POOL = (Option("uri"), Option("pools", "list", elements="raw"))
 
+# --- machine capabilities (issue 13: topology, swap, disk QoS, encrypted volumes, static addresses) -----------
+# Ranges from the vitistack Machine CRD; the XML mapping and the pure checks are in capabilities.py. Owned fields
+# derived from list items (disk_qos from volumes[], ip_reservations from network_interfaces[]) are compared as
+# a whole; ``live`` says how a running guest takes them (iotune: at once through virDomainSetBlockIoTune;
+# network: the reservation changes at once, the guest takes it at its next DHCP request, so at its restart).
+
+TOPOLOGY = tuple(Option(key, "int", default=1, check=cap.ranged(low, high)) for key, low, high in cap.TOPOLOGY_RANGES)
+
+VOLUME_CAPABILITIES = (
+    Option("iops", "int", check=cap.iops),
+    Option("throughput", "int", check=cap.throughput),
+    Option("encrypted", "bool", default=False),
+    Option("passphrase", no_log=True, check=cap.passphrase),
+)
+
+NETWORK_INTERFACE_CAPABILITIES = (
+    Option("ip_address"),
+)
+
+MACHINE_CAPABILITIES = (
+    Option("topology", "dict", options=TOPOLOGY, owned=Owned(cap.read_topology, cap.write_topology, live="restart")),
+    Option("swap", "raw", check=cap.swap_bytes, fixed=lambda spec: spec.get("swap")),
+    Option("disk_qos", argument=False, owned=Owned(cap.read_disk_qos, cap.write_disk_qos, live="iotune")),
+    Option("ip_reservations", argument=False,
+           owned=Owned(cap.read_reservations, cap.write_reservations, live="network")),
+)
+
 # --- machine ----------------------------------------------------------------------------------------------------
 
 VOLUME = (
@@ -138,7 +168,7 @@ VOLUME = (
     Option("bus", choices=DISK_BUSES, default="virtio"),
     Option("ephemeral", "bool"),
     Option("shareable", "bool", default=False),
-)
+) + VOLUME_CAPABILITIES
 
 NETWORK_INTERFACE = (
     Option("name", required=True),
@@ -149,7 +179,7 @@ NETWORK_INTERFACE = (
     Option("ephemeral", "bool", default=True),
     # --- security groups (issue 13): nwfilters of the pool, see security_groups.py ---
     Option("security_groups", "list", elements="str"),
-)
+) + NETWORK_INTERFACE_CAPABILITIES
 
 CLOUD_INIT = (
     Option("user_data", "raw", no_log=True),
@@ -184,7 +214,7 @@ MACHINE = (
     Option("shutdown_timeout", "int", default=60),
     Option("adopt", "bool", default=False),
     Option("unique_across", "list", elements="str"),
-)
+) + MACHINE_CAPABILITIES
 
 # What each machine of a batch (and the template of a set) takes beyond the machine's own options (tolerations
 # are the machine's own: they are recorded).

@@ -9,6 +9,7 @@ import hashlib
 import os
 import struct
 
+from ansible_collections.machinery.compute.plugins.module_utils import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import elements
 from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError, LibvirtFailure, NotFoundError
@@ -93,14 +94,14 @@ def volume_format(vol):
     return elements.read_volume(elements.parse(vol.XMLDesc(0)))["format"] or "raw"
 
 
-def volume_xml(name, capacity, fmt="raw", mode=None, backing=None):
-    """Volume XML; ``backing`` is (path, format) for a thin overlay."""
-    return elements.to_string(elements.volume(name, capacity, fmt, mode=mode, backing=backing))
+def volume_xml(name, capacity, fmt="raw", mode=None, backing=None, secret=None):
+    """Volume XML; ``backing`` is (path, format) for a thin overlay, ``secret`` the passphrase of a LUKS one."""
+    return elements.to_string(elements.volume(name, capacity, fmt, mode=mode, backing=backing, secret=secret))
 
 
-def create_volume(pool, name, capacity, fmt="raw", mode=None, backing=None):
+def create_volume(pool, name, capacity, fmt="raw", mode=None, backing=None, secret=None):
     try:
-        return pool.createXML(volume_xml(name, capacity, fmt, mode, backing), 0)
+        return pool.createXML(volume_xml(name, capacity, fmt, mode, backing, secret), 0)
     except lv.libvirt.libvirtError as exc:
         raise LibvirtFailure("cannot create volume %s: %s" % (name, lv.describe(exc))) from None
 
@@ -223,6 +224,32 @@ def ensure_image(conn, pool, path, checksum, check_mode=False):
     create_volume(pool, marker, 1, "raw", mode="0644")
     vol = pool.storageVolLookupByName(name)
     return vol, fmt, True
+
+
+def define_volume_secret(conn, path, machine, passphrase):
+    """A private libvirt secret holding the LUKS passphrase of the volume at ``path``; a secret left for that
+    path by a run that died is replaced. Returns its uuid."""
+    delete_volume_secret(conn, path)
+    try:
+        secret = conn.secretDefineXML(cap.secret_xml(path, machine), 0)
+        secret.setValue(passphrase.encode("utf-8"), 0)
+    except lv.libvirt.libvirtError as exc:
+        delete_volume_secret(conn, path)
+        raise LibvirtFailure("cannot define the passphrase secret of %s: %s" % (path, lv.describe(exc))) from None
+    return secret.UUIDString()
+
+
+def delete_volume_secret(conn, path):
+    """Undefine the secret of the volume at ``path``, if there is one; True when one went."""
+    try:
+        secret = conn.secretLookupByUsage(lv.libvirt.VIR_SECRET_USAGE_TYPE_VOLUME, path)
+    except lv.libvirt.libvirtError:
+        return False
+    try:
+        secret.undefine()
+    except lv.libvirt.libvirtError as exc:
+        raise LibvirtFailure("cannot undefine the passphrase secret of %s: %s" % (path, lv.describe(exc))) from None
+    return True
 
 
 def users_of(conn, path, except_machine):

@@ -112,6 +112,30 @@ options:
           - The pool's own volumes (image caches, Ignition files, seeds, console logs) are never attachable.
         type: bool
         default: false
+      iops:
+        description:
+          - I/O operations per second the disk may make (100 to 64000), as libvirt C(iotune) C(total_iops_sec).
+          - Changed on an existing machine by listing the volume again with a new value; a running machine takes
+            it at once (C(virDomainSetBlockIoTune), live and persistent).
+        type: int
+      throughput:
+        description:
+          - Bytes per second the disk may move, in MB/s (125 to 4000; 1 MB = 10^6 bytes), as libvirt C(iotune)
+            C(total_bytes_sec). Changed like O(volumes[].iops).
+        type: int
+      encrypted:
+        description:
+          - Create the new empty volume as LUKS (a raw volume inside); the guest sees a plain disk.
+          - The passphrase is kept in a private libvirt secret on the pool, deleted with the volume; only the
+            secret's uuid is in the volume's and the domain's XML. Fixed at creation.
+        type: bool
+        default: false
+      passphrase:
+        description:
+          - The LUKS passphrase of an O(volumes[].encrypted) volume; required with it, never empty, never
+            returned or logged. Used when the volume is created; it cannot be read back, so a different value
+            on a later run is not compared (the volume keeps its passphrase).
+        type: str
   network_interfaces:
     description:
       - NICs. When omitted the machine gets one NIC C(eth0) on the pool's first network; V([]) means none.
@@ -151,6 +175,14 @@ options:
           - An unknown group fails naming it, and nothing is changed.
         type: list
         elements: str
+      ip_address:
+        description:
+          - A fixed IPv4 address for the NIC, made a DHCP host reservation (C(<host mac ip name>)) for its MAC on
+            its libvirt O(network_interfaces[].network), live and persistent. It must lie in the network's DHCP
+            range and be held by no other MAC (reservation or lease); it is released when the machine is deleted.
+          - Changed on an existing machine by listing the NIC again; the guest takes the new address at its next
+            DHCP request, so the return says C(restart_required) for a running machine.
+        type: str
   ignition:
     description: Ignition config, as a JSON string or a mapping.
     type: raw
@@ -175,6 +207,34 @@ options:
       given).
     type: list
     elements: str
+  topology:
+    description:
+      - The CPU topology the guest sees (C(<cpu><topology/>)); sockets x cores x threads must equal the vCPU
+        count (O(cpu) or the class's). Each defaults to 1. Ranges are those of the vitistack Machine CRD.
+      - A change is recorded at once and taken by a running machine at its next start (C(restart_required)).
+        A machine with a topology that changes its vCPU count must be given the new topology too.
+    type: dict
+    suboptions:
+      sockets:
+        description: Sockets (1 to 16).
+        type: int
+        default: 1
+      cores:
+        description: Cores per socket (1 to 256).
+        type: int
+        default: 1
+      threads:
+        description: Threads per core (1 to 8).
+        type: int
+        default: 1
+  swap:
+    description:
+      - Swap size (a quantity such as V(1Gi)); V(0) or nothing means none. The machine gets one more ephemeral
+        disk, volume C(<name>-swap.qcow2), named C(swap) in its volumes, whose serial is C(machinery-swap), so the
+        guest finds it as C(/dev/disk/by-id/virtio-machinery-swap) (or by C(/sys/block/vdX/serial)) and formats
+        it with C(mkswap). See the collection's docs/capabilities.md for a cloud-init snippet.
+      - Fixed at creation.
+    type: raw
   labels:
     description:
       - Labels of the machine (kept in its record; used by selectors and the inventory).
@@ -251,6 +311,24 @@ EXAMPLES = r"""
       app: web
     wait: address
 
+- name: A machine with a CPU topology, swap, a limited and an encrypted disk, and a fixed address
+  machinery.compute.machine:
+    uri: qemu+ssh://root@hv1/system
+    name: db-1
+    cpu: 4
+    memory: 4Gi
+    topology: {sockets: 1, cores: 2, threads: 2}
+    swap: 2Gi
+    image: /var/lib/images/debian-12.qcow2
+    volumes:
+      - {name: data, size: 20Gi, iops: 3000, throughput: 125}
+      - name: secrets
+        size: 1Gi
+        encrypted: true
+        passphrase: "{{ vault_db_passphrase }}"
+    network_interfaces:
+      - {name: eth0, network: machinery, ip_address: 192.168.100.50}
+
 - name: Stop it gracefully
   machinery.compute.machine:
     uri: qemu+ssh://root@hv1/system
@@ -288,6 +366,12 @@ machine:
     cpu:
       description: Virtual CPUs.
       type: int
+    topology:
+      description: The CPU topology (sockets, cores, threads), or null when the machine has none of its own.
+      type: dict
+    swap:
+      description: Swap size as a quantity, or null.
+      type: str
     memory:
       description: Memory as a quantity.
       type: str
@@ -302,11 +386,13 @@ machine:
       type: list
       elements: str
     network_interfaces:
-      description: NICs with name, mac, network, ip_addresses and state (Pending or Attached).
+      description: NICs with name, mac, network, ip_addresses, ip_address (the fixed address, if any) and
+        state (Pending or Attached).
       type: list
       elements: dict
     volumes:
-      description: Disks with name, device, size, ephemeral and state (Pending or Attached).
+      description: Disks with name, device, size, ephemeral, iops, throughput, encrypted and state (Pending or
+        Attached).
       type: list
       elements: dict
     conditions:

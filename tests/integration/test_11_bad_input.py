@@ -274,6 +274,7 @@ def values(registered, home, image, target):
            "target_root": "%s-root.qcow2" % TARGET, "target_mac": tree.find("devices/interface/mac").get("address"),
            "image_cache": caches[0], "bridge": network.bridgeName(), "cidr": str(subnet),
            "cidr_half": str(list(subnet.subnets(1))[0]), "unregistered": "test:///default",
+           "gateway": address.get("address"), "dhcp_ip": str(subnet.broadcast_address - 30),
            "unreachable": "qemu+unix:///system?socket=%s/nothing/libvirt-sock" % scratch, "tmp": scratch}
     shutil.rmtree(scratch, ignore_errors=True)
 

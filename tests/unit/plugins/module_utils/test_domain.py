@@ -61,7 +61,8 @@ def test_owned_values_and_edit_in_place():
     record = dx.read_record(tree)
     assert options.owned_values(tree, record) == {"cpu": 1, "memory": 128 * 2 ** 20, "machine_class": "small",
                                                   "labels": {"app": "web"}, "tolerations": None,
-                                                  "boot_config": "abc"}
+                                                  "boot_config": "abc", "topology": None, "disk_qos": {},
+                                                  "ip_reservations": {}}
     desired = {"cpu": 2, "memory": 256 * 2 ** 20, "labels": {"app": "db"}, "machine_class": "small",
                "boot_config": "abc"}
     names = options.changed_fields(options.owned_values(tree, record), desired)

@@ -47,7 +47,8 @@ def test_disk_round_trip():
     node = round_trip(el.disk("/pool/web-1-root.qcow2", "qcow2", "vda", alias="ua-vol-root", boot_order=1))
     assert el.read_disk(node) == {"alias": "ua-vol-root", "device": "vda", "bus": "virtio",
                                   "path": "/pool/web-1-root.qcow2", "format": "qcow2", "type": "disk",
-                                  "readonly": False, "shareable": False, "boot_order": 1}
+                                  "readonly": False, "shareable": False, "boot_order": 1,
+                                  "serial": None, "iotune": {}, "secret": None}
     assert node.find("driver").attrib == {"name": "qemu", "type": "qcow2", "discard": "unmap"}
     assert [child.tag for child in node] == ["driver", "source", "target", "boot", "alias"]
 
@@ -57,7 +58,8 @@ def test_cdrom_is_readonly_and_never_discards():
                               readonly=True))
     assert el.read_disk(node) == {"alias": "ua-cidata", "device": "sda", "bus": "sata",
                                   "path": "/pool/web-1-cidata.iso", "format": "raw", "type": "cdrom",
-                                  "readonly": True, "shareable": False, "boot_order": None}
+                                  "readonly": True, "shareable": False, "boot_order": None,
+                                  "serial": None, "iotune": {}, "secret": None}
     assert node.find("driver").attrib == {"name": "qemu", "type": "raw"}
 
 
@@ -66,6 +68,15 @@ def test_shareable_disk_bypasses_the_host_cache():
     assert node.find("driver").attrib == {"name": "qemu", "type": "raw", "cache": "none"}
     assert el.read_disk(node)["shareable"] is True
     assert [child.tag for child in node] == ["driver", "source", "target", "shareable", "alias"]
+
+
+def test_disk_with_serial_limits_and_luks_secret():
+    node = round_trip(el.disk("/pool/m-data.qcow2", "raw", "vdb", alias="ua-vol-data", serial="machinery-swap",
+                              iotune={"total_iops_sec": 500, "total_bytes_sec": 0}, secret="0f0e-uuid"))
+    disk = el.read_disk(node)
+    assert (disk["serial"], disk["iotune"], disk["secret"]) == ("machinery-swap", {"total_iops_sec": 500}, "0f0e-uuid")
+    assert node.find("source/encryption").get("format") == "luks"
+    assert node.find("source/encryption/secret").attrib == {"type": "passphrase", "uuid": "0f0e-uuid"}
 
 
 def test_disk_without_alias_has_none():
@@ -79,9 +90,10 @@ def test_read_disks_of_a_domain_with_missing_children():
                        el.parse("<disk type='block' device='disk'><target dev='vdb' bus='virtio'/></disk>"))
     assert el.read_disks(round_trip(tree)) == [
         {"alias": "ua-vol-a", "device": "vda", "bus": "virtio", "path": "/pool/a.qcow2", "format": "qcow2",
-         "type": "disk", "readonly": False, "shareable": False, "boot_order": None},
+         "type": "disk", "readonly": False, "shareable": False, "boot_order": None, "serial": None, "iotune": {},
+         "secret": None},
         {"alias": None, "device": "vdb", "bus": "virtio", "path": None, "format": None, "type": "disk",
-         "readonly": False, "shareable": False, "boot_order": None}]
+         "readonly": False, "shareable": False, "boot_order": None, "serial": None, "iotune": {}, "secret": None}]
 
 
 def test_readers_of_the_xml_libvirt_gives_back():
@@ -313,7 +325,8 @@ def test_disk_carries_any_text(text):
     path = "/pool/%s/disk one.qcow2" % text
     node = round_trip(el.disk(path, text, text, bus=text, alias=text, device=text, readonly=True, shareable=True))
     assert el.read_disk(node) == {"alias": text, "device": text, "bus": text, "path": path, "format": text,
-                                  "type": text, "readonly": True, "shareable": True, "boot_order": None}
+                                  "type": text, "readonly": True, "shareable": True, "boot_order": None,
+                                  "serial": None, "iotune": {}, "secret": None}
     assert el.read_disks(round_trip(domain_with(el.disk(path, "raw", "vda"), name=text)))[0]["path"] == path
 
 

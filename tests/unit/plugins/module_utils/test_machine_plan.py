@@ -122,3 +122,35 @@ def test_plan_does_not_touch_its_inputs():
     before = (copy.deepcopy(dx.read_record(seen.tree)), copy.deepcopy(wanted))
     plan_machine(wanted, seen)
     assert (dx.read_record(seen.tree), wanted) == before
+
+
+# --- capabilities (issue 13) -----------------------------------------------------------------------------------
+
+def test_topology_change_waits_for_a_restart():
+    plan = plan_machine(spec(cpu=1, topology={"sockets": 1, "cores": 1, "threads": 1}), observed(RUNNING, 128 * MIB))
+    assert plan.summaries() == ["update topology"]
+    assert plan.facts["restart_required"] is True
+    assert plan.diff() == ({"topology": None}, {"topology": {"sockets": 1, "cores": 1, "threads": 1}})
+
+
+def test_qos_change_is_live_and_an_address_change_waits_for_the_guest():
+    plan = plan_machine(spec(disk_qos={"data": {"iops": 500, "throughput": None}}), observed(RUNNING, 128 * MIB))
+    assert plan.summaries() == ["update disk_qos"] and plan.facts["restart_required"] is False
+    plan = plan_machine(spec(ip_reservations={"eth0": "192.168.100.20"}), observed(RUNNING, 128 * MIB))
+    assert plan.summaries() == ["update ip_reservations"] and plan.facts["restart_required"] is True
+
+
+def test_create_steps_show_secrets_swap_and_reservations_but_no_passphrase():
+    secure = {"name": "secure", "volume": "web-1-secure.luks", "source": "empty", "size": 64 * MIB, "device": "vdb",
+              "bus": "virtio", "encrypted": True, "passphrase": "do not show me"}
+    swap = {"name": "swap", "volume": "web-1-swap.qcow2", "source": "empty", "size": 64 * MIB, "device": "vdc",
+            "bus": "virtio", "serial": "machinery-swap", "swap": True}
+    nic = {"name": "eth0", "network": "machinery", "mac": "52:54:00:00:00:01", "ip_address": "192.168.100.20"}
+    plan = plan_machine(spec(volumes=[secure, swap], network_interfaces=[nic], swap=64 * MIB,
+                             ip_reservations={"eth0": "192.168.100.20"},
+                             topology={"sockets": 1, "cores": 1, "threads": 1}), Observed("web-1"))
+    steps = [(s["action"], s["target"]) for s in plan.as_list()[0]["steps"]]
+    assert ("define_secret", "web-1-secure.luks") in steps and ("create_volume", "web-1-swap.qcow2") in steps
+    assert ("reserve_address", "machinery") in steps
+    assert "do not show me" not in repr(plan.as_list())
+    assert plan.diff()[1]["swap"] == "64Mi" and plan.diff()[1]["ip_reservations"] == {"eth0": "192.168.100.20"}

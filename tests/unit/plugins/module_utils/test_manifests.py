@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.manifests import documents as docs
-from ansible_collections.machinery.compute.plugins.module_utils.manifests import engine, pending
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import engine
 
 IC = "compute.ironcore.dev/v1alpha1"
 OS = "machine.openshift.io/v1beta1"
@@ -124,12 +124,9 @@ def test_vitistack_machine_resolves_its_os_and_warns_of_what_libvirt_lacks():
     assert warnings == ["Machine/vm-1: spec.monitoring: has no meaning on libvirt pools and is ignored"]
 
 
-def test_pending_options_switch_on_with_options_py(monkeypatch):
+def test_capability_fields_map_onto_the_machine_options():
     doc = copy.deepcopy(VS_MACHINE)
     doc["spec"]["cpu"] = {"cores": 2, "sockets": 2}
-    assert problems_of(doc) == ["Machine/vm-1: spec.cpu (sockets or threadsPerCore above 1): not supported yet: "
-                                "machinery.compute.machine has no option topology in this version"]
-    monkeypatch.setattr(pending, "machine_accepts", lambda path: True)
     objects, _warnings = objects_of(doc)
     assert objects["Machine/vm-1"].params["topology"] == {"sockets": 2, "cores": 2, "threads": 1}
     assert objects["Machine/vm-1"].params["cpu"] == 4
@@ -263,7 +260,6 @@ CORPUS = [
      "VirtualMachine/sample-vm: spec.diskAttachments[0].name: Volume 'vol-nowhere' is neither"),
     ("ks-running-text", [_set(KS_VM, "spec.running", "yes")], "VirtualMachine/sample-vm: spec.running: must be true "
                                                               "or false"),
-    ("ks-swap", [_set(KS_VM, "spec.swap", "1Gi")], "VirtualMachine/sample-vm: spec.swap: not supported yet"),
     ("ks-networks-twice", [_set(KS_VM, "spec.virtualNetworks", ["net-db", "net-db"])],
      "VirtualMachine/sample-vm: spec.virtualNetworks[1]: network 'net-db' is listed twice"),
     # vitistack: every range at both edges, required fields, provider
@@ -318,8 +314,6 @@ CORPUS = [
     ("vs-backup-retention", [_set(VS_MACHINE, "spec.backup", {"enabled": True, "retentionDays": 0})],
      "Machine/vm-1: spec.backup.retentionDays: must be at least 1"),
     ("vs-tags", [_set(VS_MACHINE, "spec.tags", {"bad key!": "x"})], "Machine/vm-1: spec.tags"),
-    ("vs-encrypted-pending", [_set(VS_MACHINE, "spec.disks.1.encrypted", True)],
-     "Machine/vm-1: spec.disks[].encrypted: not supported yet"),
 ]
 
 
