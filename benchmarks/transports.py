@@ -94,7 +94,7 @@ def main():
             rows["inventory cold"].append(timed(lab, lambda: inventory_cold(entries)))
             rows["delete"].append(timed(lab, lambda: run_module("machine_batch", {"pools": entries,
                                                                                   "machines": absent})))
-        figures[transport] = {step: (statistics.median(s for s, _ in values), max(n for _, n in values))
+        figures[transport] = {step: (statistics.median(v[0] for v in values), max(v[1] for v in values))
                               for step, values in rows.items()}
 
     print("%d machines on %d pools, median of %d round(s), load average %.1f at the end"
