@@ -5,8 +5,12 @@
 
 from __future__ import annotations
 
+import atexit
+import os
 import re
-from urllib.parse import urlsplit
+import shutil
+import tempfile
+from urllib.parse import parse_qs, urlsplit
 
 from ansible_collections.machinery.compute.plugins.module_utils.errors import (
     ConnectionFailed, LibvirtFailure, ValidationError)
@@ -92,6 +96,36 @@ def describe(exc):
     return (text or str(exc)).strip()
 
 
+# A TLS client identity given as three files of any name (what AWX's credential injectors write), made the
+# directory of fixed names that libvirt's pkipath= wants.
+TLS_FILES = (("MACHINERY_TLS_CACERT", "cacert.pem"), ("MACHINERY_TLS_CLIENTCERT", "clientcert.pem"),
+             ("MACHINERY_TLS_CLIENTKEY", "clientkey.pem"))
+_PKI_DIRS = {}
+
+
+def with_tls_identity(uri, environ=None):
+    """``uri`` with ``pkipath=`` added when it is a qemu+tls URI that names none and MACHINERY_TLS_CACERT,
+    _CLIENTCERT and _CLIENTKEY name the files: a private directory (mode 0700, removed when the process ends)
+    links them under libvirt's names. Any other URI comes back as it is."""
+    environ = os.environ if environ is None else environ
+    parts = urlsplit(uri or "")
+    if parts.scheme != "qemu+tls" or "pkipath" in parse_qs(parts.query):
+        return uri
+    files = tuple(environ.get(variable) or "" for variable, _name in TLS_FILES)
+    if not all(files):
+        return uri
+    if files not in _PKI_DIRS:
+        for (variable, _name), path in zip(TLS_FILES, files):
+            if not os.path.isfile(path):
+                raise ValidationError("%s names %s, which is not a file" % (variable, path), "uri")
+        directory = tempfile.mkdtemp(prefix="machinery-pki-")
+        atexit.register(shutil.rmtree, directory, True)
+        for (_variable, name), path in zip(TLS_FILES, files):
+            os.symlink(os.path.abspath(path), os.path.join(directory, name))
+        _PKI_DIRS[files] = directory
+    return "%s%spkipath=%s" % (uri, "&" if parts.query else "?", _PKI_DIRS[files])
+
+
 def open_connection(uri, field="uri", name=None):
     """Open ``uri`` read-write; an unreachable or wrong URI becomes ConnectionFailed naming the pool (``name``,
     when the caller knows it, and the URI), libvirt's cause and, for the usual refusals, what to check."""
@@ -99,7 +133,7 @@ def open_connection(uri, field="uri", name=None):
     require_libvirt()
     where = "pool %s (%s)" % (name, uri) if name and name != uri else uri
     try:
-        conn = libvirt.open(uri)
+        conn = libvirt.open(with_tls_identity(uri))
     except libvirt.libvirtError as exc:
         cause = " ".join(describe(exc).split())  # one line: ssh's stderr can span several
         hint = refusal_hint(cause)

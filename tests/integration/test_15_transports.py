@@ -84,11 +84,11 @@ def test_machine_lifecycle(registered, remote, module, image, transport, request
         module("machine", uri=pool.uri, name=name, state="absent")
 
 
-def inventory_hosts(tmp_path, pools):
+def inventory_hosts(tmp_path, pools, **env):
     source = tmp_path / "remote.machinery.yml"
     source.write_text(json.dumps({"plugin": "machinery.compute.machines", "pools": pools, "strict": True}))
     proc = subprocess.run([os.path.join(BIN, "ansible-inventory"), "-i", str(source), "--list"], capture_output=True,
-                          text=True, check=False, timeout=300, env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
+                          text=True, check=False, timeout=300, env=dict(os.environ, ANSIBLE_NOCOLOR="1", **env))
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -122,6 +122,15 @@ def test_batch_attach_and_inventory(registered, remote, module, image, transport
         assert set(names) <= set(listed["_meta"]["hostvars"]), listed["_meta"]["hostvars"].keys()
         where = [json.dumps(listed["_meta"]["hostvars"][name]["machinery"]["pool"]) for name in names]
         assert all(pool.name in text for pool, text in zip(pools, where)), where
+        if transport == "tls":  # as an AWX credential gives them: three files of any name, URIs with no pkipath
+            pki = remote["tls"]["pkipath"]
+            bare = [dict(entry, uri=re.sub(r"[?&]pkipath=[^&]*", "", entry["uri"])) for entry in entries]
+            assert all("pkipath" not in entry["uri"] for entry in bare), bare
+            again = json.loads(inventory_hosts(tmp_path, bare, **{
+                "MACHINERY_TLS_CACERT": os.path.join(pki, "cacert.pem"),
+                "MACHINERY_TLS_CLIENTCERT": os.path.join(pki, "clientcert.pem"),
+                "MACHINERY_TLS_CLIENTKEY": os.path.join(pki, "clientkey.pem")}))
+            assert set(names) <= set(again["_meta"]["hostvars"])
 
         gone = module("machine_batch", pools=entries, machines=absent)
         assert gone["changed"] is True, gone

@@ -1,8 +1,11 @@
 """What a refused remote connection is blamed on: libvirt's words for each transport mapped to a cause."""
 
+import os
+
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils.connection import refusal_hint
+from ansible_collections.machinery.compute.plugins.module_utils.connection import refusal_hint, with_tls_identity
+from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
 
 
 @pytest.mark.parametrize("libvirt_says,words", [
@@ -28,3 +31,22 @@ def test_known_refusals_get_their_cause(libvirt_says, words):
 def test_other_errors_get_no_guess():
     assert refusal_hint("Domain not found: no domain with matching name 'x'") is None
     assert refusal_hint(None) is None
+
+
+def test_a_tls_identity_from_three_files_becomes_a_pkipath(tmp_path):
+    env = {}
+    for variable, name in (("MACHINERY_TLS_CACERT", "ca"), ("MACHINERY_TLS_CLIENTCERT", "cert"),
+                           ("MACHINERY_TLS_CLIENTKEY", "key")):
+        (tmp_path / name).write_text(name)
+        env[variable] = str(tmp_path / name)
+    uri = with_tls_identity("qemu+tls://hv1/system", env)
+    pki = uri.split("?pkipath=", 1)[1]
+    assert sorted(os.listdir(pki)) == ["cacert.pem", "clientcert.pem", "clientkey.pem"]
+    assert open(os.path.join(pki, "clientkey.pem")).read() == "key" and os.stat(pki).st_mode & 0o077 == 0
+    assert with_tls_identity("qemu+tls://hv2/system?no_verify=1", env) == "qemu+tls://hv2/system?no_verify=1&pkipath=" + pki
+    # a URI that names its own directory, another transport, or no identity: unchanged
+    for kept in ("qemu+tls://hv1/system?pkipath=/etc/pki/hv1", "qemu+ssh://root@hv1/system"):
+        assert with_tls_identity(kept, env) == kept
+    assert with_tls_identity("qemu+tls://hv1/system", {}) == "qemu+tls://hv1/system"
+    with pytest.raises(ValidationError, match="MACHINERY_TLS_CLIENTKEY"):
+        with_tls_identity("qemu+tls://hv1/system", dict(env, MACHINERY_TLS_CLIENTKEY=str(tmp_path / "gone")))
