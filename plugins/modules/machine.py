@@ -59,7 +59,7 @@ options:
       - OS image (qcow2 or raw) as a path on the host that runs the module, an V(http://) / V(https://) URL, or
         the name of an image published on the pool with M(machinery.compute.machine_image) (a DNS-1123 label
         with no V(/); a file of that name in the current directory is given as V(./name)).
-      - Required to create a machine, unless it boots from an existing volume (O(volumes[].volume)): with no
+      - Required to create a machine, unless it boots from an existing volume (O(volumes[].volume)); with no
         image, the first existing volume attached is the boot disk. Fixed afterwards.
       - A qcow2 image must stand alone (no backing file) and be unencrypted. A raw image must look like a disk,
         a whole number of 512-byte sectors starting with a partition table (MBR or GPT) or a file system (ext,
