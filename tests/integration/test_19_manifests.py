@@ -16,7 +16,7 @@ from conftest import NS, Pool, lab_file, load_lab, register, run_module
 HERE = os.path.dirname(os.path.abspath(__file__))
 IRONCORE = os.path.join(HERE, "manifests", "ironcore")
 CLASSES = os.path.join(HERE, "manifests", "classes")
-OPENSHIFT = os.path.join(HERE, "manifests", "openshift", "machineset.yml")
+OPENSHIFT = os.path.join(HERE, "manifests", "openshift")
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +30,15 @@ def lab2():
     for src in (IRONCORE, OPENSHIFT):
         run_module("manifest", pools=entries, src=src, state="absent", shutdown_timeout=2)
     return pools, entries, data["image"]
+
+
+def documents_of(directory):
+    """The documents of a directory of manifests, in file name order (as the module reads them)."""
+    found = []
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name)) as handle:
+            found.extend(doc for doc in yaml.safe_load_all(handle) if doc)
+    return found
 
 
 def registry_keys(pool):
@@ -99,8 +108,7 @@ def test_ironcore_machine_with_class_volume_nic_and_ignition(lab2):
     again = run_module("manifest", pools=entries, src=IRONCORE)
     assert again["changed"] is False and again["actions"] == [], again
 
-    with open(os.path.join(IRONCORE, "machine.yml")) as handle:
-        documents = list(yaml.safe_load_all(handle))
+    documents = documents_of(IRONCORE)
     edited = copy.deepcopy(documents)
     edited[-1]["metadata"]["labels"]["tier"] = "web"
     changed = run_module("manifest", pools=entries, definition=edited)
@@ -137,8 +145,7 @@ def test_openshift_machineset_with_health_check_export_and_prune(lab2):
     again = run_module("manifest", pools=entries, src=OPENSHIFT)
     assert again["changed"] is False, again
 
-    with open(OPENSHIFT) as handle:
-        documents = list(yaml.safe_load_all(handle))
+    documents = documents_of(OPENSHIFT)
     documents[0]["spec"]["replicas"] = 1
     scaled = run_module("manifest", pools=entries, definition=documents, shutdown_timeout=2)
     assert any(a.startswith("MachineSet/workers: delete workers-") for a in scaled["actions"]), scaled
