@@ -404,9 +404,9 @@ class MachineResource:
                     raise ValidationError("%s is smaller than the image (%s)"
                                           % (format_quantity(root_size), format_quantity(image_size)), "root_size")
                 spec["root_size"] = root_size
+                root = {"name": "root", "device": "vda", "boot": True}
                 disks.append(self._new_volume(pool, created, "%s-root.qcow2" % name, root_size,
-                                              (image_vol.path(), fmt), {"name": "root", "device": "vda",
-                                                                         "boot": True}))
+                                              (image_vol.path(), fmt), root))
             for vol in spec["volumes"]:
                 disks.append(self._volume_disk(pool, created, vol))
             files = {"console": "%s-console.log" % name}

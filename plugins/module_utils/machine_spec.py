@@ -391,7 +391,7 @@ def normalize(params, ctx, existing_record=None, current=None, leftovers=()):
         # no image: the machine boots from the first existing volume attached (as KupenStack's machines do)
         if not any(isinstance(item, dict) and item.get("volume") for item in params.get("volumes") or []):
             raise ValidationError("is required to create a machine, unless it boots from an existing volume "
-                                  "(volumes: [{name, volume}])", "image")
+                                  "(a volumes entry with volume set)", "image")
         if params.get("root_size"):
             raise ValidationError("a machine without an image has no root disk to size", "root_size")
         spec.update(image=None, root_size=None)

@@ -25,6 +25,7 @@ attributes:
     description: Reads only.
   diff_mode:
     support: none
+    description: Reads only; there is nothing to show before and after.
 options:
   dialect:
     description: The dialect of the documents.

@@ -16,7 +16,7 @@ from conftest import NS, Pool, lab_file, load_lab, register, run_module
 HERE = os.path.dirname(os.path.abspath(__file__))
 IRONCORE = os.path.join(HERE, "manifests", "ironcore")
 CLASSES = os.path.join(HERE, "manifests", "classes")
-OPENSHIFT = os.path.join(HERE, "manifests", "openshift", "machineset.yml")
+OPENSHIFT = os.path.join(HERE, "manifests", "openshift")
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +30,15 @@ def lab2():
     for src in (IRONCORE, OPENSHIFT):
         run_module("manifest", pools=entries, src=src, state="absent", shutdown_timeout=2)
     return pools, entries, data["image"]
+
+
+def documents_of(directory):
+    """The documents of a directory of manifests, in file name order (as the module reads them)."""
+    found = []
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name)) as handle:
+            found.extend(doc for doc in yaml.safe_load_all(handle) if doc)
+    return found
 
 
 def registry_keys(pool):
@@ -99,8 +108,7 @@ def test_ironcore_machine_with_class_volume_nic_and_ignition(lab2):
     again = run_module("manifest", pools=entries, src=IRONCORE)
     assert again["changed"] is False and again["actions"] == [], again
 
-    with open(os.path.join(IRONCORE, "machine.yml")) as handle:
-        documents = list(yaml.safe_load_all(handle))
+    documents = documents_of(IRONCORE)
     edited = copy.deepcopy(documents)
     edited[-1]["metadata"]["labels"]["tier"] = "web"
     changed = run_module("manifest", pools=entries, definition=edited)
@@ -129,16 +137,15 @@ def test_openshift_machineset_with_health_check_export_and_prune(lab2):
     assert len(members) == 2
     shown = {o["kind"]: o["status"] for o in made["objects"]}
     assert shown["MachineSet"]["readyReplicas"] == 2
-    assert shown["MachineHealthCheck"] == {"expectedMachines": 2, "currentHealthy": 2,
-                                             "remediationsAllowed": 0}  # 40% of 2, rounded down
+    # remediationsAllowed: 40% of 2, rounded down
+    assert shown["MachineHealthCheck"] == {"expectedMachines": 2, "currentHealthy": 2, "remediationsAllowed": 0}
     assert made["tables"]["MachineSet"][1].split()[:5] == ["workers", "2", "2", "2", "2"]
-    assert made["tables"]["MachineHealthCheck"][0].split() == ["NAME", "MAXUNHEALTHY", "EXPECTEDMACHINES",
-                                                                "CURRENTHEALTHY"]
+    header = made["tables"]["MachineHealthCheck"][0].split()
+    assert header == ["NAME", "MAXUNHEALTHY", "EXPECTEDMACHINES", "CURRENTHEALTHY"]
     again = run_module("manifest", pools=entries, src=OPENSHIFT)
     assert again["changed"] is False, again
 
-    with open(OPENSHIFT) as handle:
-        documents = list(yaml.safe_load_all(handle))
+    documents = documents_of(OPENSHIFT)
     documents[0]["spec"]["replicas"] = 1
     scaled = run_module("manifest", pools=entries, definition=documents, shutdown_timeout=2)
     assert any(a.startswith("MachineSet/workers: delete workers-") for a in scaled["actions"]), scaled
@@ -171,6 +178,13 @@ def test_invalid_documents_all_reported_nothing_written(lab2):
         {"apiVersion": "machine.openshift.io/v1beta1", "kind": "Machine", "metadata": {"name": "bad-2"},
          "spec": {"providerSpec": {"value": {"kind": "AWSMachineProviderConfig"}}}},
         {"apiVersion": "example.com/v1", "kind": "Machine", "metadata": {"name": "bad-3"}},
+        {"apiVersion": "vitistack.io/v1alpha1", "kind": "Machine", "metadata": {"name": "bad-4"},
+         "spec": {"name": "bad-4", "instanceType": "small", "os": {"family": "linux", "distribution": "busybox",
+                                                                   "version": "1", "imageID": "my-image"},
+                  "providerConfig": {"name": "aws", "region": "west"}, "cpu": {"cores": 300},
+                  "disks": [{"name": "data", "sizeGB": 1, "iops": 50}]}},
+        {"apiVersion": "kupenstack.io/v1alpha1", "kind": "VirtualMachine", "metadata": {"name": "bad-5"},
+         "spec": {"vcpu": 1, "memory": "128Mi", "diskAttachments": [{"name": "no-such-volume"}]}},
         {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "MachineClass", "metadata": {"name": "good-class"},
          "capabilities": {"cpu": 1, "memory": "128Mi"}},
     ]
@@ -183,6 +197,12 @@ def test_invalid_documents_all_reported_nothing_written(lab2):
     assert any(p.startswith("Machine/bad-1: spec.machineClassRef.name: MachineClass 'nope'") for p in problems)
     assert any(p.startswith("Machine/bad-2: spec.providerSpec.value.kind:") for p in problems)
     assert any(p.startswith("Machine/bad-3: apiVersion: unknown apiVersion") for p in problems)
+    assert "Machine/bad-4: spec.providerConfig.name: provider 'aws' is not served by machinery.compute: only " \
+           "libvirt is" in problems
+    assert "Machine/bad-4: spec.cpu.cores: must be between 1 and 256" in problems
+    assert "Machine/bad-4: spec.disks[0].iops: must be between 100 and 64000" in problems
+    assert any(p.startswith("VirtualMachine/bad-5: spec.diskAttachments[0].name: Volume 'no-such-volume'")
+               for p in problems)
     assert (machines(pools), registry_keys(pools[0]), pools[0].volumes()) == before
 
 

@@ -170,9 +170,8 @@ def _class_path(obj):
 
 
 def _pool_path(obj):
-    return getattr(obj.dialect, "POOL_PATH", {ironcore: "spec.machinePoolRef.name"}.get(obj.dialect,
-                                                                                           "spec.providerSpec.value"
-                                                                                           ".machinePool"))
+    default = "spec.machinePoolRef.name" if obj.dialect is ironcore else "spec.providerSpec.value.machinePool"
+    return getattr(obj.dialect, "POOL_PATH", default)
 
 
 def check_documents(documents, pools, load_problems=()):

@@ -148,8 +148,8 @@ def _machine(obj, fields):
             if spec_of.get("image"):
                 entry["image"] = fields.string(spec_of["image"], where + ".ephemeral.volumeTemplate.spec.image")
             else:
-                entry["size"] = kube_quantity(fields, storage, where + ".ephemeral.volumeTemplate.spec.resources"
-                                                               ".storage")
+                entry["size"] = kube_quantity(fields, storage,
+                                              where + ".ephemeral.volumeTemplate.spec.resources.storage")
             entry["ephemeral"] = True
         params["volumes"].append(entry)
     if "networkInterfaces" in spec:

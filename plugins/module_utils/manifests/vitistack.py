@@ -264,8 +264,8 @@ def link(obj, objects, fields, pools=None):
         fields.error("spec.os", "no image published on the pools is %s; publish one with machine_image (os: ...)"
                      % " ".join(wanted[key] for key in keys))
     elif len(found) > 1:
-        fields.error("spec.os", "%d published images match (%s); name one with imageID" % (len(found),
-                                                                                        ", ".join(found)))
+        fields.error("spec.os", "%d published images match (%s); name one with imageID"
+                     % (len(found), ", ".join(found)))
     else:
         obj.params["image"] = found[0]
 

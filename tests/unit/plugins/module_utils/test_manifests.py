@@ -63,8 +63,9 @@ IC_MACHINE = {"apiVersion": IC, "kind": "Machine", "metadata": {"name": "machine
 OS_SET = {"apiVersion": OS, "kind": "MachineSet", "metadata": {"name": "workers"},
           "spec": {"replicas": 2, "selector": {"matchLabels": {"set": "workers"}},
                    "template": {"metadata": {"labels": {"set": "workers"}},
-                                "spec": {"providerSpec": {"value": {"kind": "LibvirtMachineProviderSpec",
-                                                                   "machineClass": "small", "image": "my-image"}}}}}}
+                                "spec": {"providerSpec": {"value": {
+                                    "kind": "LibvirtMachineProviderSpec", "machineClass": "small",
+                                    "image": "my-image"}}}}}}
 OS_MHC = {"apiVersion": OS, "kind": "MachineHealthCheck", "metadata": {"name": "workers"},
           "spec": {"selector": {"matchLabels": {"set": "workers"}},
                    "unhealthyConditions": [{"type": "Ready", "status": "False", "timeout": "300s"}],
@@ -90,8 +91,8 @@ def test_ironcore_sample_translates_to_machine_options():
     assert machine["ignition"] == {"ignition": {"version": "3.4.0"}}
     assert machine["machine_pool"] == "pool1"  # where its volume is made
     assert objects["Volume/my-volume"].data == {"name": "my-volume", "size": 10 * 2 ** 30, "pool": "pool1"}
-    assert objects["MachineClass/machineclass-sample"].data == {"name": "machineclass-sample", "cpu": 4,
-                                                                 "memory": 16 * 2 ** 30}
+    published = {"name": "machineclass-sample", "cpu": 4, "memory": 16 * 2 ** 30}
+    assert objects["MachineClass/machineclass-sample"].data == published
     assert warnings == []
 
 
@@ -160,6 +161,8 @@ def _set(doc, path, value):
 
 
 DELETE = object()
+POOL9_MACHINE = _set(_set(_set(_set(IC_MACHINE, "spec.volumes", []), "spec.networkInterfaces", []), "spec.ignitionRef",
+                          DELETE), "spec.machinePoolRef", {"name": "pool9"})
 
 # (id, documents, the problem expected: its start)
 CORPUS = [
@@ -206,18 +209,16 @@ CORPUS = [
      "Machine/machine-sample: spec.volumes[1]: give exactly one of volumeRef, emptyDisk or ephemeral"),
     ("ic-volume-duplicate", [_set(IC_MACHINE, "spec.volumes.1.name", "rootdisk")],
      "Machine/machine-sample: spec.volumes[1].name: duplicate name"),
-    ("ic-volume-not-list", [_set(IC_MACHINE, "spec.volumes", "rootdisk")], "Machine/machine-sample: spec.volumes: "
-                                                                          "must be a list"),
+    ("ic-volume-not-list", [_set(IC_MACHINE, "spec.volumes", "rootdisk")],
+     "Machine/machine-sample: spec.volumes: must be a list"),
     ("ic-volume-size", [_set(IC_VOLUME, "spec.resources.storage", "-1Gi")], "Volume/my-volume: spec.resources.storage"),
-    ("ic-volume-no-resources", [_set(IC_VOLUME, "spec.resources", DELETE)], "Volume/my-volume: spec.resources: "
-                                                                            "required value"),
-    ("ic-nic-no-network", [_set(IC_NIC, "spec.networkRef", DELETE)], "NetworkInterface/networkinterface-sample: "
-                                                                    "spec.networkRef: required value"),
+    ("ic-volume-no-resources", [_set(IC_VOLUME, "spec.resources", DELETE)],
+     "Volume/my-volume: spec.resources: required value"),
+    ("ic-nic-no-network", [_set(IC_NIC, "spec.networkRef", DELETE)],
+     "NetworkInterface/networkinterface-sample: spec.networkRef: required value"),
     ("ic-pool-unknown", [{"apiVersion": IC, "kind": "MachinePool", "metadata": {"name": "pool9"}}],
      "MachinePool/pool9: metadata.name: no pool named 'pool9'"),
-    ("ic-pool-ref-unknown", [IC_CLASS, _set(_set(_set(_set(IC_MACHINE, "spec.volumes", []), "spec.networkInterfaces",
-                                                       []), "spec.ignitionRef", DELETE), "spec.machinePoolRef",
-                                             {"name": "pool9"})],
+    ("ic-pool-ref-unknown", [IC_CLASS, POOL9_MACHINE],
      "Machine/machine-sample: spec.machinePoolRef.name: no pool named 'pool9'"),
     # OpenShift
     ("os-provider-kind", [_set(OS_SET, "spec.template.spec.providerSpec.value.kind", "AWSMachineProviderConfig")],
@@ -232,8 +233,8 @@ CORPUS = [
      "MachineSet/workers: spec.template.spec.providerSpec.value.machineClass: give machineClass, or both cpu"),
     ("os-dangling-class", [_set(OS_SET, "spec.template.spec.providerSpec.value.machineClass", "huge")],
      "MachineSet/workers: spec.template.spec.providerSpec.value.machineClass: MachineClass 'huge' is neither"),
-    ("os-delete-policy", [_set(OS_SET, "spec.deletePolicy", "Youngest")], "MachineSet/workers: spec.deletePolicy: "
-                                                                         "unsupported value"),
+    ("os-delete-policy", [_set(OS_SET, "spec.deletePolicy", "Youngest")],
+     "MachineSet/workers: spec.deletePolicy: unsupported value"),
     ("os-mhc-condition", [_set(OS_MHC, "spec.unhealthyConditions.0.type", "DiskPressure")],
      "MachineHealthCheck/workers: spec.unhealthyConditions[0].type: unsupported value"),
     ("os-mhc-timeout", [_set(OS_MHC, "spec.unhealthyConditions.0.timeout", "soon")],
