@@ -10,6 +10,7 @@ import datetime
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import elements
+from ansible_collections.machinery.compute.plugins.module_utils import guest as agent
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
 from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
@@ -123,10 +124,29 @@ def _volume_states(spec, tree, shown, view):
     return volumes
 
 
-def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None):
+# The conditions that make a machine available (machine sets count those); BootstrapReady only reports.
+AVAILABILITY_CONDITIONS = ("Ready", "VolumesReady", "NetworkInterfacesReady")
+
+
+def _bootstrap_condition(active, connected, facts):
+    """vitistack's BootstrapReady: the guest's agent answered, so the OS inside is up."""
+    if facts is not None:
+        return _condition("BootstrapReady", True, "GuestAgentAnswered")
+    if not active:
+        return _condition("BootstrapReady", False, "NotRunning")
+    if connected:
+        return _condition("BootstrapReady", False, "GuestAgentSilent",
+                          "the guest agent's channel is open but the agent did not answer")
+    return dict(_condition("BootstrapReady", False, "NoGuestAgent", "no guest agent has connected"),
+                status="Unknown")
+
+
+def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None, guest=True):
     """The public ``machine`` return for a domain (the same shape for the module, info and inventory).
 
-    ``tree`` (the persistent XML) and ``state`` ((state, reason)) may be passed when already read."""
+    ``tree`` (the persistent XML) and ``state`` ((state, reason)) may be passed when already read. With
+    ``guest``, a running machine whose agent channel is connected is asked for its facts (``guest``); a
+    machine without one costs nothing more."""
     tree = tree if tree is not None else dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
     record = dx.read_record(tree) or {}
     spec = record.get("spec", {})
@@ -137,6 +157,12 @@ def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None):
     # a device counts as attached once the guest has it: the live XML of a running machine, else the persistent
     shown = dx.parse(dom.XMLDesc(0)) if active else tree
     nics = _nic_states(spec, shown, view, active)
+    connected = active and agent.agent_connected(shown)
+    facts = agent.guest_facts(dom) if (guest and connected) else None
+    addresses = [address for nic in nics for address in nic["ip_addresses"]]
+    if not addresses and facts and facts.get("interfaces"):
+        # a NIC on a bridge (no libvirt DHCP) or with a static address: the guest's own word
+        addresses = agent.routable_addresses(facts["interfaces"])
     volumes = _volume_states(spec, tree, shown, view)
     missing = [vol["name"] for vol in volumes if vol["state"] == "Missing"]
     volumes_ready = all(vol["state"] == "Attached" for vol in volumes)
@@ -153,7 +179,7 @@ def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None):
         "memory": format_quantity(memory) if memory else None,
         "image": (spec.get("image") or {}).get("source"),
         "labels": spec.get("labels") or {},
-        "ip_addresses": [address for nic in nics for address in nic["ip_addresses"]],
+        "ip_addresses": addresses,
         "network_interfaces": nics,
         "volumes": volumes,
         "conditions": [
@@ -162,7 +188,9 @@ def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None):
                        "Attached" if volumes_ready else "Pending",
                        "volume(s) gone from the pool's storage: %s" % ", ".join(missing) if missing else ""),
             _condition("NetworkInterfacesReady", nics_ready, "Attached" if nics_ready else "Pending"),
+            _bootstrap_condition(active, connected, facts),
         ],
+        "guest": facts,
         "restart_count": max(0, int(record.get("boots") or 0) - 1),
         "created": record.get("created"),
         "age": _age(record.get("created"), moment or now()),
@@ -200,7 +228,7 @@ def table(machines):
     return ["   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
-def list_machines(ctx, include_unmanaged=False):
+def list_machines(ctx, include_unmanaged=False, guest=True):
     """Status of every machine of the pool (domains the collection created, unless include_unmanaged)."""
     view = PoolView(ctx)
     moment = now()
@@ -211,6 +239,7 @@ def list_machines(ctx, include_unmanaged=False):
         if dx.read_record(tree) is None and not include_unmanaged:
             continue
         state = (stats.get("state.state"), stats.get("state.reason"))
-        result.append(machine_status(dom, ctx, view, tree, moment, state if state[0] is not None else None))
+        result.append(machine_status(dom, ctx, view, tree, moment, state if state[0] is not None else None,
+                                     guest=guest))
     result.sort(key=lambda machine: machine["name"])
     return result
