@@ -334,7 +334,8 @@ def read_fleet(fleet):
     snapshots = fleet.snapshots()
     contexts = [fleet.contexts[snapshot["uri"]] for snapshot in snapshots if snapshot["uri"] in fleet.contexts
                 and snapshot.get("state") != "Offline"]
-    listings = in_parallel(contexts, list_machines, len(contexts) or 1)
+    # the sets count machines by their conditions, not by what their guest agents say: not asked
+    listings = in_parallel(contexts, lambda ctx: list_machines(ctx, guest=False), len(contexts) or 1)
     machines = []
     for ctx, listing in zip(contexts, listings):
         for machine in listing:

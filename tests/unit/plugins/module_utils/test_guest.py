@@ -125,12 +125,14 @@ def test_boot_time_from_proc_stat(fake):
     assert guest._boot_time(guest.Agent(object())) is None
 
 
-@pytest.mark.parametrize("active, connected, facts, status, reason", [
-    (True, True, {"hostname": "a"}, "True", "GuestAgentAnswered"),
-    (False, False, None, "False", "NotRunning"),
-    (True, True, None, "False", "GuestAgentSilent"),
-    (True, False, None, "Unknown", "NoGuestAgent"),
+@pytest.mark.parametrize("active, connected, facts, asked, status, reason", [
+    (True, True, {"hostname": "a"}, True, "True", "GuestAgentAnswered"),
+    (False, False, None, True, "False", "NotRunning"),
+    (True, True, None, True, "False", "GuestAgentSilent"),
+    (True, True, None, False, "True", "GuestAgentConnected"),
+    (True, False, None, True, "Unknown", "NoGuestAgent"),
+    (True, False, None, False, "Unknown", "NoGuestAgent"),
 ])
-def test_bootstrap_ready(active, connected, facts, status, reason):
-    condition = machine_status._bootstrap_condition(active, connected, facts)
+def test_bootstrap_ready(active, connected, facts, asked, status, reason):
+    condition = machine_status._bootstrap_condition(active, connected, facts, asked)
     assert (condition["type"], condition["status"], condition["reason"]) == ("BootstrapReady", status, reason)
