@@ -9,7 +9,8 @@
 # the recipe that built it; a second run with an unchanged recipe returns at
 # once. The absolute path of the image is the last line on stdout.
 #
-# Runs as root on Debian 12 and needs apt, mtools, syslinux and qemu-utils.
+# Runs as root on Debian 12 and needs apt, binutils (readelf), mtools, syslinux
+# and qemu-utils.
 # Nothing is installed, mounted or attached to a loop device.
 set -euo pipefail
 
@@ -19,8 +20,13 @@ IMAGE_NAME=machinery-test
 # virtio-scsi cdrom, which both flavours read; machines created before that
 # keep a SATA cdrom, which only the generic flavour reads.
 KERNEL_METAPACKAGE=linux-image-amd64
-# Lower bound for the FAT volume; the kernel and initramfs need about 11 MiB.
+# Lower bound for the FAT volume; the kernel and initramfs need about 14 MiB.
 MIN_DISK_MIB=24
+# The QEMU guest agent, a dynamically linked program: its package and every
+# package it depends on are unpacked, and only the shared libraries the
+# program loads (read from the ELF headers) go into the initramfs.
+AGENT_PACKAGE=qemu-guest-agent
+AGENT_BINARY=usr/sbin/qemu-ga
 
 RECIPE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 
@@ -81,6 +87,7 @@ fetch_packages() {
             download "$kernel_package" busybox-static
         fi
     )
+    fetch_agent
     dpkg -x "$WORK"/debs/linux-image-*.deb "$WORK/kernel"
     dpkg -x "$WORK"/debs/busybox-static_*.deb "$WORK/busybox"
     BUSYBOX="$WORK/busybox/bin/busybox"
@@ -89,6 +96,65 @@ fetch_packages() {
     [ -f "$VMLINUZ" ] || die "$kernel_package has no /boot/vmlinuz-*"
     KVER=${VMLINUZ##*/vmlinuz-}
     [ -d "$WORK/kernel/lib/modules/$KVER" ] || die "$kernel_package has no modules for $KVER"
+}
+
+# The agent's package and its dependencies, recursively (real packages only:
+# virtual ones are printed as <name>), unpacked together into $WORK/agent.
+fetch_agent() {
+    local packages deb
+    packages=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
+        --no-replaces --no-enhances --no-pre-depends "$AGENT_PACKAGE" 2>/dev/null |
+        awk '/^[a-z0-9]/ { print $1 }' | LC_ALL=C sort -u)
+    [ -n "$packages" ] || die "apt-cache cannot resolve $AGENT_PACKAGE"
+    log "agent packages: $(tr '\n' ' ' <<<"$packages")"
+    mkdir -p "$WORK/agent-debs" "$WORK/agent"
+    # shellcheck disable=SC2086 # one package name per word
+    (cd "$WORK/agent-debs" && download $packages)
+    for deb in "$WORK"/agent-debs/*.deb; do
+        dpkg -x "$deb" "$WORK/agent"
+    done
+    [ -x "$WORK/agent/$AGENT_BINARY" ] || die "$AGENT_PACKAGE has no $AGENT_BINARY"
+}
+
+# Where the unpacked packages hold a shared library (by its soname).
+find_library() {
+    local dir
+    for dir in lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu lib64 lib usr/lib; do
+        if [ -e "$WORK/agent/$dir/$1" ]; then
+            echo "$WORK/agent/$dir/$1"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# Copies the agent and, transitively, the libraries it needs (DT_NEEDED) and
+# the dynamic loader into the initramfs; the loader finds them in its default
+# directory /lib/x86_64-linux-gnu, so no ld.so.cache is needed.
+install_agent() {
+    local root="$WORK/initramfs" libdir="$WORK/initramfs/lib/x86_64-linux-gnu" file name found interp
+    local -a queue
+    declare -A seen
+    mkdir -p "$libdir" "$root/lib64" "$root/usr/sbin"
+    cp "$WORK/agent/$AGENT_BINARY" "$root/$AGENT_BINARY"
+    interp=$(readelf -l "$root/$AGENT_BINARY" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
+    [ -n "$interp" ] || die "$AGENT_BINARY names no program interpreter"
+    queue=("$root/$AGENT_BINARY")
+    while [ ${#queue[@]} -gt 0 ]; do
+        file=${queue[0]}
+        queue=("${queue[@]:1}")
+        for name in $(readelf -d "$file" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+            [ -n "${seen[$name]:-}" ] && continue
+            seen[$name]=1
+            found=$(find_library "$name") || die "library $name (needed by ${file##*/}) is in no unpacked package"
+            cp -L "$found" "$libdir/$name"
+            queue+=("$libdir/$name")
+        done
+    done
+    found=$(find_library "${interp##*/}") || die "the loader $interp is in no unpacked package"
+    cp -L "$found" "$libdir/${interp##*/}"
+    [ "$interp" = "/lib/x86_64-linux-gnu/${interp##*/}" ] || ln -sf "/lib/x86_64-linux-gnu/${interp##*/}" "$root$interp"
+    log "agent: ${AGENT_BINARY##*/} with ${#seen[@]} libraries ($(du -sh "$libdir" | cut -f 1))"
 }
 
 # Module names treat '-' and '_' alike; compare them in one spelling.
@@ -160,10 +226,13 @@ build_initramfs() {
     done < <("$BUSYBOX" --list-full)
 
     collect_modules
+    install_agent
     cp "$WORK/modules.load" "$root/etc/machinery/modules"
 
     cp -R "$RECIPE_DIR/rootfs/." "$root/"
     chmod 0755 "$root/init" "$root/etc/udhcpc/default.script" "$root/etc/acpi/PWRF/00000080"
+    # The agent runs in the initramfs as it would on the guest's root: check that it loads there.
+    chroot "$root" /usr/sbin/qemu-ga --version >/dev/null || die "qemu-ga does not start in the initramfs"
     # The kernel opens /dev/console before /init runs; where mknod is not
     # allowed the kernel's built-in initramfs still provides one.
     mknod -m 0600 "$root/dev/console" c 5 1 2>/dev/null || true
@@ -210,8 +279,8 @@ if is_cached; then
 fi
 
 [ "$(id -u)" -eq 0 ] || die "must run as root"
-for tool in apt-get apt-cache dpkg mformat mcopy syslinux qemu-img gzip flock; do
-    command -v "$tool" >/dev/null || die "$tool not found (apt-get install mtools syslinux syslinux-common qemu-utils)"
+for tool in apt-get apt-cache dpkg readelf chroot mformat mcopy syslinux qemu-img gzip flock; do
+    command -v "$tool" >/dev/null || die "$tool not found (apt-get install mtools syslinux syslinux-common qemu-utils binutils)"
 done
 
 WORK=$(mktemp -d "$OUTPUT_DIR/.$IMAGE_NAME.build.XXXXXX")

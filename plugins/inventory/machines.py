@@ -14,7 +14,9 @@ description:
     machine created by machinery.compute a host.
   - The source file's name must end with C(machinery.yml) or C(machinery.yaml).
   - Each host gets C(ansible_host) (its first address, when it has one) and the hostvar C(machinery), the same
-    shape as the C(machine) return of M(machinery.compute.machine). Hosts are put in the groups
+    shape as the C(machine) return of M(machinery.compute.machine).
+  - Each host also gets C(machinery_uri) (its pool's libvirt URI) and C(machinery_domain) (its domain's name), so
+    C(ansible_connection=machinery.compute.guest_agent) reaches it through its guest agent with no other setting. Hosts are put in the groups
     C(machinery_pool_<pool>), C(machinery_class_<class>) and C(machinery_phase_<phase>).
   - A pool that cannot be read is a warning naming the pool and the cause, and the rest of the inventory is still
     produced; with O(strict=true) it fails instead.
@@ -58,6 +60,15 @@ options:
     elements: str
     choices: [lease, agent, arp]
     default: [lease, agent, arp]
+  guest_facts:
+    description:
+      - Ask the QEMU guest agent of every running machine whose agent is connected for its facts (hostname, OS,
+        kernel, boot time, addresses), returned in C(machinery.guest). A machine without a connected agent costs
+        nothing more; one with an agent costs a few agent round trips.
+      - With V(false) the hostvar's C(guest) is V(null) and the C(agent) address source asks the agent for the
+        addresses alone.
+    type: bool
+    default: true
   include_unmanaged:
     description: Also make hosts of domains this collection did not create.
     type: bool
@@ -146,30 +157,46 @@ def unread_pool(entry, cause):
             "status": None, "address_problems": {}}
 
 
-def read_pool(ctx, entry, include_unmanaged, include_pools, sources):
+def read_pool(ctx, entry, include_unmanaged, include_pools, sources, guest_facts=True):
     """One connected pool's machines (and status) as a JSON-serializable dict."""
     # imported here, so a run served from the cache never loads libvirt, lxml or the image tooling
     from ansible_collections.machinery.compute.plugins.module_utils import capacity
     from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+    from ansible_collections.machinery.compute.plugins.module_utils import guest
     from ansible_collections.machinery.compute.plugins.module_utils.machine_status import list_machines
 
     result = unread_pool(entry, None)
     if ctx.name:
         result["name"] = ctx.name
-    machines = list_machines(ctx, include_unmanaged)
-    others = [source for source in sources if source != "lease"]
+    machines = list_machines(ctx, include_unmanaged, guest=guest_facts)
     for machine in machines:
         if machine["pool"] is None:
             machine["pool"] = result["name"]
-        if "lease" not in sources:
-            machine["ip_addresses"] = []
-        if not machine["ip_addresses"] and others and machine["phase"] == "Running":
-            machine["ip_addresses"] = fallback_addresses(lv, ctx.conn, machine["name"], others,
-                                                         result["address_problems"])
+        machine["ip_addresses"] = addresses_of(machine, sources, lambda source, machine=machine: fallback_addresses(
+            lv, ctx.conn, machine["name"], [source], result["address_problems"]), guest.routable_addresses,
+            guest_facts)
     result["machines"] = machines
     if include_pools and ctx.registration:
         result["status"] = capacity.pool_status(ctx)
     return result
+
+
+def addresses_of(machine, sources, ask, routable, facts_read):
+    """A machine's addresses from the first of ``sources`` that knows one: the DHCP leases of its NICs, the guest
+    agent's facts already in its status (asked again through ``ask`` only when the status was read without
+    them), or ``ask(source)`` for the other sources of a running machine."""
+    running = machine["phase"] == "Running"
+    for source in sources:
+        if source == "lease":
+            found = [address for nic in machine.get("network_interfaces") or [] for address in nic["ip_addresses"]]
+        elif source == "agent" and facts_read:
+            # None: the agent's channel is closed or the agent did not answer; asking again would only cost time
+            found = routable((machine.get("guest") or {}).get("interfaces") or [])
+        else:
+            found = ask(source) if running else []
+        if found:
+            return found
+    return []
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
@@ -223,7 +250,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         except MachineryError as exc:
             raise AnsibleParserError("machinery.compute.machines: %s" % to_native(exc)) from None
         options = (self.get_option("include_unmanaged"), self.get_option("include_pools"),
-                   self.get_option("address_source"))
+                   self.get_option("address_source"), self.get_option("guest_facts"))
         workers = self.get_option("workers")
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise AnsibleParserError("machinery.compute.machines: workers: must be a whole number of at least 1, "
@@ -272,6 +299,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
                             made.add(group)
                         inventory.add_child(group, host)
                 inventory.set_variable(host, "machinery", self.unsafe(machine))
+                # what the guest_agent connection plugin needs to reach the machine with no network path
+                inventory.set_variable(host, "machinery_uri", self.unsafe(machine.get("uri") or pool["uri"]))
+                inventory.set_variable(host, "machinery_domain", self.unsafe(machine["name"]))
                 if machine.get("ip_addresses"):
                     inventory.set_variable(host, "ansible_host", self.unsafe(machine["ip_addresses"][0]))
                 if constructed:

@@ -32,7 +32,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.convergence impo
 from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleet import in_parallel
 from ansible_collections.machinery.compute.plugins.module_utils.machine import MachineService
-from ansible_collections.machinery.compute.plugins.module_utils.machine_status import list_machines, table
+from ansible_collections.machinery.compute.plugins.module_utils.machine_status import AVAILABILITY_CONDITIONS, list_machines, table
 
 OWNER_LABEL = "machinery.compute/machine-set"
 HASH_LABEL = "machinery.compute/template-hash"
@@ -317,10 +317,12 @@ def member_spec(desired, name, wait, wait_timeout):
 
 
 def counts(desired, members):
-    """replicas, ready_replicas (Running) and available_replicas (Running with every condition True)."""
+    """replicas, ready_replicas (Running) and available_replicas (Running with every availability condition
+    True: Ready, VolumesReady, NetworkInterfacesReady)."""
     ready = [member for member in members if member.get("phase") == "Running"]
     available = [member for member in ready
-                 if all(condition["status"] == "True" for condition in member.get("conditions") or [])]
+                 if all(condition["status"] == "True" for condition in member.get("conditions") or []
+                        if condition["type"] in AVAILABILITY_CONDITIONS)]
     return {"replicas": len(members), "desired_replicas": desired.get("replicas", 0),
             "ready_replicas": len(ready), "available_replicas": len(available)}
 
@@ -332,7 +334,8 @@ def read_fleet(fleet):
     snapshots = fleet.snapshots()
     contexts = [fleet.contexts[snapshot["uri"]] for snapshot in snapshots if snapshot["uri"] in fleet.contexts
                 and snapshot.get("state") != "Offline"]
-    listings = in_parallel(contexts, list_machines, len(contexts) or 1)
+    # the sets count machines by their conditions, not by what their guest agents say: not asked
+    listings = in_parallel(contexts, lambda ctx: list_machines(ctx, guest=False), len(contexts) or 1)
     machines = []
     for ctx, listing in zip(contexts, listings):
         for machine in listing:

@@ -6,11 +6,13 @@
 from __future__ import annotations
 
 import datetime
+from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.machinery.compute.plugins.module_utils import capabilities
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import elements
+from ansible_collections.machinery.compute.plugins.module_utils import guest as agent
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
 from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
@@ -128,10 +130,29 @@ def _volume_states(spec, tree, shown, view):
     return volumes
 
 
-def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None):
-    """The public ``machine`` return for a domain (the same shape for the module, info and inventory).
+# The conditions that make a machine available (machine sets count those); BootstrapReady only reports.
+AVAILABILITY_CONDITIONS = ("Ready", "VolumesReady", "NetworkInterfacesReady")
+# Machines whose agents a listing asks at the same time (each answer is a few round trips into a guest).
+GUEST_WORKERS = 8
 
-    ``tree`` (the persistent XML) and ``state`` ((state, reason)) may be passed when already read."""
+
+def _bootstrap_condition(active, connected, facts, asked):
+    """vitistack's BootstrapReady: the guest runs an agent (it opened the agent's channel, or answered)."""
+    if facts is not None:
+        return _condition("BootstrapReady", True, "GuestAgentAnswered")
+    if not active:
+        return _condition("BootstrapReady", False, "NotRunning")
+    if connected and not asked:
+        return _condition("BootstrapReady", True, "GuestAgentConnected")
+    if connected:
+        return _condition("BootstrapReady", False, "GuestAgentSilent",
+                          "the guest agent's channel is open but the agent did not answer")
+    return dict(_condition("BootstrapReady", False, "NoGuestAgent", "no guest agent has connected"),
+                status="Unknown")
+
+
+def _base_status(dom, ctx, view, tree, moment, state):
+    """The status without the guest's facts, and whether the machine runs and its agent's channel is connected."""
     tree = tree if tree is not None else dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
     record = dx.read_record(tree) or {}
     spec = record.get("spec", {})
@@ -147,7 +168,7 @@ def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None):
     volumes_ready = all(vol["state"] == "Attached" for vol in volumes)
     nics_ready = all(nic["state"] == "Attached" for nic in nics)
     memory = dx.read_memory(tree)
-    return {
+    status = {
         "name": dom.name(),
         "uuid": dom.UUIDString(),
         "pool": ctx.name,
@@ -170,12 +191,35 @@ def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None):
                        "volume(s) gone from the pool's storage: %s" % ", ".join(missing) if missing else ""),
             _condition("NetworkInterfacesReady", nics_ready, "Attached" if nics_ready else "Pending"),
         ],
+        "guest": None,
         "restart_count": max(0, int(record.get("boots") or 0) - 1),
         "created": record.get("created"),
         "age": _age(record.get("created"), moment or now()),
         "last_error": record.get("last_error"),
         "managed": bool(record),
     }
+    return status, active, active and agent.agent_connected(shown)
+
+
+def _with_guest(status, active, connected, facts, asked):
+    """Add what the agent said: ``guest``, BootstrapReady, and the guest's own addresses when no lease has one
+    (a NIC on a host bridge, or with a static address)."""
+    status["guest"] = facts
+    status["conditions"].append(_bootstrap_condition(active, connected, facts, asked))
+    if not status["ip_addresses"] and facts and facts.get("interfaces"):
+        status["ip_addresses"] = agent.routable_addresses(facts["interfaces"])
+    return status
+
+
+def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None, guest=True):
+    """The public ``machine`` return for a domain (the same shape for the module, info and inventory).
+
+    ``tree`` (the persistent XML) and ``state`` ((state, reason)) may be passed when already read. With
+    ``guest``, a running machine whose agent channel is connected is asked for its facts (``guest``); a
+    machine without one costs nothing more."""
+    status, active, connected = _base_status(dom, ctx, view, tree, moment, state)
+    facts = agent.guest_facts(dom) if (guest and connected) else None
+    return _with_guest(status, active, connected, facts, guest)
 
 
 def console_tail(ctx, names, lines):
@@ -207,17 +251,27 @@ def table(machines):
     return ["   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
-def list_machines(ctx, include_unmanaged=False):
-    """Status of every machine of the pool (domains the collection created, unless include_unmanaged)."""
+def list_machines(ctx, include_unmanaged=False, guest=True):
+    """Status of every machine of the pool (domains the collection created, unless include_unmanaged).
+
+    With ``guest``, the agents of the machines whose agent channel is connected are asked for their facts, up to
+    GUEST_WORKERS at a time; the rest of the reading stays one pass over the domains."""
     view = PoolView(ctx)
     moment = now()
-    result = []
+    entries = []
     # one call for every domain's state instead of one per domain
     for dom, stats in ctx.conn.getAllDomainStats(lv.libvirt.VIR_DOMAIN_STATS_STATE, 0):
         tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
         if dx.read_record(tree) is None and not include_unmanaged:
             continue
         state = (stats.get("state.state"), stats.get("state.reason"))
-        result.append(machine_status(dom, ctx, view, tree, moment, state if state[0] is not None else None))
+        entries.append((dom,) + _base_status(dom, ctx, view, tree, moment, state if state[0] is not None else None))
+    asking = [dom for dom, _status, _active, connected in entries if guest and connected]
+    facts = {}
+    if asking:
+        with ThreadPoolExecutor(max_workers=min(GUEST_WORKERS, len(asking))) as executor:
+            facts = dict(zip((dom.UUIDString() for dom in asking), executor.map(agent.guest_facts, asking)))
+    result = [_with_guest(status, active, connected, facts.get(dom.UUIDString()), guest)
+              for dom, status, active, connected in entries]
     result.sort(key=lambda machine: machine["name"])
     return result

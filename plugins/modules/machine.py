@@ -382,7 +382,9 @@ machine:
       description: Labels.
       type: dict
     ip_addresses:
-      description: Addresses from the networks' DHCP leases.
+      description:
+        - Addresses from the networks' DHCP leases; when there is none, the routable addresses the guest agent
+          reports (see C(guest)).
       type: list
       elements: str
     network_interfaces:
@@ -396,9 +398,20 @@ machine:
       type: list
       elements: dict
     conditions:
-      description: Ready, VolumesReady and NetworkInterfacesReady conditions.
+      description:
+        - Ready, VolumesReady and NetworkInterfacesReady conditions, and BootstrapReady (True once the guest agent
+          answered; Unknown when no agent has connected).
       type: list
       elements: dict
+    guest:
+      description:
+        - What the machine says about itself through the QEMU guest agent, asked only when the machine runs and
+          the agent's channel is connected; null otherwise.
+        - C(hostname), C(os) (name, pretty_name, id, version, version_id, machine), C(kernel) (release, version),
+          C(timezone) (name, offset), C(boot_time) (UTC, ISO 8601), C(interfaces) (name, mac, addresses of
+          address, prefix, family), C(agent_errors) (what the agent refused).
+        - See C(docs/guest-agent.md) in the collection.
+      type: dict
     restart_count:
       description: Starts after the first one.
       type: int

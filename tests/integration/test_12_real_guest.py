@@ -193,6 +193,50 @@ def test_inventory_and_guest_agent(story):
         assert unwrap(by_agent[name]["ansible_host"]) == address
 
 
+def adhoc(story, host, module_name, args):
+    """``ansible HOST -m MODULE -a ARGS`` through the guest_agent connection plugin, with nothing but the inventory
+    source: it sets the pool's URI and the domain for the plugin. (rc, the result as --tree wrote it)."""
+    tree = story["work"] / "tree"
+    result_file = tree / host
+    if result_file.exists():
+        result_file.unlink()
+    proc = subprocess.run([os.path.join(BIN, "ansible"), host, "-i", str(story["source"]), "-c",
+                           "machinery.compute.guest_agent", "-m", module_name, "-a", args, "--tree", str(tree)],
+                          capture_output=True, text=True, env=dict(os.environ, ANSIBLE_NOCOLOR="1"), check=False,
+                          timeout=900)
+    assert result_file.exists(), "no result (rc %d): %s %s" % (proc.returncode, proc.stdout[-3000:],
+                                                               proc.stderr[-3000:])
+    return proc.returncode, json.loads(result_file.read_text())
+
+
+def test_tasks_through_the_guest_agent(story):
+    """Modules and files inside a real guest through its QEMU guest agent, with no network path used."""
+    name = NAMES[0]
+    pool = where(story["pools"], name)
+    status = run_module("machine_info", uri=pool.uri, name=name)["machines"][0]
+    guest = status["guest"]
+    assert guest["hostname"] == name and guest["os"]["id"] == "debian" and guest["os"]["version_id"] == "12"
+    assert guest["kernel"]["release"].endswith("-cloud-amd64") and guest["boot_time"] >= status["created"]
+    assert {"type": "BootstrapReady", "status": "True", "reason": "GuestAgentAnswered", "message": ""} \
+        in status["conditions"]
+    started = time.monotonic()
+    rc, result = adhoc(story, name, "ansible.builtin.command", "cat /etc/hostname")
+    assert rc == 0 and result["stdout"] == name, result
+    content = "placed through the guest agent\n"
+    args = "content=%r dest=/etc/machinery-agent.txt mode=0640" % content
+    rc, result = adhoc(story, name, "ansible.builtin.copy", args)
+    assert rc == 0 and result["changed"] is True, result
+    rc, result = adhoc(story, name, "ansible.builtin.copy", args)
+    assert rc == 0 and result["changed"] is False, result
+    rc, result = adhoc(story, name, "ansible.builtin.fetch", "src=/etc/machinery-agent.txt dest=%s/ flat=true"
+                       % story["work"])
+    assert rc == 0, result
+    assert (story["work"] / "machinery-agent.txt").read_text() == content
+    rc, result = adhoc(story, name, "ansible.builtin.stat", "path=/etc/machinery-agent.txt")
+    assert result["stat"]["mode"] == "0640" and result["stat"]["pw_name"] == "root", result
+    print("\ncommand, copy twice, fetch and stat through the guest agent: %.0f s" % (time.monotonic() - started))
+
+
 def test_graceful_stop_through_acpi(story):
     for name in NAMES:
         pool = where(story["pools"], name)

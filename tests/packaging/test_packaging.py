@@ -38,7 +38,7 @@ NEVER_TOP = {"Makefile", "lab", "tests", "benchmarks", "playbooks", ".venv", ".l
 NEVER_ANYWHERE = {"__pycache__", ".venv", ".lab", ".cache", ".ansible", ".git", ".pytest_cache"}
 
 # The plugins the contract names; the test checks them besides everything it discovers.
-CONTRACT = {"inventory": {"machines"}, "lookup": {"scheduler"}}
+CONTRACT = {"inventory": {"machines"}, "lookup": {"scheduler"}, "connection": {"guest_agent"}}
 
 
 def tool(name):
@@ -136,7 +136,7 @@ def plugin_names(installed, kind):
     return sorted(path.stem for path in (installed / "plugins" / directory).glob("*.py") if path.stem != "__init__")
 
 
-@pytest.mark.parametrize("kind", ["module", "inventory", "lookup", "filter"])
+@pytest.mark.parametrize("kind", ["module", "inventory", "lookup", "filter", "connection"])
 def test_ansible_doc_reads_every_plugin_of_the_install(artifact, kind):
     installed = artifact.installed
     names = plugin_names(installed, kind)
