@@ -272,7 +272,7 @@ MACHINE_SET_INFO = (
 )
 
 CONDITION_TYPES = ("Ready", "VolumesReady", "NetworkInterfacesReady", "Failed", "AddressAssigned", "Booted",
-                   "GuestAgentConnected")
+                   "GuestAgentConnected", "BootstrapReady")
 REMEDIATIONS = ("delete", "restart")
 
 MACHINE_HEALTH_CHECK = (

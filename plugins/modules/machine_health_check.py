@@ -16,7 +16,8 @@ description:
     C(NetworkInterfacesReady) (from the machine status), C(Failed) (crashed, or paused by an I/O error),
     C(AddressAssigned) (a machine with a NIC on a libvirt network has a DHCP lease), C(GuestAgentConnected) (the
     guest agent of a running machine has its channel open: the agent answers) and C(Booted) (the line
-    O(boot_marker) is on the serial console since the machine last started).'
+    O(boot_marker) is on the serial console since the machine last started), and C(BootstrapReady) of the
+    machine status (vitistack''s: the guest agent answered).'
   - Since when a condition holds is kept in the machine's record; every run records the conditions that changed,
     so a timeout counts from the first observation of the bad state, across runs. Run the check periodically
     (an AWX schedule, a cron job) for timeouts to elapse.
@@ -58,7 +59,8 @@ options:
         description: The condition.
         type: str
         required: true
-        choices: [Ready, VolumesReady, NetworkInterfacesReady, Failed, AddressAssigned, Booted, GuestAgentConnected]
+        choices: [Ready, VolumesReady, NetworkInterfacesReady, Failed, AddressAssigned, Booted, GuestAgentConnected,
+                  BootstrapReady]
       status:
         description: The status that is unhealthy.
         type: str
