@@ -9,11 +9,12 @@ version=${2:?usage: core_venv.sh VENV VERSION}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dest="$venv/cores/$version"
 stamp="$dest/.stamp"
-# The requirements but ansible-core (the release asked for instead) and ansible-lint (not run there), at the
-# versions constraints.txt pins for the test environment.
-wanted=$(cat "$repo/requirements.txt" "$repo/requirements-dev.txt" | grep -Ev '^(#|-r|ansible-core|ansible-lint)' \
+# The requirements but ansible-core (the release asked for instead) and the tools not run there (ansible-lint,
+# molecule), at the versions constraints.txt pins for the test environment.
+skip='ansible-core|ansible-lint|molecule'
+wanted=$(cat "$repo/requirements.txt" "$repo/requirements-dev.txt" | grep -Ev "^(#|-r|$skip)" \
     | grep -v '^$' | tr '\n' ' ')
-pins=$(grep -Ev '^(#|ansible-core|ansible-lint)' "$repo/constraints.txt" | grep -v '^$' | tr '\n' ' ')
+pins=$(grep -Ev "^(#|$skip)" "$repo/constraints.txt" | grep -v '^$' | tr '\n' ' ')
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$version $wanted| $pins" ]; then
     python3 -m venv --clear "$dest" >&2
     tr ' ' '\n' <<<"$pins" > "$dest/constraints.txt"
