@@ -6,6 +6,7 @@ POOLS ?= 3
 LAB ?= $(CURDIR)/.lab
 TEST_LAB ?= $(CURDIR)/.lab/test
 MOLECULE_LAB ?= $(CURDIR)/.lab/molecule-test
+DOCS_DIR ?= $(CURDIR)/.cache/docsite
 IMAGE_DIR ?= $(CURDIR)/.lab/image
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
@@ -18,13 +19,14 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt
 	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd
 
 .PHONY: help deps venv core-venv image image-real lab-up lab-down lab-status demo demo-down test unit sanity lint \
-	packaging integration molecule benchmark clean
+	packaging integration molecule docs docs-lint benchmark clean
 
 help:
 	@echo "make demo        a 3-pool lab of real libvirtd hosts, classes, machines booted with Ignition + cloud-init"
 	@echo "make test        unit tests, ansible-test sanity, ansible-lint, packaging, integration tests on a fresh lab"
 	@echo "make demo REAL=1 the same, then a play inside a real Debian guest (builds make image-real first)"
 	@echo "make molecule    the roles' molecule scenarios on a lab of their own"
+	@echo "make docs        the collection's documentation site (antsibull-docs, Sphinx) in .cache/docsite/html"
 	@echo "make lab-up [POOLS=N] | lab-down | lab-status | image | image-real | venv | benchmark"
 
 deps:
@@ -94,6 +96,15 @@ sanity: venv
 lint: venv
 	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks $(wildcard roles/*) extensions/molecule
 
+# The documentation site: antsibull-docs renders every plugin and role and the extra docs (docs/docsite/), the
+# guides of docs/*.md join them, Sphinx builds HTML into $(DOCS_DIR)/html. Offline; warnings are errors.
+docs: venv
+	bash docs/docsite/build.sh $(VENV) $(DOCS_DIR)
+
+# What antsibull-docs checks before a site is built: plugin and role docs, extra-docs.yml and the rst it lists.
+docs-lint: venv
+	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/antsibull-docs lint-collection-docs --plugin-docs .
+
 # The collection as ansible-galaxy builds it: only what a user installs, and ansible-doc reads every plugin from a
 # fresh install of it.
 packaging: venv
@@ -114,6 +125,7 @@ test: venv image
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory sanity
 	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory docs-lint
 	$(MAKE) --no-print-directory packaging
 	$(MAKE) --no-print-directory integration
 	$(MAKE) --no-print-directory molecule

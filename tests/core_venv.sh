@@ -10,8 +10,8 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dest="$venv/cores/$version"
 stamp="$dest/.stamp"
 # The requirements but ansible-core (the release asked for instead) and the tools not run there (ansible-lint,
-# molecule), at the versions constraints.txt pins for the test environment.
-skip='ansible-core|ansible-lint|molecule'
+# molecule, the docs site's), at the versions constraints.txt pins for the test environment.
+skip='ansible-core|ansible-lint|molecule|antsibull-docs|sphinx|myst-parser'
 wanted=$(cat "$repo/requirements.txt" "$repo/requirements-dev.txt" | grep -Ev "^(#|-r|$skip)" \
     | grep -v '^$' | tr '\n' ' ')
 pins=$(grep -Ev "^(#|$skip)" "$repo/constraints.txt" | grep -v '^$' | tr '\n' ' ')
