@@ -5,6 +5,8 @@ SHELL := /bin/bash
 POOLS ?= 3
 LAB ?= $(CURDIR)/.lab
 TEST_LAB ?= $(CURDIR)/.lab/test
+MOLECULE_LAB ?= $(CURDIR)/.lab/molecule-test
+DOCS_DIR ?= $(CURDIR)/.cache/docsite
 IMAGE_DIR ?= $(CURDIR)/.lab/image
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
@@ -17,12 +19,14 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt
 	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils
 
 .PHONY: help deps venv core-venv image image-real lab-up lab-down lab-status demo demo-down test unit sanity lint \
-	packaging integration benchmark clean
+	packaging integration molecule docs docs-lint benchmark clean
 
 help:
 	@echo "make demo        a 3-pool lab of real libvirtd hosts, classes, machines booted with Ignition + cloud-init"
 	@echo "make test        unit tests, ansible-test sanity, ansible-lint, packaging, integration tests on a fresh lab"
 	@echo "make demo REAL=1 the same, then a play inside a real Debian guest (builds make image-real first)"
+	@echo "make molecule    the roles' molecule scenarios on a lab of their own"
+	@echo "make docs        the collection's documentation site (antsibull-docs, Sphinx) in .cache/docsite/html"
 	@echo "make lab-up [POOLS=N] | lab-down | lab-status | image | image-real | venv | benchmark"
 
 deps:
@@ -90,7 +94,16 @@ sanity: venv
 	bash tests/sanity/run.sh $(VENV)
 
 lint: venv
-	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks extensions/awx/playbooks $(wildcard roles/*)
+	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks extensions/awx/playbooks $(wildcard roles/*) extensions/molecule
+
+# The documentation site: antsibull-docs renders every plugin and role and the extra docs (docs/docsite/), the
+# guides of docs/*.md join them, Sphinx builds HTML into $(DOCS_DIR)/html. Offline; warnings are errors.
+docs: venv
+	bash docs/docsite/build.sh $(VENV) $(DOCS_DIR)
+
+# What antsibull-docs checks before a site is built: plugin and role docs, extra-docs.yml and the rst it lists.
+docs-lint: venv
+	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/antsibull-docs lint-collection-docs --plugin-docs .
 
 # The collection as ansible-galaxy builds it: only what a user installs, and ansible-doc reads every plugin from a
 # fresh install of it.
@@ -112,8 +125,18 @@ test: venv image
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory sanity
 	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory docs-lint
 	$(MAKE) --no-print-directory packaging
 	$(MAKE) --no-print-directory integration
+	$(MAKE) --no-print-directory molecule
+
+# The roles' molecule scenarios (extensions/molecule/: create, converge, idempotence, verify, destroy) on a 2-pool
+# lab of their own. molecule runs ansible-config and ansible-playbook from PATH.
+molecule: venv image
+	python3 lab/lab.py up --pools 2 --dir $(MOLECULE_LAB) --image $(IMAGE_DIR)/machinery-test.qcow2
+	export PATH=$(VENV)/bin:$$PATH MACHINERY_LAB=$(MOLECULE_LAB)/lab.json ANSIBLE_NOCOLOR=1 NO_COLOR=1; \
+		$(VENV)/bin/molecule test --all; \
+		status=$$?; python3 lab/lab.py down --dir $(MOLECULE_LAB); exit $$status
 
 # The inventory benchmark wants 5 pools.
 benchmark: POOLS = 5

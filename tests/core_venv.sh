@@ -9,12 +9,13 @@ version=${2:?usage: core_venv.sh VENV VERSION}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dest="$venv/cores/$version"
 stamp="$dest/.stamp"
-# The requirements but ansible-core (the release asked for instead) and the tools not run there (ansible-lint, and
-# ansible-builder and ansible-runner of the AWX tests), at the versions constraints.txt pins for the test
-# environment.
-skip='^(#|-r|ansible-core|ansible-lint|ansible-builder|ansible-runner)'
-wanted=$(cat "$repo/requirements.txt" "$repo/requirements-dev.txt" | grep -Ev "$skip" | grep -v '^$' | tr '\n' ' ')
-pins=$(grep -Ev "$skip" "$repo/constraints.txt" | grep -v '^$' | tr '\n' ' ')
+# The requirements but ansible-core (the release asked for instead) and the tools not run there (ansible-lint,
+# molecule, the docs site's, and ansible-builder and ansible-runner of the AWX tests), at the versions
+# constraints.txt pins for the test environment.
+skip='ansible-core|ansible-lint|molecule|antsibull-docs|sphinx|myst-parser|ansible-builder|ansible-runner'
+wanted=$(cat "$repo/requirements.txt" "$repo/requirements-dev.txt" | grep -Ev "^(#|-r|$skip)" \
+    | grep -v '^$' | tr '\n' ' ')
+pins=$(grep -Ev "^(#|$skip)" "$repo/constraints.txt" | grep -v '^$' | tr '\n' ' ')
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$version $wanted| $pins" ]; then
     python3 -m venv --clear "$dest" >&2
     tr ' ' '\n' <<<"$pins" > "$dest/constraints.txt"

@@ -25,6 +25,21 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine_info
+    description: List machines and their status, with filters.
+  - module: machinery.compute.machine_batch
+    description: Converge many machines over many pools in one task.
+  - module: machinery.compute.machine_class
+    description: Publish the classes that size machines.
+  - module: machinery.compute.machine_pool
+    description: Register the pool a machine runs on.
+  - module: machinery.compute.volume_attach
+    description: Attach or detach one disk of a machine.
+  - module: machinery.compute.nic_attach
+    description: Attach or detach one network interface of a machine.
+  - module: machinery.compute.machine_migrate
+    description: Move a machine to another pool.
 attributes:
   check_mode:
     support: full
@@ -351,21 +366,27 @@ machine:
     name:
       description: Machine name.
       type: str
+      sample: web-1
     uuid:
       description: Domain UUID.
       type: str
+      sample: 0533223d-634a-4d52-b08a-a66127dfd6dc
     pool:
       description: Pool name.
       type: str
+      sample: hv1
     phase:
       description: Pending, Running, Shutdown, Terminating, Terminated or Failed.
       type: str
+      sample: Running
     machine_class:
       description: Class name, if any.
       type: str
+      sample: small
     cpu:
       description: Virtual CPUs.
       type: int
+      sample: 1
     topology:
       description: The CPU topology (sockets, cores, threads), or null when the machine has none of its own.
       type: dict
@@ -375,34 +396,70 @@ machine:
     memory:
       description: Memory as a quantity.
       type: str
+      sample: 512Mi
     image:
       description: Image source.
       type: str
+      sample: /srv/images/fedora-coreos.qcow2
     labels:
       description: Labels.
       type: dict
+      sample: {"app": "web"}
     ip_addresses:
       description:
         - Addresses from the networks' DHCP leases; when there is none, the routable addresses the guest agent
           reports (see C(guest)).
       type: list
       elements: str
+      sample: ["192.168.122.152"]
     network_interfaces:
       description: NICs with name, mac, network, ip_addresses, ip_address (the fixed address, if any) and
         state (Pending or Attached).
       type: list
       elements: dict
+      sample:
+        - name: eth0
+          mac: 52:54:00:3e:4e:09
+          network: default
+          ip_addresses:
+          - 192.168.122.152
+          ephemeral: true
+          state: Attached
     volumes:
       description: Disks with name, device, size, ephemeral, iops, throughput, encrypted and state (Pending or
         Attached).
       type: list
       elements: dict
+      sample:
+        - name: root
+          device: vda
+          size: 20Gi
+          ephemeral: true
+          state: Attached
+        - name: data
+          device: vdb
+          size: 64Gi
+          ephemeral: true
+          state: Attached
     conditions:
       description:
         - Ready, VolumesReady and NetworkInterfacesReady conditions, and BootstrapReady (True once the guest agent
           answered; Unknown when no agent has connected).
       type: list
       elements: dict
+      sample:
+        - type: Ready
+          status: 'True'
+          reason: Running
+          message: ''
+        - type: VolumesReady
+          status: 'True'
+          reason: Attached
+          message: ''
+        - type: NetworkInterfacesReady
+          status: 'True'
+          reason: Attached
+          message: ''
     guest:
       description:
         - What the machine says about itself through the QEMU guest agent, asked only when the machine runs and
@@ -415,26 +472,32 @@ machine:
     restart_count:
       description: Starts after the first one.
       type: int
+      sample: 0
     created:
       description: Creation time (UTC, ISO 8601).
       type: str
+      sample: '2026-11-22T15:16:57+00:00'
 restart_required:
   description: True when a change was recorded that the running guest only takes at its next start.
   returned: always
   type: bool
+  sample: false
 actions:
   description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory).
   returned: always
   type: list
   elements: str
+  sample: ["update labels"]
 reason:
   description: On failure, the kind of cause; C(PoolFull) when admission found no room on the pool.
   returned: failure
   type: str
+  sample: PoolFull
 field:
   description: On failure, the option the error is about, when there is one.
   returned: failure
   type: str
+  sample: topology.cores
 plan:
   description:
     - The actions of the run (or, in check mode, of the run it would make), in order, each with what it changes.
@@ -445,23 +508,29 @@ plan:
     action:
       description: The kind of action, for example C(create), C(start), C(update), C(attach), C(register).
       type: str
+      sample: update
     target:
       description: What it acts on (a machine, volume, NIC, storage pool, network or document name).
       type: str
+      sample: web-1
     fields:
       description: For C(update), the owned fields it changes.
       type: list
       elements: str
+      sample: ["labels"]
     before:
       description: The owned fields before the action, where it changes some.
       type: dict
+      sample: {"labels": {"app": "web"}}
     after:
       description: The owned fields after the action, where it changes some.
       type: dict
+      sample: {"labels": {"app": "web", "tier": "front"}}
     steps:
       description: The libvirt operations it takes, each with C(action) and C(target).
       type: list
       elements: dict
+      sample: [{"action": "define", "target": "web-1"}, {"action": "set_live", "target": "web-1"}]
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

@@ -25,6 +25,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection.pools
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine
+    description: One machine, with the same options as each entry of O(machines).
+  - module: machinery.compute.machine_info
+    description: List the machines the batch made.
+  - module: machinery.compute.machine_pool_info
+    description: The pools' capacity the scheduler places against.
 attributes:
   check_mode:
     support: full
@@ -96,25 +103,91 @@ machines:
   returned: always
   type: list
   elements: dict
+  sample:
+    - name: web-1
+      uuid: 0533223d-634a-4d52-b08a-a66127dfd6dc
+      pool: hv1
+      uri: qemu+ssh://root@hv1/system
+      phase: Running
+      machine_class: small
+      cpu: 1
+      memory: 512Mi
+      image: /srv/images/fedora-coreos.qcow2
+      labels:
+        app: web
+      ip_addresses:
+      - 192.168.122.152
+      network_interfaces:
+      - name: eth0
+        mac: 52:54:00:3e:4e:09
+        network: default
+        ip_addresses:
+        - 192.168.122.152
+        ephemeral: true
+        state: Attached
+      volumes:
+      - name: root
+        device: vda
+        size: 20Gi
+        ephemeral: true
+        state: Attached
+      - name: data
+        device: vdb
+        size: 64Gi
+        ephemeral: true
+        state: Attached
+      conditions:
+      - type: Ready
+        status: 'True'
+        reason: Running
+        message: ''
+      - type: VolumesReady
+        status: 'True'
+        reason: Attached
+        message: ''
+      - type: NetworkInterfacesReady
+        status: 'True'
+        reason: Attached
+        message: ''
+      restart_count: 0
+      created: '2026-11-22T15:16:57+00:00'
+      age: 1m
+      managed: true
+      last_error: null
 placements:
   description: Where each machine was placed and why (name, pool, uri, reason).
   returned: always
   type: list
   elements: dict
+  sample:
+    - name: web-1
+      pool: hv1
+      uri: qemu+ssh://root@hv1/system
+      reason: 'spread: 2/2 pools fit; hv1 has 30 cpu and 9.8Gi free after placement'
 failures:
   description: Machines that could not be converged, with name, pool, reason, field and msg.
   returned: always
   type: list
   elements: dict
+  sample:
+    - name: db-2
+      pool: hv2
+      reason: PoolFull
+      field: null
+      msg: 'pool hv2 is full: 1 cpu and 4Gi asked, 0 cpu and 2Gi free'
 table:
   description: Lines NAME POOL CLASS PHASE RESTARTS AGE IPS of the machines.
   returned: always
   type: list
   elements: str
+  sample:
+    - NAME    POOL   CLASS   PHASE     RESTARTS   AGE   IPS
+    - web-1   hv1    small   Running   0          1m    192.168.122.152
 attempts:
   description: Scheduling rounds taken (more than one when machines were rescheduled).
   returned: always
   type: int
+  sample: 1
 """
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator

@@ -17,6 +17,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine_class_info
+    description: List the classes published on pools.
+  - module: machinery.compute.machine_pool
+    description: Register the pools classes are published on.
+  - module: machinery.compute.machine
+    description: Machines sized by a class.
 attributes:
   check_mode:
     support: full
@@ -74,6 +81,7 @@ actions:
   returned: always
   type: list
   elements: str
+  sample: ["publish"]
 plan:
   description:
     - The actions of the run (or, in check mode, of the run it would make), in order, each with what it changes.
@@ -84,23 +92,29 @@ plan:
     action:
       description: The kind of action, for example C(create), C(start), C(update), C(attach), C(register).
       type: str
+      sample: publish
     target:
       description: What it acts on (a machine, volume, NIC, storage pool, network or document name).
       type: str
+      sample: small
     fields:
       description: For C(update), the owned fields it changes.
       type: list
       elements: str
+      sample: ["memory"]
     before:
       description: The owned fields before the action, where it changes some.
       type: dict
+      sample: {"cpu": 1, "memory": "256Mi", "name": "small"}
     after:
       description: The owned fields after the action, where it changes some.
       type: dict
+      sample: {"cpu": 1, "memory": "512Mi", "name": "small"}
     steps:
       description: The libvirt operations it takes, each with C(action) and C(target).
       type: list
       elements: dict
+      sample: [{"action": "write_document", "target": "class-small"}]
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

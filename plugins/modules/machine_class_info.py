@@ -19,6 +19,11 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection.pools
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine_class
+    description: Publish or delete a class.
+  - module: machinery.compute.machine_pool_info
+    description: The pools, with the classes available on each.
 attributes:
   check_mode:
     support: full

@@ -29,6 +29,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection.pools
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine_set
+    description: The sets whose members a health check watches.
+  - module: machinery.compute.machine_set_info
+    description: List the sets and their members.
+  - module: machinery.compute.machine_info
+    description: The machines' conditions the check reads.
 attributes:
   check_mode:
     support: full
@@ -126,28 +133,50 @@ unhealthy:
   returned: always
   type: list
   elements: dict
+  sample:
+    - name: workers-483bc
+      pool: hv1
+      uri: qemu+ssh://root@hv1/system
+      phase: Shutdown
+      reasons:
+      - Ready=False for 312s (timeout 300s)
 covered:
   description: How many machines the check covers.
   returned: always
   type: int
+  sample: 3
 max_unhealthy:
   description: O(max_unhealthy) as a number of machines.
   returned: always
   type: int
+  sample: 1
 remediation_allowed:
   description: False when more machines are unhealthy than O(max_unhealthy) allows (then none is remediated).
   returned: always
   type: bool
+  sample: true
 actions:
   description: The short form of each remediation (delete or restart), in order.
   returned: always
   type: list
   elements: str
+  sample: ["delete"]
 plan:
   description: Each remediation with its target machine, phase before and after, and its reasons.
   returned: always
   type: list
   elements: dict
+  sample:
+    - action: delete
+      target: workers-483bc
+      before:
+        phase: Shutdown
+      after:
+        phase: Terminated
+      steps:
+      - action: delete_machine
+        target: workers-483bc
+        pool: hv1
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

@@ -17,6 +17,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine
+    description: Create, change or delete one machine.
+  - module: machinery.compute.machine_pool_info
+    description: List the pools.
+  - module: machinery.compute.machine_set_info
+    description: List the machine sets.
 attributes:
   check_mode:
     support: full
@@ -72,17 +79,72 @@ machines:
   returned: always
   type: list
   elements: dict
+  sample:
+    - name: web-1
+      uuid: 0533223d-634a-4d52-b08a-a66127dfd6dc
+      pool: hv1
+      uri: qemu+ssh://root@hv1/system
+      phase: Running
+      machine_class: small
+      cpu: 1
+      memory: 512Mi
+      image: /srv/images/fedora-coreos.qcow2
+      labels:
+        app: web
+      ip_addresses:
+      - 192.168.122.152
+      network_interfaces:
+      - name: eth0
+        mac: 52:54:00:3e:4e:09
+        network: default
+        ip_addresses:
+        - 192.168.122.152
+        ephemeral: true
+        state: Attached
+      volumes:
+      - name: root
+        device: vda
+        size: 20Gi
+        ephemeral: true
+        state: Attached
+      - name: data
+        device: vdb
+        size: 64Gi
+        ephemeral: true
+        state: Attached
+      conditions:
+      - type: Ready
+        status: 'True'
+        reason: Running
+        message: ''
+      - type: VolumesReady
+        status: 'True'
+        reason: Attached
+        message: ''
+      - type: NetworkInterfacesReady
+        status: 'True'
+        reason: Attached
+        message: ''
+      restart_count: 0
+      created: '2026-11-22T15:16:57+00:00'
+      age: 1m
+      managed: true
+      last_error: null
   contains:
     console:
       description: The last O(console_lines) lines of the serial console log.
       returned: when O(console_lines) is above 0
       type: list
       elements: str
+      sample: ["MACHINERY-READY", "MACHINERY-BLOCK-ADDED vdc 65536"]
 table:
   description: Lines NAME POOL CLASS PHASE RESTARTS AGE IPS.
   returned: always
   type: list
   elements: str
+  sample:
+    - NAME    POOL   CLASS   PHASE     RESTARTS   AGE   IPS
+    - web-1   hv1    small   Running   0          1m    192.168.122.152
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

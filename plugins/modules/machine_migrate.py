@@ -34,6 +34,13 @@ version_added: 0.1.0
 author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine
+    description: Create, change or delete one machine.
+  - module: machinery.compute.machine_pool_info
+    description: The pools a machine can move to.
+  - module: machinery.compute.machine_info
+    description: Where each machine runs.
 attributes:
   check_mode:
     support: full
@@ -133,22 +140,77 @@ machine:
     M(machinery.compute.machine)'s C(machine).
   returned: always
   type: dict
+  sample:
+    name: web-1
+    uuid: 0533223d-634a-4d52-b08a-a66127dfd6dc
+    pool: hv2
+    uri: qemu+ssh://root@hv2/system
+    phase: Running
+    machine_class: small
+    cpu: 1
+    memory: 512Mi
+    image: /srv/images/fedora-coreos.qcow2
+    labels:
+      app: web
+    ip_addresses:
+    - 192.168.122.152
+    network_interfaces:
+    - name: eth0
+      mac: 52:54:00:3e:4e:09
+      network: default
+      ip_addresses:
+      - 192.168.122.152
+      ephemeral: true
+      state: Attached
+    volumes:
+    - name: root
+      device: vda
+      size: 20Gi
+      ephemeral: true
+      state: Attached
+    - name: data
+      device: vdb
+      size: 64Gi
+      ephemeral: true
+      state: Attached
+    conditions:
+    - type: Ready
+      status: 'True'
+      reason: Running
+      message: ''
+    - type: VolumesReady
+      status: 'True'
+      reason: Attached
+      message: ''
+    - type: NetworkInterfacesReady
+      status: 'True'
+      reason: Attached
+      message: ''
+    restart_count: 0
+    created: '2026-11-22T15:16:57+00:00'
+    age: 1m
+    managed: true
+    last_error: null
 source:
   description: The pool the machine was moved off (pool, uri); null when nothing moved.
   returned: always
   type: dict
+  sample: {"pool": "hv1", "uri": "qemu+ssh://root@hv1/system"}
 target:
   description: The pool the machine was moved to (pool, uri); null when nothing moved.
   returned: always
   type: dict
+  sample: {"pool": "hv2", "uri": "qemu+ssh://root@hv2/system"}
 mode:
   description: How it moved, V(cold) or V(live); null when nothing moved.
   returned: always
   type: str
+  sample: cold
 reason:
   description: Why the target was chosen (the scheduler's reason), when a move was planned.
   returned: always
   type: str
+  sample: 'spread: 1/1 pools fit; hv2 has 30 cpu and 9.8Gi free after placement'
 downtime:
   description:
     - Seconds the guest did not run, for a running machine that moved. Cold, from the shutdown request until the
@@ -162,11 +224,36 @@ actions:
   returned: always
   type: list
   elements: str
+  sample: ["move"]
 plan:
   description: Each action with its pool before and after and every libvirt step, in order.
   returned: always
   type: list
   elements: dict
+  sample:
+    - action: move
+      target: web-1
+      before:
+        pool: hv1
+      after:
+        pool: hv2
+        mode: cold
+      steps:
+      - action: shutdown
+        target: web-1
+        pool: hv1
+      - action: copy_volume
+        target: web-1-root.qcow2
+        pool: hv2
+      - action: define
+        target: web-1
+        pool: hv2
+      - action: start
+        target: web-1
+        pool: hv2
+      - action: undefine
+        target: web-1
+        pool: hv1
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import migrate

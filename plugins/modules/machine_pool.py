@@ -20,6 +20,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine_pool_info
+    description: List pools with their capacity and state.
+  - module: machinery.compute.machine_class
+    description: Publish classes on a pool.
+  - module: machinery.compute.machine
+    description: Machines on a pool.
 attributes:
   check_mode:
     support: full
@@ -164,34 +171,43 @@ pool:
     name:
       description: Pool name.
       type: str
+      sample: hv1
     state:
       description: Ready, or Error when its storage or a network is not active.
       type: str
+      sample: Ready
     virt_type:
       description: kvm or qemu.
       type: str
+      sample: kvm
     capacity:
       description: Host CPUs and memory.
       type: dict
+      sample: {"cpu": 16, "memory": "64Gi"}
     allocated:
       description: Sum of the sizes of the machines defined on the pool.
       type: dict
+      sample: {"cpu": 4, "memory": "8Gi"}
     allocatable:
       description: Capacity less reservations, times overcommit.
       type: dict
+      sample: {"cpu": 32, "memory": "60Gi"}
     storage:
       description:
         - The machines' storage as quantities - C(capacity) and C(available) of the storage pool, C(allocated)
           (the virtual size of every machine disk) and C(allocatable) (capacity less C(reserved.storage), times
           C(overcommit.storage)).
       type: dict
+      sample: {"capacity": "900Gi", "available": "812Gi", "allocated": "120Gi", "allocatable": "900Gi"}
     available_machine_classes:
       description: Published classes with how many more of each fit.
       type: list
       elements: dict
+      sample: [{"name": "small", "cpu": 1, "memory": "512Mi", "allocatable": 28}]
     machine_count:
       description: Number of machines defined on the pool.
       type: int
+      sample: 4
     must_leave:
       description:
         - Names of the machines on the pool that tolerate none of its C(NoExecute) taints (by the tolerations in
@@ -204,6 +220,7 @@ actions:
   returned: always
   type: list
   elements: str
+  sample: ["register"]
 plan:
   description:
     - The actions of the run (or, in check mode, of the run it would make), in order, each with what it changes.
@@ -214,23 +231,29 @@ plan:
     action:
       description: The kind of action, for example C(create), C(start), C(update), C(attach), C(register).
       type: str
+      sample: register
     target:
       description: What it acts on (a machine, volume, NIC, storage pool, network or document name).
       type: str
+      sample: hv1
     fields:
       description: For C(update), the owned fields it changes.
       type: list
       elements: str
+      sample: ["labels"]
     before:
       description: The owned fields before the action, where it changes some.
       type: dict
+      sample: {"labels": {"zone": "a"}}
     after:
       description: The owned fields after the action, where it changes some.
       type: dict
+      sample: {"labels": {"zone": "b"}}
     steps:
       description: The libvirt operations it takes, each with C(action) and C(target).
       type: list
       elements: dict
+      sample: [{"action": "write_document", "target": "pool"}]
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

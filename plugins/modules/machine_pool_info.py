@@ -21,6 +21,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection.pools
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine_pool
+    description: Register, change or remove a pool.
+  - module: machinery.compute.machine_class_info
+    description: List the classes published on the pools.
+  - module: machinery.compute.machine_info
+    description: List the machines on the pools.
 attributes:
   check_mode:
     support: full
@@ -83,6 +90,7 @@ pools:
       description: Taints of the pool (key, value, effect).
       type: list
       elements: dict
+      sample: [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}]
     state:
       description: Ready; Error when its storage or a network is not active; Offline when it cannot be reached.
       type: str
@@ -91,9 +99,11 @@ pools:
       description: What makes the pool Error or Offline; empty when it is Ready.
       type: list
       elements: str
+      sample: []
     virt_type:
       description: kvm or qemu; null when Offline.
       type: str
+      sample: kvm
     capacity:
       description: Host CPUs and memory (a quantity); null when Offline.
       type: dict
@@ -101,15 +111,18 @@ pools:
     allocated:
       description: Sum of the sizes of the machines defined on the pool; null when Offline.
       type: dict
+      sample: {"cpu": 4, "memory": "8Gi"}
     allocatable:
       description: Capacity less reservations, times overcommit; nothing when Offline.
       type: dict
+      sample: {"cpu": 32, "memory": "60Gi"}
     storage:
       description:
         - The machines' storage as quantities - C(capacity) and C(available) of the storage pool, C(allocated)
           (the virtual size of every machine disk) and C(allocatable) (capacity less C(reserved.storage), times
           C(overcommit.storage)). Null when Offline.
       type: dict
+      sample: {"capacity": "900Gi", "available": "812Gi", "allocated": "120Gi", "allocatable": "900Gi"}
     available_machine_classes:
       description: Published classes with how many more of each fit.
       type: list
@@ -118,18 +131,23 @@ pools:
         name:
           description: Class name.
           type: str
+          sample: small
         cpu:
           description: Virtual CPUs of the class.
           type: int
+          sample: 1
         memory:
           description: Memory of the class, a quantity.
           type: str
+          sample: 512Mi
         allocatable:
           description: How many more machines of the class fit on the pool.
           type: int
+          sample: 28
     machine_count:
       description: Number of machines defined on the pool; null when Offline.
       type: int
+      sample: 4
     must_leave:
       description:
         - Names of the machines on the pool that tolerate none of its C(NoExecute) taints (by the tolerations in
@@ -140,6 +158,7 @@ pools:
     hypervisor:
       description: Versions of libvirt and QEMU and the host name; null when Offline.
       type: dict
+      sample: {"hostname": "hv1", "libvirt": "9.0.0", "qemu": "7.2.22"}
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

@@ -28,6 +28,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection.pools
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine_set_info
+    description: List sets, their members and what is out of date.
+  - module: machinery.compute.machine_health_check
+    description: Remediate a set's unhealthy members.
+  - module: machinery.compute.machine
+    description: The options of a set's O(template).
 attributes:
   check_mode:
     support: full
@@ -142,48 +149,81 @@ replicas:
   description: Members after the run (in check mode, now).
   returned: always
   type: int
+  sample: 3
 desired_replicas:
   description: O(replicas).
   returned: when O(state=present)
   type: int
+  sample: 3
 ready_replicas:
   description: Members whose phase is Running.
   returned: when O(state=present)
   type: int
+  sample: 3
 available_replicas:
   description: Running members whose conditions are all True.
   returned: when O(state=present)
   type: int
+  sample: 3
 members:
   description: Each member with name, pool, phase, template_current and ip_addresses.
   returned: always
   type: list
   elements: dict
+  sample:
+    - name: workers-483bc
+      pool: hv1
+      phase: Running
+      ip_addresses: []
+      template_current: true
+    - name: workers-910e8
+      pool: hv2
+      phase: Running
+      ip_addresses: []
+      template_current: true
 out_of_date:
   description: Members made from another template than the current one.
   returned: always
   type: list
   elements: str
+  sample: ["workers-1f2aa"]
 planned_members:
   description: Names of the members the run creates (or would create in check mode).
   returned: always
   type: list
   elements: str
+  sample: ["workers-910e8"]
 table:
   description: Lines NAME POOL CLASS PHASE RESTARTS AGE IPS of the members.
   returned: always
   type: list
   elements: str
+  sample:
+    - NAME            POOL   CLASS   PHASE     RESTARTS   AGE   IPS
+    - workers-483bc   hv1    small   Running   0          3m    <none>
+    - workers-910e8   hv2    small   Running   0          4s    <none>
 actions:
   description: The short form of each planned action (record, adopt, create, delete, forget), in order.
   returned: always
   type: list
   elements: str
+  sample: ["create"]
 plan:
   description: Each action with its target (a member or a pool), what it changes, its wave and libvirt steps.
   returned: always
   type: list
   elements: dict
+  sample:
+    - action: create
+      target: workers-910e8
+      before: {}
+      after:
+        pool: hv2
+        template_hash: d813bc9d0c
+      steps:
+      - action: create_machine
+        target: workers-910e8
+        pool: hv2
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

@@ -17,6 +17,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection.pools
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine_set
+    description: Create, scale, roll out or delete a set.
+  - module: machinery.compute.machine_health_check
+    description: Remediate a set's unhealthy members.
+  - module: machinery.compute.machine_info
+    description: List machines, members or not.
 attributes:
   check_mode:
     support: full
@@ -47,6 +54,31 @@ machine_sets:
   returned: always
   type: list
   elements: dict
+  sample:
+    - name: workers
+      replicas: 2
+      desired_replicas: 2
+      ready_replicas: 2
+      available_replicas: 2
+      selector:
+        match_labels:
+          app: workers
+      template:
+        machine_class: small
+        image: /srv/images/fedora-coreos.qcow2
+        labels:
+          app: workers
+      template_hash: d813bc9d0c
+      delete_policy: Random
+      strategy: spread
+      rollout: null
+      pools:
+      - hv1
+      - hv2
+      members:
+      - workers-483bc
+      - workers-910e8
+      out_of_date: []
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

@@ -20,6 +20,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine
+    description: A machine's whole list of NICs, converged with the rest of it.
+  - module: machinery.compute.volume_attach
+    description: Attach or detach one disk.
+  - module: machinery.compute.machine_info
+    description: A machine's NICs and their addresses.
 attributes:
   check_mode:
     support: full
@@ -94,28 +101,85 @@ network_interface:
     name:
       description: NIC name.
       type: str
+      sample: eth1
     mac:
       description: MAC address.
       type: str
+      sample: 52:54:00:ba:a7:f4
     network:
       description: Network or bridge.
       type: str
+      sample: default
     ip_addresses:
       description: Addresses from the network's DHCP lease.
       type: list
       elements: str
+      sample: ["192.168.122.87"]
     state:
       description: Pending, Attached (libvirt's live or persistent XML shows it) or Detached.
       type: str
+      sample: Attached
 machine:
   description: The machine's status, as the machine module returns it.
   returned: always
   type: dict
+  sample:
+    name: web-1
+    uuid: 0533223d-634a-4d52-b08a-a66127dfd6dc
+    pool: hv1
+    uri: qemu+ssh://root@hv1/system
+    phase: Running
+    machine_class: small
+    cpu: 1
+    memory: 512Mi
+    image: /srv/images/fedora-coreos.qcow2
+    labels:
+      app: web
+    ip_addresses:
+    - 192.168.122.152
+    network_interfaces:
+    - name: eth0
+      mac: 52:54:00:3e:4e:09
+      network: default
+      ip_addresses:
+      - 192.168.122.152
+      ephemeral: true
+      state: Attached
+    volumes:
+    - name: root
+      device: vda
+      size: 20Gi
+      ephemeral: true
+      state: Attached
+    - name: data
+      device: vdb
+      size: 64Gi
+      ephemeral: true
+      state: Attached
+    conditions:
+    - type: Ready
+      status: 'True'
+      reason: Running
+      message: ''
+    - type: VolumesReady
+      status: 'True'
+      reason: Attached
+      message: ''
+    - type: NetworkInterfacesReady
+      status: 'True'
+      reason: Attached
+      message: ''
+    restart_count: 0
+    created: '2026-11-22T15:16:57+00:00'
+    age: 1m
+    managed: true
+    last_error: null
 actions:
   description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory).
   returned: always
   type: list
   elements: str
+  sample: ["attach"]
 plan:
   description:
     - The actions of the run (or, in check mode, of the run it would make), in order, each with what it changes.
@@ -126,23 +190,29 @@ plan:
     action:
       description: The kind of action, for example C(create), C(start), C(update), C(attach), C(register).
       type: str
+      sample: attach
     target:
       description: What it acts on (a machine, volume, NIC, storage pool, network or document name).
       type: str
+      sample: eth1
     fields:
       description: For C(update), the owned fields it changes.
       type: list
       elements: str
+      sample: []
     before:
       description: The owned fields before the action, where it changes some.
       type: dict
+      sample: {}
     after:
       description: The owned fields after the action, where it changes some.
       type: dict
+      sample: {"name": "eth1", "network": "default", "mac": "52:54:00:ba:a7:f4", "model": "virtio", "ephemeral": true}
     steps:
       description: The libvirt operations it takes, each with C(action) and C(target).
       type: list
       elements: dict
+      sample: [{"action": "attach_device", "target": "ua-nic-eth1"}, {"action": "write_record", "target": "web-1"}]
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

@@ -23,6 +23,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine
+    description: A machine's whole list of volumes, converged with the rest of it.
+  - module: machinery.compute.nic_attach
+    description: Attach or detach one network interface.
+  - module: machinery.compute.machine_info
+    description: A machine's volumes and their state.
 attributes:
   check_mode:
     support: full
@@ -99,30 +106,88 @@ volume:
     name:
       description: Volume name.
       type: str
+      sample: web-1-logs
     device:
       description: Target device in the guest's configuration.
       type: str
+      sample: vdc
     bus:
       description: Disk bus.
       type: str
+      sample: virtio
     size:
       description: Size as a quantity.
       type: str
+      sample: 32Gi
     ephemeral:
       description: Whether the volume goes with the machine.
       type: bool
+      sample: false
     state:
       description: Pending, Attached (libvirt's live or persistent XML shows it) or Detached.
       type: str
+      sample: Attached
 machine:
   description: The machine's status, as the machine module returns it.
   returned: always
   type: dict
+  sample:
+    name: web-1
+    uuid: 0533223d-634a-4d52-b08a-a66127dfd6dc
+    pool: hv1
+    uri: qemu+ssh://root@hv1/system
+    phase: Running
+    machine_class: small
+    cpu: 1
+    memory: 512Mi
+    image: /srv/images/fedora-coreos.qcow2
+    labels:
+      app: web
+    ip_addresses:
+    - 192.168.122.152
+    network_interfaces:
+    - name: eth0
+      mac: 52:54:00:3e:4e:09
+      network: default
+      ip_addresses:
+      - 192.168.122.152
+      ephemeral: true
+      state: Attached
+    volumes:
+    - name: root
+      device: vda
+      size: 20Gi
+      ephemeral: true
+      state: Attached
+    - name: data
+      device: vdb
+      size: 64Gi
+      ephemeral: true
+      state: Attached
+    conditions:
+    - type: Ready
+      status: 'True'
+      reason: Running
+      message: ''
+    - type: VolumesReady
+      status: 'True'
+      reason: Attached
+      message: ''
+    - type: NetworkInterfacesReady
+      status: 'True'
+      reason: Attached
+      message: ''
+    restart_count: 0
+    created: '2026-11-22T15:16:57+00:00'
+    age: 1m
+    managed: true
+    last_error: null
 actions:
   description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory).
   returned: always
   type: list
   elements: str
+  sample: ["attach"]
 plan:
   description:
     - The actions of the run (or, in check mode, of the run it would make), in order, each with what it changes.
@@ -133,23 +198,37 @@ plan:
     action:
       description: The kind of action, for example C(create), C(start), C(update), C(attach), C(register).
       type: str
+      sample: attach
     target:
       description: What it acts on (a machine, volume, NIC, storage pool, network or document name).
       type: str
+      sample: web-1-logs
     fields:
       description: For C(update), the owned fields it changes.
       type: list
       elements: str
+      sample: []
     before:
       description: The owned fields before the action, where it changes some.
       type: dict
+      sample: {}
     after:
       description: The owned fields after the action, where it changes some.
       type: dict
+      sample: {"volume": "web-1-logs", "device": "vdc", "bus": "virtio", "size": "32Gi"}
     steps:
       description: The libvirt operations it takes, each with C(action) and C(target).
       type: list
       elements: dict
+      sample:
+        - action: create_volume
+          target: web-1-logs
+          format: qcow2
+          size: 34359738368
+        - action: attach_device
+          target: ua-vol-web-1-logs
+        - action: write_record
+          target: web-1
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

@@ -33,8 +33,8 @@ Artifact = namedtuple("Artifact", "tarball installed env cwd")
 TOP_LEVEL = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "requirements.txt", "bindep.txt", "meta",
              "plugins", "roles", "docs", "changelogs", "extensions"}
 # Development-only things that must not ship, wherever they are.
-NEVER_TOP = {"Makefile", "lab", "tests", "benchmarks", "playbooks", ".venv", ".lab", ".cache", ".ansible", ".ci",
-             "galaxy.yml", "constraints.txt", "requirements-dev.txt"}
+NEVER_TOP = {"Makefile", "lab", "tests", "benchmarks", "playbooks", "extensions", ".venv", ".lab", ".cache",
+             ".ansible", ".ci", "galaxy.yml", "constraints.txt", "requirements-dev.txt"}
 NEVER_ANYWHERE = {"__pycache__", ".venv", ".lab", ".cache", ".ansible", ".git", ".pytest_cache"}
 
 # The plugins the contract names; the test checks them besides everything it discovers.

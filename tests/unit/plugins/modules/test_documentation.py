@@ -101,3 +101,34 @@ def test_owned_fields_know_how_a_running_guest_takes_them():
         "tolerations": "metadata",
         "boot_config": "boot", "topology": "restart", "disk_qos": "iotune", "ip_reservations": "network"}
     assert [item.name for item in options.FIXED] == ["image", "image_checksum", "firmware", "swap"]
+
+
+def missing_samples(returns, where=""):
+    """RETURN keys without a sample; a key that lists what it contains may leave the sample to its members."""
+    missing = []
+    for key, entry in sorted(returns.items()):
+        here = where + key
+        if "contains" in entry:
+            missing.extend(missing_samples(entry["contains"], here + "."))
+        elif "sample" not in entry:
+            missing.append(here)
+    return missing
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_return_value_has_a_sample(name):
+    module = importlib.import_module("%s.modules.%s" % (PACKAGE, name))
+    returns = yaml.safe_load(module.RETURN) or {}
+    assert returns, "%s has no RETURN" % name
+    assert missing_samples(returns) == []
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_module_points_to_its_neighbours(name):
+    module = importlib.import_module("%s.modules.%s" % (PACKAGE, name))
+    seealso = yaml.safe_load(module.DOCUMENTATION).get("seealso") or []
+    neighbours = [entry.get("module", "") for entry in seealso]
+    assert neighbours, "%s has no seealso" % name
+    for neighbour in neighbours:
+        assert neighbour.startswith("machinery.compute.") and neighbour != "machinery.compute." + name
+        assert neighbour.split(".")[-1] in MODULES, "%s: seealso names %s, which does not exist" % (name, neighbour)
