@@ -386,13 +386,15 @@ machine:
     cpu:
       description: Virtual CPUs.
       type: int
-      sample: 1
+      sample: 2
     topology:
       description: The CPU topology (sockets, cores, threads), or null when the machine has none of its own.
       type: dict
+      sample: {"sockets": 1, "cores": 2, "threads": 1}
     swap:
       description: Swap size as a quantity, or null.
       type: str
+      sample: 1Gi
     memory:
       description: Memory as a quantity.
       type: str
@@ -469,6 +471,27 @@ machine:
           address, prefix, family), C(agent_errors) (what the agent refused).
         - See C(docs/guest-agent.md) in the collection.
       type: dict
+      sample:
+        hostname: web-1
+        os:
+          name: Debian GNU/Linux
+          pretty_name: Debian GNU/Linux 12 (bookworm)
+          id: debian
+          version: 12 (bookworm)
+          version_id: '12'
+          machine: x86_64
+        kernel:
+          release: 6.1.0-56-cloud-amd64
+          version: '#1 SMP PREEMPT_DYNAMIC Debian 6.1.192-2 (2026-11-16)'
+        timezone: {"name": "UTC", "offset": 0}
+        boot_time: '2026-11-22T14:39:08+00:00'
+        interfaces:
+          - name: eth0
+            mac: 52:54:00:7d:6c:e1
+            addresses:
+              - {"address": "192.168.122.152", "prefix": 24, "family": "ipv4"}
+              - {"address": "fe80::5054:ff:fe7d:6ce1", "prefix": 64, "family": "ipv6"}
+        agent_errors: []
     restart_count:
       description: Starts after the first one.
       type: int

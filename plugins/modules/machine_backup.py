@@ -25,6 +25,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine
+    description: Stop a machine before a restore and start it again; its C(guest) shows whether the agent answers.
+  - module: machinery.compute.machine_info
+    description: Find the machines to back up, by name or labels.
+  - module: machinery.compute.machine_pool
+    description: The pool whose storage holds the backup volumes.
 attributes:
   check_mode:
     support: full
@@ -113,6 +120,15 @@ backup:
   description: The backup taken by this run (its name, in check mode), or null.
   returned: always
   type: dict
+  sample:
+    name: b20260310-020000
+    created: '2026-03-10T02:00:00+00:00'
+    method: push
+    quiesced: true
+    reason: file systems frozen through the guest agent while the backup began
+    disks:
+      - {"device": "vda", "volume": "db-1.backup.b20260310-020000.vda.qcow2", "size": 2147483648}
+      - {"device": "vdb", "volume": "db-1.backup.b20260310-020000.vdb.qcow2", "size": 10737418240}
 backups:
   description: The machine's backups after the run, oldest first.
   returned: always
@@ -122,27 +138,35 @@ backups:
     name:
       description: The backup's name.
       type: str
+      sample: b20260310-020000
     created:
       description: When it was taken (UTC, ISO 8601).
       type: str
+      sample: '2026-03-10T02:00:00+00:00'
     method:
       description: C(push) (a backup job of the running machine) or C(copy) (volumes cloned while it was stopped).
       type: str
+      sample: push
     quiesced:
       description: Whether the guest's file systems were frozen through the guest agent.
       type: bool
+      sample: false
     reason:
       description: Why the backup is or is not quiesced.
       type: str
+      sample: 'the guest agent did not freeze the file systems (Guest agent is not responding: QEMU guest agent is
+        not connected): the backup is crash-consistent'
     disks:
       description: Each disk copied, with C(device), C(volume) and C(size) in bytes.
       type: list
       elements: dict
+      sample: [{"device": "vda", "volume": "db-1.backup.b20260310-020000.vda.qcow2", "size": 2147483648}]
 actions:
   description: The short form of each planned action (C(backup), C(delete), C(restore), C(prune retention)).
   returned: always
   type: list
   elements: str
+  sample: ["backup", "prune retention"]
 plan:
   description: The actions of the run (or, in check mode, of the run it would make), each with its libvirt steps.
   returned: always
@@ -152,23 +176,34 @@ plan:
     action:
       description: The kind of action.
       type: str
+      sample: backup
     target:
       description: The backup (or, for C(prune), the machine).
       type: str
+      sample: b20260310-020000
     fields:
       description: What it changes, where it names fields.
       type: list
       elements: str
+      sample: ["retention"]
     before:
       description: Before the action.
       type: dict
+      sample: {}
     after:
       description: After the action.
       type: dict
+      sample: {"backup": "b20260310-020000", "devices": ["vda", "vdb"], "method": "push"}
     steps:
       description: The libvirt operations it takes, each with C(action) and C(target).
       type: list
       elements: dict
+      sample:
+        - {"action": "fs_freeze", "target": "db-1"}
+        - {"action": "backup_begin", "target": "db-1"}
+        - {"action": "fs_thaw", "target": "db-1"}
+        - {"action": "wait_job", "target": "db-1"}
+        - {"action": "write_document", "target": "backups-db-1"}
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

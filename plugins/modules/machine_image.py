@@ -21,6 +21,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection.pools
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine
+    description: Build machines on a published image by giving its name as O(machinery.compute.machine#module:image).
+  - module: machinery.compute.manifest
+    description: Manifests that name the image (IronCore C(image), vitistack C(os)).
+  - module: machinery.compute.machine_pool
+    description: Register the pools, and prune cached images no machine uses.
 attributes:
   check_mode:
     support: full
@@ -101,29 +108,50 @@ image:
     name:
       description: Name of the image.
       type: str
+      sample: my-image
     source:
       description: Where the bits came from (the URL or path given).
       type: str
+      sample: https://images.example.com/debian-12.qcow2
     checksum:
       description: sha256 of the image.
       type: str
+      sample: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
     os:
       description: The os description given.
       type: dict
+      sample: {"family": "linux", "distribution": "debian", "version": "12", "architecture": "amd64"}
     pools:
       description: Names of the pools it is published on after the run.
       type: list
       elements: str
+      sample: ["hv1", "hv2"]
 actions:
   description: Short form of each planned action (cache, publish, withdraw), over every pool in order.
   returned: always
   type: list
   elements: str
+  sample: ["cache", "publish", "cache", "publish"]
 plan:
   description: Each action with its target (C(<pool>/<image>)), the record before and after, and libvirt steps.
   returned: always
   type: list
   elements: dict
+  sample:
+    - action: cache
+      target: hv1/my-image
+      steps:
+        - {"action": "cache_image", "target": "https://images.example.com/debian-12.qcow2"}
+    - action: publish
+      target: hv1/my-image
+      before: {}
+      after:
+        name: my-image
+        source: https://images.example.com/debian-12.qcow2
+        checksum: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+        os: {"family": "linux", "distribution": "debian", "version": "12", "architecture": "amd64"}
+      steps:
+        - {"action": "write_document", "target": "image-my-image"}
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv

@@ -25,6 +25,15 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection.pools
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.manifest_info
+    description: Export existing machines as documents of a dialect.
+  - module: machinery.compute.machine_image
+    description: Publish the named images the documents refer to.
+  - module: machinery.compute.machine
+    description: The core a Machine document is handed to.
+  - module: machinery.compute.machine_set
+    description: The core a MachineSet document is handed to.
 attributes:
   check_mode:
     support: full
@@ -99,20 +108,45 @@ objects:
   returned: always
   type: list
   elements: dict
+  sample:
+    - apiVersion: compute.ironcore.dev/v1alpha1
+      kind: Machine
+      metadata:
+        name: web-1
+        labels: {"app": "web"}
+      status:
+        machinePoolRef: {"name": "hv1"}
+        state: Running
+        conditions:
+          - {"type": "Ready", "status": "True", "reason": "Running", "message": ""}
+        volumes: [{"name": "root", "state": "Attached"}]
+        networkInterfaces: [{"name": "eth0", "state": "Attached", "ips": ["192.168.122.152"]}]
 tables:
   description: Per kind, lines like C(kubectl get <kind> -o wide) prints.
   returned: always
   type: dict
+  sample:
+    Machine:
+      - NAME    MACHINECLASSREF   IMAGE      MACHINEPOOLREF   STATE     AGE
+      - web-1   small             my-image   hv1              Running   12s
+    MachineClass:
+      - NAME    CPU   MEMORY
+      - small   1     512Mi
 problems:
   description: When the documents are invalid, every problem, each as C(<Kind>/<name>) and the field path.
   returned: failure
   type: list
   elements: str
+  sample:
+    - 'MachineClass/small: capabilities.cpu: must be between 1 and 256, got 0'
+    - "Machine/web-1: spec.machineClassRef.name: MachineClass 'huge' is neither among the documents nor published on
+      a pool"
 actions:
   description: Every planned action as C(<Kind>/<name>) then the action (with C(on <pool>) where it is per pool).
   returned: always
   type: list
   elements: str
+  sample: ["MachineClass/small: publish on hv1", "Machine/web-1: update labels"]
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

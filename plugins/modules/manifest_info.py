@@ -19,6 +19,11 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection.pools
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.manifest
+    description: Apply the exported documents, to the same pools or others.
+  - module: machinery.compute.machine_info
+    description: The machines' status as the collection returns it.
 attributes:
   check_mode:
     support: full
@@ -61,6 +66,23 @@ documents:
   returned: always
   type: list
   elements: dict
+  sample:
+    - apiVersion: compute.ironcore.dev/v1alpha1
+      kind: Machine
+      metadata:
+        name: web-1
+        labels: {"app": "web"}
+      spec:
+        machineClassRef: {"name": "small"}
+        image: my-image
+        machinePoolRef: {"name": "hv1"}
+        power: 'On'
+        volumes:
+          - name: data
+            emptyDisk: {"sizeLimit": "64Gi"}
+        networkInterfaces:
+          - name: eth0
+            ephemeral: {"networkInterfaceTemplate": {"spec": {"networkRef": {"name": "default"}}}}
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options

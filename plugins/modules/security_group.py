@@ -26,6 +26,13 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
   - machinery.compute.action_group
+seealso:
+  - module: machinery.compute.machine
+    description: Put groups on a machine's NICs with its C(network_interfaces[].security_groups) option.
+  - module: machinery.compute.nic_attach
+    description: Attach a NIC, with its security groups, to an existing machine.
+  - module: machinery.compute.machine_info
+    description: See the machines and NICs a group guards.
 attributes:
   check_mode:
     support: full
@@ -122,17 +129,23 @@ security_group:
     name:
       description: The group's name.
       type: str
+      sample: web
     filter:
       description: The libvirt nwfilter that holds it.
       type: str
+      sample: machinery-sg-web
     rules:
       description: The rules, normalized (every key present, in a canonical order).
       type: list
       elements: dict
+      sample:
+        - {"direction": "ingress", "protocol": "tcp", "port": 80, "port_end": null, "remote_cidr": "0.0.0.0/0"}
+        - {"direction": "ingress", "protocol": "tcp", "port": 8000, "port_end": 8080, "remote_cidr": "10.0.0.0/8"}
     network_interfaces:
       description: The NICs it guards, as C(machine/nic).
       type: list
       elements: str
+      sample: ["web-1/eth0", "web-2/eth0"]
   sample:
     name: web
     filter: machinery-sg-web
@@ -143,6 +156,7 @@ actions:
   returned: always
   type: list
   elements: str
+  sample: ["update rules"]
 plan:
   description:
     - The actions of the run (or, in check mode, of the run it would make), in order, each with what it changes.
@@ -153,23 +167,34 @@ plan:
     action:
       description: The kind of action.
       type: str
+      sample: update
     target:
       description: The group.
       type: str
+      sample: web
     fields:
       description: For C(update), the fields it changes.
       type: list
       elements: str
+      sample: ["rules"]
     before:
       description: The group before the action.
       type: dict
+      sample:
+        rules:
+          - {"direction": "ingress", "protocol": "tcp", "port": 80, "port_end": null, "remote_cidr": "0.0.0.0/0"}
     after:
       description: The group after the action.
       type: dict
+      sample:
+        rules:
+          - {"direction": "ingress", "protocol": "tcp", "port": 80, "port_end": null, "remote_cidr": "0.0.0.0/0"}
+          - {"direction": "ingress", "protocol": "tcp", "port": 443, "port_end": null, "remote_cidr": "0.0.0.0/0"}
     steps:
       description: The libvirt operations it takes, each with C(action) and C(target).
       type: list
       elements: dict
+      sample: [{"action": "define_nwfilter", "target": "machinery-sg-web"}]
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils import options
