@@ -13,7 +13,7 @@ description:
   - Runs commands and moves files inside a libvirt domain through the QEMU guest agent (C(guest-exec),
     C(guest-file-*)), over the libvirt connection of the machine's pool. The machine needs no network path from
     the controller, no SSH server and no account, only a running guest agent.
-  - The pool and the domain come from the host's variables. The M(machinery.compute.machines) inventory sets them
+  - The pool and the domain come from the host's variables. The P(machinery.compute.machines#inventory) inventory sets them
     for every machine (C(machinery_uri), C(machinery_domain)), so C(ansible_connection=machinery.compute.guest_agent)
     is the only setting a play needs.
   - Commands run as the user the agent runs as (root on common distributions) through C(/bin/sh -c). Modules need a
