@@ -108,8 +108,9 @@ def _nic_states(spec, shown, view, active):
 def _volume_states(spec, tree, shown, view):
     """Each volume of the record: Attached when the guest has it, Pending when not yet, Missing when the volume
     it uses is gone from the pool's storage (a machine that cannot start again)."""
-    attached = {disk["alias"] for disk in elements.read_disks(shown)}
-    paths = {disk["alias"]: disk["path"] for disk in elements.read_disks(tree)}
+    disks = elements.read_disks(tree)
+    attached = {disk["alias"] for disk in (disks if shown is tree else elements.read_disks(shown))}
+    paths = {disk["alias"]: disk["path"] for disk in disks}
     entries = [{"name": "root", "device": "vda", "size": spec.get("root_size"), "ephemeral": True}]
     entries += [{"name": vol["name"], "device": vol["device"], "size": vol.get("size"),
                  "ephemeral": vol.get("ephemeral", True)} for vol in spec.get("volumes") or []]
@@ -123,12 +124,15 @@ def _volume_states(spec, tree, shown, view):
     return volumes
 
 
-def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None):
+def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None, record=None):
     """The public ``machine`` return for a domain (the same shape for the module, info and inventory).
 
-    ``tree`` (the persistent XML) and ``state`` ((state, reason)) may be passed when already read."""
-    tree = tree if tree is not None else dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
-    record = dx.read_record(tree) or {}
+    ``tree`` (the persistent XML), ``state`` ((state, reason)) and ``record`` (read from that tree) may be passed
+    when already read."""
+    if tree is None:
+        tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+        record = None
+    record = (record if record is not None else dx.read_record(tree)) or {}
     spec = record.get("spec", {})
     view = view or PoolView(ctx)
     state, reason = state or dom.state()
@@ -202,15 +206,13 @@ def table(machines):
 
 def list_machines(ctx, include_unmanaged=False):
     """Status of every machine of the pool (domains the collection created, unless include_unmanaged)."""
-    view = PoolView(ctx)
+    view = ctx.view()
     moment = now()
     result = []
-    # one call for every domain's state instead of one per domain
-    for dom, stats in ctx.conn.getAllDomainStats(lv.libvirt.VIR_DOMAIN_STATS_STATE, 0):
-        tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
-        if dx.read_record(tree) is None and not include_unmanaged:
+    # the pool's listing: one call for every domain's state, each domain's XML read once per run
+    for reading in ctx.listing().values():
+        if reading.record is None and not include_unmanaged:
             continue
-        state = (stats.get("state.state"), stats.get("state.reason"))
-        result.append(machine_status(dom, ctx, view, tree, moment, state if state[0] is not None else None))
+        result.append(machine_status(reading.dom, ctx, view, reading.tree, moment, reading.state, reading.record))
     result.sort(key=lambda machine: machine["name"])
     return result
