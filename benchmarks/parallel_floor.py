@@ -145,8 +145,8 @@ def floor(pools, names, templates, checksum):
 def measure(lab, count, pool_count, keep):
     pools = [{"name": entry["name"], "uri": entry["uri"]} for entry in lab["pools"][:pool_count]]
     if len(pools) < pool_count:
-        raise SystemExit("the lab has %d pools, %d wanted: lab.py up --pools %d" % (len(pools), pool_count,
-                                                                                     pool_count))
+        raise SystemExit("the lab has %d pools, %d wanted: lab.py up --pools %d"
+                         % (len(pools), pool_count, pool_count))
     image = lab["image"]
     templates = prepare(pools, image, -(-count // pool_count))
     checksum = storage.sha256_file(image)
@@ -222,8 +222,8 @@ def main():
         count, pool_count = (int(part) for part in size.split(":"))
         rows.append(measure(lab, count, pool_count, options.keep and index == len(options.sizes) - 1))
         print(json.dumps(rows[-1]), flush=True)
-    print("%-14s %8s %8s %8s %8s %10s %10s %8s %8s" % ("size", "floor s", "empty s", "role s", "set s",
-                                                        "role/floor", "set/floor", "role 0p", "set 0p"))
+    print("%-14s %8s %8s %8s %8s %10s %10s %8s %8s" % (
+        "size", "floor s", "empty s", "role s", "set s", "role/floor", "set/floor", "role 0p", "set 0p"))
     for row in rows:
         print("%-14s %8.2f %8.2f %8.2f %8.2f %10.2f %10.2f %8.2f %8.2f" % (
             "%d on %d" % (row["machines"], row["pools"]), row["floor_s"], row["role_empty_s"], row["role_s"],

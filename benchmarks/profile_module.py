@@ -3,7 +3,8 @@
     python benchmarks/profile_module.py machine_batch args.json [--top 25] [--out run.prof]
 
 Every thread is profiled (the worker threads' stats are added to the main thread's). Prints the wall time,
-the module's changed flag, the functions with the most cumulative time, and the libvirt calls the run made (every libvirt RPC goes through libvirtmod, so its call counts are the round trips).
+the module's changed flag, the functions with the most cumulative time, and the libvirt calls the run made
+(every libvirt RPC goes through libvirtmod, so its call counts are the round trips).
 """
 
 import argparse
@@ -61,8 +62,8 @@ def main():
     elapsed = time.perf_counter() - start
     text = output.getvalue()
     result = json.loads(text[text.index("{"):])
-    print("%s: %.2f s in-process, changed=%s, failed=%s %s" % (options.module, elapsed, result.get("changed"),
-                                                              result.get("failed", False), result.get("msg", "")))
+    print("%s: %.2f s in-process, changed=%s, failed=%s %s" % (
+        options.module, elapsed, result.get("changed"), result.get("failed", False), result.get("msg", "")))
     stats = pstats.Stats(profile)
     for thread_profile in PROFILES:
         stats.add(thread_profile)
