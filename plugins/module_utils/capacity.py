@@ -122,7 +122,8 @@ def pool_status(ctx, registration=None, sizes=None, capacity=None):
     """The public ``pool`` return: registration plus live capacity, allocation and class fit."""
     conn = ctx.conn
     registration = registration or ctx.registration or {}
-    sizes = machine_sizes(conn) if sizes is None else sizes
+    if sizes is None:  # from the run's listing of the pool when it read one (the inventory)
+        sizes = machine_sizes(conn, ctx.listed())
     capacity = capacity_of(conn) if capacity is None else capacity
     allocatable = allocatable_for(capacity, registration)
     allocated = {"cpu": sum(size[1] or 0 for size in sizes), "memory": sum(size[2] or 0 for size in sizes)}
