@@ -19,7 +19,7 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt
 	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils
 
 .PHONY: help deps venv core-venv image image-real lab-up lab-down lab-status demo demo-down test unit sanity lint \
-	packaging integration molecule docs docs-lint benchmark clean
+	packaging integration molecule docs docs-lint benchmark benchmark-scale clean
 
 help:
 	@echo "make demo        a 3-pool lab of real libvirtd hosts, classes, machines booted with Ignition + cloud-init"
@@ -138,16 +138,27 @@ molecule: venv image
 		$(VENV)/bin/molecule test --all; \
 		status=$$?; python3 lab/lab.py down --dir $(MOLECULE_LAB); exit $$status
 
-# The inventory benchmark wants 5 pools.
-benchmark: POOLS = 5
+# The parallel floor wants 10 pools (300 machines on 10); the plots want matplotlib (benchmarks/requirements.txt).
+# benchmark-scale: 10,000 machines over 20 pools for the inventory and the 1,000-machine runs of docs/performance.md.
+benchmark: POOLS = 10
 benchmark: venv lab-up
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r benchmarks/requirements.txt
 	$(PY) benchmarks/scheduler_scale.py
+	$(PY) benchmarks/parallel_floor.py --lab $(LAB)/lab.json 30:3 300:10
+	$(PY) benchmarks/info_scale.py --lab $(LAB)/lab.json 30 300 1000
 	$(PY) benchmarks/create_floor.py --lab $(LAB)/lab.json
 	$(PY) benchmarks/converge.py --lab $(LAB)/lab.json --community $$(bash benchmarks/community_libvirt.sh $(VENV))
 	$(PY) benchmarks/hotplug.py --lab $(LAB)/lab.json
 	$(PY) benchmarks/fleet_sets.py --lab $(LAB)/lab.json
 	$(PY) benchmarks/inventory_scale.py --lab $(LAB)/lab.json --community $$(bash benchmarks/community_libvirt.sh $(VENV)) \
 		--core 2.18.19 --core $(MIN_CORE)
+
+benchmark-scale: POOLS = 20
+benchmark-scale: venv lab-up
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r benchmarks/requirements.txt
+	$(PY) benchmarks/parallel_floor.py --lab $(LAB)/lab.json 30:3 300:10 1000:10 --plot docs/images/create.png
+	$(PY) benchmarks/info_scale.py --lab $(LAB)/lab.json --plot docs/images/info.png 30 300 1000
+	$(PY) benchmarks/inventory_scale.py --lab $(LAB)/lab.json --count 10000 --rounds 3
 
 clean:
 	python3 lab/lab.py down --dir $(LAB) --purge || true

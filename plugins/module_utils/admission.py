@@ -7,12 +7,20 @@ capacity check made under it, so concurrent runs neither double-book a pool nor 
 from __future__ import annotations
 
 import threading
+import time
 
 from ansible_collections.machinery.compute.plugins.module_utils import capacity
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.errors import NameTaken, PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
+
+
+# A run converging many machines (machine_batch, machine_set) admits them one after another on the same pools:
+# the threads hand the pools' admission locks over to each other instead of giving them back to libvirt and
+# taking them again (four storage volume calls a pool per machine), for at most HAND_OVER_SECONDS, so other runs
+# still get their turn; the last admission of the process to leave gives them back.
+HAND_OVER_SECONDS = 5.0
 
 
 class Admission:
@@ -23,6 +31,8 @@ class Admission:
 
     _process_locks = {}
     _process_locks_guard = threading.Lock()
+    _kept = {}  # uri -> (registry.AdmissionLock, monotonic time it was taken): held, handed over within the process
+    _inside = 0  # admissions of this process entered and not left
 
     def __init__(self, ctx, peer_uris):
         self.ctx = ctx
@@ -36,6 +46,7 @@ class Admission:
             self.peers.append((uri, conn))
         self.locks = []
         self.held = []
+        self.counted = False
 
     @classmethod
     def process_lock(cls, uri):
@@ -45,14 +56,25 @@ class Admission:
 
     def __enter__(self):
         holders = [(self.ctx.uri, self.ctx.conn)] + self.peers
+        with self._process_locks_guard:
+            Admission._inside += 1
+            self.counted = True
         try:
             for uri, conn in sorted(holders, key=lambda holder: holder[0]):
                 local = self.process_lock(uri)
                 local.acquire()
                 self.held.append(local)
+                with self._process_locks_guard:
+                    kept = Admission._kept.pop(uri, None)
+                if kept is not None and time.monotonic() - kept[1] < HAND_OVER_SECONDS:
+                    self.locks.append((uri, conn, kept))
+                    continue
+                if kept is not None:  # held long enough: other runs get their turn
+                    kept[0].release()
                 registry_pool = lv.lookup_storage_pool(conn, reg.REGISTRY_POOL)
                 if registry_pool is not None:
-                    self.locks.append(reg.AdmissionLock(conn, registry_pool).acquire())
+                    self.locks.append((uri, conn, (reg.AdmissionLock(conn, registry_pool).acquire(),
+                                                   time.monotonic())))
         except BaseException:
             self.__exit__()
             raise
@@ -64,7 +86,21 @@ class Admission:
                 raise NameTaken("a machine named %s already exists on pool %s" % (name, uri), "name")
 
     def __exit__(self, *exc_info):
-        for lock in reversed(self.locks):
+        giving_back = []
+        with self._process_locks_guard:
+            if self.counted:
+                Admission._inside -= 1
+                self.counted = False
+            others = Admission._inside > 0
+            for uri, conn, (lock, taken) in self.locks:
+                if others and conn not in self.opened and time.monotonic() - taken < HAND_OVER_SECONDS:
+                    Admission._kept[uri] = (lock, taken)
+                else:
+                    giving_back.append(lock)
+            if not others:  # the last one out: nothing stays held after the run
+                giving_back += [lock for lock, _taken in Admission._kept.values()]
+                Admission._kept.clear()
+        for lock in reversed(giving_back):
             lock.release()
         self.locks = []
         for local in reversed(self.held):
@@ -80,14 +116,20 @@ class Admission:
         return False
 
 
-def check_room(ctx, spec, disks=None):
+def check_room(ctx, spec, disks=None, locked=False):
     """Refuse a machine the pool has no room for: the machines already defined there (other than this one)
     plus ``spec`` must fit in what the pool's registration makes allocatable, and so must the new ``disks``
-    ([(field, virtual bytes)]) in its storage."""
+    ([(field, virtual bytes)]) in its storage.
+
+    A plan checks against the pool as this run listed it (when it did); under the admission lock (``locked``)
+    the sizes are read as they are now."""
     registration = ctx.registration
     if not registration:
         return
-    sizes = capacity.machine_sizes(ctx.conn)
+    if locked:
+        sizes = capacity.current_sizes(ctx.conn, ctx.records)
+    else:
+        sizes = capacity.machine_sizes(ctx.conn, ctx.listed())
     allocatable = capacity.registered_allocatable(ctx.conn, registration)
     others = [size for size in sizes if size[0] != spec["name"]]
     used_cpu = sum(size[1] or 0 for size in others)

@@ -72,16 +72,24 @@ def _run(jobs, workers, work):
 
 
 def preflight(jobs, specs, workers):
-    """Every placed machine planned in check mode first: an invalid one fails the run before any write."""
+    """Every placed machine planned in check mode first: an invalid one fails the run before any write.
+
+    Returns {name: outcome} of the machines already converged (an empty plan): the real run would observe and
+    plan them again to the same empty plan, so their check-mode outcome is their outcome."""
     index = {spec["name"]: position for position, spec in enumerate(specs)}
     problems = []
+    converged = {}
     for (spec, _ctx), outcome in _run(jobs, workers, lambda job: MachineService(job[1], True)
                                       .ensure(machine_params(job[0], []))):
         if isinstance(outcome, MachineryError) and not isinstance(outcome, (PoolFull, NameTaken)):
             field = "machines[%d]%s" % (index[spec["name"]], "." + outcome.field if outcome.field else "")
             problems.append("%s: %s" % (field, outcome.message))
+        elif not isinstance(outcome, MachineryError) and not outcome.plan.actions and \
+                not (spec.get("state") == "running" and spec.get("wait") == "address"):
+            converged[spec["name"]] = outcome  # waiting for an address is the real run's, not check mode's
     if problems:
         raise ValidationError("nothing was changed; %s" % "; ".join(problems), "machines")
+    return converged
 
 
 MAX_WORKERS = 256
@@ -135,7 +143,11 @@ def converge(entries, specs, strategy="spread", retries=3, workers=16, check_mod
                 else:
                     jobs.append((spec, fleet.contexts[placement["uri"]]))
             if result.attempts == 1:
-                preflight(jobs, specs, workers)
+                converged = preflight(jobs, specs, workers)
+                for spec, _ctx in jobs:
+                    if spec["name"] in converged:
+                        result.record(spec, converged[spec["name"]])
+                jobs = [job for job in jobs if job[0]["name"] not in converged]
             crowded = []
             for (spec, ctx), outcome in _run(jobs, workers, lambda job: MachineService(job[1], check_mode)
                                              .ensure(machine_params(job[0], fleet.uris))):

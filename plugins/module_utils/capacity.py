@@ -29,17 +29,48 @@ def machine_disks(record):
     return disks
 
 
-def machine_sizes(conn):
+def machine_sizes(conn, listing=None):
     """[(name, cpu, memory bytes, machine_class, {volume: bytes}, tolerations)] of the machines (domains with our
-    record) on the host."""
+    record) on the host; from ``listing`` (pool_context.read_domains) when the run has read one."""
+    if listing is None:
+        readings = []
+        for dom in conn.listAllDomains(0):
+            tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+            readings.append((dom.name(), tree, dx.read_record(tree)))
+    else:
+        readings = [(name, reading.tree, reading.record) for name, reading in listing.items()]
     sizes = []
-    for dom in conn.listAllDomains(0):
-        tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
-        record = dx.read_record(tree)
+    for name, tree, record in readings:
         if record is None:
             continue
-        sizes.append((dom.name(), dx.read_cpu(tree), dx.read_memory(tree), record["spec"].get("machine_class"),
+        sizes.append((name, dx.read_cpu(tree), dx.read_memory(tree), record["spec"].get("machine_class"),
                       machine_disks(record), record["spec"].get("tolerations") or []))
+    return sizes
+
+
+def current_sizes(conn, known):
+    """``machine_sizes`` as of now, for the check made under the admission lock, in one bulk call: every domain's
+    vcpus and memory come from libvirt's domain stats; its record (class, disks) is read from its XML only for a
+    domain not in ``known`` ({uuid: record or None}, kept by the caller for the run) yet."""
+    flags = lv.libvirt.VIR_DOMAIN_STATS_VCPU | lv.libvirt.VIR_DOMAIN_STATS_BALLOON
+    sizes = []
+    for dom, stats in conn.getAllDomainStats(flags, 0):
+        uuid = dom.UUIDString()
+        cpu, memory = stats.get("vcpu.current"), stats.get("balloon.maximum")
+        if uuid not in known or cpu is None or memory is None:
+            try:
+                tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+            except lv.libvirt.libvirtError as exc:
+                if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_DOMAIN:
+                    continue  # undefined since the stats call
+                raise
+            known[uuid] = dx.read_record(tree)
+            cpu, memory = dx.read_cpu(tree), dx.read_memory(tree) // 1024
+        record = known[uuid]
+        if record is None:
+            continue
+        sizes.append((dom.name(), cpu, memory * 1024, record["spec"].get("machine_class"), machine_disks(record),
+                      record["spec"].get("tolerations") or []))
     return sizes
 
 
@@ -93,7 +124,8 @@ def pool_status(ctx, registration=None, sizes=None, capacity=None):
     """The public ``pool`` return: registration plus live capacity, allocation and class fit."""
     conn = ctx.conn
     registration = registration or ctx.registration or {}
-    sizes = machine_sizes(conn) if sizes is None else sizes
+    if sizes is None:  # from the run's listing of the pool when it read one (the inventory)
+        sizes = machine_sizes(conn, ctx.listed())
     capacity = capacity_of(conn) if capacity is None else capacity
     allocatable = allocatable_for(capacity, registration)
     allocated = {"cpu": sum(size[1] or 0 for size in sizes), "memory": sum(size[2] or 0 for size in sizes)}

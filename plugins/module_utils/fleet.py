@@ -33,7 +33,7 @@ def pool_entries(items, field="pools"):
 def snapshot_of(ctx, given_name=None):
     """What the scheduler needs of one connected pool, in raw numbers."""
     registration = ctx.registration
-    sizes = capacity.machine_sizes(ctx.conn)
+    sizes = capacity.machine_sizes(ctx.conn, ctx.listing())
     snapshot = {"name": (registration or {}).get("name") or given_name or ctx.uri, "uri": ctx.uri,
                 "labels": {}, "taints": [], "classes": {}, "machines": [size[0] for size in sizes],
                 "allocated": {"cpu": sum(s[1] or 0 for s in sizes), "memory": sum(s[2] or 0 for s in sizes)},

@@ -66,13 +66,22 @@ class Observed:
         return self.exists and is_active(self.state[0])
 
 
-def observe_machine(conn, name, journal=False):
+def observe_machine(conn, name, journal=False, listing=None, registry=None):
     """One read of the machine; with ``journal``, a missing machine also brings the journal a dead run of that
-    name left in the pool's registry (the volumes it created or was deleting)."""
-    dom = lv.lookup_domain(conn, name)
+    name left in the pool's registry (the volumes it created or was deleting). With ``listing`` (the pool's
+    domains as this run read them, pool_context.read_domains) the machine is taken from it, no round trip, and a
+    missing one's journal from ``registry`` (the run's)."""
+    if listing is not None:
+        reading = listing.get(name)
+        if reading is not None:
+            return Observed(name, reading.dom, reading.tree, reading.record, reading.state,
+                            reading.live_max_memory)
+        dom = None
+    else:
+        dom = lv.lookup_domain(conn, name)
     if dom is None:
         observed = Observed(name)
-        observed.journal = reg.Registry.open(conn).get(reg.pending_key(name)) if journal else None
+        observed.journal = (registry or reg.Registry.open(conn)).get(reg.pending_key(name)) if journal else None
         return observed
     tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
     state = tuple(dom.state())
@@ -315,12 +324,17 @@ class MachineResource:
         self.spec = None
         self.warnings = []
         self.restart_required = False
+        self.observations = 0
 
     def describe(self):
         return "machine %s on pool %s" % (self.name, self.ctx.name or self.ctx.uri)
 
     def observe(self):
-        return observe_machine(self.conn, self.name, journal=bool(self.ctx.registration))
+        # the first observation may come from the pool's listing of this run; the one after apply is fresh
+        listing = self.ctx.listed() if not self.observations else None
+        self.observations += 1
+        return observe_machine(self.conn, self.name, journal=bool(self.ctx.registration), listing=listing,
+                               registry=self.ctx.registry if listing is not None else None)
 
     def plan(self, observed):
         if observed.exists and not observed.managed and not self.params.get("adopt"):
@@ -361,7 +375,7 @@ class MachineResource:
                 raise NameTaken("another run created a machine named %s on this pool meanwhile" % spec["name"],
                                 "name")
             admission.check_unique(spec["name"])
-            check_room(self.ctx, spec, new_disks(spec))
+            check_room(self.ctx, spec, new_disks(spec), locked=True)
             registry = self.ctx.registry
             key = reg.pending_key(spec["name"])
             self._remove_orphans(registry.get(key))
@@ -844,7 +858,11 @@ class MachineService:
         else:
             if not self.check_mode and resource.state == "running":
                 self.wait(observed.dom, spec, params)
-            machine = machine_status(observed.dom, self.ctx)
+            if plan.actions or params.get("wait") == "address":
+                machine = machine_status(observed.dom, self.ctx)
+            else:  # as observed: the pool's leases and volumes as this run read them
+                machine = machine_status(observed.dom, self.ctx, self.ctx.view(), observed.tree, state=observed.state,
+                                         record=observed.record)
         restart_required = resource.restart_required or (self.check_mode and plan.facts.get("restart_required"))
         return Outcome(plan, machine, resource.warnings, bool(restart_required))
 

@@ -112,8 +112,9 @@ def _nic_states(spec, shown, view, active):
 def _volume_states(spec, tree, shown, view):
     """Each volume of the record: Attached when the guest has it, Pending when not yet, Missing when the volume
     it uses is gone from the pool's storage (a machine that cannot start again)."""
-    attached = {disk["alias"] for disk in elements.read_disks(shown)}
-    paths = {disk["alias"]: disk["path"] for disk in elements.read_disks(tree)}
+    disks = elements.read_disks(tree)
+    attached = {disk["alias"] for disk in (disks if shown is tree else elements.read_disks(shown))}
+    paths = {disk["alias"]: disk["path"] for disk in disks}
     entries = [{"name": "root", "device": "vda", "size": spec.get("root_size"), "ephemeral": True}] \
         if spec.get("image", {}) is not None else []  # a machine booted from a volume has no root disk
     entries += [{"name": vol["name"], "device": vol["device"], "size": vol.get("size"),
@@ -151,10 +152,13 @@ def _bootstrap_condition(active, connected, facts, asked):
                 status="Unknown")
 
 
-def _base_status(dom, ctx, view, tree, moment, state):
-    """The status without the guest's facts, and whether the machine runs and its agent's channel is connected."""
-    tree = tree if tree is not None else dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
-    record = dx.read_record(tree) or {}
+def _base_status(dom, ctx, view, tree, moment, state, record=None):
+    """The status without the guest's facts, and whether the machine runs and its agent's channel is connected.
+    ``record`` (read from ``tree``) may be passed when already read."""
+    if tree is None:
+        tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+        record = None
+    record = (record if record is not None else dx.read_record(tree)) or {}
     spec = record.get("spec", {})
     view = view or PoolView(ctx)
     state, reason = state or dom.state()
@@ -211,13 +215,14 @@ def _with_guest(status, active, connected, facts, asked):
     return status
 
 
-def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None, guest=True):
+def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None, guest=True, record=None):
     """The public ``machine`` return for a domain (the same shape for the module, info and inventory).
 
-    ``tree`` (the persistent XML) and ``state`` ((state, reason)) may be passed when already read. With
+    ``tree`` (the persistent XML), ``state`` ((state, reason)) and ``record`` (read from that tree) may be passed
+    when already read. With
     ``guest``, a running machine whose agent channel is connected is asked for its facts (``guest``); a
     machine without one costs nothing more."""
-    status, active, connected = _base_status(dom, ctx, view, tree, moment, state)
+    status, active, connected = _base_status(dom, ctx, view, tree, moment, state, record)
     facts = agent.guest_facts(dom) if (guest and connected) else None
     return _with_guest(status, active, connected, facts, guest)
 
@@ -256,16 +261,15 @@ def list_machines(ctx, include_unmanaged=False, guest=True):
 
     With ``guest``, the agents of the machines whose agent channel is connected are asked for their facts, up to
     GUEST_WORKERS at a time; the rest of the reading stays one pass over the domains."""
-    view = PoolView(ctx)
+    view = ctx.view()
     moment = now()
     entries = []
-    # one call for every domain's state instead of one per domain
-    for dom, stats in ctx.conn.getAllDomainStats(lv.libvirt.VIR_DOMAIN_STATS_STATE, 0):
-        tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
-        if dx.read_record(tree) is None and not include_unmanaged:
+    # the pool's listing: one call for every domain's state, each domain's XML read once per run
+    for reading in ctx.listing().values():
+        if reading.record is None and not include_unmanaged:
             continue
-        state = (stats.get("state.state"), stats.get("state.reason"))
-        entries.append((dom,) + _base_status(dom, ctx, view, tree, moment, state if state[0] is not None else None))
+        entries.append((reading.dom,) + _base_status(reading.dom, ctx, view, reading.tree, moment, reading.state,
+                                                     reading.record))
     asking = [dom for dom, _status, _active, connected in entries if guest and connected]
     facts = {}
     if asking:

@@ -6,9 +6,49 @@
 from __future__ import annotations
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils.errors import NotFoundError
+from ansible_collections.machinery.compute.plugins.module_utils.machine_status import PoolView
+
+
+class Reading:
+    """One domain as a pool listing read it: its handle, persistent XML (parsed), record, (state, reason), and
+    for a running one the memory it can balloon up to (bytes)."""
+
+    __slots__ = ("dom", "tree", "record", "state", "live_max_memory")
+
+    def __init__(self, dom, tree, state, live_max_memory=None):
+        self.dom = dom
+        self.tree = tree
+        self.record = dx.read_record(tree)
+        self.state = state
+        self.live_max_memory = live_max_memory
+
+
+def read_domains(conn):
+    """{name: Reading} of every domain of the host: one bulk stats call for the states (and the balloon maximum of
+    the running ones), then the one read of each domain's XML that nothing else gives in bulk."""
+    flags = lv.libvirt.VIR_DOMAIN_STATS_STATE | lv.libvirt.VIR_DOMAIN_STATS_BALLOON
+    listing = {}
+    for dom, stats in conn.getAllDomainStats(flags, 0):
+        try:
+            tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+        except lv.libvirt.libvirtError as exc:
+            if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_DOMAIN:
+                continue  # undefined since the stats call
+            raise
+        state = (stats.get("state.state"), stats.get("state.reason"))
+        if state[0] is None:
+            state = tuple(dom.state())
+        live_max = None
+        if state[0] not in (lv.libvirt.VIR_DOMAIN_SHUTOFF, lv.libvirt.VIR_DOMAIN_CRASHED,
+                            lv.libvirt.VIR_DOMAIN_NOSTATE):
+            maximum = stats.get("balloon.maximum")
+            live_max = (maximum if maximum is not None else dom.maxMemory()) * 1024
+        listing[dom.name()] = Reading(dom, tree, state, live_max)
+    return listing
 
 
 class PoolContext:
@@ -24,11 +64,35 @@ class PoolContext:
         self._networks = {}
         self.url_opener = None  # set by the Ansible side: how to fetch images given by URL
         self.peer_connections = {}  # uri -> open connection of other pools, shared by a batch run
+        self._listing = None
+        self._view = None
+        self.records = {}  # uuid -> record (or None) of the domains seen by capacity.current_sizes
 
     def reset(self):
-        """Forget what was read from the registry, so the next read is fresh."""
+        """Forget what was read from the registry and the domains, so the next read is fresh."""
         self._registry = None
         self._registration = None
+        self._listing = None
+        self._view = None
+
+    def listing(self):
+        """Every domain of the pool, read once (``read_domains``) until ``reset``: a run over many machines
+        (machine_batch, machine_set, the info modules, the inventory) reads each domain's XML once, and each
+        machine's first observation comes from here instead of its own round trips."""
+        if self._listing is None:
+            self._listing = read_domains(self.conn)
+        return self._listing
+
+    def listed(self):
+        """The listing when one was read in this run (else None: observe the machine by itself)."""
+        return self._listing
+
+    def view(self):
+        """The pool's leases and volume names for statuses, shared by the machines of one run until ``reset``
+        (machine_status.PoolView)."""
+        if self._view is None:
+            self._view = PoolView(self)
+        return self._view
 
     def prime(self):
         """Fetch the lazily read pieces now, before several threads share this context."""

@@ -1,0 +1,96 @@
+"""The no-op re-run at scale: machine_batch (what the machines role runs) and machine_set over machines that are
+already converged, each timed as the module process Ansible starts on the host, and through ansible-playbook.
+
+    python benchmarks/noop_scale.py --lab .lab/lab.json --count 1000 --pools 10 [--before DIR] [--rounds 3]
+
+The machines are those parallel_floor.py leaves with --keep (bench-r-0000 ... on the first POOLS pools, class
+bench, state present, no NIC); the set's members are made first when missing (bnset, the same template as
+parallel_floor.py). With --before DIR (a directory holding ansible_collections/machinery/compute, e.g. an older
+commit unpacked with git archive) the same module runs from that copy too, in turns with this one, so the two
+are compared under the same load. Prints the medians and the load average.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from common import MODULES
+from fleet_sets import playbook
+from parallel_floor import PLAY_ROLE, PLAY_SET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def batch_args(pools, image, count):
+    machines = [{"name": "bench-r-%04d" % index, "machine_class": "bench", "image": image, "state": "present",
+                 "network_interfaces": [], "wait": "none", "wait_timeout": 300, "shutdown_timeout": 60}
+                for index in range(count)]
+    return {"pools": pools, "machines": machines, "strategy": "spread", "retries": 3, "workers": 16}
+
+
+def set_args(pools, image, count):
+    return {"pools": pools, "name": "bnset", "replicas": count, "selector": {"match_labels": {"bench": "set"}},
+            "template": {"machine_class": "bench", "image": image, "labels": {"bench": "set"},
+                         "network_interfaces": [], "state": "present"}, "wait": "none"}
+
+
+def module_run(name, args, pythonpath=None):
+    """Wall seconds of the module in its own process; fails unless it reports changed=false."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", MODULES + name, handle.name], capture_output=True, text=True,
+                          env=env, check=False)
+    elapsed = time.perf_counter() - start
+    os.unlink(handle.name)
+    result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    if result.get("failed") or result.get("changed"):
+        raise SystemExit("%s was not a no-op: %s" % (name, result.get("msg") or result.get("actions")))
+    return elapsed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lab", default=os.path.join(HERE, "..", ".lab", "lab.json"))
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--pools", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--before", help="a directory holding another copy of the collection to compare with")
+    options = parser.parse_args()
+    with open(options.lab) as handle:
+        lab = json.load(handle)
+    pools = [{"name": entry["name"], "uri": entry["uri"]} for entry in lab["pools"][:options.pools]]
+    image = lab["image"]
+    playbook(PLAY_SET, {"pools": pools, "image": image, "replicas": options.count})  # members, if missing
+    sides = [("after", None)] + ([("before", os.path.abspath(options.before))] if options.before else [])
+    samples = {}
+    for _round in range(options.rounds):
+        for label, path in sides:
+            samples.setdefault("batch " + label, []).append(
+                module_run("machine_batch", batch_args(pools, image, options.count), path))
+            samples.setdefault("set " + label, []).append(
+                module_run("machine_set", set_args(pools, image, options.count), path))
+        samples.setdefault("role playbook", []).append(
+            playbook(PLAY_ROLE, {"pools": pools, "machines": batch_args(pools, image, options.count)["machines"]}))
+        samples.setdefault("set playbook", []).append(
+            playbook(PLAY_SET, {"pools": pools, "image": image, "replicas": options.count}))
+    report = {"machines": options.count, "pools": options.pools, "rounds": options.rounds,
+              "load": [round(value, 2) for value in os.getloadavg()]}
+    report.update((key, round(statistics.median(values), 2)) for key, values in samples.items())
+    report["samples"] = {key: [round(value, 2) for value in values] for key, values in samples.items()}
+    if options.before:
+        for kind in ("batch", "set"):
+            report[kind + " before/after"] = round(report[kind + " before"] / report[kind + " after"], 2)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,242 @@
+"""Creating N machines on P pools from nothing, against the parallel raw floor; then the no-op re-run.
+
+For each size COUNT:POOLS (default 30:3 and 300:10), on the first POOLS pools of the lab, the machines spread
+evenly, every one `state: present` (defined with its disks, not started) from the lab image, class bench (1 cpu,
+128Mi), no NIC:
+  floor   a hand-written libvirt-python script: one thread and one connection per pool, each making a thin
+          qcow2 overlay on the cached image and defining the domain, with the very XML the collection builds
+          (taken from a warm-up machine, so it is the same size);
+  role    the machines role (machine_batch) through ansible-playbook: create, then the no-op re-run;
+  set     machinery.compute.machine_set with replicas COUNT through ansible-playbook: create, then the no-op.
+The three run back to back within a size, so a busy spell of the shared machine falls on all of them; each side's
+machines are removed (straight through libvirt, untimed) before the next. The ratios role/floor and set/floor
+and seconds per machine are printed, and the same net of a run's fixed cost (the role with no machine:
+ansible-playbook starting, the module shipped, a connection and a listing per pool); --json writes them, --plot draws seconds per machine against size.
+--keep leaves the role's machines of the last size defined (for profiling the no-op).
+"""
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+import libvirt
+
+from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils import images, storage
+from common import run_module
+from fleet_sets import playbook
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WARM = "bench-warm"
+PLAY_ROLE = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role:
+        name: machinery.compute.machines
+      vars:
+        machines_pools: "{{ pools }}"
+        machines_wait: none
+        machines_show_table: false
+        machines_list: "{{ machines }}"
+"""
+PLAY_SET = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - machinery.compute.machine_set:
+        pools: "{{ pools }}"
+        name: bnset
+        state: "{{ state | default('present') }}"
+        replicas: "{{ replicas | default(0) }}"
+        selector: {match_labels: {bench: set}}
+        template: {machine_class: bench, image: "{{ image }}", labels: {bench: set}, network_interfaces: [],
+                   state: present}
+        wait: none
+"""
+
+
+def each_pool(pools, work):
+    """work(entry) on a thread per pool; results in pool order (an exception in a thread is re-raised)."""
+    results = [None] * len(pools)
+
+    def one(index, entry):
+        try:
+            results[index] = work(entry)
+        except BaseException as exc:  # pylint: disable=broad-except
+            results[index] = exc
+    threads = [threading.Thread(target=one, args=(index, entry)) for index, entry in enumerate(pools)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def wipe(pools, prefix):
+    """Every domain and volume whose name starts with ``prefix``, gone from every pool (in parallel)."""
+    def one(entry):
+        conn = libvirt.open(entry["uri"])
+        try:
+            for dom in conn.listAllDomains(0):
+                if dom.name().startswith(prefix):
+                    if dom.isActive():
+                        dom.destroy()
+                    dom.undefine()
+            pool = conn.storagePoolLookupByName("machinery")
+            pool.refresh(0)
+            for vol in pool.listAllVolumes(0):
+                if vol.name().startswith(prefix):
+                    vol.delete(0)
+        finally:
+            conn.close()
+    each_pool(pools, one)
+
+
+def prepare(pools, image, per_pool):
+    """Pools registered with room for ``per_pool`` machines, class bench published, the image cached; the
+    collection's XML of a warm-up machine per pool, with @NAME@ and @ROOT@ in place of its name and root disk."""
+    templates = {}
+    for entry in pools:
+        run_module("machine_pool", {"uri": entry["uri"], "name": entry["name"], "networks": [{"name": "machinery"}],
+                                    "overcommit": {"cpu": float(min(64, max(32, per_pool))), "memory": 8.0}})
+        run_module("machine_class", {"uri": entry["uri"], "name": "bench", "cpu": 1, "memory": "128Mi"})
+    wipe(pools, "bench-")
+    for entry in pools:
+        run_module("machine", {"uri": entry["uri"], "name": WARM, "machine_class": "bench", "image": image,
+                               "state": "present", "network_interfaces": []})
+        conn = libvirt.open(entry["uri"])
+        tree = dx.parse(conn.lookupByName(WARM).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+        conn.close()
+        tree.remove(tree.find("uuid"))
+        root = [source.get("file") for source in tree.iter("source") if
+                source.get("file", "").endswith(WARM + "-root.qcow2")][0]
+        templates[entry["uri"]] = dx.tostring(tree).replace(root, "@ROOT@").replace(WARM, "@NAME@")
+    wipe(pools, "bench-")
+    return templates
+
+
+def floor(pools, names, templates, checksum):
+    """Seconds the parallel raw floor takes to define ``names[uri]`` on every pool."""
+    def one(entry):
+        conn = libvirt.open(entry["uri"])
+        pool = conn.storagePoolLookupByName("machinery")
+        image_vol, fmt = images.cached_volume(pool, checksum)
+        backing = (image_vol.path(), fmt)
+        capacity = image_vol.info()[1]
+        template = templates[entry["uri"]]
+        for name in names[entry["uri"]]:
+            root = storage.create_volume(pool, name + "-root.qcow2", capacity, "qcow2", backing=backing)
+            conn.defineXML(template.replace("@ROOT@", root.path()).replace("@NAME@", name))
+        conn.close()
+    start = time.perf_counter()
+    each_pool(pools, one)
+    return time.perf_counter() - start
+
+
+def measure(lab, count, pool_count, keep):
+    pools = [{"name": entry["name"], "uri": entry["uri"]} for entry in lab["pools"][:pool_count]]
+    if len(pools) < pool_count:
+        raise SystemExit("the lab has %d pools, %d wanted: lab.py up --pools %d"
+                         % (len(pools), pool_count, pool_count))
+    image = lab["image"]
+    templates = prepare(pools, image, -(-count // pool_count))
+    checksum = storage.sha256_file(image)
+    names = {entry["uri"]: [] for entry in pools}
+    for index in range(count):
+        names[pools[index % pool_count]["uri"]].append("bench-f-%04d" % index)
+    load = [round(value, 2) for value in os.getloadavg()]
+    row = {"machines": count, "pools": pool_count}
+    row["floor_s"] = floor(pools, names, templates, checksum)
+    wipe(pools, "bench-f-")
+    machines = [{"name": "bench-r-%04d" % index, "machine_class": "bench", "image": image, "state": "present",
+                 "network_interfaces": []} for index in range(count)]
+    role = {"pools": pools, "machines": machines}
+    # what a run costs whatever its size: ansible-playbook, the module, a connection and a listing per pool
+    row["role_empty_s"] = playbook(PLAY_ROLE, dict(role, machines=[]))
+    row["role_s"] = playbook(PLAY_ROLE, role)
+    row["role_noop_s"] = playbook(PLAY_ROLE, role)
+    wipe(pools, "bench-r-")
+    extra = {"pools": pools, "image": image, "replicas": count}
+    row["set_s"] = playbook(PLAY_SET, extra)
+    row["set_noop_s"] = playbook(PLAY_SET, extra)
+    wipe(pools, "bnset-")
+    playbook(PLAY_SET, dict(extra, replicas=0, state="absent"))
+    if keep:  # the role's machines again, left for a profile of the no-op
+        playbook(PLAY_ROLE, role)
+    row["load_before"] = load
+    row["load_after"] = [round(value, 2) for value in os.getloadavg()]
+    for key in ("floor", "role", "set"):
+        row[key + "_per_machine_ms"] = round(row[key + "_s"] / count * 1000, 1)
+    row["role_vs_floor"] = round(row["role_s"] / row["floor_s"], 2)
+    row["role_net_vs_floor"] = round((row["role_s"] - row["role_empty_s"]) / row["floor_s"], 2)
+    row["set_net_vs_floor"] = round((row["set_s"] - row["role_empty_s"]) / row["floor_s"], 2)
+    row["set_vs_floor"] = round(row["set_s"] / row["floor_s"], 2)
+    for key in list(row):
+        if key.endswith("_s"):
+            row[key] = round(row[key], 2)
+    return row
+
+
+def plot(rows, path, title, series):
+    """Seconds per machine against the number of machines, one line per series (a PNG at ``path``)."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+    figure, axes = pyplot.subplots(figsize=(6, 3.6))
+    sizes = [row["machines"] for row in rows]
+    for key, label in series:
+        axes.plot(sizes, [row[key] for row in rows], marker="o", label=label)
+    axes.set_xscale("log")
+    axes.set_xticks(sizes)
+    axes.set_xticklabels(["%d\n(%d pools)" % (row["machines"], row["pools"]) for row in rows])
+    axes.set_ylabel("ms per machine")
+    axes.set_ylim(bottom=0)
+    axes.set_title(title)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lab", default=os.path.join(HERE, "..", ".lab", "lab.json"))
+    parser.add_argument("sizes", nargs="*", default=["30:3", "300:10"], help="COUNT:POOLS (default 30:3 300:10)")
+    parser.add_argument("--keep", action="store_true", help="leave the role's machines of the last size")
+    parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--plot", help="write a PNG of ms per machine against size")
+    options = parser.parse_args()
+    with open(options.lab) as handle:
+        lab = json.load(handle)
+    libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+    rows = []
+    for index, size in enumerate(options.sizes):
+        count, pool_count = (int(part) for part in size.split(":"))
+        rows.append(measure(lab, count, pool_count, options.keep and index == len(options.sizes) - 1))
+        print(json.dumps(rows[-1]), flush=True)
+    print("%-14s %8s %8s %8s %8s %10s %10s %8s %8s" % (
+        "size", "floor s", "empty s", "role s", "set s", "role/floor", "set/floor", "role 0p", "set 0p"))
+    for row in rows:
+        print("%-14s %8.2f %8.2f %8.2f %8.2f %10.2f %10.2f %8.2f %8.2f" % (
+            "%d on %d" % (row["machines"], row["pools"]), row["floor_s"], row["role_empty_s"], row["role_s"],
+            row["set_s"], row["role_vs_floor"], row["set_vs_floor"], row["role_noop_s"], row["set_noop_s"]))
+    if options.json:
+        with open(options.json, "w") as handle:
+            json.dump(rows, handle, indent=1)
+    if options.plot:
+        plot(rows, options.plot, "Create from nothing, state present",
+             [("floor_per_machine_ms", "parallel raw floor"), ("role_per_machine_ms", "machines role"),
+              ("set_per_machine_ms", "machine_set")])
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A run over many machines reads each domain once: the pool listing, sizes from it, observations from it, the
+check under the lock from bulk stats, and admission locks handed over between the threads of one run."""
+
+from __future__ import annotations
+
+import libvirt
+
+from ansible_collections.machinery.compute.plugins.module_utils import admission
+from ansible_collections.machinery.compute.plugins.module_utils import capacity
+from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils import machine
+from ansible_collections.machinery.compute.plugins.module_utils.pool_context import PoolContext, read_domains
+
+MIB = 2 ** 20
+
+
+def domain_xml(name, cpu, memory, managed=True):
+    record = {"version": 1, "created": "2026-01-01T00:00:00+00:00", "boots": 0, "last_error": None,
+              "spec": {"name": name, "machine_class": "small", "cpu": cpu, "memory": memory, "labels": {},
+                       "image": {"source": "x"}, "volumes": [], "root_size": 2 ** 30, "files": {},
+                       "network_interfaces": []}}
+    plan = {"name": name, "virt_type": "qemu", "cpu": cpu, "memory": memory, "firmware": "bios",
+            "record": record, "nics": [], "disks": [{"name": "root", "path": "/p/%s-root.qcow2" % name,
+                                                     "format": "qcow2", "device": "vda", "boot": True}],
+            "console_path": "/p/%s-console.log" % name}
+    tree = dx.build_domain(plan)
+    if not managed:
+        tree.remove(tree.find("metadata"))
+    return dx.tostring(tree)
+
+
+class FakeDomain:
+    def __init__(self, name, xml, state=libvirt.VIR_DOMAIN_SHUTOFF):
+        self._name = name
+        self.xml = xml
+        self.state_value = state
+        self.reads = 0
+
+    def name(self):
+        return self._name
+
+    def UUIDString(self):  # noqa: N802 (libvirt's name)
+        return "uuid-" + self._name
+
+    def XMLDesc(self, _flags=0):  # noqa: N802
+        self.reads += 1
+        return self.xml
+
+    def state(self):
+        return [self.state_value, 0]
+
+
+class FakeConn:
+    def __init__(self, domains):
+        self.domains = domains
+        self.stats_calls = 0
+
+    def listAllDomains(self, _flags=0):  # noqa: N802
+        return list(self.domains)
+
+    def getAllDomainStats(self, _flags, _flags2=0):  # noqa: N802
+        self.stats_calls += 1
+        tree_of = {dom.name(): dx.parse(dom.xml) for dom in self.domains}
+        return [(dom, {"state.state": dom.state_value, "state.reason": 0,
+                       "vcpu.current": dx.read_cpu(tree_of[dom.name()]),
+                       "balloon.maximum": dx.read_memory(tree_of[dom.name()]) // 1024}) for dom in self.domains]
+
+    def lookupByName(self, name):  # noqa: N802
+        raise AssertionError("a listed machine is not looked up again (%s)" % name)
+
+
+def fleet():
+    return FakeConn([FakeDomain("a", domain_xml("a", 1, 128 * MIB)), FakeDomain("b", domain_xml("b", 2, 256 * MIB)),
+                     FakeDomain("other", domain_xml("other", 1, 64 * MIB, managed=False))])
+
+
+def test_listing_reads_each_domain_once_and_sizes_agree():
+    conn = fleet()
+    direct = capacity.machine_sizes(conn)
+    for dom in conn.domains:
+        dom.reads = 0
+    ctx = PoolContext(conn, "test:///a")
+    assert capacity.machine_sizes(conn, ctx.listing()) == direct
+    capacity.machine_sizes(conn, ctx.listing())
+    assert [dom.reads for dom in conn.domains] == [1, 1, 1]
+    assert conn.stats_calls == 1
+    assert sorted(name for name, _reading in read_domains(conn).items()) == ["a", "b", "other"]
+
+
+def test_observation_from_the_listing_then_fresh():
+    conn = fleet()
+    ctx = PoolContext(conn, "test:///a")
+    ctx.listing()
+    listed = ctx.listed()
+    observed = machine.observe_machine(conn, "a", listing=listed)
+    assert observed.exists and observed.record["spec"]["cpu"] == 1 and observed.state[0] == libvirt.VIR_DOMAIN_SHUTOFF
+    assert not machine.observe_machine(conn, "new", listing=listed).exists
+    ctx.reset()
+    assert ctx.listed() is None  # the next observation of a machine reads libvirt again
+
+
+def test_current_sizes_take_cpu_and_memory_from_stats_and_records_once():
+    conn = fleet()
+    known = {}
+    first = capacity.current_sizes(conn, known)
+    assert sorted(first) == sorted(capacity.machine_sizes(conn))
+    reads = [dom.reads for dom in conn.domains]
+    conn.domains[0].xml = domain_xml("a", 4, 512 * MIB)  # grown by another run: stats show it
+    again = capacity.current_sizes(conn, known)
+    assert [dom.reads for dom in conn.domains] == reads
+    assert ("a", 4, 512 * MIB) == again[0][:3]
+
+
+class FakeLock:
+    taken = []
+    released = []
+
+    def __init__(self, conn, pool):
+        self.conn = conn
+        self.pool = pool
+
+    def acquire(self):
+        FakeLock.taken.append(self.conn)
+        return self
+
+    def release(self):
+        FakeLock.released.append(self.conn)
+
+
+def test_admission_locks_are_handed_over_within_a_run(monkeypatch):
+    monkeypatch.setattr(admission.reg, "AdmissionLock", FakeLock)
+    monkeypatch.setattr(admission.lv, "lookup_storage_pool", lambda conn, name: "registry")
+    FakeLock.taken, FakeLock.released = [], []
+    x, y = PoolContext("conn-x", "test:///x"), PoolContext("conn-y", "test:///y")
+    first = admission.Admission(x, [])
+    first.__enter__()
+    other = admission.Admission(y, [])
+    other.__enter__()  # another admission of the run is under way
+    first.__exit__()
+    assert FakeLock.released == []  # x's lock is kept for the next admission
+    with admission.Admission(x, []):
+        assert FakeLock.taken == ["conn-x", "conn-y"]  # not taken again
+    other.__exit__()  # the last one out gives every lock back
+    assert sorted(FakeLock.released) == ["conn-x", "conn-y"]
+    assert admission.Admission._kept == {} and admission.Admission._inside == 0
