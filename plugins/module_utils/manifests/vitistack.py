@@ -22,6 +22,7 @@ import re
 from ansible_collections.machinery.compute.plugins.module_utils import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import columns, machine_object
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.pending import refuse_pending
+from ansible_collections.machinery.compute.plugins.module_utils.quantity import parse_quantity
 
 API = "vitistack.io/v1alpha1"
 KINDS = {API: ("Machine",)}
@@ -270,8 +271,35 @@ def link(obj, objects, fields, pools=None):
         obj.params["image"] = found[0]
 
 
-PHASES = {"Pending": "Creating", "Running": "Running", "Shutdown": "Stopped", "Terminating": "Terminating",
+# vitistack's phases: a machine being shut down is Stopping, a shut-off one Stopped (ours: Terminating, Shutdown)
+PHASES = {"Pending": "Creating", "Running": "Running", "Shutdown": "Stopped", "Terminating": "Stopping",
           "Terminated": "Terminated", "Failed": "Failed"}
+
+
+def _condition(kind, ok, reason, message=""):
+    return {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message}
+
+
+def conditions(machine):
+    """vitistack's conditions from the machine's: Ready; InfrastructureReady (defined, every disk in place);
+    NetworkReady (every NIC attached and, with a NIC on a network, an address); BootstrapReady (the guest agent
+    answered or connected: the machine status's own condition)."""
+    found = {item["type"]: item for item in machine.get("conditions") or []}
+    status = {kind: (found.get(kind) or {}).get("status") == "True" for kind in found}
+    on_network = any(nic.get("network") for nic in machine.get("network_interfaces") or [])
+    addressed = bool(machine.get("ip_addresses")) or not on_network
+    bootstrap = found.get("BootstrapReady") or {}
+    return [
+        _condition("Ready", status.get("Ready", False), machine.get("phase") or "Pending"),
+        _condition("InfrastructureReady", status.get("VolumesReady", False),
+                   (found.get("VolumesReady") or {}).get("reason") or "Pending",
+                   (found.get("VolumesReady") or {}).get("message") or ""),
+        _condition("NetworkReady", status.get("NetworkInterfacesReady", False) and addressed,
+                   "Addressed" if addressed else "NoAddress",
+                   "" if addressed else "no DHCP lease or agent-reported address yet"),
+        _condition("BootstrapReady", bootstrap.get("status") == "True", bootstrap.get("reason") or "Unknown",
+                   bootstrap.get("message") or ""),
+    ]
 
 
 def status(obj, observed):
@@ -279,17 +307,24 @@ def status(obj, observed):
     if machine is None:
         return {"phase": "Pending"}
     addresses = machine.get("ip_addresses") or []
+    guest = machine.get("guest") or {}
+    system = guest.get("os") or {}
+    memory = machine.get("memory")
     return {"phase": PHASES.get(machine["phase"], "Pending"), "state": machine["phase"],
+            "message": str(machine.get("last_error") or ""),
             "machineID": machine.get("uuid"), "providerID": "libvirt://%s/%s" % (machine.get("pool"),
                                                                                  machine.get("uuid")),
             "ipAddresses": addresses, "privateIPAddresses": addresses, "publicIPAddresses": [],
             "ipv6Addresses": [address for address in addresses if ":" in address],
             "networkInterfaces": machine.get("network_interfaces") or [],
-            "cpus": machine.get("cpu"), "memory": machine.get("memory"),
+            "cpus": machine.get("cpu"), "memory": parse_quantity(memory, "memory") if memory else None,
+            "architecture": system.get("machine") or "x86_64",
             "disks": [{"name": vol["name"], "size": vol.get("size"), "state": vol["state"]}
                       for vol in machine.get("volumes") or []],
-            "hostname": machine["name"], "creationTime": machine.get("created"),
-            "conditions": machine.get("conditions") or []}
+            "hostname": guest.get("hostname") or machine["name"],
+            "operatingSystem": system.get("name"), "operatingSystemVersion": system.get("version"),
+            "kernelVersion": (guest.get("kernel") or {}).get("release"), "bootTime": guest.get("boot_time"),
+            "creationTime": machine.get("created"), "conditions": conditions(machine)}
 
 
 TABLES = {"Machine": ("NAME", "PHASE", "INSTANCETYPE", "PROVIDER", "POOL", "AGE")}

@@ -336,3 +336,30 @@ def test_sources_from_files_dirs_and_text(tmp_path):
     assert [doc["metadata"]["name"] for _origin, doc in found] == ["one", "two", "three"] and problems == []
     _found, problems = docs.load_sources([str(tmp_path / "missing.yml")], None)
     assert problems == ["src: %s: no such file or directory" % (tmp_path / "missing.yml")]
+
+
+def test_vitistack_status_speaks_vitistack():
+    from ansible_collections.machinery.compute.plugins.module_utils.manifests import vitistack
+
+    def condition(kind, ok, reason="r"):
+        return {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": ""}
+    machine = {"name": "vm-1", "phase": "Shutdown", "uuid": "u-1", "pool": "hv1", "cpu": 2, "memory": "256Mi",
+               "ip_addresses": [], "network_interfaces": [{"name": "eth0", "network": "default"}], "volumes": [],
+               "conditions": [condition("Ready", False, "Shutdown"), condition("VolumesReady", True, "Attached"),
+                              condition("NetworkInterfacesReady", True, "Attached"),
+                              condition("BootstrapReady", False, "NotRunning")],
+               "guest": None, "created": "2026-01-01T00:00:00+00:00", "last_error": None}
+    shown = vitistack.status(None, {"machine": machine})
+    assert shown["phase"] == "Stopped" and shown["memory"] == 256 * 2 ** 20 and shown["providerID"] == "libvirt://hv1/u-1"
+    assert {item["type"]: item["status"] for item in shown["conditions"]} == {
+        "Ready": "False", "InfrastructureReady": "True", "NetworkReady": "False", "BootstrapReady": "False"}
+    running = dict(machine, phase="Running", ip_addresses=["10.0.0.5"],
+                   conditions=[condition("Ready", True), condition("VolumesReady", True),
+                               condition("NetworkInterfacesReady", True), condition("BootstrapReady", True)],
+                   guest={"hostname": "vm-1.lab", "os": {"name": "Debian GNU/Linux", "version": "12", "machine": "x86_64"},
+                          "kernel": {"release": "6.1.0-26-amd64"}, "boot_time": "2026-01-01T00:01:00+00:00"})
+    shown = vitistack.status(None, {"machine": running})
+    assert shown["phase"] == "Running" and all(item["status"] == "True" for item in shown["conditions"])
+    assert (shown["hostname"], shown["operatingSystem"], shown["operatingSystemVersion"], shown["kernelVersion"]) == (
+        "vm-1.lab", "Debian GNU/Linux", "12", "6.1.0-26-amd64")
+    assert vitistack.status(None, {"machine": dict(machine, phase="Terminating")})["phase"] == "Stopping"
