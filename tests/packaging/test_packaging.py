@@ -33,8 +33,11 @@ Artifact = namedtuple("Artifact", "tarball installed env cwd")
 TOP_LEVEL = {"MANIFEST.json", "FILES.json", "README.md", "LICENSE", "requirements.txt", "bindep.txt", "meta",
              "plugins", "roles", "docs", "changelogs", "extensions"}
 # Development-only things that must not ship, wherever they are.
-NEVER_TOP = {"Makefile", "lab", "tests", "benchmarks", "playbooks", "extensions", ".venv", ".lab", ".cache",
+NEVER_TOP = {"Makefile", "lab", "tests", "benchmarks", "playbooks", ".venv", ".lab", ".cache",
              ".ansible", ".ci", "galaxy.yml", "constraints.txt", "requirements-dev.txt"}
+# extensions/ ships the AWX files (credential type, EE definition, job template playbooks), never the molecule
+# scenarios, which need the lab.
+NEVER_UNDER = ("extensions/molecule",)
 NEVER_ANYWHERE = {"__pycache__", ".venv", ".lab", ".cache", ".ansible", ".git", ".pytest_cache"}
 
 # The plugins the contract names; the test checks them besides everything it discovers.
@@ -96,6 +99,7 @@ def test_tarball_holds_nothing_of_the_development_tree(members):
     assert top == TOP_LEVEL, "top level differs: extra %s, missing %s" % (sorted(top - TOP_LEVEL),
                                                                           sorted(TOP_LEVEL - top))
     assert not top & NEVER_TOP
+    assert not [str(member) for member in members if str(member).startswith(NEVER_UNDER)]
     unwanted = sorted(str(member) for member in members
                       if set(member.parts) & NEVER_ANYWHERE
                       or any(part.startswith(".") for part in member.parts)
