@@ -72,8 +72,10 @@ def test_backup_restore_prune(bk_pool, module):
     taken = module("machine_backup", name="b1", **args)
     assert taken["changed"], taken
     backup = taken["backup"]
-    assert backup["method"] == "push" and backup["quiesced"] is False
-    assert "guest agent" in backup["reason"]  # the busybox guest has none
+    assert backup["method"] == "push"
+    # the busybox guest runs qemu-guest-agent: the file systems were frozen through it, unless the agent had not
+    # answered yet, which the return must then say
+    assert backup["quiesced"] is True or "guest agent" in (backup.get("reason") or ""), backup
     assert sorted(disk["device"] for disk in backup["disks"]) == ["vda", "vdb"]
     assert sorted(backup_volumes(pool)) == ["%s.backup.b1.vda.qcow2" % MACHINE, "%s.backup.b1.vdb.qcow2" % MACHINE]
     again = module("machine_backup", name="b1", **args)
