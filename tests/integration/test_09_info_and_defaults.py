@@ -13,7 +13,8 @@ PLAYBOOK = os.path.join(REPO, "tests", "integration", "playbooks", "module_defau
 ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 UNREACHABLE = "qemu+unix:///system?socket=/nonexistent/sock"
 POOL_KEYS = {"name", "uri", "labels", "taints", "state", "problems", "virt_type", "capacity", "allocated",
-             "allocatable", "storage", "available_machine_classes", "machine_count", "hypervisor"}
+             "allocatable", "storage", "available_machine_classes", "machine_count", "must_leave",
+             "hypervisor"}
 CLASS_KEYS = {"name", "cpu", "memory", "pool", "uri", "allocatable"}
 
 
