@@ -6,6 +6,7 @@ capacity check made under it, so concurrent runs neither double-book a pool nor 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -16,26 +17,55 @@ from ansible_collections.machinery.compute.plugins.module_utils.errors import Na
 from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
 
 
-# A run converging many machines (machine_batch, machine_set) admits them one after another on the same pools:
-# the threads hand the pools' admission locks over to each other instead of giving them back to libvirt and
-# taking them again (four storage volume calls a pool per machine), for at most HAND_OVER_SECONDS, so other runs
-# still get their turn; the last admission of the process to leave gives them back.
+# A run converging many machines (machine_batch, machine_set) admits them on the same pools from many threads. The
+# process holds each pool's libvirt admission lock once for all of them (a share per admission using it) instead of
+# giving it back and taking it again per machine (four storage volume calls a pool per machine), and only the
+# pool a machine is created on is exclusive to one thread at a time (its capacity check and create): machines
+# bound for different pools are admitted in parallel even when their names must be unique across all of them.
+# After HAND_OVER_SECONDS a held lock takes no new shares until the ones in flight have left; then it goes back to
+# libvirt, so other runs get their turn; the last admission of the process to leave gives every lock back.
 HAND_OVER_SECONDS = 5.0
 
 
+class _PoolHold:
+    """This process's hold on one pool's admission lock, shared by the admissions of its threads."""
+
+    __slots__ = ("lock", "conn", "held", "busy", "taken", "users", "closing", "names", "epoch")
+
+    def __init__(self):
+        self.lock = None  # registry.AdmissionLock, or None for a pool without a registry (nothing to lock)
+        self.conn = None
+        self.held = False
+        self.busy = False  # a thread is taking or giving back the libvirt lock, outside the guard
+        self.taken = 0.0
+        self.users = 0
+        self.closing = False  # held over a connection an admission opened itself: give back when unused
+        # the pool's domain names when the lock was taken, plus those admitted since: while the lock is held no
+        # other run creates a domain there, so a name not in it needs no lookup (one in it is looked up)
+        self.names = None
+        self.epoch = None  # a number of its own each time the lock is taken from libvirt (registry.Registry.put)
+
+    def stale(self):
+        return self.closing or time.monotonic() - self.taken >= HAND_OVER_SECONDS
+
+
 class Admission:
-    """The admission locks of this pool and of the peer pools a name must be unique across.
+    """The admission locks of this pool and of the peer pools a name must be unique across, and this pool (and
+    the machine's name) to this thread alone within the process.
 
     Locks are taken in the order of their URIs, so concurrent runs never wait on each other in a circle. Under
     them, a name found on a peer pool means another run created it there first."""
 
-    _process_locks = {}
-    _process_locks_guard = threading.Lock()
-    _kept = {}  # uri -> (registry.AdmissionLock, monotonic time it was taken): held, handed over within the process
+    _guard = threading.Condition()
+    _holds = {}  # uri -> _PoolHold
+    _targets = {}  # uri -> threading.Lock: one thread of the process admits onto a pool at a time
+    _names = set()  # machine names being admitted by a thread of this process
     _inside = 0  # admissions of this process entered and not left
+    _epochs = itertools.count(1)
 
-    def __init__(self, ctx, peer_uris):
+    def __init__(self, ctx, peer_uris, name=None):
         self.ctx = ctx
+        self.name = name
         self.peers = []
         self.opened = []
         for uri in sorted(set(peer_uris) - {ctx.uri}):
@@ -44,75 +74,136 @@ class Admission:
                 conn = lv.open_connection(uri, "unique_across")
                 self.opened.append(conn)
             self.peers.append((uri, conn))
-        self.locks = []
-        self.held = []
+        self.shared = []
+        self.epoch = None  # of this pool's lock, held by the process unbroken while this admission is inside
+        self.target = None
+        self.named = False
         self.counted = False
 
     @classmethod
     def process_lock(cls, uri):
-        """Threads of one run queue here before taking the pool's volume lock, instead of polling it."""
-        with cls._process_locks_guard:
-            return cls._process_locks.setdefault(uri, threading.Lock())
+        with cls._guard:
+            return cls._targets.setdefault(uri, threading.Lock())
 
     def __enter__(self):
         holders = [(self.ctx.uri, self.ctx.conn)] + self.peers
-        with self._process_locks_guard:
+        with self._guard:
             Admission._inside += 1
             self.counted = True
         try:
             for uri, conn in sorted(holders, key=lambda holder: holder[0]):
-                local = self.process_lock(uri)
-                local.acquire()
-                self.held.append(local)
-                with self._process_locks_guard:
-                    kept = Admission._kept.pop(uri, None)
-                if kept is not None and time.monotonic() - kept[1] < HAND_OVER_SECONDS:
-                    self.locks.append((uri, conn, kept))
-                    continue
-                if kept is not None:  # held long enough: other runs get their turn
-                    kept[0].release()
-                registry_pool = lv.lookup_storage_pool(conn, reg.REGISTRY_POOL)
-                if registry_pool is not None:
-                    self.locks.append((uri, conn, (reg.AdmissionLock(conn, registry_pool).acquire(),
-                                                   time.monotonic())))
+                self._share(uri, conn)
+                self.shared.append(uri)
+            if self.name is not None:
+                with self._guard:
+                    while self.name in Admission._names:
+                        self._guard.wait()
+                    Admission._names.add(self.name)
+                    self.named = True
+            self.target = self.process_lock(self.ctx.uri)
+            self.target.acquire()
+            hold = Admission._holds[self.ctx.uri]
+            self.epoch = hold.epoch if hold.lock is not None else None
         except BaseException:
+            self.target = None
             self.__exit__()
             raise
         return self
 
+    def _share(self, uri, conn):
+        """A share of the pool's admission lock: taken from libvirt by the first admission that needs it."""
+        guard = self._guard
+        with guard:
+            while True:
+                hold = Admission._holds.setdefault(uri, _PoolHold())
+                if hold.busy or (hold.held and hold.stale() and hold.users):
+                    guard.wait()  # taken or given back by another thread, or draining before it goes back
+                    continue
+                if hold.held and not hold.stale():
+                    hold.users += 1
+                    return
+                # free, or held long enough and unused: (give it back and) take it from libvirt again; idle holds of
+                # pools that sort after it go back first, so this thread never waits while holding them
+                giving_back = [other for other_uri, other in Admission._holds.items()
+                               if other_uri > uri and other.held and not other.users and not other.busy]
+                for other in giving_back:
+                    other.busy = True
+                expired, hold.lock, hold.held, hold.busy = hold.lock, None, False, True
+                break
+        try:
+            self._give_back(giving_back)
+            if expired is not None:
+                expired.release()
+            registry_pool = lv.lookup_storage_pool(conn, reg.REGISTRY_POOL)
+            lock = reg.AdmissionLock(conn, registry_pool).acquire() if registry_pool is not None else None
+            names = {dom.name() for dom in conn.listAllDomains(0)} if lock is not None else None
+        except BaseException:
+            with guard:
+                hold.busy = False
+                guard.notify_all()
+            raise
+        with guard:
+            hold.lock, hold.conn, hold.held, hold.busy, hold.names = lock, conn, True, False, names
+            hold.epoch = next(Admission._epochs)
+            hold.taken = time.monotonic()
+            hold.closing = any(conn is opened for opened in self.opened)
+            hold.users = 1
+            guard.notify_all()
+
+    def _give_back(self, holds):
+        try:
+            for hold in holds:
+                if hold.lock is not None:
+                    hold.lock.release()
+        finally:
+            with self._guard:
+                for hold in holds:
+                    hold.lock, hold.conn, hold.held, hold.busy, hold.users = None, None, False, False, 0
+                    hold.names = None
+                self._guard.notify_all()
+
     def check_unique(self, name):
         for uri, conn in self.peers:
+            names = Admission._holds[uri].names
+            if names is not None and name not in names:
+                continue
             if lv.lookup_domain(conn, name) is not None:
                 raise NameTaken("a machine named %s already exists on pool %s" % (name, uri), "name")
 
     def __exit__(self, *exc_info):
+        if self.target is not None:
+            self.target.release()
+            self.target = None
         giving_back = []
-        with self._process_locks_guard:
+        with self._guard:
+            if self.named:
+                Admission._names.discard(self.name)
+                names = Admission._holds[self.ctx.uri].names
+                if names is not None:
+                    names.add(self.name)  # created, or maybe: the next admission of the name looks it up
+                self.named = False
+            for uri in self.shared:
+                Admission._holds[uri].users -= 1
+            self.shared = []
             if self.counted:
                 Admission._inside -= 1
                 self.counted = False
-            others = Admission._inside > 0
-            for uri, conn, (lock, taken) in self.locks:
-                if others and conn not in self.opened and time.monotonic() - taken < HAND_OVER_SECONDS:
-                    Admission._kept[uri] = (lock, taken)
-                else:
-                    giving_back.append(lock)
-            if not others:  # the last one out: nothing stays held after the run
-                giving_back += [lock for lock, _taken in Admission._kept.values()]
-                Admission._kept.clear()
-        for lock in reversed(giving_back):
-            lock.release()
-        self.locks = []
-        for local in reversed(self.held):
-            local.release()
-        self.held = []
-        for conn in self.opened:
-            try:
-                conn.close()
-            except lv.libvirt.libvirtError:
-                pass
-        self.opened = []
-        self.peers = []
+            last = Admission._inside == 0
+            for hold in Admission._holds.values():
+                if hold.held and not hold.users and not hold.busy and (last or hold.stale()):
+                    hold.busy = True
+                    giving_back.append(hold)
+            self._guard.notify_all()
+        try:
+            self._give_back(giving_back)
+        finally:
+            for conn in self.opened:
+                try:
+                    conn.close()
+                except lv.libvirt.libvirtError:
+                    pass
+            self.opened = []
+            self.peers = []
         return False
 
 
@@ -130,7 +221,7 @@ def check_room(ctx, spec, disks=None, locked=False):
         sizes = capacity.current_sizes(ctx.conn, ctx.records)
     else:
         sizes = capacity.machine_sizes(ctx.conn, ctx.listed())
-    allocatable = capacity.registered_allocatable(ctx.conn, registration)
+    allocatable = capacity.allocatable_for(ctx.host_capacity(), registration)
     others = [size for size in sizes if size[0] != spec["name"]]
     used_cpu = sum(size[1] or 0 for size in others)
     used_memory = sum(size[2] or 0 for size in others)
@@ -150,8 +241,7 @@ def check_storage(ctx, disks, sizes=None):
     if not registration or not disks:
         return
     sizes = capacity.machine_sizes(ctx.conn) if sizes is None else sizes
-    storage = capacity.storage_of(ctx.conn)
-    allocatable = capacity.storage_allocatable(storage, registration)
+    allocatable = capacity.storage_allocatable(ctx.storage_size(), registration)
     used = capacity.disks_allocated(sizes)
     for field, size in disks:
         if used + size > allocatable:

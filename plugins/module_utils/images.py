@@ -126,13 +126,22 @@ _UPLOAD_LOCKS = {}
 _UPLOAD_LOCKS_GUARD = threading.Lock()
 
 
-def ensure_cached(conn, pool, image, opener=None):
+def ensure_cached(conn, pool, image, opener=None, memo=None):
     """The pool's volume of ``image``, uploaded through the libvirt stream if it is not there yet.
 
-    Threads of one run that need the same image on the same pool wait for one upload."""
+    Threads of one run that need the same image on the same pool wait for one upload; with ``memo`` (a dict the
+    run keeps per pool) the volume is looked up once a run, not once a machine."""
+    if memo is not None and image["checksum"] in memo:
+        return memo[image["checksum"]]
     vol, fmt = cached_volume(pool, image["checksum"])
-    if vol is not None:
-        return vol, fmt
+    if vol is None:
+        vol, fmt = _upload_once(conn, pool, image, opener)
+    if memo is not None:
+        memo[image["checksum"]] = (vol, fmt)
+    return vol, fmt
+
+
+def _upload_once(conn, pool, image, opener):
     with _UPLOAD_LOCKS_GUARD:
         lock = _UPLOAD_LOCKS.setdefault((pool.UUIDString(), image["checksum"]), threading.Lock())
     with lock:

@@ -366,9 +366,10 @@ class MachineResource:
         spec = self.spec
         pool = self.ctx.storage
         # the image upload can take long: it happens before the pool's admission lock is taken
-        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener) \
+        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener,
+                                                  self.ctx.images) \
             if spec.get("image") else (None, None)
-        with Admission(self.ctx, self.params.get("unique_across") or []) as admission:
+        with Admission(self.ctx, self.params.get("unique_across") or [], spec["name"]) as admission:
             # under the lock: a domain of this name defined meanwhile belongs to another run, whose volumes
             # (of the same names) must not be touched
             if lv.lookup_domain(self.conn, spec["name"]) is not None:
@@ -379,11 +380,12 @@ class MachineResource:
             registry = self.ctx.registry
             key = reg.pending_key(spec["name"])
             self._remove_orphans(registry.get(key))
-            registry.put(key, {"machine": spec["name"], "volumes": planned_volumes(spec)}, locked=True)
+            registry.put(key, {"machine": spec["name"], "volumes": planned_volumes(spec)}, locked=True,
+                         epoch=admission.epoch)
             try:
                 self._create_locked(spec, pool, image_vol, fmt)
             finally:
-                registry.delete(key, locked=True)
+                registry.delete(key, locked=True, epoch=admission.epoch)
 
     def _remove_orphans(self, journal):
         """Delete the volumes a dead run of this name listed in its journal, unless a domain uses them."""
@@ -397,11 +399,11 @@ class MachineResource:
                 storage.delete_volume(pool, volume_name)
 
     def _clean_up(self, action, _observed):
-        with Admission(self.ctx, []):
+        with Admission(self.ctx, [], self.name) as admission:
             if lv.lookup_domain(self.conn, self.name) is not None:
                 return  # created meanwhile by another run: its volumes are in use
             self._remove_orphans(action.data["journal"])
-            self.ctx.registry.delete(reg.pending_key(self.name), locked=True)
+            self.ctx.registry.delete(reg.pending_key(self.name), locked=True, epoch=admission.epoch)
 
     def _create_locked(self, spec, pool, image_vol, fmt):
         name = spec["name"]
@@ -475,8 +477,7 @@ class MachineResource:
     def _new_volume(pool, created, volume_name, size, backing, disk):
         # a volume of this name with no domain is an orphan of a run that died (the caller holds the lock and
         # found no domain): it is replaced
-        storage.delete_volume(pool, volume_name)
-        new = storage.create_volume(pool, volume_name, size, "qcow2", backing=backing)
+        new = storage.create_volume(pool, volume_name, size, "qcow2", backing=backing, replace=True)
         created.append(volume_name)
         return dict(disk, path=new.path(), format="qcow2")
 
@@ -491,7 +492,8 @@ class MachineResource:
                         shareable=vol.get("shareable", False))
         backing = None
         if vol["source"] == "image":
-            backing_vol, backing_fmt = images.ensure_cached(self.conn, pool, vol["image"], self.ctx.url_opener)
+            backing_vol, backing_fmt = images.ensure_cached(self.conn, pool, vol["image"], self.ctx.url_opener,
+                                                                self.ctx.images)
             vol["size"] = max(self._virtual_size(pool, backing_vol, vol["image"]), vol.get("size") or 0)
             backing = (backing_vol.path(), backing_fmt)
         return self._new_volume(pool, created, vol["volume"], vol["size"], backing, disk)

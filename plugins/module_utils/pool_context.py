@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from ansible_collections.machinery.compute.plugins.module_utils import capacity
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
@@ -67,6 +68,9 @@ class PoolContext:
         self._listing = None
         self._view = None
         self.records = {}  # uuid -> record (or None) of the domains seen by capacity.current_sizes
+        self._host_capacity = None
+        self._storage_size = None
+        self.images = {}  # checksum -> (volume, format) of the images cached on the pool, looked up once a run
 
     def reset(self):
         """Forget what was read from the registry and the domains, so the next read is fresh."""
@@ -100,6 +104,20 @@ class PoolContext:
             self.registry.machine_classes()
             self.storage_file("")  # resolves the storage path once
         return self
+
+    def host_capacity(self):
+        """{cpu, memory} of the host, read once a run: its hardware does not change under a run (every admission
+        checks against it)."""
+        if self._host_capacity is None:
+            self._host_capacity = capacity.capacity_of(self.conn)
+        return self._host_capacity
+
+    def storage_size(self):
+        """{capacity} of the pool's machine storage in bytes, read once a run (what admission checks disks
+        against; how much is free is not cached: it is not read from here)."""
+        if self._storage_size is None:
+            self._storage_size = {"capacity": capacity.storage_of(self.conn)["capacity"]}
+        return self._storage_size
 
     @property
     def registry(self):

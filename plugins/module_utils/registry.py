@@ -74,6 +74,7 @@ class Registry:
         self.conn = conn
         self.pool = pool
         self._index = None
+        self._listed_in = None  # the admission lock epoch the index was listed under (see put)
         self._bodies = {}
         # the threads of one run (a batch, a set) share a pool's registry: one of them at a time in its caches
         self._guard = threading.RLock()
@@ -131,13 +132,22 @@ class Registry:
             return self._read(key, relisted=True)
         return None
 
-    def put(self, key, body, locked=False):
+    def _relist(self, epoch):
+        """Forget the index unless it was listed while this process held the admission lock in ``epoch`` (the
+        admission's hold on it, unbroken since): then no other run has written since, and this process's own
+        writes are in the index already."""
+        if epoch is None or epoch != self._listed_in:
+            self._index = None
+            self._listed_in = epoch
+
+    def put(self, key, body, locked=False, epoch=None):
         """Write ``key``. Under the host's admission lock (``locked`` when the caller holds it already), listed
         afresh: two runs writing the same document at once (both registering a pool, say) then take distinct
-        generations instead of colliding on one volume name."""
+        generations instead of colliding on one volume name. ``epoch`` (admission.Admission.epoch) spares the
+        listing when this process has held the lock since it last listed."""
         # the host's lock first, then this object's guard: a thread holding the lock may need the guard
         with _held(self.conn, self.pool, locked), self._guard:
-            self._index = None
+            self._relist(epoch if locked else None)
             versions = self._generations().get(key, [])
             generation = versions[0][0] + 1 if versions else 1
             name = "%s.%d.json" % (key, generation)
@@ -151,10 +161,10 @@ class Registry:
             self._index[key] = [(generation, name)]
             self._bodies[key] = body
 
-    def delete(self, key, locked=False):
+    def delete(self, key, locked=False, epoch=None):
         with _held(self.conn, self.pool, locked), self._guard:
             self._bodies.pop(key, None)
-            self._index = None
+            self._relist(epoch if locked else None)
             versions = self._generations().pop(key, [])
             for _generation, name in versions:
                 storage.delete_volume(self.pool, name)

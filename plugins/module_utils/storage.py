@@ -99,11 +99,17 @@ def volume_xml(name, capacity, fmt="raw", mode=None, backing=None, secret=None):
     return elements.to_string(elements.volume(name, capacity, fmt, mode=mode, backing=backing, secret=secret))
 
 
-def create_volume(pool, name, capacity, fmt="raw", mode=None, backing=None, secret=None):
+def create_volume(pool, name, capacity, fmt="raw", mode=None, backing=None, secret=None, replace=False):
+    """Create the volume ``name``; with ``replace``, one of that name already there is deleted first (found by
+    the create failing, so the usual case costs no lookup)."""
+    xml = volume_xml(name, capacity, fmt, mode, backing, secret)
     try:
-        return pool.createXML(volume_xml(name, capacity, fmt, mode, backing, secret), 0)
+        return pool.createXML(xml, 0)
     except lv.libvirt.libvirtError as exc:
-        raise LibvirtFailure("cannot create volume %s: %s" % (name, lv.describe(exc))) from None
+        if not (replace and exc.get_error_code() == lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST):
+            raise LibvirtFailure("cannot create volume %s: %s" % (name, lv.describe(exc))) from None
+    delete_volume(pool, name)
+    return create_volume(pool, name, capacity, fmt, mode, backing, secret)
 
 
 def delete_volume(pool, name, keep_if_busy=False):

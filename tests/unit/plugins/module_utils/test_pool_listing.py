@@ -6,6 +6,9 @@ check under the lock from bulk stats, and admission locks handed over between th
 
 from __future__ import annotations
 
+import threading
+import time
+
 import libvirt
 
 from ansible_collections.machinery.compute.plugins.module_utils import admission
@@ -114,6 +117,13 @@ def test_current_sizes_take_cpu_and_memory_from_stats_and_records_once():
     assert ("a", 4, 512 * MIB) == again[0][:3]
 
 
+class NamedConn(str):
+    """A connection named by its string; it has no domains."""
+
+    def listAllDomains(self, flags):
+        return []
+
+
 class FakeLock:
     taken = []
     released = []
@@ -130,11 +140,18 @@ class FakeLock:
         FakeLock.released.append(self.conn)
 
 
-def test_admission_locks_are_handed_over_within_a_run(monkeypatch):
+def reset_admission(monkeypatch):
     monkeypatch.setattr(admission.reg, "AdmissionLock", FakeLock)
     monkeypatch.setattr(admission.lv, "lookup_storage_pool", lambda conn, name: "registry")
+    monkeypatch.setattr(admission.Admission, "_holds", {})
+    monkeypatch.setattr(admission.Admission, "_targets", {})
+    monkeypatch.setattr(admission.Admission, "_names", set())
     FakeLock.taken, FakeLock.released = [], []
-    x, y = PoolContext("conn-x", "test:///x"), PoolContext("conn-y", "test:///y")
+
+
+def test_admission_locks_are_handed_over_within_a_run(monkeypatch):
+    reset_admission(monkeypatch)
+    x, y = PoolContext(NamedConn("conn-x"), "test:///x"), PoolContext(NamedConn("conn-y"), "test:///y")
     first = admission.Admission(x, [])
     first.__enter__()
     other = admission.Admission(y, [])
@@ -145,4 +162,50 @@ def test_admission_locks_are_handed_over_within_a_run(monkeypatch):
         assert FakeLock.taken == ["conn-x", "conn-y"]  # not taken again
     other.__exit__()  # the last one out gives every lock back
     assert sorted(FakeLock.released) == ["conn-x", "conn-y"]
-    assert admission.Admission._kept == {} and admission.Admission._inside == 0
+    assert admission.Admission._inside == 0
+    assert not any(hold.held or hold.users for hold in admission.Admission._holds.values())
+
+
+def test_admissions_onto_different_pools_share_the_peer_locks(monkeypatch):
+    """Two threads admit onto x and y with names unique across both: both are inside at once, each pool's lock
+    taken from libvirt once; a third onto x waits for the first, and so does a second admission of one name."""
+    reset_admission(monkeypatch)
+    x, y = PoolContext(NamedConn("conn-x"), "test:///x"), PoolContext(NamedConn("conn-y"), "test:///y")
+    for ctx, peer in ((x, y), (y, x)):
+        ctx.peer_connections = {peer.uri: peer.conn}
+    onto_x = admission.Admission(x, [x.uri, y.uri], "a")
+    onto_x.__enter__()
+    onto_y = admission.Admission(y, [x.uri, y.uri], "b")
+    onto_y.__enter__()  # would block (no thread to let it go) if y were locked by the admission onto x
+    assert sorted(FakeLock.taken) == ["conn-x", "conn-y"]
+    entered = []
+
+    def admit(ctx, name):
+        with admission.Admission(ctx, [x.uri, y.uri], name):
+            entered.append(name)
+    waiting = [threading.Thread(target=admit, args=(x, "c")), threading.Thread(target=admit, args=(y, "a"))]
+    for thread in waiting:
+        thread.start()
+    time.sleep(0.2)
+    assert entered == []  # x is being admitted onto, and machine a is being admitted
+    onto_y.__exit__()
+    time.sleep(0.2)
+    assert entered == []
+    onto_x.__exit__()
+    for thread in waiting:
+        thread.join(5)
+    assert sorted(entered) == ["a", "c"]
+    assert sorted(FakeLock.released) == ["conn-x", "conn-y"] and admission.Admission._inside == 0
+
+
+def test_a_lock_held_past_the_hand_over_goes_back_once_unused(monkeypatch):
+    reset_admission(monkeypatch)
+    x, y = PoolContext(NamedConn("conn-x"), "test:///x"), PoolContext(NamedConn("conn-y"), "test:///y")
+    staying = admission.Admission(y, [])
+    staying.__enter__()
+    with admission.Admission(x, []):
+        pass
+    admission.Admission._holds[x.uri].taken -= admission.HAND_OVER_SECONDS
+    with admission.Admission(x, []):
+        assert FakeLock.released == ["conn-x"] and FakeLock.taken == ["conn-y", "conn-x", "conn-x"]
+    staying.__exit__()
