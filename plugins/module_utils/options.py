@@ -225,6 +225,7 @@ SCHEDULING = (
 
 MACHINE_BATCH = (
     Option("machines", "list", elements="dict", required=True),
+    Option("defaults", "dict"),
     Option("strategy", choices=STRATEGIES, default="spread"),
     Option("retries", "int", default=3),
     Option("workers", "int", default=16),

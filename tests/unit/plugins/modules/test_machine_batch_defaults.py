@@ -1,0 +1,33 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""machine_batch's defaults: merged under each machine's own keys before the machine is validated."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.modules.machine_batch import validated
+
+
+def test_a_machine_keeps_its_own_keys_over_the_defaults():
+    specs = validated([{"name": "a", "cpu": 1, "memory": "128Mi"},
+                       {"name": "b", "cpu": 1, "memory": "128Mi", "wait": "running", "labels": {"own": "x"}}],
+                      {"wait": "none", "labels": {"team": "y"}})
+    assert [spec["wait"] for spec in specs] == ["none", "running"]
+    assert [spec["labels"] for spec in specs] == [{"team": "y"}, {"own": "x"}]  # whole, not merged
+
+
+@pytest.mark.parametrize("defaults, message", [({"colour": "red"}, "unknown option colour"),
+                                                ({"name": "a"}, "a name is not a default")])
+def test_bad_defaults_name_the_field(defaults, message):
+    with pytest.raises(ValidationError) as error:
+        validated([{"name": "a", "cpu": 1, "memory": "128Mi"}], defaults)
+    assert (error.value.field, error.value.message) == ("defaults", message)
+
+
+def test_a_bad_default_is_reported_at_the_machine_it_reaches():
+    with pytest.raises(ValidationError) as error:
+        validated([{"name": "a", "cpu": 1, "memory": "128Mi"}], {"wait": "forever"})
+    assert error.value.field == "machines[0]" and "wait" in error.value.message
