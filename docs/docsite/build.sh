@@ -17,6 +17,8 @@ antsibull-docs collection --use-current --squash-hierarchy --fail-on-error --cle
 # the collection holds, so the list is written here, where the pages exist).
 mkdir -p "$dest/rst/docsite/guide"
 cp "$repo"/docs/*.md "$dest/rst/docsite/guide/"
+# the pictures the guides show (images/<name>.png, relative to the page)
+cp -r "$repo"/docs/images "$dest/rst/docsite/guide/"
 {
     printf '\n.. toctree::\n   :maxdepth: 1\n\n'
     for page in "$repo"/docs/*.md; do

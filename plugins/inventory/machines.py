@@ -14,7 +14,8 @@ description:
     machine created by machinery.compute a host.
   - The source file's name must end with C(machinery.yml) or C(machinery.yaml).
   - Each host gets C(ansible_host) (its first address, when it has one) and the hostvar C(machinery), the same
-    shape as the C(machine) return of M(machinery.compute.machine).
+    shape as RV(machinery.compute.machine#module:machine), documented key by key there
+    (C(ansible-doc machinery.compute.machine)).
   - Each host also gets C(machinery_uri) (its pool's libvirt URI) and C(machinery_domain) (its domain's name), so
     C(ansible_connection=machinery.compute.guest_agent) reaches it through its guest agent with no other setting. Hosts are put in the groups
     C(machinery_pool_<pool>), C(machinery_class_<class>) and C(machinery_phase_<phase>).

@@ -359,7 +359,15 @@ EXAMPLES = r"""
 
 RETURN = r"""
 machine:
-  description: Status of the machine after the run.
+  description:
+    - Status of the machine after the run.
+    - The other modules that return machines (M(machinery.compute.machine_info), M(machinery.compute.machine_batch),
+      M(machinery.compute.nic_attach), M(machinery.compute.volume_attach), M(machinery.compute.machine_migrate))
+      and the C(machinery) hostvar of the P(machinery.compute.machines#inventory) inventory give statuses of this
+      shape and refer to this description of it.
+    - A machine that is absent has only C(name), C(pool), C(uri) and C(phase=Terminated); in check mode, one that
+      does not exist yet has these (C(phase=Pending)) and the C(machine_class), C(cpu), C(memory) and C(labels)
+      it would get.
   returned: always
   type: dict
   contains:
@@ -375,6 +383,10 @@ machine:
       description: Pool name.
       type: str
       sample: hv1
+    uri:
+      description: libvirt URI of the pool the machine was read through.
+      type: str
+      sample: qemu+ssh://root@hv1/system
     phase:
       description: Pending, Running, Shutdown, Terminating, Terminated or Failed.
       type: str
@@ -400,7 +412,7 @@ machine:
       type: str
       sample: 512Mi
     image:
-      description: Image source.
+      description: Image source; null for a machine booted from a volume.
       type: str
       sample: /srv/images/fedora-coreos.qcow2
     labels:
@@ -415,53 +427,101 @@ machine:
       elements: str
       sample: ["192.168.122.152"]
     network_interfaces:
-      description: NICs with name, mac, network, ip_addresses, ip_address (the fixed address, if any) and
-        state (Pending or Attached).
+      description: The NICs of the machine's record, in order.
       type: list
       elements: dict
-      sample:
-        - name: eth0
-          mac: 52:54:00:3e:4e:09
-          network: default
-          ip_addresses:
-          - 192.168.122.152
-          ephemeral: true
-          state: Attached
+      contains:
+        name:
+          description: NIC name.
+          type: str
+          sample: eth0
+        mac:
+          description: MAC address.
+          type: str
+          sample: 52:54:00:3e:4e:09
+        network:
+          description: The libvirt network, or the host bridge.
+          type: str
+          sample: default
+        ip_addresses:
+          description: Addresses from the network's DHCP lease while the machine runs.
+          type: list
+          elements: str
+          sample: ["192.168.122.152"]
+        ip_address:
+          description: The fixed address reserved for the NIC, or null.
+          type: str
+          sample: 192.168.122.50
+        ephemeral:
+          description: Whether the NIC goes with the machine.
+          type: bool
+          sample: true
+        state:
+          description: Attached once the guest has it, Pending before.
+          type: str
+          sample: Attached
     volumes:
-      description: Disks with name, device, size, ephemeral, iops, throughput, encrypted and state (Pending or
-        Attached).
+      description: The disks of the machine's record, the root disk first (none for a machine booted from a volume).
       type: list
       elements: dict
-      sample:
-        - name: root
-          device: vda
-          size: 20Gi
-          ephemeral: true
-          state: Attached
-        - name: data
-          device: vdb
-          size: 64Gi
-          ephemeral: true
-          state: Attached
+      contains:
+        name:
+          description: Volume name; C(root) for the root disk.
+          type: str
+          sample: data
+        device:
+          description: Target device in the guest's configuration.
+          type: str
+          sample: vdb
+        size:
+          description: Size as a quantity.
+          type: str
+          sample: 64Gi
+        ephemeral:
+          description: Whether the volume goes with the machine.
+          type: bool
+          sample: true
+        iops:
+          description: The I/O operations per second the disk is limited to (O(volumes[].iops)), or null (not on the
+            root disk).
+          type: int
+          sample: 3000
+        throughput:
+          description: The MB/s the disk is limited to (O(volumes[].throughput)), or null (not on the root disk).
+          type: int
+          sample: 125
+        encrypted:
+          description: Whether the volume is encrypted (not on the root disk).
+          type: bool
+          sample: false
+        state:
+          description: Attached once the guest has it, Pending before, Missing when its volume is gone from the
+            pool's storage.
+          type: str
+          sample: Attached
     conditions:
       description:
-        - Ready, VolumesReady and NetworkInterfacesReady conditions, and BootstrapReady (True once the guest agent
-          answered; Unknown when no agent has connected).
+        - Ready, VolumesReady and NetworkInterfacesReady, then BootstrapReady (True once the guest agent answered
+          or its channel is connected; Unknown when no agent has connected).
       type: list
       elements: dict
-      sample:
-        - type: Ready
-          status: 'True'
-          reason: Running
-          message: ''
-        - type: VolumesReady
-          status: 'True'
-          reason: Attached
-          message: ''
-        - type: NetworkInterfacesReady
-          status: 'True'
-          reason: Attached
-          message: ''
+      contains:
+        type:
+          description: Ready, VolumesReady, NetworkInterfacesReady or BootstrapReady.
+          type: str
+          sample: Ready
+        status:
+          description: V(True), V(False) or V(Unknown), as strings (as in Kubernetes).
+          type: str
+          sample: 'True'
+        reason:
+          description: One word for why, for example the phase for Ready, or Attached, Pending or Missing.
+          type: str
+          sample: Running
+        message:
+          description: More about the reason, or empty.
+          type: str
+          sample: ''
     guest:
       description:
         - What the machine says about itself through the QEMU guest agent, asked only when the machine runs and
@@ -500,6 +560,20 @@ machine:
       description: Creation time (UTC, ISO 8601).
       type: str
       sample: '2026-11-22T15:16:57+00:00'
+    age:
+      description: Time since creation, as C(kubectl) shows it (C(45s), C(3m), C(5h), C(2d)); C(<unknown>) without
+        a creation time.
+      type: str
+      sample: 1m
+    last_error:
+      description: Why the last start of the machine failed, cleared by the next start that succeeds; null when none
+        failed.
+      type: str
+      sample: null
+    managed:
+      description: Whether the collection created the machine (its domain carries the collection's record).
+      type: bool
+      sample: true
 restart_required:
   description: True when a change was recorded that the running guest only takes at its next start.
   returned: always

@@ -75,61 +75,20 @@ EXAMPLES = r"""
 
 RETURN = r"""
 machines:
-  description: Machines in the shape of the machine module's C(machine) return, sorted by name.
+  description:
+    - Each machine's status, sorted by name, in the shape of RV(machinery.compute.machine#module:machine). Every key
+      of it (phase, conditions, network interfaces, volumes, guest facts and the rest) is documented there, once
+      for all the modules, in C(ansible-doc machinery.compute.machine).
   returned: always
   type: list
   elements: dict
   sample:
     - name: web-1
-      uuid: 0533223d-634a-4d52-b08a-a66127dfd6dc
       pool: hv1
       uri: qemu+ssh://root@hv1/system
       phase: Running
-      machine_class: small
-      cpu: 1
-      memory: 512Mi
-      image: /srv/images/fedora-coreos.qcow2
-      labels:
-        app: web
-      ip_addresses:
-      - 192.168.122.152
-      network_interfaces:
-      - name: eth0
-        mac: 52:54:00:3e:4e:09
-        network: default
-        ip_addresses:
-        - 192.168.122.152
-        ephemeral: true
-        state: Attached
-      volumes:
-      - name: root
-        device: vda
-        size: 20Gi
-        ephemeral: true
-        state: Attached
-      - name: data
-        device: vdb
-        size: 64Gi
-        ephemeral: true
-        state: Attached
-      conditions:
-      - type: Ready
-        status: 'True'
-        reason: Running
-        message: ''
-      - type: VolumesReady
-        status: 'True'
-        reason: Attached
-        message: ''
-      - type: NetworkInterfacesReady
-        status: 'True'
-        reason: Attached
-        message: ''
-      restart_count: 0
-      created: '2026-11-22T15:16:57+00:00'
+      ip_addresses: ["192.168.122.152"]
       age: 1m
-      managed: true
-      last_error: null
   contains:
     console:
       description: The last O(console_lines) lines of the serial console log.

@@ -136,61 +136,17 @@ EXAMPLES = r"""
 
 RETURN = r"""
 machine:
-  description: The machine where it is after the run (in check mode, where it is now), in the shape of
-    M(machinery.compute.machine)'s C(machine).
+  description:
+    - The machine where it is after the run (in check mode, where it is now), in the shape of
+      RV(machinery.compute.machine#module:machine), documented key by key there
+      (C(ansible-doc machinery.compute.machine)).
   returned: always
   type: dict
   sample:
     name: web-1
-    uuid: 0533223d-634a-4d52-b08a-a66127dfd6dc
     pool: hv2
     uri: qemu+ssh://root@hv2/system
     phase: Running
-    machine_class: small
-    cpu: 1
-    memory: 512Mi
-    image: /srv/images/fedora-coreos.qcow2
-    labels:
-      app: web
-    ip_addresses:
-    - 192.168.122.152
-    network_interfaces:
-    - name: eth0
-      mac: 52:54:00:3e:4e:09
-      network: default
-      ip_addresses:
-      - 192.168.122.152
-      ephemeral: true
-      state: Attached
-    volumes:
-    - name: root
-      device: vda
-      size: 20Gi
-      ephemeral: true
-      state: Attached
-    - name: data
-      device: vdb
-      size: 64Gi
-      ephemeral: true
-      state: Attached
-    conditions:
-    - type: Ready
-      status: 'True'
-      reason: Running
-      message: ''
-    - type: VolumesReady
-      status: 'True'
-      reason: Attached
-      message: ''
-    - type: NetworkInterfacesReady
-      status: 'True'
-      reason: Attached
-      message: ''
-    restart_count: 0
-    created: '2026-11-22T15:16:57+00:00'
-    age: 1m
-    managed: true
-    last_error: null
 source:
   description: The pool the machine was moved off (pool, uri); null when nothing moved.
   returned: always

@@ -128,60 +128,16 @@ volume:
       type: str
       sample: Attached
 machine:
-  description: The machine's status, as the machine module returns it.
+  description:
+    - The machine's status after the run, in the shape of RV(machinery.compute.machine#module:machine), documented
+      key by key there (C(ansible-doc machinery.compute.machine)). Its C(volumes) list the attachment.
   returned: always
   type: dict
   sample:
     name: web-1
-    uuid: 0533223d-634a-4d52-b08a-a66127dfd6dc
     pool: hv1
-    uri: qemu+ssh://root@hv1/system
     phase: Running
-    machine_class: small
-    cpu: 1
-    memory: 512Mi
-    image: /srv/images/fedora-coreos.qcow2
-    labels:
-      app: web
-    ip_addresses:
-    - 192.168.122.152
-    network_interfaces:
-    - name: eth0
-      mac: 52:54:00:3e:4e:09
-      network: default
-      ip_addresses:
-      - 192.168.122.152
-      ephemeral: true
-      state: Attached
-    volumes:
-    - name: root
-      device: vda
-      size: 20Gi
-      ephemeral: true
-      state: Attached
-    - name: data
-      device: vdb
-      size: 64Gi
-      ephemeral: true
-      state: Attached
-    conditions:
-    - type: Ready
-      status: 'True'
-      reason: Running
-      message: ''
-    - type: VolumesReady
-      status: 'True'
-      reason: Attached
-      message: ''
-    - type: NetworkInterfacesReady
-      status: 'True'
-      reason: Attached
-      message: ''
-    restart_count: 0
-    created: '2026-11-22T15:16:57+00:00'
-    age: 1m
-    managed: true
-    last_error: null
+    volumes: [{"name": "web-1-logs", "device": "vdc", "size": "32Gi", "ephemeral": false, "state": "Attached"}]
 actions:
   description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory).
   returned: always

@@ -4,6 +4,7 @@ ansible-test's validate-modules checks the same for the modules it sees; this ru
 that each module takes its argument spec from the declarations rather than a table of its own.
 """
 
+import ast
 import glob
 import importlib
 import inspect
@@ -121,6 +122,84 @@ def test_every_return_value_has_a_sample(name):
     returns = yaml.safe_load(module.RETURN) or {}
     assert returns, "%s has no RETURN" % name
     assert missing_samples(returns) == []
+
+
+# The machine status is documented once, in the machine module's ``machine`` return; every other return value that
+# holds machine statuses says so with this reference (ansible-core merges no doc fragment into RETURN).
+STATUS_REFERENCE = "RV(machinery.compute.machine#module:machine)"
+
+
+def returns_of(name):
+    return yaml.safe_load(importlib.import_module("%s.modules.%s" % (PACKAGE, name)).RETURN) or {}
+
+
+def status_keys():
+    return set(returns_of("machine")["machine"]["contains"])
+
+
+def keys_the_status_is_built_with():
+    """The keys of the status dict ``machine_status._base_status`` builds, read from its source."""
+    path = os.path.join(ROOT, "plugins", "module_utils", "machine_status.py")
+    with open(path) as source:
+        tree = ast.parse(source.read())
+    function = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "_base_status")
+    built = next(node.value for node in ast.walk(function) if isinstance(node, ast.Assign)
+                 and getattr(node.targets[0], "id", None) == "status" and isinstance(node.value, ast.Dict))
+    return {key.value for key in built.keys}
+
+
+def entries(returns, where=""):
+    """(path, entry) of every return value, members included."""
+    for key, entry in sorted(returns.items()):
+        yield where + key, entry
+        yield from entries(entry.get("contains") or {}, where + key + ".")
+
+
+def sample_items(entry):
+    sample = entry.get("sample")
+    items = sample if isinstance(sample, list) else [sample]
+    return [item for item in items if isinstance(item, dict)]
+
+
+def test_the_machine_module_documents_the_whole_status():
+    assert status_keys() == keys_the_status_is_built_with()
+
+
+@pytest.mark.parametrize("name", [module for module in MODULES if module != "machine"])
+def test_machine_statuses_refer_to_the_one_documented_shape(name):
+    status = status_keys()
+    problems = []
+    for where, entry in entries(returns_of(name)):
+        own = set(entry.get("contains") or {})
+        shown = [set(item) & status for item in sample_items(entry)]
+        if describes(entry, STATUS_REFERENCE):
+            if own & status:
+                problems.append("%s: documents %s again" % (where, sorted(own & status)))
+            if "sample" not in entry:
+                problems.append("%s: no compact sample" % where)
+            for item in sample_items(entry):
+                if set(item) - status - own:
+                    problems.append("%s: the sample shows undocumented %s" % (where, sorted(set(item) - status - own)))
+            if any(len(keys) > len(status) // 3 for keys in shown):
+                problems.append("%s: the sample repeats the status; keep it compact" % where)
+        elif len(own & status) > len(status) // 3 or any(len(keys) > len(status) // 3 for keys in shown):
+            problems.append("%s: a machine status without %s" % (where, STATUS_REFERENCE))
+    assert problems == []
+
+
+def describes(entry, text):
+    description = entry.get("description") or ""
+    return text in " ".join(description if isinstance(description, list) else [description])
+
+
+def test_modules_that_return_statuses_point_to_the_machine_module():
+    referring = [name for name in MODULES if any(describes(entry, STATUS_REFERENCE)
+                                                 for _where, entry in entries(returns_of(name)))]
+    assert referring == ["machine_batch", "machine_info", "machine_migrate", "nic_attach", "volume_attach"]
+    for name in referring:
+        module = importlib.import_module("%s.modules.%s" % (PACKAGE, name))
+        seealso = yaml.safe_load(module.DOCUMENTATION).get("seealso") or []
+        assert "machinery.compute.machine" in [entry.get("module") for entry in seealso], name
 
 
 @pytest.mark.parametrize("name", MODULES)
