@@ -207,18 +207,24 @@ class Admission:
         return False
 
 
-def check_room(ctx, spec, disks=None, locked=False):
+def check_room(ctx, spec, disks=None, locked=False, epoch=None):
     """Refuse a machine the pool has no room for: the machines already defined there (other than this one)
     plus ``spec`` must fit in what the pool's registration makes allocatable, and so must the new ``disks``
     ([(field, virtual bytes)]) in its storage.
 
     A plan checks against the pool as this run listed it (when it did); under the admission lock (``locked``)
-    the sizes are read as they are now."""
+    the sizes are read as they are now: once in the lock's ``epoch`` (Admission.epoch), then kept with the
+    machines this process admitted since (``admitted``), as no other run creates on the pool meanwhile (one
+    deleting there only leaves more room than counted)."""
     registration = ctx.registration
     if not registration:
         return
-    if locked:
+    if locked and epoch is not None and ctx.locked_sizes[0] == epoch:
+        sizes = ctx.locked_sizes[1]
+    elif locked:
         sizes = capacity.current_sizes(ctx.conn, ctx.records)
+        if epoch is not None:
+            ctx.locked_sizes = (epoch, sizes)
     else:
         sizes = capacity.machine_sizes(ctx.conn, ctx.listed())
     allocatable = capacity.allocatable_for(ctx.host_capacity(), registration)
@@ -231,6 +237,14 @@ def check_room(ctx, spec, disks=None, locked=False):
                           format_quantity(allocatable["memory"]), spec["name"], spec["cpu"],
                           format_quantity(spec["memory"])), "machine_pool")
     check_storage(ctx, disks or [], sizes)
+
+
+def admitted(ctx, epoch, record):
+    """Count a machine just created under the lock in ``epoch`` in the sizes the next check of the epoch uses."""
+    if epoch is not None and ctx.locked_sizes[0] == epoch:
+        spec = record["spec"]
+        ctx.locked_sizes[1].append((spec["name"], spec["cpu"], spec["memory"], spec.get("machine_class"),
+                                    capacity.machine_disks(record), spec.get("tolerations") or []))
 
 
 def check_storage(ctx, disks, sizes=None):

@@ -23,7 +23,7 @@ from ansible_collections.machinery.compute.plugins.module_utils import security_
 from ansible_collections.machinery.compute.plugins.module_utils import seed
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.admission import Admission, check_room
+from ansible_collections.machinery.compute.plugins.module_utils.admission import Admission, admitted, check_room
 from ansible_collections.machinery.compute.plugins.module_utils.convergence import Action, Plan, converge, step
 from ansible_collections.machinery.compute.plugins.module_utils.errors import (
     ConflictError, LibvirtFailure, MachineryError, NameTaken, ValidationError)
@@ -376,14 +376,15 @@ class MachineResource:
                 raise NameTaken("another run created a machine named %s on this pool meanwhile" % spec["name"],
                                 "name")
             admission.check_unique(spec["name"])
-            check_room(self.ctx, spec, new_disks(spec), locked=True)
+            check_room(self.ctx, spec, new_disks(spec), locked=True, epoch=admission.epoch)
             registry = self.ctx.registry
             key = reg.pending_key(spec["name"])
             self._remove_orphans(registry.get(key))
             registry.put(key, {"machine": spec["name"], "volumes": planned_volumes(spec)}, locked=True,
                          epoch=admission.epoch)
             try:
-                self._create_locked(spec, pool, image_vol, fmt)
+                record = self._create_locked(spec, pool, image_vol, fmt)
+                admitted(self.ctx, admission.epoch, record)
             finally:
                 registry.delete(key, locked=True, epoch=admission.epoch)
 
@@ -449,6 +450,7 @@ class MachineResource:
             for nic in reserved_nics(record):
                 reserve_address(self.ctx, nic, name)
                 reserved.append(nic)
+            self.ctx.view().note_volumes(created)
         except BaseException:
             for filter_name in filters:
                 try:
@@ -472,6 +474,7 @@ class MachineResource:
                 if dom is not None:
                     dom.undefineFlags(lv.libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
             raise
+        return record
 
     @staticmethod
     def _new_volume(pool, created, volume_name, size, backing, disk):
@@ -861,7 +864,7 @@ class MachineService:
             if not self.check_mode and resource.state == "running":
                 self.wait(observed.dom, spec, params)
             if plan.actions or params.get("wait") == "address":
-                machine = machine_status(observed.dom, self.ctx)
+                machine = machine_status(observed.dom, self.ctx, PoolView(self.ctx, volumes_of=self.ctx.view()))
             else:  # as observed: the pool's leases and volumes as this run read them
                 machine = machine_status(observed.dom, self.ctx, self.ctx.view(), observed.tree, state=observed.state,
                                          record=observed.record)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import datetime
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.machinery.compute.plugins.module_utils import capabilities
@@ -60,14 +61,31 @@ class PoolView:
     """What statuses need of a pool beyond each domain, read at most once per run: the DHCP leases of its
     networks ({mac: [ip, ...]} per network) and the names of the volumes in its storage."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx, volumes_of=None):
         self.ctx = ctx
         self._leases = {}
         self._volumes = None
+        # a view whose listing of volumes this one shares (the statuses of changed machines take fresh leases,
+        # but not a listing of the whole storage each: that grows with the pool)
+        self._volumes_of = volumes_of
+        self._relisted = False
+        self._guard = threading.Lock()
 
     def refresh(self):
         self._leases = {}
         self._volumes = None
+
+    def note_volumes(self, names):
+        """Volumes this run created after the listing was read (a listing read later has them anyway)."""
+        with self._guard:
+            if self._volumes is not None:
+                self._volumes[1].update(names)
+
+    def _list_volumes(self):
+        try:
+            return (self.ctx.storage_path.rstrip("/") + "/", set(self.ctx.storage.listVolumes()))
+        except MachineryError:
+            return ("", set())
 
     def addresses(self, network, mac):
         if network not in self._leases:
@@ -84,13 +102,23 @@ class PoolView:
 
     def missing(self, path):
         """True when ``path`` lies in the pool's storage but no volume of the storage pool has it."""
-        if self._volumes is None:
-            try:
-                self._volumes = (self.ctx.storage_path.rstrip("/") + "/", set(self.ctx.storage.listVolumes()))
-            except MachineryError:
-                self._volumes = ("", set())
-        prefix, names = self._volumes
+        if self._volumes_of is not None:
+            if not self._volumes_of.missing(path):
+                return False
+            if self._relisted:
+                return True
+            self._relisted = True  # made since the listing by another way than a create: list again, once
+            self._volumes_of.refresh_volumes()
+            return self._volumes_of.missing(path)
+        with self._guard:
+            if self._volumes is None:
+                self._volumes = self._list_volumes()
+            prefix, names = self._volumes
         return bool(prefix and path and path.startswith(prefix) and path[len(prefix):] not in names)
+
+    def refresh_volumes(self):
+        with self._guard:
+            self._volumes = self._list_volumes()
 
 
 def _condition(kind, ok, reason, message=""):

@@ -68,6 +68,7 @@ class PoolContext:
         self._listing = None
         self._view = None
         self.records = {}  # uuid -> record (or None) of the domains seen by capacity.current_sizes
+        self.locked_sizes = (None, [])  # (admission epoch, machine sizes) for the checks under a held lock
         self._host_capacity = None
         self._storage_size = None
         self.images = {}  # checksum -> (volume, format) of the images cached on the pool, looked up once a run

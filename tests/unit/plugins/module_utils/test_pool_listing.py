@@ -10,11 +10,13 @@ import threading
 import time
 
 import libvirt
+import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils import admission
 from ansible_collections.machinery.compute.plugins.module_utils import capacity
 from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils import machine
+from ansible_collections.machinery.compute.plugins.module_utils.errors import PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.pool_context import PoolContext, read_domains
 
 MIB = 2 ** 20
@@ -209,3 +211,18 @@ def test_a_lock_held_past_the_hand_over_goes_back_once_unused(monkeypatch):
     with admission.Admission(x, []):
         assert FakeLock.released == ["conn-x"] and FakeLock.taken == ["conn-y", "conn-x", "conn-x"]
     staying.__exit__()
+
+
+def test_checks_under_one_held_lock_read_the_sizes_once_and_count_what_was_admitted():
+    conn = fleet()  # a (1 cpu) and b (2 cpu) are defined
+    ctx = PoolContext(conn, "test:///a")
+    ctx._registration = {"name": "a", "reserved": {"cpu": 0, "memory": 0}, "overcommit": {"cpu": 1.0, "memory": 1.0}}
+    ctx._host_capacity = {"cpu": 5, "memory": 8 * 2 ** 30}
+    spec = {"name": "c", "cpu": 1, "memory": 128 * MIB}
+    admission.check_room(ctx, spec, locked=True, epoch=7)
+    admission.admitted(ctx, 7, {"spec": dict(spec, machine_class="small", volumes=[], root_size=2 ** 30)})
+    with pytest.raises(PoolFull):  # a, b and c take 4 of 5 cpus: d (2) does not fit, counted without a read
+        admission.check_room(ctx, {"name": "d", "cpu": 2, "memory": 128 * MIB}, locked=True, epoch=7)
+    assert conn.stats_calls == 1
+    admission.check_room(ctx, {"name": "d", "cpu": 2, "memory": 128 * MIB}, locked=True, epoch=8)
+    assert conn.stats_calls == 2  # a new hold of the lock reads the pool again (c was never really made)
