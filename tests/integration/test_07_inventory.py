@@ -9,7 +9,6 @@ import time
 
 import libvirt
 import pytest
-from ansible.release import __version__ as ansible_version
 from lxml import etree
 
 from conftest import NS, REPO, lab_file, lab_pid
@@ -177,9 +176,6 @@ def test_cache_is_used_on_the_second_run(registered, fleet, tmp_path, lab):
     assert "inv-c" in pools[2].domain_names()
 
 
-@pytest.mark.xfail(tuple(int(part) for part in ansible_version.split(".")[:2]) < (2, 19), strict=True,
-                   reason="known bug: under ansible-core 2.16 the agent address source yields no ansible_host "
-                          "(the guest agent work, issue 13); strict, so a fix shows")
 def test_address_sources(registered, fleet, tmp_path):
     running = fleet["inv-a"]
     address = running["ip_addresses"][0]
