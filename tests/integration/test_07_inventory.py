@@ -11,7 +11,7 @@ import libvirt
 import pytest
 from lxml import etree
 
-from conftest import NS, REPO, lab_file, lab_pid
+from conftest import NS, REPO, lab_file, lab_pid, plain
 
 BIN = os.path.dirname(sys.executable)
 INJECTION = "{{ lookup('pipe', 'echo INJECTED') }}"
@@ -29,17 +29,6 @@ def inventory(source, *args, env=None):
                           capture_output=True, text=True, env=dict(os.environ, ANSIBLE_NOCOLOR="1", **(env or {})),
                           check=False, timeout=300)
     return proc
-
-
-def plain(value):
-    """ansible-inventory shows strings marked unsafe as {"__ansible_unsafe": ...}; compare their values."""
-    if isinstance(value, dict):
-        if set(value) == {"__ansible_unsafe"}:
-            return value["__ansible_unsafe"]
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [plain(item) for item in value]
-    return value
 
 
 def listing(source, env=None, raw=False):
