@@ -164,9 +164,11 @@ def first_pool(clean=None):
     register(pool)
     if clean:
         clean(pool)
-    yield pool
-    if clean:
-        clean(pool)
+    try:
+        yield pool
+    finally:
+        if clean:
+            clean(pool)
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,6 @@ echo "MACHINERY-DISK seen=$seen wrote=$next"
 """
 
 
-
-
 @pytest.fixture(scope="module")
 def bk_pool():
     with first_pool(clean) as pool:
