@@ -28,7 +28,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.errors import (
     ConflictError, LibvirtFailure, MachineryError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.machine_spec import host_bridge
 from ansible_collections.machinery.compute.plugins.module_utils.machine import (
-    MachineService, observe_machine, update_record, wait_for_address)
+    MachineService, lease_expiries, observe_machine, update_record, wait_for_address)
 from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
 
 _VOLUME_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -351,6 +351,8 @@ class NicAttachment(Attachment):
     def __init__(self, ctx, params, check_mode=False):
         super().__init__(ctx, params, check_mode)
         self.nic_name = check.dns_label(params.get("name"), "name")
+        # the leases listed for the NIC's MAC when this run plugged it in (machine.lease_expiries)
+        self.earlier_leases = None
 
     def observe(self):
         target = self.observe_target()
@@ -379,6 +381,7 @@ class NicAttachment(Attachment):
 
     def _attach(self, action, target):
         wanted = action.data["wanted"]
+        self.earlier_leases = lease_expiries(self.ctx, [wanted])
         self.attach_device(target, dx.nic_element(wanted), "NIC " + action.target)
         self.save_entries(target, lambda entries: entries + [wanted])
 
@@ -400,7 +403,8 @@ class NicAttachment(Attachment):
                        if nic["name"] == self.nic_name), None)
         if not self.check_mode and self.params.get("wait") == "address" and wanted and wanted.get("network"):
             wait_for_address(self.ctx, target.dom, self.machine, [wanted],
-                             float(check.timeout_seconds(self.params.get("wait_timeout", 300), "wait_timeout")))
+                             float(check.timeout_seconds(self.params.get("wait_timeout", 300), "wait_timeout")),
+                             self.earlier_leases)
         machine = MachineService(self.ctx).status(self.machine)
         shown = next((nic for nic in machine.get("network_interfaces") or [] if nic["name"] == self.nic_name),
                      None)

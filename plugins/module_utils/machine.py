@@ -325,6 +325,8 @@ class MachineResource:
         self.warnings = []
         self.restart_required = False
         self.observations = 0
+        # the leases listed for the machine's NICs when this run booted it (lease_expiries)
+        self.earlier_leases = None
 
     def describe(self):
         return "machine %s on pool %s" % (self.name, self.ctx.name or self.ctx.uri)
@@ -654,6 +656,7 @@ class MachineResource:
             else:
                 if state != lv.libvirt.VIR_DOMAIN_SHUTOFF:
                     dom.destroy()
+                self.earlier_leases = lease_expiries(self.ctx, self.spec.get("network_interfaces"))
                 dom.create()
         except lv.libvirt.libvirtError as exc:
             self._record_error(dom, "start failed: %s" % lv.describe(exc))
@@ -802,18 +805,43 @@ def shutdown(dom, timeout):
     return False
 
 
-def wait_for_address(ctx, dom, name, nics, timeout):
-    """Until one of ``nics`` (on libvirt networks) has a DHCP lease."""
+def lease_expiries(ctx, nics):
+    """{(network, mac): expiry time} of the DHCP leases the networks list for ``nics`` now, read just before a
+    guest boots (or a NIC is plugged in), for ``wait_for_address``.
+
+    dnsmasq keeps a lease until it expires (an hour by default) when its guest goes away without releasing it,
+    and a machine's MACs derive from its name: a machine deleted and created again, or stopped and started, finds
+    its predecessor's lease still listed before its own guest has even booted. The guest's DHCP request renews
+    that lease, which moves its expiry time later; that is how the wait tells the new guest's lease apart."""
+    view = PoolView(ctx)
+    found = {}
+    for nic in nics or []:
+        if nic.get("network") and nic.get("mac"):
+            expiry = view.lease_expiry(nic["network"], nic["mac"])
+            if expiry:
+                found[(nic["network"], nic["mac"].lower())] = expiry
+    return found
+
+
+def wait_for_address(ctx, dom, name, nics, timeout, earlier_leases=None):
+    """Until one of ``nics`` (on libvirt networks) has a DHCP lease; with ``earlier_leases`` (``lease_expiries``
+    read before the guest booted) one granted or renewed since."""
     nics = [nic for nic in nics or [] if nic.get("network")]
     if not nics:
         raise ValidationError("wait: address needs a network interface on a libvirt network", "wait")
+    earlier_leases = earlier_leases or {}
     deadline = time.monotonic() + timeout
     book = PoolView(ctx)
-    while True:
+
+    def leased(nic):
+        addresses = book.addresses(nic["network"], nic["mac"], earlier_leases.get((nic["network"],
+                                                                                   nic["mac"].lower())))
         # a NIC with a fixed address counts once its lease is that address (a lease from before the
         # reservation changed may still be listed)
-        if any(nic["ip_address"] in book.addresses(nic["network"], nic["mac"]) if nic.get("ip_address")
-               else book.addresses(nic["network"], nic["mac"]) for nic in nics):
+        return nic["ip_address"] in addresses if nic.get("ip_address") else bool(addresses)
+
+    while True:
+        if any(leased(nic) for nic in nics):
             return
         if not dom.isActive():
             raise MachineryError("%s stopped while waiting for an address" % name, "wait")
@@ -862,7 +890,7 @@ class MachineService:
                        "memory": format_quantity(spec["memory"]), "labels": spec.get("labels")}
         else:
             if not self.check_mode and resource.state == "running":
-                self.wait(observed.dom, spec, params)
+                self.wait(observed.dom, spec, params, resource.earlier_leases)
             if plan.actions or params.get("wait") == "address":
                 machine = machine_status(observed.dom, self.ctx, PoolView(self.ctx, volumes_of=self.ctx.view()))
             else:  # as observed: the pool's leases and volumes as this run read them
@@ -871,8 +899,8 @@ class MachineService:
         restart_required = resource.restart_required or (self.check_mode and plan.facts.get("restart_required"))
         return Outcome(plan, machine, resource.warnings, bool(restart_required))
 
-    def wait(self, dom, spec, params):
+    def wait(self, dom, spec, params, earlier_leases=None):
         wait = check.one_of(params.get("wait") or "running", options.WAITS, "wait")
         if wait == "address":
             wait_for_address(self.ctx, dom, spec["name"], spec.get("network_interfaces"),
-                             float(params.get("wait_timeout") or 300))
+                             float(params.get("wait_timeout") or 300), earlier_leases)

@@ -87,18 +87,34 @@ class PoolView:
         except MachineryError:
             return ("", set())
 
-    def addresses(self, network, mac):
+    def _leases_of(self, network, mac):
+        """[(address, expiry time)] of the DHCP leases ``network`` lists for ``mac`` (expiry 0: a lease that
+        never expires)."""
         if network not in self._leases:
             table = {}
             net = self.ctx.network(network)
             if net is not None and net.isActive():
                 try:
                     for lease in net.DHCPLeases():
-                        table.setdefault((lease.get("mac") or "").lower(), []).append(lease["ipaddr"])
+                        table.setdefault((lease.get("mac") or "").lower(), []).append(
+                            (lease["ipaddr"], int(lease.get("expirytime") or 0)))
                 except lv.libvirt.libvirtError:
                     table = {}
             self._leases[network] = table
-        return list(self._leases[network].get(mac.lower(), []))
+        return self._leases[network].get(mac.lower(), [])
+
+    def addresses(self, network, mac, renewed_after=None):
+        """The addresses leased to ``mac`` on ``network``. With ``renewed_after`` (an expiry time read before the
+        guest booted, see ``lease_expiry``) only leases that expire later: leases the booting guest itself was
+        granted or renewed, not one dnsmasq still keeps for an earlier guest with the same MAC."""
+        return [address for address, expiry in self._leases_of(network, mac)
+                if not renewed_after or expiry > renewed_after]
+
+    def lease_expiry(self, network, mac):
+        """The latest expiry time of the leases ``network`` lists for ``mac``, or None when it lists none, or
+        only leases that never expire (which a renewal leaves unchanged, so they cannot tell old from new)."""
+        expiries = [expiry for _address, expiry in self._leases_of(network, mac)]
+        return max(expiries) if expiries and min(expiries) > 0 else None
 
     def missing(self, path):
         """True when ``path`` lies in the pool's storage but no volume of the storage pool has it."""

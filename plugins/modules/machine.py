@@ -278,6 +278,9 @@ options:
     description:
       - After starting, wait for nothing more, for the domain to run, or for a DHCP address.
       - V(address) needs a NIC on a libvirt network (whose DHCP lease is read); it is refused up front otherwise.
+      - When the run boots the guest, V(address) waits for a lease that guest was granted or renewed. A lease the
+        network still lists from an earlier boot (the same MAC, as for a machine created again under its old name)
+        does not count until the guest asks for it again.
     type: str
     choices: [none, running, address]
     default: running

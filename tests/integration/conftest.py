@@ -4,6 +4,7 @@ Modules run as Ansible runs them on a host (their own process, arguments as JSON
 from libvirt itself.
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -154,6 +155,22 @@ def register(pool, **extra):
     return result
 
 
+@contextlib.contextmanager
+def first_pool(clean=None):
+    """The lab's first pool, registered with class small, and ``clean(pool)`` run before and after when given: for
+    the module-scoped fixture of a test that needs one pool only (any lab will do, not only one of 3 pools)."""
+    lab = load_lab()
+    pool = Pool(lab["pools"][0]["name"], lab["pools"][0]["uri"])
+    register(pool)
+    if clean:
+        clean(pool)
+    try:
+        yield pool
+    finally:
+        if clean:
+            clean(pool)
+
+
 @pytest.fixture(scope="session")
 def registered(pools):
     """Every lab pool registered, with class small (1 cpu, 128Mi) published."""
@@ -165,6 +182,17 @@ def registered(pools):
 @pytest.fixture
 def pool(registered):
     return registered[0]
+
+
+def plain(value):
+    """ansible-inventory shows strings marked unsafe as {"__ansible_unsafe": ...}; their values instead."""
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return value["__ansible_unsafe"]
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value
 
 
 def warnings_of(result):

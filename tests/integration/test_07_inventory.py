@@ -9,10 +9,9 @@ import time
 
 import libvirt
 import pytest
-from ansible.release import __version__ as ansible_version
 from lxml import etree
 
-from conftest import NS, REPO, lab_file, lab_pid
+from conftest import NS, REPO, lab_file, lab_pid, plain
 
 BIN = os.path.dirname(sys.executable)
 INJECTION = "{{ lookup('pipe', 'echo INJECTED') }}"
@@ -30,17 +29,6 @@ def inventory(source, *args, env=None):
                           capture_output=True, text=True, env=dict(os.environ, ANSIBLE_NOCOLOR="1", **(env or {})),
                           check=False, timeout=300)
     return proc
-
-
-def plain(value):
-    """ansible-inventory shows strings marked unsafe as {"__ansible_unsafe": ...}; compare their values."""
-    if isinstance(value, dict):
-        if set(value) == {"__ansible_unsafe"}:
-            return value["__ansible_unsafe"]
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [plain(item) for item in value]
-    return value
 
 
 def listing(source, env=None, raw=False):
@@ -177,9 +165,6 @@ def test_cache_is_used_on_the_second_run(registered, fleet, tmp_path, lab):
     assert "inv-c" in pools[2].domain_names()
 
 
-@pytest.mark.xfail(tuple(int(part) for part in ansible_version.split(".")[:2]) < (2, 19), strict=True,
-                   reason="known bug: under ansible-core 2.16 the agent address source yields no ansible_host "
-                          "(the guest agent work, issue 13); strict, so a fix shows")
 def test_address_sources(registered, fleet, tmp_path):
     running = fleet["inv-a"]
     address = running["ip_addresses"][0]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import Pool, assert_failed, load_lab, register, run_module
+from conftest import assert_failed, first_pool, load_lab, run_module
 
 MACHINE = "bk-guest"
 SCRIPT = """#!/bin/sh
@@ -24,12 +24,8 @@ echo "MACHINERY-DISK seen=$seen wrote=$next"
 
 @pytest.fixture(scope="module")
 def bk_pool():
-    lab = load_lab()
-    pool = Pool(lab["pools"][0]["name"], lab["pools"][0]["uri"])
-    register(pool)
-    clean(pool)
-    yield pool
-    clean(pool)
+    with first_pool(clean) as pool:
+        yield pool
 
 
 def clean(pool):

@@ -16,7 +16,7 @@ import time
 import libvirt
 import pytest
 
-from conftest import Pool, lab_pid, load_lab, register
+from conftest import first_pool, lab_pid, load_lab, plain
 
 BIN = os.path.dirname(sys.executable)
 BRIDGE = "mgabr0"
@@ -34,17 +34,6 @@ ip -4 -o addr show dev eth0
 def in_pool(pool, *command):
     return subprocess.run(["nsenter", "--net=/proc/%d/ns/net" % lab_pid(pool)] + list(command),
                           capture_output=True, text=True, check=False, timeout=60)
-
-
-def plain(value):
-    """ansible-inventory shows strings marked unsafe as {"__ansible_unsafe": ...}."""
-    if isinstance(value, dict):
-        if set(value) == {"__ansible_unsafe"}:
-            return value["__ansible_unsafe"]
-        return {key: plain(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [plain(item) for item in value]
-    return value
 
 
 def write_source(directory, pools, **options):
@@ -95,10 +84,8 @@ def wait_for_agent(module, pool, name, timeout):
 
 @pytest.fixture(scope="module")
 def lab_pools():
-    """The lab's first pool, registered with class small (any lab will do, even one of a single pool)."""
-    pool = Pool(load_lab()["pools"][0]["name"], load_lab()["pools"][0]["uri"])
-    register(pool)
-    return [pool]
+    with first_pool() as pool:
+        yield [pool]
 
 
 @pytest.fixture(scope="module")

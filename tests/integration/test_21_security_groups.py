@@ -13,7 +13,7 @@ import time
 import libvirt
 import pytest
 
-from conftest import Pool, assert_failed, load_lab, register, run_module
+from conftest import assert_failed, first_pool, load_lab, run_module
 
 SERVER = "sg-server"
 CLIENT = "sg-client"
@@ -56,12 +56,8 @@ def image():
 
 @pytest.fixture(scope="module")
 def sg_pool():
-    lab = load_lab()
-    pool = Pool(lab["pools"][0]["name"], lab["pools"][0]["uri"])
-    register(pool)
-    clean(pool)
-    yield pool
-    clean(pool)
+    with first_pool(clean) as pool:
+        yield pool
 
 
 def clean(pool):
