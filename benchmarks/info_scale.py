@@ -12,7 +12,8 @@ runs, each side in a process of its own (as Ansible runs a module on a host), ta
   static      static_module.py returning machine_info's very output from a file: what ansible-core alone spends
               on a module result of that size (python, AnsibleModule, the no_log scrub, JSON), whatever the module.
 The module's own cost is module - static; it is compared with the floor (module_own_vs_floor).
-Also in-process: list_machines() against the floor's calls in one interpreter, no start-up on either side.
+Also in-process: list_machines() against the floor's calls in one interpreter, no start-up on either side, and
+against those calls plus an lxml parse of each XML ("parsed": the record can only be read from the parsed XML).
 """
 
 import argparse
@@ -27,6 +28,7 @@ import time
 import libvirt
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import elements
 from ansible_collections.machinery.compute.plugins.module_utils.machine_status import list_machines
 from ansible_collections.machinery.compute.plugins.module_utils.pool_context import PoolContext
 from common import MODULES
@@ -35,13 +37,16 @@ from inventory_scale import define_machines, undefine_machines
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def floor_calls(uri, with_xml=True):
-    """The raw calls machine_info needs; the number of domains read."""
+def floor_calls(uri, with_xml=True, parse=False):
+    """The raw calls machine_info needs; the number of domains read. With ``parse``, each XML is also parsed with
+    lxml (the least any reader of the record in it does)."""
     conn = libvirt.open(uri)
     domains = conn.getAllDomainStats(libvirt.VIR_DOMAIN_STATS_STATE, 0)
     if with_xml:
         for dom, _stats in domains:
-            dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+            xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+            if parse:
+                elements.parse(xml)
     conn.networkLookupByName("machinery").DHCPLeases()
     conn.storagePoolLookupByName("machinery").listVolumes()
     conn.close()
@@ -80,7 +85,7 @@ def measure(uri, conn, count, rounds, work):
     with open(static_args, "w") as handle:
         json.dump({"ANSIBLE_MODULE_ARGS": {"path": output}}, handle)
     sides["static"] = [sys.executable, os.path.join(HERE, "static_module.py"), static_args]
-    samples = {name: [] for name in list(sides) + ["in_process", "in_process_floor"]}
+    samples = {name: [] for name in list(sides) + ["in_process", "in_process_floor", "in_process_floor_parsed"]}
     shown = 0
     for _round in range(rounds):
         for name, args in sides.items():
@@ -95,6 +100,9 @@ def measure(uri, conn, count, rounds, work):
         start = time.perf_counter()
         floor_calls(uri)
         samples["in_process_floor"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        floor_calls(uri, parse=True)
+        samples["in_process_floor_parsed"].append(time.perf_counter() - start)
     row = {"machines": count, "shown": shown, "load": [round(value, 2) for value in os.getloadavg()]}
     row.update((name + "_s", round(statistics.median(values), 3)) for name, values in samples.items())
     row["module_vs_floor"] = round(row["module_s"] / row["floor_s"], 2)
@@ -102,6 +110,7 @@ def measure(uri, conn, count, rounds, work):
     row["module_own_s"] = round(row["module_s"] - row["static_s"], 3)
     row["module_own_vs_floor"] = round(row["module_own_s"] / row["floor_s"], 2)
     row["in_process_vs_floor"] = round(row["in_process_s"] / row["in_process_floor_s"], 2)
+    row["in_process_vs_parsed"] = round(row["in_process_s"] / row["in_process_floor_parsed_s"], 2)
     row["module_per_machine_ms"] = round(row["module_s"] / count * 1000, 2)
     row["floor_per_machine_ms"] = round(row["floor_s"] / count * 1000, 2)
     return row
@@ -134,13 +143,14 @@ def main():
             print(json.dumps(rows[-1]), flush=True)
     finally:
         undefine_machines({uri: conn})
-    print("%-9s %9s %9s %9s %11s %10s %14s %12s %14s" % (
+    print("%-9s %9s %9s %9s %11s %10s %14s %12s %14s %15s" % (
         "machines", "module s", "static s", "floor s", "floor_bare s", "mod/floor", "(mod-static)/fl",
-        "in-process", "in-proc/floor"))
+        "in-process", "in-proc/floor", "in-proc/parsed"))
     for row in rows:
-        print("%-9d %9.3f %9.3f %9.3f %11.3f %10.2f %14.2f %12.3f %14.2f" % (
+        print("%-9d %9.3f %9.3f %9.3f %11.3f %10.2f %14.2f %12.3f %14.2f %15.2f" % (
             row["machines"], row["module_s"], row["static_s"], row["floor_s"], row["floor_bare_s"],
-            row["module_vs_floor"], row["module_own_vs_floor"], row["in_process_s"], row["in_process_vs_floor"]))
+            row["module_vs_floor"], row["module_own_vs_floor"], row["in_process_s"], row["in_process_vs_floor"],
+            row["in_process_vs_parsed"]))
     if options.json:
         with open(options.json, "w") as handle:
             json.dump(rows, handle, indent=1)

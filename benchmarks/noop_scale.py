@@ -7,7 +7,9 @@ The machines are those parallel_floor.py leaves with --keep (bench-r-0000 ... on
 bench, state present, no NIC); the set's members are made first when missing (bnset, the same template as
 parallel_floor.py). With --before DIR (a directory holding ansible_collections/machinery/compute, e.g. an older
 commit unpacked with git archive) the same module runs from that copy too, in turns with this one, so the two
-are compared under the same load. Prints the medians and the load average.
+are compared under the same load. "ansible floor playbook" is ansible-playbook running static_module.py with the
+role's input (the same machines list) and returning the batch's very output: what ansible-core alone spends on a
+task of that size. Prints the medians and the load average.
 """
 
 import argparse
@@ -37,6 +39,29 @@ def set_args(pools, image, count):
     return {"pools": pools, "name": "bnset", "replicas": count, "selector": {"match_labels": {"bench": "set"}},
             "template": {"machine_class": "bench", "image": image, "labels": {"bench": "set"},
                          "network_interfaces": [], "state": "present"}, "wait": "none"}
+
+
+PLAY_FLOOR = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - static_module:
+        path: "{{ output }}"
+        pools: "{{ pools }}"
+        machines: "{{ machines }}"
+"""
+
+
+def module_output(name, args, path):
+    """Run the module once and keep its result in ``path`` (what the floor play returns)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
+    proc = subprocess.run([sys.executable, "-m", MODULES + name, handle.name], capture_output=True, text=True,
+                          check=False)
+    os.unlink(handle.name)
+    with open(path, "w") as out:
+        out.write(proc.stdout[proc.stdout.index("{"):])
 
 
 def module_run(name, args, pythonpath=None):
@@ -75,6 +100,10 @@ def main():
     kinds = ("batch", "set") if options.kind == "both" else ({"role": "batch"}.get(options.kind, options.kind),)
     if "set" in kinds:
         playbook(PLAY_SET, {"pools": pools, "image": image, "replicas": options.count})  # members, if missing
+    floor_output = os.path.join(tempfile.mkdtemp(), "batch-output.json")
+    if "batch" in kinds:  # ansible-playbook's own floor: a module taking the role's input, returning this output
+        os.environ["ANSIBLE_LIBRARY"] = HERE
+        module_output("machine_batch", batch_args(pools, image, options.count), floor_output)
     sides = [("after", None)] + ([("before", os.path.abspath(options.before))] if options.before else [])
     samples = {}
     for _round in range(options.rounds):
@@ -86,8 +115,10 @@ def main():
                 samples.setdefault("set " + label, []).append(
                     module_run("machine_set", set_args(pools, image, options.count), path))
         if "batch" in kinds:
-            samples.setdefault("role playbook", []).append(playbook(
-                PLAY_ROLE, {"pools": pools, "machines": batch_args(pools, image, options.count)["machines"]}))
+            machines = batch_args(pools, image, options.count)["machines"]
+            samples.setdefault("role playbook", []).append(playbook(PLAY_ROLE, {"pools": pools, "machines": machines}))
+            samples.setdefault("ansible floor playbook", []).append(playbook(
+                PLAY_FLOOR, {"pools": pools, "machines": machines, "output": floor_output}))
         if "set" in kinds:
             samples.setdefault("set playbook", []).append(
                 playbook(PLAY_SET, {"pools": pools, "image": image, "replicas": options.count}))
