@@ -197,7 +197,11 @@ class Admission:
         try:
             self._give_back(giving_back)
         finally:
+            with self._guard:  # a lock another admission still shares keeps the connection it was taken on
+                in_use = [hold.conn for hold in Admission._holds.values() if hold.held]
             for conn in self.opened:
+                if any(conn is used for used in in_use):
+                    continue
                 try:
                     conn.close()
                 except lv.libvirt.libvirtError:

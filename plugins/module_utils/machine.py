@@ -368,8 +368,7 @@ class MachineResource:
         spec = self.spec
         pool = self.ctx.storage
         # the image upload can take long: it happens before the pool's admission lock is taken
-        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener,
-                                                  self.ctx.images) \
+        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener, self.ctx.images) \
             if spec.get("image") else (None, None)
         with Admission(self.ctx, self.params.get("unique_across") or [], spec["name"]) as admission:
             # under the lock: a domain of this name defined meanwhile belongs to another run, whose volumes
@@ -498,7 +497,7 @@ class MachineResource:
         backing = None
         if vol["source"] == "image":
             backing_vol, backing_fmt = images.ensure_cached(self.conn, pool, vol["image"], self.ctx.url_opener,
-                                                                self.ctx.images)
+                                                            self.ctx.images)
             vol["size"] = max(self._virtual_size(pool, backing_vol, vol["image"]), vol.get("size") or 0)
             backing = (backing_vol.path(), backing_fmt)
         return self._new_volume(pool, created, vol["volume"], vol["size"], backing, disk)

@@ -55,7 +55,7 @@ options:
         C(machine_class). A machine's own key wins whole, so a machine with its own C(labels) does not merge
         them with these. The keys are those of an element of O(machines), except C(name).
       - Merging here costs nothing per machine on the controller, where a Jinja C(combine) over a long list of
-        machines is slow; the M(machinery.compute.machines) role passes its C(machines_wait),
+        machines is slow; the C(machinery.compute.machines) role passes its C(machines_wait),
         C(machines_wait_timeout) and C(machines_shutdown_timeout) this way.
     type: dict
   strategy:

@@ -19,8 +19,10 @@ def test_a_machine_keeps_its_own_keys_over_the_defaults():
     assert [spec["labels"] for spec in specs] == [{"team": "y"}, {"own": "x"}]  # whole, not merged
 
 
-@pytest.mark.parametrize("defaults, message", [({"colour": "red"}, "unknown option colour"),
-                                                ({"name": "a"}, "a name is not a default")])
+@pytest.mark.parametrize("defaults, message", [
+    ({"colour": "red"}, "unknown option colour"),
+    ({"name": "a"}, "a name is not a default"),
+])
 def test_bad_defaults_name_the_field(defaults, message):
     with pytest.raises(ValidationError) as error:
         validated([{"name": "a", "cpu": 1, "memory": "128Mi"}], defaults)
