@@ -12,6 +12,7 @@ import tempfile
 import threading
 
 from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError, NotFoundError, \
@@ -149,5 +150,11 @@ def _upload_once(conn, pool, image, opener):
         if vol is not None:
             return vol, fmt
         path = image.get("path") or download(image["url"], image["checksum"], opener)
-        vol, fmt, _uploaded = storage.ensure_image(conn, pool, path, image["checksum"])
-        return vol, fmt
+        # other processes (another run, another controller) may want the same image now: one uploads it, the
+        # others wait for it instead of taking its half-written volume for the leftover of a dead run
+        with reg.image_upload_lock(conn, pool, image["checksum"]):
+            vol, fmt = cached_volume(pool, image["checksum"])
+            if vol is not None:
+                return vol, fmt
+            vol, fmt, _uploaded = storage.ensure_image(conn, pool, path, image["checksum"])
+            return vol, fmt

@@ -27,6 +27,7 @@ from ansible_collections.machinery.compute.plugins.module_utils import storage
 from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError, LibvirtFailure
 
 REGISTRY_POOL = "machinery-registry"
+EXPECTED_RETRY_SECONDS = 2.0
 STORAGE_POOL = "machinery"
 POOL_KEY = "pool"
 _DOC = re.compile(r"^(?P<key>[a-z0-9][-a-z0-9]*)\.(?P<generation>[0-9]+)\.json$")
@@ -104,10 +105,25 @@ class Registry:
         with self._guard:
             return sorted(key for key in self._generations() if key.startswith(prefix))
 
-    def get(self, key):
+    def get(self, key, expected=False):
+        """The body of ``key``, or None. With ``expected`` (a document that is normally there: the pool's
+        registration, a class a machine names), absence is confirmed before it is believed: libvirt refreshes a
+        dir pool's volume list after every upload into it (another run writing a document), and a listing taken
+        meanwhile can miss volumes that are there. The pool is refreshed and listed again, for up to
+        EXPECTED_RETRY_SECONDS."""
         with self._guard:
             if key not in self._bodies:
-                self._bodies[key] = self._read(key)
+                body = self._read(key)
+                deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
+                while body is None and expected and self.pool is not None and time.monotonic() < deadline:
+                    time.sleep(0.05 + random.random() * 0.1)
+                    try:
+                        self.pool.refresh(0)
+                    except lv.libvirt.libvirtError:
+                        pass  # an upload is running there: its own refresh follows it
+                    self._index = None
+                    body = self._read(key)
+                self._bodies[key] = body
             return self._bodies[key]
 
     def _read(self, key, relisted=False):
@@ -171,10 +187,10 @@ class Registry:
         return bool(versions)
 
     def pool_registration(self):
-        return self.get(POOL_KEY)
+        return self.get(POOL_KEY, expected=True)
 
     def machine_class(self, name):
-        return self.get(class_key(name))
+        return self.get(class_key(name), expected=True)
 
     def machine_classes(self):
         classes = {}
@@ -218,22 +234,37 @@ def _controller():
     return hashlib.sha256(("%s/%s" % (socket.gethostname(), _boot_id())).encode()).hexdigest()[:12]
 
 
-def holder_marker():
+def holder_marker(prefix=HOLDER_PREFIX):
     """The name of the volume that says who holds the lock: this controller and this process (pid and start
     time). A name, not content: it is read with a listing, never with a stream that would keep the lock busy."""
-    return "%s%s.%d.%s" % (HOLDER_PREFIX, _controller(), os.getpid(), _process_start(os.getpid()))
+    return "%s%s.%d.%s" % (prefix, _controller(), os.getpid(), _process_start(os.getpid()))
 
 
-def holder_is_dead(marker):
+def holder_is_dead(marker, prefix=HOLDER_PREFIX):
     """True when the holder ``marker`` names ran on this controller and that process is gone; None when it
     cannot be told (another controller, or no marker)."""
     try:
-        controller, pid, start = marker[len(HOLDER_PREFIX):].split(".")
+        controller, pid, start = marker[len(prefix):].split(".")
     except (TypeError, ValueError):
         return None
     if controller != _controller():
         return None
     return _process_start(pid) != start
+
+
+# An image upload can take minutes: its lock (one per image, in the storage pool beside the cache) is taken as
+# abandoned only after UPLOAD_STALE_SECONDS without a live holder this controller can check, and a waiter gives
+# up after UPLOAD_WAIT_SECONDS. Its names do not start with "image-", which marks the caches themselves.
+UPLOAD_STALE_SECONDS = 900
+UPLOAD_WAIT_SECONDS = 960
+
+
+def image_upload_lock(conn, pool, checksum):
+    """The lock a run holds while it uploads image ``checksum`` into the storage ``pool``: runs on several
+    processes or controllers wanting one image upload it once, and never delete one another's upload."""
+    return AdmissionLock(conn, pool, UPLOAD_WAIT_SECONDS, "upload-%s.lock" % checksum[:32],
+                         "upload-%s.holder." % checksum[:32], UPLOAD_STALE_SECONDS,
+                         "the upload lock of image %s" % checksum[:12])
 
 
 def _delete_quietly(pool, name):
@@ -252,21 +283,26 @@ class AdmissionLock:
     <start>`` names the holder. A lock whose holder on this controller is gone is broken at once by the next
     run; one older than LOCK_STALE_SECONDS is broken by anyone. Works over any URI, across hosts and processes."""
 
-    def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS):
+    def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS, name=LOCK_VOLUME, holder_prefix=HOLDER_PREFIX,
+                 stale=LOCK_STALE_SECONDS, what="the admission lock of this pool"):
         self.conn = conn
         self.pool = pool
         self.timeout = timeout
+        self.name = name  # another lock of the same kind: image_upload_lock
+        self.holder_prefix = holder_prefix
+        self.stale = stale
+        self.what = what
         self.volume = None
         self.marker = None
 
     def _current(self):
         """(age in seconds, holder marker or None) of the lock as it is now, or None when it is free."""
-        vol = lv.lookup_volume(self.pool, LOCK_VOLUME)
+        vol = lv.lookup_volume(self.pool, self.name)
         if vol is None:
             return None
         try:
             mtime = elements.read_volume(elements.parse(vol.XMLDesc(0)))["mtime"]
-            markers = [name for name in self.pool.listVolumes() if name.startswith(HOLDER_PREFIX)]
+            markers = [name for name in self.pool.listVolumes() if name.startswith(self.holder_prefix)]
         except lv.libvirt.libvirtError:
             return None  # released meanwhile: try again
         return max(0.0, time.time() - mtime) if mtime else 0.0, markers[0] if len(markers) == 1 else None
@@ -279,7 +315,7 @@ class AdmissionLock:
             fcntl.flock(guard, fcntl.LOCK_EX)
             current = self._current()
             if current is not None and current[1] == marker:
-                _delete_quietly(self.pool, LOCK_VOLUME)
+                _delete_quietly(self.pool, self.name)
                 if marker:
                     _delete_quietly(self.pool, marker)
 
@@ -287,14 +323,14 @@ class AdmissionLock:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                volume = self.pool.createXML(storage.volume_xml(LOCK_VOLUME, 1, "raw", mode="0600"), 0)
+                volume = self.pool.createXML(storage.volume_xml(self.name, 1, "raw", mode="0600"), 0)
             except lv.libvirt.libvirtError as exc:
                 if exc.get_error_code() not in (lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST, lv.libvirt.VIR_ERR_INTERNAL_ERROR,
                                                 lv.libvirt.VIR_ERR_OPERATION_FAILED):
-                    raise LibvirtFailure("cannot take the admission lock: %s" % lv.describe(exc)) from None
+                    raise LibvirtFailure("cannot take %s: %s" % (self.what, lv.describe(exc))) from None
             else:
                 self.volume = volume
-                self.marker = holder_marker()
+                self.marker = holder_marker(self.holder_prefix)
                 try:
                     storage.create_volume(self.pool, self.marker, 1, "raw", mode="0600")
                 except BaseException:
@@ -304,16 +340,15 @@ class AdmissionLock:
             current = self._current()
             if current is not None:
                 age, marker = current
-                if holder_is_dead(marker) or age > LOCK_STALE_SECONDS:
+                if holder_is_dead(marker, self.holder_prefix) or age > self.stale:
                     self._break(marker)
                     continue
             if time.monotonic() > deadline:
                 who = ""
                 if current is not None and current[1]:
-                    who = " (%s)" % current[1][len(HOLDER_PREFIX):]
-                raise ConflictError("the admission lock of this pool has been held for over %ds by another run%s; "
-                                    "a lock is taken as abandoned after %ds" % (self.timeout, who, LOCK_STALE_SECONDS),
-                                    "uri")
+                    who = " (%s)" % current[1][len(self.holder_prefix):]
+                raise ConflictError("%s has been held for over %ds by another run%s; a lock is taken as abandoned "
+                                    "after %ds" % (self.what, self.timeout, who, self.stale), "uri")
             time.sleep(0.05 + random.random() * 0.1)
 
     def release(self):
@@ -321,7 +356,7 @@ class AdmissionLock:
             _delete_quietly(self.pool, self.marker)
             self.marker = None
         if self.volume is not None:
-            _delete_quietly(self.pool, LOCK_VOLUME)
+            _delete_quietly(self.pool, self.name)
             self.volume = None
 
     def __enter__(self):

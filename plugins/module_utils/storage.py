@@ -276,6 +276,8 @@ def reserved_volume(name):
     console log (or a KVM probe's)."""
     if name.startswith("image-") or name.endswith(".complete"):
         return "it is an image cache, the backing file of the machines' root disks"
+    if name.startswith("upload-"):
+        return "it is the lock of an image upload"
     for suffix, what in (("-ignition.json", "an Ignition file"), ("-cidata.iso", "a cloud-init seed"),
                          ("-console.log", "a console log"), (".log", "a log")):
         if name.endswith(suffix):

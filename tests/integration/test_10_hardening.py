@@ -20,6 +20,8 @@ import libvirt
 import pytest
 from lxml import etree
 
+from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
+
 from conftest import REPO, assert_failed, lab_file, lab_pid
 
 SEED = int(os.environ.get("MACHINERY_HARDENING_SEED", "20261122"))
@@ -166,6 +168,40 @@ def test_concurrent_creates_of_one_name(pool, image, runs):
         assert all(vol["state"] != "Missing" for vol in status["volumes"]), status
         gone = run("machine", uri=pool.uri, name=name, state="absent")[0]
         assert gone["changed"] and pool.domain(name) is None and orphans(pool, name + "-") == []
+
+
+def test_a_class_is_found_while_other_runs_write_the_registry(pool):
+    """libvirt refreshes a dir pool's volume list after each upload into it, and a listing taken meanwhile can
+    miss volumes that are there: a class must still be found while other runs write documents beside it."""
+    stop = threading.Event()
+    missed, reads = [], [0]
+
+    def write():
+        conn = libvirt.open(pool.uri)
+        registry = reg.Registry.open(conn)
+        index = 0
+        while not stop.is_set():
+            registry.put("pending-race-doc%d" % (index % 3), {"machine": "race", "volumes": []})
+            registry.delete("pending-race-doc%d" % (index % 3))
+            index += 1
+        conn.close()
+
+    def read():
+        conn = libvirt.open(pool.uri)
+        while not stop.is_set():
+            reads[0] += 1
+            if reg.Registry.open(conn).machine_class("small") is None:
+                missed.append(time.monotonic())
+        conn.close()
+    threads = [threading.Thread(target=write), threading.Thread(target=read), threading.Thread(target=read)]
+    for thread in threads:
+        thread.start()
+    time.sleep(5)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert reads[0] > 50 and missed == [], "%d of %d reads missed the class" % (len(missed), reads[0])
+    assert registry_leftovers(pool) == []
 
 
 def test_a_disk_gone_from_storage_is_reported(pool, image):
