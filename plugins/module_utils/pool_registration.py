@@ -343,6 +343,9 @@ def ensure_pool(ctx, params, check_mode):
     """Register (or unregister) the host as a pool: (plan, status or None)."""
     resource = PoolResource(ctx, params)
     plan, observed = converge(resource, check_mode)
+    registry_pool = lv.lookup_storage_pool(ctx.conn, reg.REGISTRY_POOL)
+    if not check_mode and registry_pool is not None and registry_pool.isActive():
+        reg.AdmissionLock(ctx.conn, registry_pool).clear_abandoned()
     if observed["registration"] is None or (check_mode and params.get("state") == "absent"):
         return plan, None
     registration = observed["registration"] if not check_mode else observed["registration"]

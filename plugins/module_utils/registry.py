@@ -351,6 +351,13 @@ class AdmissionLock:
                                     "after %ds" % (self.what, self.timeout, who, self.stale), "uri")
             time.sleep(0.05 + random.random() * 0.1)
 
+    def clear_abandoned(self):
+        """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), so
+        a converged run that writes nothing does not leave it for the next writer to find."""
+        current = self._current()
+        if current is not None and holder_is_dead(current[1], self.holder_prefix):
+            self._break(current[1])
+
     def release(self):
         if self.marker is not None:
             _delete_quietly(self.pool, self.marker)
