@@ -21,8 +21,9 @@ import time
 
 import libvirt
 
-from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils import images, storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.machines import images
+from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from common import run_module as module
 
 HERE = os.path.dirname(os.path.abspath(__file__))

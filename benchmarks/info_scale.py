@@ -27,10 +27,10 @@ import time
 
 import libvirt
 
-from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils import elements
-from ansible_collections.machinery.compute.plugins.module_utils.machine_status import list_machines
-from ansible_collections.machinery.compute.plugins.module_utils.pool_context import PoolContext
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import elements
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import list_machines
+from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
 from common import MODULES
 from inventory_scale import define_machines, undefine_machines
 

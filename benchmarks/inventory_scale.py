@@ -32,7 +32,7 @@ import time
 
 import libvirt
 
-from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 
 BIN = os.path.dirname(sys.executable)
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -10,7 +10,7 @@ import random
 import time
 import tracemalloc
 
-from ansible_collections.machinery.compute.plugins.module_utils.scheduler import schedule
+from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import schedule
 
 GI = 2 ** 30
 CLASSES = {"small": {"cpu": 1, "memory": 2 * GI}, "medium": {"cpu": 2, "memory": 4 * GI},

@@ -100,8 +100,8 @@ from ansible.module_utils.common.text.converters import to_bytes, to_native
 from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
 
-from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils import guest
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.machines import guest
 
 display = Display()
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
-from ansible_collections.machinery.compute.plugins.module_utils.machine_status import table
-from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity, parse_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import table
+from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity, parse_quantity
 
 
 def to_bytes_quantity(value):

@@ -161,10 +161,10 @@ def unread_pool(entry, cause):
 def read_pool(ctx, entry, include_unmanaged, include_pools, sources, guest_facts=True):
     """One connected pool's machines (and status) as a JSON-serializable dict."""
     # imported here, so a run served from the cache never loads libvirt, lxml or the image tooling
-    from ansible_collections.machinery.compute.plugins.module_utils import capacity
-    from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-    from ansible_collections.machinery.compute.plugins.module_utils import guest
-    from ansible_collections.machinery.compute.plugins.module_utils.machine_status import list_machines
+    from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
+    from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+    from ansible_collections.machinery.compute.plugins.module_utils.machines import guest
+    from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import list_machines
 
     result = unread_pool(entry, None)
     if ctx.name:
@@ -239,9 +239,9 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             return None
 
     def fetch(self):
-        from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-        from ansible_collections.machinery.compute.plugins.module_utils import fleet
-        from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
+        from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+        from ansible_collections.machinery.compute.plugins.module_utils.fleets import fleet
+        from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
 
         if not lv.HAS_LIBVIRT:
             raise AnsibleError("the machinery.compute.machines inventory needs libvirt-python: %s"

@@ -99,10 +99,10 @@ from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.lookup import LookupBase
 from ansible.utils.unsafe_proxy import wrap_var
 
-from ansible_collections.machinery.compute.plugins.module_utils import fleet
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
-from ansible_collections.machinery.compute.plugins.module_utils.scheduler import SPEC_KEYS, Unschedulable, schedule
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import fleet
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import SPEC_KEYS, Unschedulable, schedule
 
 # the keys of a machine of machine_batch: the scheduler's own and the machine module's options
 KEYS = SPEC_KEYS + tuple(name for name in options.argument_spec(options.MACHINE + options.SCHEDULING,

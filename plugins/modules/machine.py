@@ -633,9 +633,9 @@ plan:
       sample: [{"action": "define", "target": "web-1"}, {"action": "set_live", "target": "web-1"}]
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.machine import MachineService
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 class MachineModule(MachineryModule):

@@ -206,10 +206,10 @@ plan:
         - {"action": "write_document", "target": "backups-db-1"}
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.backups import BackupResource, shown
-from ansible_collections.machinery.compute.plugins.module_utils.convergence import converge
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.machines.backups import BackupResource, shown
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import converge
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 class MachineBackupModule(MachineryModule):

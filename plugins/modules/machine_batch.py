@@ -160,10 +160,10 @@ attempts:
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.module_utils.errors import UnsupportedError
 
-from ansible_collections.machinery.compute.plugins.module_utils import batch
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import batch
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 ELEMENT_SPEC = options.argument_spec(options.MACHINE + options.SCHEDULING, without=("unique_across",))
 FAILURES_SHOWN = 10  # in msg; every failure is in the failures return

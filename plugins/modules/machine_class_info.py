@@ -91,9 +91,9 @@ machine_classes:
       sample: 3
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.fleet import read_snapshots
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import read_snapshots
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 class MachineClassInfoModule(MachineryModule):

@@ -179,11 +179,11 @@ plan:
         pool: hv1
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.convergence import converge
-from ansible_collections.machinery.compute.plugins.module_utils.fleet import Fleet
-from ansible_collections.machinery.compute.plugins.module_utils.health_check import HealthCheckResource
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import converge
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import Fleet
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import HealthCheckResource
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 class MachineHealthCheckModule(MachineryModule):

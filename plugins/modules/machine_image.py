@@ -154,12 +154,12 @@ plan:
         - {"action": "write_document", "target": "image-my-image"}
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils import named_images
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.convergence import Plan, converge
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
-from ansible_collections.machinery.compute.plugins.module_utils.pool_context import PoolContext
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Plan, converge
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
 
 
 class MachineImageModule(MachineryModule):

@@ -106,10 +106,10 @@ table:
     - web-1   hv1    small   Running   0          1m    192.168.122.152
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.machine_status import console_tail, list_machines, table
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import console_tail, list_machines, table
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 def selected(machine, names, labels, phases):

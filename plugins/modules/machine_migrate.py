@@ -212,10 +212,10 @@ plan:
         pool: hv1
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import migrate
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.fleet import pool_entries
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import migrate
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 class MachineMigrateModule(MachineryModule):

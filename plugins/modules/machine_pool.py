@@ -256,9 +256,9 @@ plan:
       sample: [{"action": "write_document", "target": "pool"}]
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
-from ansible_collections.machinery.compute.plugins.module_utils.pool_registration import ensure_pool
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import ensure_pool
 
 
 class MachinePoolModule(MachineryModule):

@@ -161,10 +161,10 @@ pools:
       sample: {"hostname": "hv1", "libvirt": "9.0.0", "qemu": "7.2.22"}
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.fleet import read_snapshots
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import read_snapshots
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 def offline_status(snapshot):

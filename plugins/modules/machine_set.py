@@ -226,11 +226,11 @@ plan:
         pool: hv2
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.convergence import converge
-from ansible_collections.machinery.compute.plugins.module_utils.fleet import Fleet
-from ansible_collections.machinery.compute.plugins.module_utils.machine_set import MachineSetResource, set_status
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import converge
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import Fleet
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import MachineSetResource, set_status
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 class MachineSetModule(MachineryModule):

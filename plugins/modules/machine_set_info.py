@@ -81,10 +81,10 @@ machine_sets:
       out_of_date: []
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.fleet import Fleet
-from ansible_collections.machinery.compute.plugins.module_utils.machine_set import list_sets
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import Fleet
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import list_sets
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 class MachineSetInfoModule(MachineryModule):

@@ -149,10 +149,10 @@ actions:
   sample: ["MachineClass/small: publish on hv1", "Machine/web-1: update labels"]
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.manifests import documents as docs
 from ansible_collections.machinery.compute.plugins.module_utils.manifests import engine
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 class ManifestModule(MachineryModule):

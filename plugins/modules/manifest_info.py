@@ -85,9 +85,9 @@ documents:
             ephemeral: {"networkInterfaceTemplate": {"spec": {"networkRef": {"name": "default"}}}}
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.export import export_machines
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 class ManifestInfoModule(MachineryModule):

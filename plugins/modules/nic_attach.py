@@ -171,9 +171,9 @@ plan:
       sample: [{"action": "attach_device", "target": "ua-nic-eth1"}, {"action": "write_record", "target": "web-1"}]
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.attach import NicAttachment
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.machines.attach import NicAttachment
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 class NicAttachModule(MachineryModule):

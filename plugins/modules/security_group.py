@@ -197,10 +197,10 @@ plan:
       sample: [{"action": "define_nwfilter", "target": "machinery-sg-web"}]
 """
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.convergence import converge
-from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
-from ansible_collections.machinery.compute.plugins.module_utils.security_groups import SecurityGroupResource
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import converge
+from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
+from ansible_collections.machinery.compute.plugins.module_utils.pools.security_groups import SecurityGroupResource
 
 
 class SecurityGroupModule(MachineryModule):

@@ -20,7 +20,7 @@ import libvirt
 import pytest
 from lxml import etree
 
-from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 
 from conftest import REPO, assert_failed, lab_file, lab_pid
 

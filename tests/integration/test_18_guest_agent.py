@@ -186,7 +186,7 @@ def test_connection_runs_shell_in_busybox(bridged, tmp_path):
 def test_agent_moves_files(bridged):
     """The agent's file commands under the plugin's put_file and fetch_file, on bytes of every value and more
     than one chunk."""
-    from ansible_collections.machinery.compute.plugins.module_utils import guest
+    from ansible_collections.machinery.compute.plugins.module_utils.machines import guest
 
     agent = guest.Agent(bridged["pool"].domain(BRIDGED))
     data = bytes(range(256)) * 800  # 204,800 bytes: four chunks

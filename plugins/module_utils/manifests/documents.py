@@ -14,8 +14,8 @@ import base64
 import binascii
 import os
 
-from ansible_collections.machinery.compute.plugins.module_utils import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 
 try:
     import yaml

@@ -12,17 +12,17 @@ here, but Volumes: an IronCore Volume is a plain volume of a pool's storage, cre
 
 from __future__ import annotations
 
-from ansible_collections.machinery.compute.plugins.module_utils import batch
-from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils import storage
-from ansible_collections.machinery.compute.plugins.module_utils import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.classes import ensure_class
-from ansible_collections.machinery.compute.plugins.module_utils.convergence import Action, Plan, converge, step
-from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
-from ansible_collections.machinery.compute.plugins.module_utils.fleet import Fleet
-from ansible_collections.machinery.compute.plugins.module_utils.health_check import HealthCheckResource
-from ansible_collections.machinery.compute.plugins.module_utils.machine_set import (
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import batch
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import ensure_class
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, converge, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import Fleet
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import HealthCheckResource
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import (
     OWNER_LABEL, MachineSetResource, read_fleet, set_status)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests import ironcore, openshift
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import Fields, Problems

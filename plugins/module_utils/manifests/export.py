@@ -7,10 +7,10 @@ nothing."""
 
 from __future__ import annotations
 
-from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.fleet import Fleet
-from ansible_collections.machinery.compute.plugins.module_utils.machine_set import read_fleet
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import Fleet
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import read_fleet
 from ansible_collections.machinery.compute.plugins.module_utils.manifests import ironcore, kupenstack, openshift
 
 EXPORTERS = {"ironcore": ironcore, "openshift": openshift, "kupenstack": kupenstack}
@@ -19,7 +19,7 @@ EXPORTERS = {"ironcore": ironcore, "openshift": openshift, "kupenstack": kupenst
 def exporter(dialect):
     if dialect in EXPORTERS:
         return EXPORTERS[dialect]
-    from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+    from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
     raise ValidationError("exporting to %s is not supported yet; export to %s" % (dialect, " or ".join(EXPORTERS)),
                           "dialect")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.machinery.compute.plugins.module_utils import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
     kube_quantity, secret_value)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import (
@@ -89,7 +89,7 @@ def _volume(obj, fields):
 
 
 def _attachable(name, field):
-    from ansible_collections.machinery.compute.plugins.module_utils import storage
+    from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
     storage.check_attachable(name, field)
     return name
 
@@ -252,7 +252,7 @@ TABLES = {
 
 
 def row(obj, shown, observed):
-    from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
+    from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
     machine = observed.get("machine") or {}
     if obj.kind == "Machine":
         return (obj.name, obj.params.get("machine_class") or "-", obj.params.get("image") or "-",
@@ -298,7 +298,7 @@ def export(machine, record_spec):
 
 
 def _quantity(value):
-    from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
+    from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
     return format_quantity(value or 0)
 
 

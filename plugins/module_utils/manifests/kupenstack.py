@@ -11,7 +11,7 @@ networks, as KupenStack does. ``swap`` maps onto the machine's swap option (see 
 
 from __future__ import annotations
 
-from ansible_collections.machinery.compute.plugins.module_utils import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import kube_quantity
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import machine_object
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.pending import refuse_pending

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
     kube_quantity, secret_value)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import machine_object
@@ -155,7 +155,7 @@ def read(obj, fields):
             fields.string(item.get("status"), where + ".status", required=True, choices=("True", "False", "Unknown"))
             timeout = fields.string(item.get("timeout"), where + ".timeout", required=True)
             if timeout:
-                from ansible_collections.machinery.compute.plugins.module_utils.health_check import seconds
+                from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import seconds
                 fields.run(seconds, timeout, where + ".timeout")
             conditions.append({"type": item.get("type"), "status": item.get("status"), "timeout": timeout})
         params = {"name": obj.name, "selector": {"match_labels": match or {}}}
@@ -260,7 +260,7 @@ def export(machine, record_spec):
         elif vol.get("source") == "image":
             entry["image"] = (vol.get("image") or {}).get("source")
         else:
-            from ansible_collections.machinery.compute.plugins.module_utils.quantity import format_quantity
+            from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
             entry["size"] = format_quantity(vol.get("size") or 0)
         volumes.append(entry)
     value["volumes"] = volumes

@@ -11,7 +11,7 @@ option, naming the document's field. Once the option is declared, the same docum
 
 from __future__ import annotations
 
-from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
 
 LIST_OPTIONS = ("volumes", "network_interfaces")
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.machinery.compute.plugins.module_utils import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import columns, machine_object
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.pending import refuse_pending
-from ansible_collections.machinery.compute.plugins.module_utils.quantity import parse_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import parse_quantity
 
 API = "vitistack.io/v1alpha1"
 KINDS = {API: ("Machine",)}
@@ -229,7 +229,7 @@ def _ipv4(value, field):
     try:
         return str(ipaddress.ip_address(str(value)))
     except ValueError:
-        from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+        from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
         raise ValidationError("%r is not an IP address" % (value,), field) from None
 
 

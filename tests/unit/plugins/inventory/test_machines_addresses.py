@@ -3,7 +3,7 @@
 import pytest
 
 from ansible_collections.machinery.compute.plugins.inventory import machines
-from ansible_collections.machinery.compute.plugins.module_utils.guest import routable_addresses
+from ansible_collections.machinery.compute.plugins.module_utils.machines.guest import routable_addresses
 
 GUEST = {"interfaces": [{"name": "eth0", "mac": None,
                          "addresses": [{"address": "10.77.0.5", "prefix": 24, "family": "ipv4"}]}]}

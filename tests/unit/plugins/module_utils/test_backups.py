@@ -4,9 +4,9 @@ import datetime
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import backups as bk
-from ansible_collections.machinery.compute.plugins.module_utils import elements
-from ansible_collections.machinery.compute.plugins.module_utils.errors import (
+from ansible_collections.machinery.compute.plugins.module_utils.machines import backups as bk
+from ansible_collections.machinery.compute.plugins.module_utils.core import elements
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, NotFoundError, ValidationError)
 
 NOW = datetime.datetime(2026, 3, 10, 2, 0, tzinfo=datetime.timezone.utc)

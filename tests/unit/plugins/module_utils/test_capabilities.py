@@ -2,10 +2,10 @@
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import capabilities as cap
-from ansible_collections.machinery.compute.plugins.module_utils import elements as el
-from ansible_collections.machinery.compute.plugins.module_utils import options
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
+from ansible_collections.machinery.compute.plugins.module_utils.core import elements as el
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 
 RECORD = {"spec": {"volumes": [{"name": "data", "device": "vdb"}, {"name": "logs", "device": "vdc"}],
                    "network_interfaces": [{"name": "eth0", "mac": "52:54:00:00:00:01", "network": "machinery"},
@@ -173,7 +173,7 @@ def test_passphrase_is_no_log_and_found_in_lists():
 
 
 def test_a_machine_with_pool_bound_capabilities_does_not_move():
-    from ansible_collections.machinery.compute.plugins.module_utils.migrate import unmovable
+    from ansible_collections.machinery.compute.plugins.module_utils.fleets.migrate import unmovable
     unmovable("m", {"spec": {"volumes": [{"name": "data"}], "network_interfaces": [{"name": "eth0"}]}})
     with pytest.raises(ConflictError) as error:
         unmovable("m", {"spec": {"volumes": [{"name": "secure", "encrypted": True}]}})
@@ -184,7 +184,7 @@ def test_a_machine_with_pool_bound_capabilities_does_not_move():
 
 def test_hide_secrets_walks_the_volumes_of_a_batch_machine():
     from types import SimpleNamespace
-    from ansible_collections.machinery.compute.plugins.module_utils.module_base import MachineryModule
+    from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
     holder = SimpleNamespace(module=SimpleNamespace(no_log_values=set()))
     machine = {"name": "m", "volumes": [{"name": "a", "passphrase": "first secret"}, {"name": "b"},
                                         {"name": "c", "passphrase": "second secret"}],

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils.connection import refusal_hint, with_tls_identity
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.connection import refusal_hint, with_tls_identity
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 
 
 @pytest.mark.parametrize("libvirt_says,words", [

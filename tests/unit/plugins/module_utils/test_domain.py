@@ -2,8 +2,8 @@ import os
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 RECORD = {"version": 1, "created": "2026-01-01T00:00:00+00:00", "boots": 0, "last_error": None,

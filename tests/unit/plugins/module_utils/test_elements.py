@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import elements as el
+from ansible_collections.machinery.compute.plugins.module_utils.core import elements as el
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 

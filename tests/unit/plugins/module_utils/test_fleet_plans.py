@@ -2,9 +2,9 @@
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import machine_set as ms
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.health_check import (
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import machine_set as ms
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import (
     conditions_of, normalize_check, plan_check, transitions)
 
 GIB = 2 ** 30

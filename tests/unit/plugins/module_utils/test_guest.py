@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import elements
-from ansible_collections.machinery.compute.plugins.module_utils import guest
-from ansible_collections.machinery.compute.plugins.module_utils import machine_status
+from ansible_collections.machinery.compute.plugins.module_utils.core import elements
+from ansible_collections.machinery.compute.plugins.module_utils.machines import guest
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_status
 
 CHANNEL = """<domain><devices>
   <channel type='unix'><target type='virtio' name='org.qemu.spice.0' state='connected'/></channel>

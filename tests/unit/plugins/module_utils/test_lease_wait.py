@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import machine
-from ansible_collections.machinery.compute.plugins.module_utils.errors import MachineryError
-from ansible_collections.machinery.compute.plugins.module_utils.machine_status import PoolView
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import PoolView
 
 MAC = "52:54:00:9a:5d:38"
 

@@ -6,9 +6,9 @@ import os
 import libvirt
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError
-from ansible_collections.machinery.compute.plugins.module_utils.machine import Observed, adoption_record, plan_machine
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import Observed, adoption_record, plan_machine
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 RUNNING = (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_RUNNING_BOOTED)

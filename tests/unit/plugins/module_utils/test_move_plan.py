@@ -9,10 +9,10 @@ import subprocess
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils import move_plan
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError, ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.scheduler import Unschedulable
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import move_plan
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import Unschedulable
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 GI = 2 ** 30

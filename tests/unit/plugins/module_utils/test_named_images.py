@@ -2,8 +2,8 @@
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import named_images as ni
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images as ni
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 
 SUM = "a" * 64
 PARAMS = {"name": "debian-12", "state": "present", "os": {"family": "linux", "version": 12},

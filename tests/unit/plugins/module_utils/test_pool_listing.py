@@ -12,12 +12,12 @@ import time
 import libvirt
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import admission
-from ansible_collections.machinery.compute.plugins.module_utils import capacity
-from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils import machine
-from ansible_collections.machinery.compute.plugins.module_utils.errors import PoolFull
-from ansible_collections.machinery.compute.plugins.module_utils.pool_context import PoolContext, read_domains
+from ansible_collections.machinery.compute.plugins.module_utils.pools import admission
+from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
+from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext, read_domains
 
 MIB = 2 ** 20
 

@@ -1,8 +1,8 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.quantity import (
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import (
     format_quantity, mib_ceiling, parse_quantity)
 
 

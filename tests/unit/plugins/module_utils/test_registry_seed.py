@@ -4,10 +4,10 @@ import json
 import pycdlib
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils import seed
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.machine_status import table
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import table
 
 
 def test_document_round_trip():

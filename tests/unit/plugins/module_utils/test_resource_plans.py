@@ -5,15 +5,15 @@ import os
 import libvirt
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.attach import plan_nic, plan_volume
-from ansible_collections.machinery.compute.plugins.module_utils.classes import plan_class
-from ansible_collections.machinery.compute.plugins.module_utils.convergence import (
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.machines.attach import plan_nic, plan_volume
+from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import plan_class
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, ConvergenceError, Plan, converge)
-from ansible_collections.machinery.compute.plugins.module_utils.errors import (
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, NotFoundError, ValidationError)
-from ansible_collections.machinery.compute.plugins.module_utils.machine import Observed
-from ansible_collections.machinery.compute.plugins.module_utils.pool_registration import plan_pool
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import Observed
+from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import plan_pool
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 GIB = 2 ** 30

@@ -1,8 +1,8 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.scheduler import (
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import (
     Unschedulable, must_leave, normalize_tolerations, schedule, tolerates)
 
 GI = 2 ** 30

@@ -3,9 +3,9 @@ machine's plan for the security groups of its NICs."""
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import security_groups as sgs
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ConflictError, ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.machine import Observed, plan_machine
+from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import Observed, plan_machine
 
 
 def rule(**given):
@@ -109,7 +109,7 @@ def machine_spec(requested):
 
 
 def test_machine_plans_security_group_changes_per_nic(monkeypatch):
-    from ansible_collections.machinery.compute.plugins.module_utils import options
+    from ansible_collections.machinery.compute.plugins.module_utils.core import options
     monkeypatch.setattr(options, "owned_values", lambda tree, record: {})
     observed = existing_machine({"eth0": ["web"], "eth1": []})
     assert not plan_machine(machine_spec({"eth0": ["web"]}), observed).changed

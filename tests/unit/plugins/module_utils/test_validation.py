@@ -1,7 +1,7 @@
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 
 
 @pytest.mark.parametrize("name", ["</name>", "../x", "a b", "x" * 64, "Upper", "-a", "a-", "", "a_b", "a.b"])

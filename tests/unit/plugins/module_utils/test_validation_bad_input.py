@@ -5,16 +5,16 @@ import struct
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils import seed
-from ansible_collections.machinery.compute.plugins.module_utils import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.batch import converge as batch_converge
-from ansible_collections.machinery.compute.plugins.module_utils.errors import (
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.batch import converge as batch_converge
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, NotFoundError, ValidationError)
-from ansible_collections.machinery.compute.plugins.module_utils.machine_spec import host_bridge
-from ansible_collections.machinery.compute.plugins.module_utils.pool_registration import (
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import host_bridge
+from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import (
     check_host_overlaps, normalize_networks, normalize_taints, plan_pool)
-from ansible_collections.machinery.compute.plugins.module_utils.scheduler import normalize_machine
+from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import normalize_machine
 
 GIB = 2 ** 30
 

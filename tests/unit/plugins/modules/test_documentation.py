@@ -13,8 +13,8 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.machinery.compute.plugins.module_utils import module_base
-from ansible_collections.machinery.compute.plugins.module_utils import options
+from ansible_collections.machinery.compute.plugins.module_utils.interface import module_base
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 MODULES = sorted(os.path.basename(path)[:-3] for path in glob.glob(os.path.join(ROOT, "plugins", "modules", "*.py"))
@@ -139,7 +139,7 @@ def status_keys():
 
 def keys_the_status_is_built_with():
     """The keys of the status dict ``machine_status._base_status`` builds, read from its source."""
-    path = os.path.join(ROOT, "plugins", "module_utils", "machine_status.py")
+    path = os.path.join(ROOT, "plugins", "module_utils", "machines", "machine_status.py")
     with open(path) as source:
         tree = ast.parse(source.read())
     function = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == "_base_status")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.modules.machine_batch import validated
 
 

@@ -1,0 +1,207 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One libvirt connection per run, opened once, with errors that say which URI failed and why."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import tempfile
+from urllib.parse import parse_qs, urlsplit
+
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
+    ConnectionFailed, LibvirtFailure, ValidationError)
+
+try:
+    import libvirt
+    HAS_LIBVIRT = True
+    LIBVIRT_IMPORT_ERROR = None
+except ImportError as exc:  # reported by the callers with a pointer to libvirt-python
+    libvirt = None
+    HAS_LIBVIRT = False
+    LIBVIRT_IMPORT_ERROR = exc
+
+_URI = re.compile(r"^[a-z][a-z0-9+]*://[^\s]*$")
+# The transports libvirt offers for its QEMU driver, and its test driver (a fake host kept in memory).
+SCHEMES = ("qemu", "qemu+ssh", "qemu+tls", "qemu+unix", "qemu+tcp", "qemu+libssh", "qemu+libssh2", "test")
+QEMU_PATHS = ("/system", "/session")
+
+
+def _quiet(_context, _error):
+    """libvirt prints every error to stderr by default; ours are raised as exceptions instead."""
+
+
+def require_libvirt():
+    if not HAS_LIBVIRT:
+        raise LibvirtFailure("the libvirt Python binding is missing (pip install libvirt-python): %s"
+                             % LIBVIRT_IMPORT_ERROR)
+    libvirt.registerErrorHandler(_quiet, None)
+
+
+def validate_uri(uri, field="uri"):
+    """A libvirt URI of a QEMU host (or libvirt's test driver), refused up front when libvirt could only fail
+    to connect to it: an unknown scheme would otherwise be reported as a failed connection to the local socket."""
+    if not isinstance(uri, str) or not _URI.match(uri):
+        raise ValidationError("%r is not a libvirt URI such as qemu:///system or qemu+ssh://root@host/system"
+                              % (uri,), field)
+    scheme = uri.split("://", 1)[0]
+    if scheme not in SCHEMES:
+        raise ValidationError("%r: scheme %s is not supported; use one of %s"
+                              % (uri, scheme, ", ".join(item + "://" for item in SCHEMES)), field)
+    path = urlsplit(uri).path
+    if scheme != "test" and path not in QEMU_PATHS:
+        raise ValidationError("%r: a QEMU URI names the daemon as %s, not %r (for example qemu+ssh://root@host/system)"
+                              % (uri, " or ".join(QEMU_PATHS), path), field)
+    return uri
+
+
+# What libvirt reports when a remote host refuses a connection, and what to check then. libvirt's own words
+# name the symptom (for TLS often only "Unable to read TLS confirmation"); the hint names the cause.
+_REFUSALS = (
+    (re.compile(r"host key verification failed|verify the session host key|ssh host key .* not accepted|"
+                r"host key .*(mismatch|changed)", re.I),
+     "the host's SSH key is not trusted: add it to the known_hosts file (the known_hosts URI parameter for "
+     "qemu+libssh2 and qemu+libssh, the user's ~/.ssh/known_hosts for qemu+ssh), or set no_verify=1 on a network you trust"),
+    (re.compile(r"permission denied \(publickey|access denied for 'publickey'|failed to authenticate|"
+                r"username/publickey combination invalid", re.I),
+     "the host refused the SSH key: check the keyfile URI parameter (or the ssh agent) and the host's "
+     "authorized_keys"),
+    (re.compile(r"unable to read tls confirmation", re.I),
+     "the host closed the TLS session: it did not accept the client certificate (clientcert.pem in pkipath "
+     "must be signed by a CA the host trusts)"),
+    (re.compile(r"our own certificate .* failed validation", re.I),
+     "clientcert.pem in pkipath is not signed by the cacert.pem beside it"),
+    (re.compile(r"failed to verify peer's certificate|does not match the hostname", re.I),
+     "the host's TLS certificate is not trusted: cacert.pem in pkipath must be the CA that signed it, and the "
+     "certificate must name the host of the URI (or set no_verify=1)"),
+    (re.compile(r"connection refused", re.I), "nothing listens at that address and port"),
+    (re.compile(r"timed out|no route to host|network is unreachable", re.I), "the host does not answer"),
+)
+
+
+def refusal_hint(text):
+    """The likely cause of a failed connection, from libvirt's message; None when it says nothing known."""
+    for pattern, hint in _REFUSALS:
+        if pattern.search(text or ""):
+            return hint
+    return None
+
+
+def describe(exc):
+    """The useful part of a libvirtError: its message without libvirt's trailing noise."""
+    text = exc.get_error_message() if hasattr(exc, "get_error_message") else None
+    return (text or str(exc)).strip()
+
+
+# A TLS client identity given as three files of any name (what AWX's credential injectors write), made the
+# directory of fixed names that libvirt's pkipath= wants.
+TLS_FILES = (("MACHINERY_TLS_CACERT", "cacert.pem"), ("MACHINERY_TLS_CLIENTCERT", "clientcert.pem"),
+             ("MACHINERY_TLS_CLIENTKEY", "clientkey.pem"))
+_PKI_DIRS = {}
+
+
+def with_tls_identity(uri, environ=None):
+    """``uri`` with ``pkipath=`` added when it is a qemu+tls URI that names none and MACHINERY_TLS_CACERT,
+    _CLIENTCERT and _CLIENTKEY name the files: a private directory (mode 0700, removed when the process ends)
+    links them under libvirt's names. Any other URI comes back as it is."""
+    environ = os.environ if environ is None else environ
+    parts = urlsplit(uri or "")
+    if parts.scheme != "qemu+tls" or "pkipath" in parse_qs(parts.query):
+        return uri
+    files = tuple(environ.get(variable) or "" for variable, _name in TLS_FILES)
+    if not all(files):
+        return uri
+    if files not in _PKI_DIRS:
+        for (variable, _name), path in zip(TLS_FILES, files):
+            if not os.path.isfile(path):
+                raise ValidationError("%s names %s, which is not a file" % (variable, path), "uri")
+        directory = tempfile.mkdtemp(prefix="machinery-pki-")
+        atexit.register(shutil.rmtree, directory, True)
+        for (_variable, name), path in zip(TLS_FILES, files):
+            os.symlink(os.path.abspath(path), os.path.join(directory, name))
+        _PKI_DIRS[files] = directory
+    return "%s%spkipath=%s" % (uri, "&" if parts.query else "?", _PKI_DIRS[files])
+
+
+def open_connection(uri, field="uri", name=None):
+    """Open ``uri`` read-write; an unreachable or wrong URI becomes ConnectionFailed naming the pool (``name``,
+    when the caller knows it, and the URI), libvirt's cause and, for the usual refusals, what to check."""
+    validate_uri(uri, field)
+    require_libvirt()
+    where = "pool %s (%s)" % (name, uri) if name and name != uri else uri
+    try:
+        conn = libvirt.open(with_tls_identity(uri))
+    except libvirt.libvirtError as exc:
+        cause = " ".join(describe(exc).split())  # one line: ssh's stderr can span several
+        hint = refusal_hint(cause)
+        raise ConnectionFailed("cannot connect to %s: %s%s" % (where, cause, "; " + hint if hint else ""),
+                               field) from None
+    if conn is None:
+        raise ConnectionFailed("cannot connect to %s" % where, field)
+    return conn
+
+
+class Connection:
+    """A context manager around one libvirt connection; the same object is shared by every step of a run."""
+
+    def __init__(self, uri, field="uri", name=None):
+        self.uri = uri
+        self.field = field
+        self.name = name
+        self.conn = None
+
+    def __enter__(self):
+        self.conn = open_connection(self.uri, self.field, self.name)
+        return self.conn
+
+    def __exit__(self, *exc_info):
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:  # closing a broken connection must not hide the real error
+                pass
+            self.conn = None
+        return False
+
+
+def start_or_undefine(obj, *starts):
+    """Call each of ``starts`` on a just-defined libvirt object (network, storage pool); when one fails, the
+    definition is removed again, so a refused object is not left behind half made. Raises the libvirtError."""
+    try:
+        for start in starts:
+            start()
+    except libvirt.libvirtError:
+        try:
+            obj.undefine()
+        except libvirt.libvirtError:
+            pass
+        raise
+
+
+def _lookup(find, name, missing_code, what):
+    """``find(name)``, or None when libvirt says there is no such object; other errors are raised."""
+    try:
+        return find(name)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == missing_code:
+            return None
+        raise LibvirtFailure("cannot look up %s %s: %s" % (what, name, describe(exc))) from None
+
+
+def lookup_domain(conn, name):
+    return _lookup(conn.lookupByName, name, libvirt.VIR_ERR_NO_DOMAIN, "domain")
+
+
+def lookup_network(conn, name):
+    return _lookup(conn.networkLookupByName, name, libvirt.VIR_ERR_NO_NETWORK, "network")
+
+
+def lookup_storage_pool(conn, name):
+    return _lookup(conn.storagePoolLookupByName, name, libvirt.VIR_ERR_NO_STORAGE_POOL, "storage pool")
+
+
+def lookup_volume(pool, name):
+    return _lookup(pool.storageVolLookupByName, name, libvirt.VIR_ERR_NO_STORAGE_VOL, "volume")

@@ -1,0 +1,119 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one way every resource converges: observe -> plan -> apply -> observe again and verify.
+
+A resource kind supplies three things:
+- ``observe()``: read libvirt once and return an observation (plain values and handles, nothing written);
+- ``plan(observation)``: the desired spec against the observation, a ``Plan`` of ``Action`` s. It writes
+  nothing and calls nothing that writes; the planning functions of each kind are pure and unit-tested alone;
+- ``apply(action, observation)``: carry out one action through libvirt.
+
+``converge`` runs them: in check mode it stops after planning, so ``changed``, ``diff`` and the returned actions
+of a check-mode run are exactly those of the real run. After applying, it observes again and plans again: an
+action left over means the apply did not do what the plan said, which is a bug, reported as such.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
+
+
+class ConvergenceError(MachineryError):
+    """The resource still differs from its spec after the plan was applied (a bug in the collection)."""
+
+    reason = "NotConverged"
+
+
+class Action:
+    """One step of a plan: what is done (``kind``) to which object (``target``), the owned fields before and
+    after, the libvirt operations it takes (``steps``), and whatever the apply needs (``data``)."""
+
+    def __init__(self, kind, target, before=None, after=None, steps=(), fields=(), **data):
+        self.kind = kind
+        self.target = target
+        self.before = before or {}
+        self.after = after or {}
+        self.steps = list(steps)
+        self.fields = list(fields)
+        self.data = data
+
+    @property
+    def summary(self):
+        """The short form returned in ``actions``: ``create``, ``start``, ``update cpu, memory``."""
+        return "%s %s" % (self.kind, ", ".join(self.fields)) if self.fields else self.kind
+
+    def as_dict(self):
+        shown = {"action": self.kind, "target": self.target}
+        if self.fields:
+            shown["fields"] = list(self.fields)
+        if self.before or self.after:
+            shown.update(before=self.before, after=self.after)
+        if self.steps:
+            shown["steps"] = [dict(step) for step in self.steps]
+        return shown
+
+    def __repr__(self):
+        return "Action(%s %s)" % (self.summary, self.target)
+
+
+def step(operation, target, **detail):
+    """One libvirt operation an action takes, as shown in the returned plan."""
+    return dict({"action": operation, "target": target}, **detail)
+
+
+class Plan:
+    """An ordered list of actions, plus the warnings planning found (options that were not applied, ...)."""
+
+    def __init__(self, actions=(), warnings=(), **facts):
+        self.actions = list(actions)
+        self.warnings = list(warnings)
+        self.facts = facts  # what the plan predicts beyond actions, e.g. restart_required
+
+    @property
+    def changed(self):
+        return bool(self.actions)
+
+    def kinds(self):
+        return [action.kind for action in self.actions]
+
+    def find(self, kind):
+        return next((action for action in self.actions if action.kind == kind), None)
+
+    def summaries(self):
+        return [action.summary for action in self.actions]
+
+    def as_list(self):
+        return [action.as_dict() for action in self.actions]
+
+    def diff(self):
+        """(before, after) of the owned fields over the whole plan: the first action's view of a field before,
+        the last one's after."""
+        before, after = {}, {}
+        for action in self.actions:
+            for key, value in action.before.items():
+                before.setdefault(key, value)
+            after.update(action.after)
+        return before, after
+
+    def __repr__(self):
+        return "Plan(%s)" % ", ".join(self.summaries())
+
+
+def converge(resource, check_mode=False):
+    """Observe, plan, and unless in check mode apply and verify. Returns (plan, final observation)."""
+    observed = resource.observe()
+    plan = resource.plan(observed)
+    if check_mode or not plan.actions:
+        return plan, observed
+    if hasattr(resource, "apply_plan"):  # a resource over many objects applies in parallel waves of its own
+        resource.apply_plan(plan, observed)
+    else:
+        for action in plan.actions:
+            resource.apply(action, observed)
+    observed = resource.observe()
+    leftover = resource.plan(observed)
+    if leftover.actions:
+        raise ConvergenceError("%s still differs after it was converged (%s): this is a bug in machinery.compute, "
+                               "please report it" % (resource.describe(), ", ".join(leftover.summaries())))
+    return plan, observed

@@ -1,0 +1,248 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The libvirt domain of a machine: its XML, the record kept in its metadata, and the fields we own.
+
+The owned fields are declared with their options (options.py) and read and written through the functions here.
+Edits are made in place on libvirt's own XML so its defaults survive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities
+from ansible_collections.machinery.compute.plugins.module_utils.core import elements
+
+try:
+    from lxml import etree
+    HAS_LXML = True
+except ImportError:  # reported by the module base with a pointer to the package
+    etree = None
+    HAS_LXML = False
+
+
+NAMESPACE = "https://machinery.compute/xmlns/machine/1"
+PREFIX = "machinery"
+RECORD_TAG = "{%s}machine" % NAMESPACE
+RECORD_VERSION = 1
+SPARE_ROOT_PORTS = 4
+GUEST_AGENT = "org.qemu.guest_agent.0"
+IGNITION_FWCFG = "opt/com.coreos/config"
+
+
+def derive_mac(machine, nic):
+    """A stable locally-administered MAC in QEMU's 52:54:00 range from the machine and NIC names."""
+    digest = hashlib.sha256(("%s/%s" % (machine, nic)).encode()).digest()
+    return "52:54:00:%02x:%02x:%02x" % (digest[0], digest[1], digest[2])
+
+
+def device_names(count, taken=(), prefix="vd"):
+    """The first ``count`` free names vda, vdb, ... vdz, vdaa ... skipping those in ``taken``."""
+    names = []
+    index = 0
+    taken = set(taken)
+    while len(names) < count:
+        suffix = ""
+        number = index
+        while True:
+            suffix = chr(ord("a") + number % 26) + suffix
+            number = number // 26 - 1
+            if number < 0:
+                break
+        candidate = prefix + suffix
+        if candidate not in taken:
+            names.append(candidate)
+        index += 1
+    return names
+
+
+def boot_config_hash(ignition, cloud_init, ssh_keys):
+    """A hash of the boot configuration: the record keeps this, never the (secret) configuration itself."""
+    if ignition is None and not cloud_init and not ssh_keys:
+        return None
+    canonical = json.dumps({"ignition": ignition, "cloud_init": cloud_init, "ssh_keys": ssh_keys or []},
+                           sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# --- the record in <metadata> ---------------------------------------------------------------------------------
+
+def read_record(tree):
+    """The machine record of a parsed domain, or None when the collection did not create it."""
+    node = tree.find("metadata/" + RECORD_TAG)
+    if node is None or not (node.text or "").strip():
+        return None
+    try:
+        record = json.loads(node.text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and "spec" in record else None
+
+
+def record_element(record):
+    node = etree.Element(RECORD_TAG, nsmap={PREFIX: NAMESPACE})
+    node.text = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return node
+
+
+def write_record(tree, record):
+    metadata = tree.find("metadata")
+    if metadata is None:
+        metadata = etree.Element("metadata")
+        name = tree.find("name")
+        anchor = tree.find("uuid") if tree.find("uuid") is not None else name
+        anchor.addnext(metadata)
+    old = metadata.find(RECORD_TAG)
+    if old is not None:
+        metadata.remove(old)
+    metadata.append(record_element(record))
+
+
+def record_xml(record):
+    """The record element for virDomainSetMetadata, which adds the namespace itself."""
+    node = etree.Element("machine")
+    node.text = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    return etree.tostring(node).decode()
+
+
+# --- owned fields ---------------------------------------------------------------------------------------------
+
+def _kib(tree, tag):
+    node = tree.find(tag)
+    if node is None:
+        return None
+    scale = {"b": 1, "bytes": 1, "KiB": 1024, "k": 1024, "MiB": 2 ** 20, "M": 2 ** 20, "GiB": 2 ** 30,
+             "G": 2 ** 30}.get(node.get("unit", "KiB"), 1024)
+    return int(node.text) * scale
+
+
+def _set_text(tree, tag, text, attrib=None):
+    node = tree.find(tag)
+    if node is None:
+        node = etree.SubElement(tree, tag)
+    node.text = text
+    for key, value in (attrib or {}).items():
+        node.set(key, value)
+
+
+def read_cpu(tree, _record=None):
+    node = tree.find("vcpu")
+    return int(node.get("current") or node.text) if node is not None else None
+
+
+def write_cpu(tree, record, value):
+    record["spec"]["cpu"] = value
+    node = tree.find("vcpu")
+    if node is not None and "current" in node.attrib:
+        del node.attrib["current"]
+    _set_text(tree, "vcpu", str(value))
+
+
+def read_memory(tree, _record=None):
+    return _kib(tree, "memory")
+
+
+def write_memory(tree, record, value):
+    record["spec"]["memory"] = value
+    kib = str(value // 1024)
+    _set_text(tree, "memory", kib, {"unit": "KiB"})
+    _set_text(tree, "currentMemory", kib, {"unit": "KiB"})
+
+
+# --- building a new domain ------------------------------------------------------------------------------------
+
+def _sub(parent, tag, text=None, **attrib):
+    node = etree.SubElement(parent, tag, {k.rstrip("_"): str(v) for k, v in attrib.items() if v is not None})
+    if text is not None:
+        node.text = str(text)
+    return node
+
+
+def volume_alias(name):
+    """Device aliases allow letters, digits, '_' and '-': a volume name like data.qcow2 becomes data-qcow2."""
+    return "ua-vol-%s" % re.sub(r"[^A-Za-z0-9_-]", "-", name)
+
+
+def nic_alias(name):
+    return "ua-nic-%s" % name
+
+
+def nic_element(nic):
+    """The <interface> of a NIC entry of the record ({name, mac, network | bridge, model}); ``filter`` names the
+    nwfilter of its security groups."""
+    return elements.interface(nic["mac"], nic.get("model") or "virtio", network=nic.get("network"),
+                              bridge=nic.get("bridge"), alias=nic_alias(nic["name"]), filterref=nic.get("filter"))
+
+
+def build_domain(plan):
+    """The XML of a new machine from a plan (see machine.MachinePlan.domain_inputs)."""
+    root = etree.Element("domain", type=plan["virt_type"])
+    _sub(root, "name", plan["name"])
+    metadata = _sub(root, "metadata")
+    metadata.append(record_element(plan["record"]))
+    _sub(root, "memory", plan["memory"] // 1024, unit="KiB")
+    _sub(root, "currentMemory", plan["memory"] // 1024, unit="KiB")
+    _sub(root, "vcpu", plan["cpu"], placement="static")
+    if plan.get("ignition_path"):
+        sysinfo = _sub(root, "sysinfo", type="fwcfg")
+        _sub(sysinfo, "entry", name=IGNITION_FWCFG, file=plan["ignition_path"])
+    os_node = _sub(root, "os", firmware="efi" if plan["firmware"] == "uefi" else None)
+    _sub(os_node, "type", "hvm", arch="x86_64", machine="q35")
+    features = _sub(root, "features")
+    _sub(features, "acpi")
+    _sub(features, "apic")
+    if plan["virt_type"] == "kvm":
+        cpu = _sub(root, "cpu", mode="host-passthrough", check="none", migratable="on")
+        if plan.get("topology"):
+            capabilities.topology_child(cpu, plan["topology"])
+    elif plan.get("topology"):
+        root.append(capabilities.topology_element(plan["topology"]))
+    clock = _sub(root, "clock", offset="utc")
+    _sub(clock, "timer", name="rtc", tickpolicy="catchup")
+    _sub(root, "on_poweroff", "destroy")
+    _sub(root, "on_reboot", "restart")
+    _sub(root, "on_crash", "destroy")
+    devices = _sub(root, "devices")
+    devices.append(elements.controller("pci", "pcie-root", index=0))
+    for disk in plan["disks"]:
+        devices.append(elements.disk(disk["path"], disk["format"], disk["device"], disk.get("bus", "virtio"),
+                                     volume_alias(disk["name"]), shareable=bool(disk.get("shareable")),
+                                     boot_order=1 if disk.get("boot") else None, serial=disk.get("serial"),
+                                     iotune=disk.get("iotune"), secret=disk.get("secret")))
+    if plan.get("seed_path"):
+        # The NoCloud seed on a virtio-scsi cdrom: cloud kernels (Debian's cloud flavour has no AHCI driver) see
+        # virtio-scsi where a SATA cdrom would be invisible to them.
+        devices.append(elements.controller("scsi", "virtio-scsi"))
+        devices.append(elements.disk(plan["seed_path"], "raw", "sda", "scsi", "ua-cidata", device="cdrom",
+                                     readonly=True))
+    for nic in plan["nics"]:
+        devices.append(nic_element(nic))
+    serial = _sub(devices, "serial", type="pty")
+    _sub(serial, "log", file=plan["console_path"], append="off")
+    _sub(serial, "target", port=0)
+    console = _sub(devices, "console", type="pty")
+    _sub(console, "target", type="serial", port=0)
+    channel = _sub(devices, "channel", type="unix")
+    _sub(channel, "target", type="virtio", name=GUEST_AGENT)
+    rng = _sub(devices, "rng", model="virtio")
+    _sub(rng, "backend", "/dev/urandom", model="random")
+    _sub(devices, "memballoon", model="virtio")
+    devices.append(elements.controller("usb", "none"))
+    # libvirt puts every PCIe device on a root port of its own (virtio disks and NICs, the virtio-serial, rng and
+    # balloon devices, the seed's virtio-scsi controller); keep SPARE_ROOT_PORTS free for hot-plug.
+    pcie_devices = len([disk for disk in plan["disks"] if disk.get("bus", "virtio") == "virtio"]) + \
+        len(plan["nics"]) + 3 + (1 if plan.get("seed_path") else 0)
+    for _port in range(pcie_devices + SPARE_ROOT_PORTS):
+        devices.append(elements.controller("pci", "pcie-root-port"))
+    return root
+
+
+def tostring(tree):
+    return etree.tostring(tree, encoding="unicode")
+
+
+def parse(xml):
+    return elements.parse(xml)

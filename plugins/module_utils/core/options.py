@@ -1,0 +1,471 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Every option of every module, declared once.
+
+An ``Option`` holds what Ansible needs (type, choices, default, required, sub-options, no_log) and what the core
+needs (the validation that normalizes the value and names the field). Options that are owned fields of a
+machine's domain also say how they are read from and written to the domain, how they are shown in a diff,
+whether a running guest takes a change live and whether they are fixed at creation: see ``machine_fields``.
+
+Modules build their argument specs from the tables here (``argument_spec(TABLE)``) and a unit test checks
+that each module's documentation says the same.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+
+# Choices, each typed out once.
+MACHINE_STATES = ("running", "stopped", "present", "absent")
+PRESENCE = ("present", "absent")
+ATTACH_STATES = ("attached", "detached")
+WAITS = ("none", "running", "address")
+FIRMWARES = ("bios", "uefi")
+VIRT_TYPES = ("auto", "kvm", "qemu")
+NIC_MODELS = ("virtio", "e1000e", "rtl8139")
+DISK_BUSES = ("virtio", "scsi", "sata")
+VOLUME_FORMATS = ("qcow2", "raw")
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+NETWORK_MODES = ("nat", "isolated")
+STRATEGIES = ("spread", "binpack")
+PHASES = ("Pending", "Running", "Shutdown", "Terminating", "Terminated", "Failed")
+DEFAULT_STORAGE_PATH = "/var/lib/libvirt/machinery"
+
+
+class Owned:
+    """How an owned field of a machine lives in its domain.
+
+    ``read(tree, record)`` and ``write(tree, record, value)`` map it to the persistent XML and the record,
+    ``show`` formats it for a diff, and ``live`` says how a running guest takes a change: ``metadata`` (at
+    once, it is only recorded), ``balloon`` (memory, at once up to the boot-time maximum), ``restart`` (at
+    the next start) or ``boot`` (read by the guest at its next first boot)."""
+
+    def __init__(self, read, write, show=None, live="metadata"):
+        self.read = read
+        self.write = write
+        self.show = show or (lambda value: value)
+        self.live = live
+
+
+def _recorded(key, live="metadata"):
+    """A field kept in the machine's record only (the domain XML does not carry it)."""
+    def read(_tree, record):
+        return (record or {}).get("spec", {}).get(key)
+
+    def write(_tree, record, value):
+        record["spec"][key] = value
+    return Owned(read, write, live=live)
+
+
+class Option:
+    """One module option: its Ansible argument spec and its meaning to the core.
+
+    ``owned`` (an Owned) marks a field of the machine that the collection converges in place; ``fixed`` a
+    value that is set at creation and compared afterwards (``fixed`` reads it from the record's spec);
+    ``argument=False`` a field that is no module option (it is derived from others); ``check(value, field)``
+    the core's validation and normalization of a value (its range), where it has one of its own."""
+
+    def __init__(self, name, type="str", choices=None, default=None, required=False, elements=None, options=None,
+                 no_log=None, aliases=None, owned=None, fixed=None, argument=True, check=None):
+        self.name = name
+        self.check = check
+        self.owned = owned
+        self.fixed = fixed
+        self.argument = argument
+        self.type = type
+        self.choices = tuple(choices) if choices else None
+        self.default = default
+        self.required = required
+        self.elements = elements
+        self.options = options  # a table (tuple of Option) for dict and list-of-dict options
+        self.no_log = no_log
+        self.aliases = aliases
+
+    def spec(self):
+        entry = {"type": self.type}
+        if self.choices:
+            entry["choices"] = list(self.choices)
+        if self.default is not None:
+            entry["default"] = list(self.default) if isinstance(self.default, tuple) else self.default
+        if self.required:
+            entry["required"] = True
+        if self.elements:
+            entry["elements"] = self.elements
+        if self.options is not None:
+            entry["options"] = argument_spec(self.options)
+        if self.no_log is not None:
+            entry["no_log"] = self.no_log
+        if self.aliases:
+            entry["aliases"] = list(self.aliases)
+        return entry
+
+
+def argument_spec(table, without=()):
+    """The Ansible argument spec of a table of options."""
+    return {option.name: option.spec() for option in table if option.argument and option.name not in without}
+
+
+def option(table, name):
+    return next(item for item in table if item.name == name)
+
+
+def secret_paths(table, prefix=()):
+    """The paths (tuples of option names) of every no_log option of a table, sub-options included."""
+    paths = []
+    for item in table:
+        if item.no_log:
+            paths.append(prefix + (item.name,))
+        elif item.options is not None:
+            paths.extend(secret_paths(item.options, prefix + (item.name,)))
+    return paths
+
+
+# --- the connection, common to every module of the action group -----------------------------------------------
+
+COMMON = (Option("uri", default="qemu:///system"),)
+# A module over several pools takes the group's uri as its one pool when no pools are given, so it has no default.
+MULTI_POOL = (Option("uri"), Option("pools", "list", elements="raw"))
+
+# --- machine capabilities (issue 13: topology, swap, disk QoS, encrypted volumes, static addresses) -----------
+# Ranges from the vitistack Machine CRD; the XML mapping and the pure checks are in capabilities.py. Owned fields
+# derived from list items (disk_qos from volumes[], ip_reservations from network_interfaces[]) are compared as
+# a whole; ``live`` says how a running guest takes them (iotune: at once through virDomainSetBlockIoTune;
+# network: the reservation changes at once, the guest takes it at its next DHCP request, so at its restart).
+
+TOPOLOGY = tuple(Option(key, "int", default=1, check=cap.ranged(low, high)) for key, low, high in cap.TOPOLOGY_RANGES)
+
+VOLUME_CAPABILITIES = (
+    Option("iops", "int", check=cap.iops),
+    Option("throughput", "int", check=cap.throughput),
+    Option("encrypted", "bool", default=False),
+    Option("passphrase", no_log=True, check=cap.passphrase),
+)
+
+NETWORK_INTERFACE_CAPABILITIES = (
+    Option("ip_address"),
+)
+
+MACHINE_CAPABILITIES = (
+    Option("topology", "dict", options=TOPOLOGY, owned=Owned(cap.read_topology, cap.write_topology, live="restart")),
+    Option("swap", "raw", check=cap.swap_bytes, fixed=lambda spec: spec.get("swap")),
+    Option("disk_qos", argument=False, owned=Owned(cap.read_disk_qos, cap.write_disk_qos, live="iotune")),
+    Option("ip_reservations", argument=False,
+           owned=Owned(cap.read_reservations, cap.write_reservations, live="network")),
+)
+
+# --- machine ----------------------------------------------------------------------------------------------------
+
+VOLUME = (
+    Option("name", required=True),
+    Option("size", "raw"),
+    Option("volume"),
+    Option("image"),
+    Option("image_checksum"),
+    Option("device"),
+    Option("bus", choices=DISK_BUSES, default="virtio"),
+    Option("ephemeral", "bool"),
+    Option("shareable", "bool", default=False),
+) + VOLUME_CAPABILITIES
+
+NETWORK_INTERFACE = (
+    Option("name", required=True),
+    Option("network"),
+    Option("bridge"),
+    Option("mac"),
+    Option("model", choices=NIC_MODELS, default="virtio"),
+    Option("ephemeral", "bool", default=True),
+    # --- security groups (issue 13): nwfilters of the pool, see security_groups.py ---
+    Option("security_groups", "list", elements="str"),
+) + NETWORK_INTERFACE_CAPABILITIES
+
+CLOUD_INIT = (
+    Option("user_data", "raw", no_log=True),
+    Option("meta_data", "raw"),
+    Option("network_config", "raw"),
+)
+
+MACHINE = (
+    Option("name", required=True),
+    Option("state", choices=MACHINE_STATES, default="running"),
+    Option("machine_class", owned=_recorded("machine_class")),
+    Option("cpu", "int", owned=Owned(dx.read_cpu, dx.write_cpu, live="restart")),
+    Option("memory", "raw", owned=Owned(dx.read_memory, dx.write_memory, live="balloon",
+                                        show=lambda value: None if value is None else format_quantity(value))),
+    Option("image", fixed=lambda spec: (spec.get("image") or {}).get("source")),
+    Option("image_checksum", fixed=lambda spec: (spec.get("image") or {}).get("checksum")),
+    Option("root_size", "raw"),
+    Option("volumes", "list", elements="dict", options=VOLUME),
+    Option("network_interfaces", "list", elements="dict", options=NETWORK_INTERFACE),
+    Option("ignition", "raw", no_log=True),
+    Option("cloud_init", "dict", options=CLOUD_INIT),
+    Option("ssh_authorized_keys", "list", elements="str", no_log=False),
+    Option("labels", "dict", owned=_recorded("labels")),
+    # kept in the record so that a NoExecute taint added later knows which machines may stay (pool must_leave)
+    Option("tolerations", "list", elements="dict", owned=_recorded("tolerations")),
+    Option("firmware", choices=FIRMWARES, fixed=lambda spec: spec.get("firmware")),
+    Option("virt_type", choices=VIRT_TYPES, default="auto"),
+    # the hash of ignition, cloud_init and ssh_authorized_keys (never the configuration itself)
+    Option("boot_config", argument=False, owned=_recorded("boot_config", live="boot")),
+    Option("wait", choices=WAITS, default="running"),
+    Option("wait_timeout", "int", default=300),
+    Option("shutdown_timeout", "int", default=60),
+    Option("adopt", "bool", default=False),
+    Option("unique_across", "list", elements="str"),
+) + MACHINE_CAPABILITIES
+
+# What each machine of a batch (and the template of a set) takes beyond the machine's own options (tolerations
+# are the machine's own: they are recorded).
+SCHEDULING = (
+    Option("machine_pool_selector", "dict"),
+    Option("machine_pool"),
+)
+
+MACHINE_BATCH = (
+    Option("machines", "list", elements="dict", required=True),
+    Option("defaults", "dict"),
+    Option("strategy", choices=STRATEGIES, default="spread"),
+    Option("retries", "int", default=3),
+    Option("workers", "int", default=16),
+)
+
+MACHINE_INFO = (
+    Option("name", "list", elements="str"),
+    Option("labels", "dict"),
+    Option("phase", "list", elements="str", choices=tuple(p for p in PHASES if p != "Terminated")),
+    Option("include_unmanaged", "bool", default=False),
+    Option("console_lines", "int", default=0),
+)
+
+MACHINE_POOL_INFO = (
+    Option("name", "list", elements="str"),
+    Option("labels", "dict"),
+)
+
+MACHINE_CLASS_INFO = (
+    Option("name", "list", elements="str"),
+)
+
+# --- fleets ---------------------------------------------------------------------------------------------------
+
+DELETE_POLICIES = ("Random", "Newest", "Oldest")
+
+MACHINE_SET = (
+    Option("name", required=True),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("replicas", "int"),
+    Option("selector", "dict", options=(Option("match_labels", "dict", required=True),)),
+    Option("template", "dict"),
+    Option("delete_policy", choices=DELETE_POLICIES, default="Random"),
+    Option("strategy", choices=STRATEGIES, default="spread"),
+    Option("rollout", "dict", options=(Option("max_surge", "raw", default=1),
+                                       Option("max_unavailable", "raw", default=0))),
+    Option("wait", choices=WAITS, default="running"),
+    Option("wait_timeout", "int", default=300),
+    Option("shutdown_timeout", "int", default=60),
+    Option("workers", "int", default=16),
+)
+
+MACHINE_SET_INFO = (
+    Option("name", "list", elements="str"),
+)
+
+CONDITION_TYPES = ("Ready", "VolumesReady", "NetworkInterfacesReady", "Failed", "AddressAssigned", "Booted",
+                   "GuestAgentConnected", "BootstrapReady")
+REMEDIATIONS = ("delete", "restart")
+
+MACHINE_HEALTH_CHECK = (
+    Option("name", required=True),
+    Option("selector", "dict", required=True, options=(Option("match_labels", "dict", required=True),)),
+    Option("unhealthy_conditions", "list", elements="dict", options=(
+        Option("type", required=True, choices=CONDITION_TYPES),
+        Option("status", required=True, choices=("True", "False")),
+        Option("timeout", required=True))),
+    Option("node_startup_timeout", default="10m"),
+    Option("boot_marker"),
+    Option("max_unhealthy", "raw", default="100%"),
+    Option("remediation", choices=REMEDIATIONS, default="delete"),
+    Option("shutdown_timeout", "int", default=10),
+)
+
+# --- pools and classes ------------------------------------------------------------------------------------------
+
+TAINT = (
+    Option("key", required=True, no_log=False),
+    Option("value", "raw"),
+    Option("effect", choices=TAINT_EFFECTS, default="NoSchedule"),
+)
+
+NETWORK = (
+    Option("name", required=True),
+    Option("cidr"),
+    Option("mode", choices=NETWORK_MODES, default="nat"),
+)
+
+MACHINE_POOL = (
+    Option("name", required=True),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("labels", "dict"),
+    Option("taints", "list", elements="dict", options=TAINT),
+    Option("overcommit", "dict", options=(Option("cpu", "float", default=1.0),
+                                          Option("memory", "float", default=1.0),
+                                          Option("storage", "float", default=1.0))),
+    Option("reserved", "dict", options=(Option("cpu", "int", default=0), Option("memory", "raw"),
+                                        Option("storage", "raw"))),
+    Option("storage_path", default=DEFAULT_STORAGE_PATH),
+    Option("networks", "list", elements="dict", options=NETWORK),
+    Option("virt_type", choices=VIRT_TYPES, default="auto"),
+    Option("force", "bool", default=False),
+    Option("prune_images", "bool", default=False),
+)
+
+MACHINE_CLASS = (
+    Option("name", required=True),
+    Option("cpu", "int"),
+    Option("memory", "raw"),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("force", "bool", default=False),
+)
+
+IMAGE_OS = (
+    Option("family", choices=("linux", "windows")),
+    Option("distribution"),
+    Option("version"),
+    Option("architecture", choices=("amd64", "arm64", "x86_64")),
+)
+
+MACHINE_IMAGE = (
+    Option("name", required=True),
+    Option("url"),
+    Option("path"),
+    Option("checksum"),
+    Option("os", "dict", options=IMAGE_OS),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("force", "bool", default=False),
+)
+
+# --- manifests --------------------------------------------------------------------------------------------------
+
+MANIFEST_DIALECTS = ("ironcore", "openshift", "kupenstack", "vitistack")
+
+MANIFEST = (
+    Option("src", "raw"),
+    Option("definition", "raw", no_log=False),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("prune", "bool", default=False),
+    Option("wait", choices=WAITS, default="running"),
+    Option("wait_timeout", "int", default=300),
+    Option("shutdown_timeout", "int", default=60),
+)
+
+MANIFEST_INFO = (
+    Option("dialect", choices=("ironcore", "openshift", "kupenstack"), default="ironcore"),
+    Option("name", "list", elements="str"),
+    Option("labels", "dict"),
+)
+
+# --- attachments ------------------------------------------------------------------------------------------------
+
+VOLUME_ATTACH = (
+    Option("machine", required=True),
+    Option("volume", required=True),
+    Option("size", "raw"),
+    Option("format", choices=VOLUME_FORMATS, default="qcow2"),
+    Option("device"),
+    Option("bus", choices=DISK_BUSES, default="virtio"),
+    Option("state", choices=ATTACH_STATES, default="attached"),
+    Option("ephemeral", "bool"),
+    Option("shareable", "bool", default=False),
+    Option("timeout", "int", default=30),
+)
+
+NIC_ATTACH = (
+    Option("machine", required=True),
+    Option("name", required=True),
+    Option("network"),
+    Option("bridge"),
+    Option("mac"),
+    Option("model", choices=NIC_MODELS, default="virtio"),
+    Option("state", choices=ATTACH_STATES, default="attached"),
+    Option("wait", choices=("none", "address"), default="none"),
+    Option("wait_timeout", "int", default=300),
+    Option("timeout", "int", default=30),
+)
+
+
+# --- the owned fields of a machine ------------------------------------------------------------------------------
+
+OWNED = tuple(item for item in MACHINE if item.owned is not None)
+OWNED_BY_NAME = {item.name: item.owned for item in OWNED}
+FIXED = tuple(item for item in MACHINE if item.fixed is not None)
+
+
+def owned_values(tree, record):
+    return {item.name: item.owned.read(tree, record) for item in OWNED}
+
+
+def changed_fields(current, desired):
+    """Names of owned fields whose desired value differs from the current one (only the fields desired sets)."""
+    return [item.name for item in OWNED if item.name in desired and desired[item.name] != current.get(item.name)]
+
+
+def apply_fields(tree, record, desired, names):
+    """Write the desired values of ``names`` into the parsed domain and its record, in place."""
+    for name in names:
+        OWNED_BY_NAME[name].write(tree, record, desired[name])
+    dx.write_record(tree, record)
+
+
+def shown(values):
+    """Owned values as a diff shows them (memory as a quantity)."""
+    return {name: OWNED_BY_NAME[name].show(value) if name in OWNED_BY_NAME else value
+            for name, value in values.items()}
+
+
+# --- security groups (issue 13) ----------------------------------------------------------------------------------
+
+SG_DIRECTIONS = ("ingress", "egress")
+SG_PROTOCOLS = ("tcp", "udp", "icmp", "all")
+
+SECURITY_GROUP_RULE = (
+    Option("direction", choices=SG_DIRECTIONS, default="ingress"),
+    Option("protocol", choices=SG_PROTOCOLS, default="tcp"),
+    Option("port", "int"),
+    Option("port_end", "int"),
+    Option("remote_cidr", default="0.0.0.0/0"),
+)
+
+SECURITY_GROUP = (
+    Option("name", required=True),
+    Option("rules", "list", elements="dict", options=SECURITY_GROUP_RULE),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("force", "bool", default=False),
+)
+
+# --- backups (issue 13) -------------------------------------------------------------------------------------------
+
+MACHINE_BACKUP = (
+    Option("machine", required=True),
+    Option("name"),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("restore", "bool", default=False),
+    Option("retention", "dict", options=(Option("count", "int"), Option("days", "int"))),
+    Option("timeout", "int", default=600),
+)
+
+
+# --- moving a machine -------------------------------------------------------------------------------------------
+
+MIGRATION_MODES = ("cold", "live", "auto")
+
+MACHINE_MIGRATE = (
+    Option("machine", required=True),
+    Option("target"),
+    Option("mode", choices=MIGRATION_MODES, default="auto"),
+    Option("strategy", choices=STRATEGIES, default="spread"),
+    Option("shutdown_timeout", "int", default=60),
+    Option("wait", choices=WAITS, default="running"),
+    Option("wait_timeout", "int", default=300),
+)

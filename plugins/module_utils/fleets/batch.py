@@ -1,0 +1,174 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Many machines at once across pools, in one process: one connection per pool, a thread per machine.
+
+Machines without a pool are scheduled (a machine that exists stays where it is); every machine is converged
+with MachineService in parallel; a machine that a concurrent run crowded out (its pool filled up, or its name
+appeared on another pool first) is rescheduled against fresh pool snapshots, a bounded number of times.
+Machines with state absent are deleted from every pool that has them.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import Fleet, in_parallel
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
+    MachineryError, NameTaken, PoolFull, ValidationError)
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import table
+from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import schedule
+
+SCHEDULING_KEYS = ("machine_pool_selector", "machine_pool")
+
+
+class BatchOutcome:
+    def __init__(self):
+        self.changed = False
+        self.machines = {}
+        self.actions = {}  # name -> the short forms of its planned actions
+        self.placements = {}
+        self.before = {}
+        self.after = {}
+        self.warnings = []
+        self.failures = []
+        self.attempts = 0
+
+    def record(self, spec, outcome):
+        name = spec["name"]
+        self.machines[name] = outcome.machine
+        if outcome.actions:
+            self.actions[name] = list(outcome.actions)
+        if outcome.changed:
+            self.changed = True
+            self.before[name] = outcome.before
+            self.after[name] = outcome.after
+        self.warnings.extend("%s: %s" % (name, warning) for warning in outcome.warnings)
+
+    def fail(self, spec, pool, exc):
+        self.failures.append({"name": spec["name"], "pool": pool, "reason": getattr(exc, "reason", "Error"),
+                              "field": getattr(exc, "field", None), "msg": str(exc)})
+
+
+def machine_params(spec, unique_across):
+    params = {key: value for key, value in spec.items() if key not in SCHEDULING_KEYS}
+    params["unique_across"] = unique_across
+    return params
+
+
+def _run(jobs, workers, work):
+    """[(job, result or exception)] of work(job) for every job, run on up to ``workers`` threads."""
+    def guarded(job):
+        try:
+            return job, work(job)
+        except MachineryError as exc:
+            return job, exc
+        except lv.libvirt.libvirtError as exc:
+            # the pool's daemon went away or refused: say which pool, and why
+            return job, MachineryError("libvirt error on pool %s (%s): %s"
+                                       % (job[1].name or job[1].uri, job[1].uri, lv.describe(exc)))
+    return in_parallel(jobs, guarded, workers)
+
+
+def preflight(jobs, specs, workers):
+    """Every placed machine planned in check mode first: an invalid one fails the run before any write.
+
+    Returns {name: outcome} of the machines already converged (an empty plan): the real run would observe and
+    plan them again to the same empty plan, so their check-mode outcome is their outcome."""
+    index = {spec["name"]: position for position, spec in enumerate(specs)}
+    problems = []
+    converged = {}
+    for (spec, _ctx), outcome in _run(jobs, workers, lambda job: MachineService(job[1], True)
+                                      .ensure(machine_params(job[0], []))):
+        if isinstance(outcome, MachineryError) and not isinstance(outcome, (PoolFull, NameTaken)):
+            field = "machines[%d]%s" % (index[spec["name"]], "." + outcome.field if outcome.field else "")
+            problems.append("%s: %s" % (field, outcome.message))
+        elif not isinstance(outcome, MachineryError) and not outcome.plan.actions and \
+                not (spec.get("state") == "running" and spec.get("wait") == "address"):
+            converged[spec["name"]] = outcome  # waiting for an address is the real run's, not check mode's
+    if problems:
+        raise ValidationError("nothing was changed; %s" % "; ".join(problems), "machines")
+    return converged
+
+
+MAX_WORKERS = 256
+MAX_RETRIES = 100
+
+
+def pool_problems(snapshots):
+    """Why pools were left out, for a machine placed nowhere: '; pool3 unreachable: <cause>' per pool."""
+    return "".join("; %s %s: %s" % (snapshot["name"], "unreachable" if snapshot["state"] == "Offline" else "not ready",
+                                    snapshot.get("problem") or "no cause given")
+                   for snapshot in snapshots if snapshot["state"] != "Ready")
+
+
+def converge(entries, specs, strategy="spread", retries=3, workers=16, check_mode=False, opener=None):
+    """Converge ``specs`` (validated machine module parameters plus scheduling keys) over the pools."""
+    retries = check.whole_number(retries, "retries", 0, MAX_RETRIES)
+    workers = check.whole_number(workers, "workers", 1, MAX_WORKERS)
+    fleet = Fleet(entries, opener)
+    result = BatchOutcome()
+    try:
+        snapshots = fleet.snapshots()
+        absent = [spec for spec in specs if spec.get("state") == "absent"]
+        pending = [spec for spec in specs if spec.get("state") != "absent"]
+        deletions = [(spec, fleet.contexts[snapshot["uri"]]) for spec in absent for snapshot in snapshots
+                     if snapshot["uri"] in fleet.contexts and spec["name"] in snapshot["machines"]]
+        for (spec, ctx), outcome in _run(deletions, workers, lambda job: MachineService(job[1], check_mode)
+                                         .ensure(machine_params(job[0], []))):
+            if isinstance(outcome, MachineryError):
+                result.fail(spec, ctx.name, outcome)
+            else:
+                result.record(spec, outcome)
+        for spec in absent:
+            result.machines.setdefault(spec["name"], {"name": spec["name"], "pool": None, "phase": "Terminated"})
+        if absent:
+            # a machine to delete may live on a pool that could not be read: say so, never claim it gone there
+            result.warnings.extend("%s was not read, so machines to delete were not looked for there: %s"
+                                   % (snapshot["name"], snapshot.get("problem")) for snapshot in snapshots
+                                   if snapshot["state"] == "Offline")
+        while pending:
+            result.attempts += 1
+            by_uri = {snapshot["uri"]: snapshot for snapshot in snapshots}
+            # the keys were checked against the machine module's options (machine_batch's argument spec)
+            placements = schedule(pending, snapshots, strategy, strict=False, field="machines", keys=None)
+            jobs = []
+            for spec, placement in zip(pending, placements):
+                result.placements[spec["name"]] = placement
+                if placement["uri"] is None:
+                    result.failures.append({"name": spec["name"], "pool": None, "reason": "Unschedulable",
+                                            "field": "machine_pool",
+                                            "msg": placement["reason"] + pool_problems(snapshots)})
+                else:
+                    jobs.append((spec, fleet.contexts[placement["uri"]]))
+            if result.attempts == 1:
+                converged = preflight(jobs, specs, workers)
+                for spec, _ctx in jobs:
+                    if spec["name"] in converged:
+                        result.record(spec, converged[spec["name"]])
+                jobs = [job for job in jobs if job[0]["name"] not in converged]
+            crowded = []
+            for (spec, ctx), outcome in _run(jobs, workers, lambda job: MachineService(job[1], check_mode)
+                                             .ensure(machine_params(job[0], fleet.uris))):
+                if isinstance(outcome, (PoolFull, NameTaken)) and result.attempts <= retries:
+                    crowded.append(spec)
+                elif isinstance(outcome, MachineryError):
+                    result.fail(spec, by_uri[ctx.uri]["name"], outcome)
+                else:
+                    result.record(spec, outcome)
+            pending = crowded
+            if pending:
+                snapshots = fleet.snapshots()
+    finally:
+        fleet.close()
+    return result
+
+
+def summary(result, specs):
+    machines = [result.machines[spec["name"]] for spec in specs if spec["name"] in result.machines]
+    placements = [result.placements[spec["name"]] for spec in specs if spec["name"] in result.placements]
+    shown = [machine for machine in machines if machine.get("phase") != "Terminated"]
+    return {"machines": machines, "placements": placements, "failures": result.failures,
+            "table": table(sorted(shown, key=lambda machine: (machine.get("pool") or "", machine["name"]))),
+            "attempts": result.attempts}

@@ -1,0 +1,260 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Machine health checks (OpenShift's MachineHealthCheck on libvirt pools), through observe -> plan -> apply.
+
+The machines a check covers are those of its pools whose labels match its selector. Each is unhealthy when one
+of the unhealthy conditions (OR-ed) has held for its timeout, or when it has never been Ready for
+``node_startup_timeout`` after its creation. Since when a condition holds is kept in the machine's record: every
+run that observes a machine records the conditions that changed (``health`` in the record), so a timeout counts
+from the first observation of the bad state, across runs. When more machines are unhealthy than
+``max_unhealthy`` allows, nothing is remediated. Remediation deletes the machine (its set replaces it) or
+restarts it in place.
+
+The conditions are what libvirt shows: Ready (the domain runs), VolumesReady and NetworkInterfacesReady (from
+the machine's status), Failed (crashed, or paused by an I/O error), AddressAssigned (a machine with a NIC on
+a libvirt network has a DHCP lease), GuestAgentConnected (a running machine's guest-agent channel is connected:
+the agent in the guest answers) and Booted (the check's ``boot_marker`` has appeared on the serial console since
+the machine last started; read from the console log's tail until it has, then taken from the record).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService, update_record
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import read_fleet
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
+
+CONSOLE_TAIL = 256 * 1024  # how much of a console log the Booted condition reads
+_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+
+
+def seconds(value, field):
+    """A duration as Kubernetes writes it (``90s``, ``5m``, ``1h30m``) or a number of seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        text = str(value).strip()
+        match = _DURATION.match(text)
+        if text.isdigit():
+            number = float(text)
+        elif match and text:
+            hours, minutes, secs = (int(part or 0) for part in match.groups())
+            number = float(hours * 3600 + minutes * 60 + secs)
+        else:
+            raise ValidationError("%r is not a duration such as 90s, 5m or 1h30m" % (value,), field)
+    if number < 0:
+        raise ValidationError("must not be negative", field)
+    return number
+
+
+def normalize_check(params):
+    name = check.dns_label(params.get("name"), "name")
+    match = check.labels(((params.get("selector") or {}).get("match_labels")), "selector.match_labels")
+    if not match:
+        raise ValidationError("needs at least one label, or the check would cover every machine",
+                              "selector.match_labels")
+    rules = []
+    for index, item in enumerate(params.get("unhealthy_conditions") or []):
+        where = "unhealthy_conditions[%d]" % index
+        if not isinstance(item, dict):
+            raise ValidationError("must be a mapping with type, status and timeout", where)
+        rules.append({"type": check.one_of(item.get("type"), options.CONDITION_TYPES, where + ".type"),
+                      "status": check.one_of(str(item.get("status")), ("True", "False"), where + ".status"),
+                      "timeout": seconds(item.get("timeout"), where + ".timeout")})
+    limit = params.get("max_unhealthy", "100%")
+    if isinstance(limit, str) and limit.strip().endswith("%"):
+        try:
+            percent = int(limit.strip()[:-1])
+        except ValueError:
+            raise ValidationError("%r is not a number or a percentage such as 40%%" % (limit,),
+                                  "max_unhealthy") from None
+        if not 0 <= percent <= 100:
+            raise ValidationError("must be between 0%% and 100%%, got %s" % limit, "max_unhealthy")
+        limit = {"percent": percent}
+    else:
+        limit = {"count": check.whole_number(limit, "max_unhealthy", minimum=0)}
+    marker = params.get("boot_marker")
+    if marker is not None and (not isinstance(marker, str) or not marker.strip() or "\n" in marker):
+        raise ValidationError("must be one line of text that the guest prints on its serial console", "boot_marker")
+    if marker is None and any(rule["type"] == "Booted" for rule in rules):
+        raise ValidationError("condition Booted needs boot_marker, the line the guest prints once it has booted",
+                              "unhealthy_conditions")
+    return {"name": name, "match_labels": match, "rules": rules, "boot_marker": marker,
+            "startup": seconds(params.get("node_startup_timeout", "10m"), "node_startup_timeout"),
+            "max_unhealthy": limit,
+            "remediation": check.one_of(params.get("remediation") or "delete", options.REMEDIATIONS, "remediation")}
+
+
+def conditions_of(machine):
+    """{type: "True" | "False"} of a machine's status."""
+    found = {condition["type"]: condition["status"] for condition in machine.get("conditions") or []}
+    found["Failed"] = "True" if machine.get("phase") == "Failed" else "False"
+    on_network = any(nic.get("network") for nic in machine.get("network_interfaces") or [])
+    found["AddressAssigned"] = "True" if machine.get("ip_addresses") or not on_network else "False"
+    # observed only for running machines (see HealthCheckResource.observe); otherwise the record keeps the last
+    for kind, key in (("GuestAgentConnected", "agent_connected"), ("Booted", "booted")):
+        if machine.get(key) is not None:
+            found[kind] = "True" if machine[key] else "False"
+    return found
+
+
+def transitions(machine, moment):
+    """The machine's recorded ``health`` brought up to date: {type: {status, since}} (since = ISO time)."""
+    recorded = dict(machine.get("health") or {})
+    for kind, status in conditions_of(machine).items():
+        if (recorded.get(kind) or {}).get("status") != status:
+            recorded[kind] = {"status": status, "since": moment}
+    if conditions_of(machine).get("Ready") == "True":
+        recorded["ever_ready"] = {"status": "True", "since": (recorded.get("ever_ready") or {}).get("since")
+                                  or moment}
+    return recorded
+
+
+def _age(since, moment):
+    try:
+        then = datetime.datetime.fromisoformat(since)
+        current = datetime.datetime.fromisoformat(moment)
+    except (TypeError, ValueError):
+        return 0.0
+    return max(0.0, (current - then).total_seconds())
+
+
+def verdict(desired, machine, health, moment):
+    """The reasons ``machine`` is unhealthy (empty when it is healthy)."""
+    reasons = []
+    for rule in desired["rules"]:
+        seen = health.get(rule["type"]) or {}
+        if seen.get("status") == rule["status"]:
+            held = _age(seen.get("since"), moment)
+            if held >= rule["timeout"]:
+                reasons.append("%s=%s for %ds (timeout %ds)" % (rule["type"], rule["status"], held, rule["timeout"]))
+    if "ever_ready" not in health and machine.get("created"):
+        waited = _age(machine["created"], moment)
+        if waited >= desired["startup"]:
+            reasons.append("not Ready %ds after its creation (node_startup_timeout %ds)" % (waited, desired["startup"]))
+    return reasons
+
+
+def allowed_count(limit, total):
+    if "count" in limit:
+        return limit["count"]
+    return limit["percent"] * total // 100
+
+
+def plan_check(desired, machines, moment):
+    """Remediations: pure, from the check, the machines (statuses with their recorded ``health``) and the time."""
+    covered = [machine for machine in machines
+               if all((machine.get("labels") or {}).get(key) == value for key, value in desired["match_labels"].items())]
+    unhealthy = []
+    for machine in covered:
+        reasons = verdict(desired, machine, transitions(machine, moment), moment)
+        if reasons:
+            unhealthy.append({"name": machine["name"], "pool": machine.get("pool"), "uri": machine.get("uri"),
+                              "phase": machine.get("phase"), "reasons": reasons})
+    allowed = allowed_count(desired["max_unhealthy"], len(covered))
+    facts = {"covered": len(covered), "unhealthy": unhealthy, "max_unhealthy": allowed,
+             "remediation_allowed": len(unhealthy) <= allowed}
+    if not facts["remediation_allowed"]:
+        return Plan(warnings=["%d of %d machines are unhealthy, more than max_unhealthy (%d): nothing is remediated"
+                              % (len(unhealthy), len(covered), allowed)], **facts)
+    kind = desired["remediation"]
+    actions = [Action(kind, machine["name"], {"phase": machine["phase"]},
+                      {"phase": "Terminated" if kind == "delete" else "Running"},
+                      [step("delete_machine" if kind == "delete" else "restart_machine", machine["name"],
+                            pool=machine["pool"])], uri=machine["uri"], reasons=machine["reasons"])
+               for machine in unhealthy]
+    return Plan(actions, **facts)
+
+
+class HealthCheckResource:
+    """One health check over the pools of ``fleet``, for ``converge``."""
+
+    def __init__(self, fleet, params, check_mode=False):
+        self.fleet = fleet
+        self.params = params
+        self.check_mode = check_mode
+        self.desired = normalize_check(params)
+        self.moment = now().isoformat()
+        self.plan_facts = None
+
+    def describe(self):
+        return "machine health check %s" % self.desired["name"]
+
+    def observe(self):
+        """The machines the check covers, each with the ``health`` its record keeps; outside check mode the
+        conditions that changed since the last observation are recorded (so timeouts count across runs)."""
+        _snapshots, contexts, machines = read_fleet(self.fleet)
+        by_uri = {ctx.uri: ctx for ctx in contexts}
+        covered = [machine for machine in machines if all((machine.get("labels") or {}).get(key) == value
+                                                          for key, value in self.desired["match_labels"].items())]
+
+        def keep(machine):
+            ctx = by_uri[machine["uri"]]
+            dom = lv.lookup_domain(ctx.conn, machine["name"])
+            record = dx.read_record(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))) if dom else None
+            machine["health"] = (record or {}).get("health") or {}
+            if dom is not None and machine.get("phase") == "Running":
+                self.observe_guest(ctx, dom, machine)
+            elif self.desired["boot_marker"] is not None:
+                machine["booted"] = False  # the log starts afresh (append=off) when it starts again
+            health = transitions(machine, self.moment)
+            if not self.check_mode and dom is not None and health != machine["health"]:
+                update_record(dom, lambda record: record.__setitem__("health", health))
+                machine["health"] = health
+        in_parallel(covered, keep, 16)
+        return covered
+
+    def observe_guest(self, ctx, dom, machine):
+        """The guest's own signals of a running machine: its agent channel's state (live XML), and whether the
+        boot marker is on the console (the log's tail, read only until the record says it was seen)."""
+        try:
+            live = dx.parse(dom.XMLDesc(0))
+        except lv.libvirt.libvirtError:
+            return  # it stopped meanwhile: the next run sees it
+        target = live.find("devices/channel/target[@name='%s']" % dx.GUEST_AGENT)
+        if target is not None:
+            machine["agent_connected"] = target.get("state") == "connected"
+        marker = self.desired["boot_marker"]
+        if marker is None:
+            return
+        if (machine["health"].get("Booted") or {}).get("status") == "True":
+            machine["booted"] = True
+            return
+        vol = lv.lookup_volume(ctx.storage, "%s-console.log" % machine["name"])
+        if vol is None:
+            machine["booted"] = False
+            return
+        size = vol.info()[1]
+        tail = storage.download_bytes(ctx.conn, vol, offset=max(0, size - CONSOLE_TAIL))
+        machine["booted"] = marker.encode() in tail
+
+    def plan(self, observed):
+        plan = plan_check(self.desired, observed, self.moment)
+        if self.plan_facts is None:  # what the run found, before it remediated anything
+            self.plan_facts = plan.facts
+        return plan
+
+    def apply(self, action, _observed):
+        ctx = self.fleet.contexts[action.data["uri"]]
+        service = MachineService(ctx)
+        timeout = self.params.get("shutdown_timeout") or 10
+        if action.kind == "delete":
+            service.ensure({"name": action.target, "state": "absent", "shutdown_timeout": timeout})
+        else:
+            service.ensure({"name": action.target, "state": "stopped", "shutdown_timeout": timeout})
+            service.ensure({"name": action.target, "state": "running"})
+        # the remediated machine starts its health afresh
+        dom = lv.lookup_domain(ctx.conn, action.target)
+        if dom is not None:
+            update_record(dom, lambda record: record.pop("health", None))

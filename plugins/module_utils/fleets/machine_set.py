@@ -1,0 +1,454 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Machine sets (OpenShift's MachineSet on libvirt pools), converged through observe -> plan -> apply.
+
+A set is a name, a replica count, a selector and a machine template. Its members are the machines on its pools
+whose labels match the selector and that carry its owner label (``machinery.compute/machine-set``); matching
+machines that no set owns are adopted, machines another set owns are left alone. Every member carries the hash
+of the template it was made from (``machinery.compute/template-hash``), so members made from an older template
+are known. The set's definition is kept in every pool's registry (document ``set-<name>``), without the
+template's secrets, so machine_set_info and the health checks find it without the playbook.
+
+Planning is pure (``plan_set``): scale up places new members one by one on the pools holding the fewest
+members that can take them (``spread``) or the fullest ones (``binpack``), through the scheduler's filters;
+scale down takes the members marked ``machinery.compute/delete-machine`` first, then those not running, then
+by ``delete_policy``; a rollout replaces out-of-date members in waves that never leave fewer than
+``replicas - max_unavailable`` members running.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import random
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import AVAILABILITY_CONDITIONS, list_machines, table
+
+OWNER_LABEL = "machinery.compute/machine-set"
+HASH_LABEL = "machinery.compute/template-hash"
+DELETE_LABEL = "machinery.compute/delete-machine"
+# the template takes what the machine module takes, but name and uri (the set names its members)
+TEMPLATE_KEYS = tuple(item.name for item in options.MACHINE + options.SCHEDULING if item.argument and
+                      item.name not in ("name", "uri", "unique_across", "adopt", "wait", "wait_timeout"))
+SCHEDULING_KEYS = tuple(item.name for item in options.SCHEDULING)
+NOT_RUNNING = ("Failed", "Shutdown", "Terminating", "Terminated")
+
+
+def set_key(name):
+    return "set-%s" % name
+
+
+def count_of(value, total, field, round_up):
+    """An int, or a percentage of ``total`` (``25%``), as Kubernetes counts max_surge and max_unavailable."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            percent = int(value.strip()[:-1])
+        except ValueError:
+            raise ValidationError("%r is not a number or a percentage such as 25%%" % (value,), field) from None
+        if not 0 <= percent <= 100:
+            raise ValidationError("must be between 0%% and 100%%, got %s" % value, field)
+        whole, part = divmod(percent * total, 100)
+        return whole + (1 if round_up and part else 0)
+    return check.whole_number(value, field, minimum=0)
+
+
+def template_hash(template):
+    canonical = json.dumps(template, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+
+def public_template(template):
+    """The template as the pools' registries keep it: the secrets (Ignition, cloud-init user-data) replaced by
+    the hash of the whole template, never stored."""
+    kept = copy.deepcopy(template)
+    if kept.get("ignition") is not None:
+        kept["ignition"] = "<secret>"
+    if (kept.get("cloud_init") or {}).get("user_data") is not None:
+        kept["cloud_init"]["user_data"] = "<secret>"
+    return kept
+
+
+def normalize_set(params):
+    """The desired set, validated; errors name the field."""
+    name = check.dns_label(params.get("name"), "name")
+    if len(name) > 57:
+        raise ValidationError("%r is too long: members are named <set>-<5 characters>, at most 63" % name, "name")
+    desired = {"name": name, "state": check.one_of(params.get("state") or "present", options.PRESENCE, "state")}
+    if desired["state"] == "absent":
+        return desired
+    replicas = check.whole_number(params.get("replicas"), "replicas", minimum=0)
+    template = params.get("template")
+    if not isinstance(template, dict):
+        raise ValidationError("must be a mapping of machine options (those of machinery.compute.machine but name "
+                              "and uri)", "template")
+    unknown = sorted(str(key) for key in template if key not in TEMPLATE_KEYS)
+    if unknown:
+        raise ValidationError("unknown option%s %s; a template takes %s" % (
+            "s" if len(unknown) > 1 else "", ", ".join(unknown), ", ".join(TEMPLATE_KEYS)), "template")
+    labels = check.labels(template.get("labels"), "template.labels")
+    for key in (OWNER_LABEL, HASH_LABEL, DELETE_LABEL):
+        if key in labels:
+            raise ValidationError("%s is set by the machine set itself" % key, "template.labels.%s" % key)
+    selector = params.get("selector") or {}
+    if not isinstance(selector, dict):
+        raise ValidationError("must be a mapping with match_labels", "selector")
+    unknown = sorted(str(key) for key in selector if key != "match_labels")
+    if unknown:
+        raise ValidationError("unknown key %s; a selector has match_labels" % ", ".join(unknown), "selector")
+    match = check.labels(selector.get("match_labels"), "selector.match_labels")
+    if not match:
+        raise ValidationError("needs at least one label, or the set would take every machine", "selector.match_labels")
+    missing = sorted(key for key, value in match.items() if labels.get(key) != value)
+    if missing:
+        raise ValidationError("does not match the template's labels (%s): a new member would not be a member"
+                              % ", ".join("%s=%s" % (key, match[key]) for key in missing), "selector")
+    template = dict(template, labels=labels)
+    rollout = params.get("rollout")
+    if rollout is not None:
+        if not isinstance(rollout, dict):
+            raise ValidationError("must be a mapping with max_unavailable and max_surge", "rollout")
+        surge = count_of(rollout.get("max_surge", 1), replicas, "rollout.max_surge", True)
+        unavailable = count_of(rollout.get("max_unavailable", 0), replicas, "rollout.max_unavailable", False)
+        if surge == 0 and unavailable == 0:
+            raise ValidationError("max_surge and max_unavailable cannot both be 0: nothing could be replaced",
+                                  "rollout")
+        rollout = {"max_surge": surge, "max_unavailable": unavailable}
+    desired.update(replicas=replicas, selector={"match_labels": match}, template=template,
+                   template_hash=template_hash(template),
+                   delete_policy=check.one_of(params.get("delete_policy") or "Random", options.DELETE_POLICIES,
+                                              "delete_policy"),
+                   strategy=check.one_of(params.get("strategy") or "spread", options.STRATEGIES, "strategy"),
+                   rollout=rollout)
+    return desired
+
+
+def definition(desired):
+    """The document every pool of the set keeps."""
+    document = {key: desired[key] for key in ("name", "replicas", "selector", "delete_policy", "strategy",
+                                              "rollout", "template_hash")}
+    document["template"] = public_template(desired["template"])
+    return document
+
+
+# --- observation, classified --------------------------------------------------------------------------------
+
+def classify(name, match, machines):
+    """(members, orphans, foreign) among ``machines`` (statuses with pool and uri): members carry this set's
+    owner label, orphans match the selector with no owner, foreign ones belong to another set."""
+    members, orphans, foreign = [], [], []
+    for machine in machines:
+        labels = machine.get("labels") or {}
+        if any(labels.get(key) != value for key, value in match.items()):
+            continue
+        owner = labels.get(OWNER_LABEL)
+        if owner == name:
+            members.append(machine)
+        elif owner:
+            foreign.append(machine)
+        else:
+            orphans.append(machine)
+    return members, orphans, foreign
+
+
+def member_name(set_name, taken, counter=0):
+    """The first name <set>-<5 hex> not in ``taken``, derived from the set's name (stable, so a check-mode
+    run shows the names the real run will use)."""
+    while True:
+        candidate = "%s-%s" % (set_name, hashlib.sha256(("%s/%d" % (set_name, counter)).encode()).hexdigest()[:5])
+        if candidate not in taken:
+            return candidate, counter + 1
+        counter += 1
+
+
+def victims(members, count, policy, seed):
+    """The ``count`` members to delete: marked first, then those not running, then by the delete policy."""
+    def rank(member):
+        marked = (member.get("labels") or {}).get(DELETE_LABEL) not in (None, "", "false")
+        return (0 if marked else 1, 0 if member.get("phase") in NOT_RUNNING else 1)
+    ordered = sorted(members, key=lambda member: member["name"])
+    if policy == "Random":
+        random.Random(seed).shuffle(ordered)
+    elif policy in ("Newest", "Oldest"):
+        ordered.sort(key=lambda member: member.get("created") or "", reverse=policy == "Newest")
+    ordered.sort(key=rank)  # stable: the policy's order within each rank
+    return ordered[:count]
+
+
+def place(desired, names, snapshots, members):
+    """Pool snapshot for each new member: spread puts each on the pools with the fewest members of the set that
+    can take it (so no pool holds two more than another while capacity allows), binpack on the fullest."""
+    pools = copy.deepcopy([snapshot for snapshot in snapshots if snapshot.get("state") == "Ready"])
+    count = {pool["name"]: 0 for pool in pools}
+    for member in members:
+        if member.get("pool") in count:
+            count[member["pool"]] += 1
+    spec = {key: value for key, value in desired["template"].items() if key in scheduler.SPEC_KEYS}
+    placements = []
+    for name in names:
+        machine = dict(spec, name=name)
+        groups = sorted({count[pool["name"]] for pool in pools}) if desired["strategy"] == "spread" else [None]
+        placed = None
+        reason = "no pool is Ready"
+        for level in groups:
+            candidates = [pool for pool in pools if level is None or count[pool["name"]] == level]
+            found = scheduler.schedule([machine], candidates, desired["strategy"], strict=False,
+                                       field="template")[0]
+            reason = found["reason"]
+            if found["pool"] is not None:
+                placed = next(pool for pool in candidates if pool["name"] == found["pool"])
+                break
+        if placed is None:
+            placements.append((name, None, reason))
+            continue
+        size = scheduler.size_on(scheduler.normalize_machine(machine, keys=None), placed)
+        placed["allocated"] = {"cpu": placed["allocated"]["cpu"] + size["cpu"],
+                               "memory": placed["allocated"]["memory"] + size["memory"]}
+        placed.setdefault("machines", []).append(name)
+        count[placed["name"]] += 1
+        placements.append((name, placed, reason))
+    return placements
+
+
+def _create(desired, name, pool, wave=0):
+    return Action("create", name, {}, {"pool": pool["name"], "template_hash": desired["template_hash"]},
+                  [step("create_machine", name, pool=pool["name"])], uri=pool["uri"], pool=pool["name"], wave=wave)
+
+
+def _delete(member, wave=0, why="scale down"):
+    return Action("delete", member["name"], {"pool": member["pool"]}, {},
+                  [step("delete_machine", member["name"], pool=member["pool"])], uri=member["uri"],
+                  pool=member["pool"], wave=wave, why=why)
+
+
+def plan_set(desired, observed):
+    """The set's plan: pure, from the desired set and the observation (``MachineSetResource.observe``)."""
+    name = desired["name"]
+    members, orphans, _foreign = classify(name, (desired.get("selector") or {}).get("match_labels")
+                                          or {OWNER_LABEL: name}, observed["machines"])
+    actions, warnings = [], []
+    if desired["state"] == "absent":
+        actions += [_delete(member, why="set deleted") for member in members]
+        actions += [Action("forget", pool["name"], steps=[step("delete_document", set_key(name))], uri=pool["uri"])
+                    for pool in observed["pools"] if pool.get("definition") is not None]
+        return Plan(actions)
+    document = definition(desired)
+    for pool in observed["pools"]:
+        if pool.get("state") == "Ready" and pool.get("definition") != document:
+            actions.append(Action("record", pool["name"], steps=[step("write_document", set_key(name))],
+                                  uri=pool["uri"], document=document))
+    for orphan in orphans:
+        actions.append(Action("adopt", orphan["name"], {"labels": orphan.get("labels") or {}},
+                              {"labels": dict(orphan.get("labels") or {}, **{OWNER_LABEL: name})},
+                              [step("update_labels", orphan["name"], pool=orphan["pool"])], uri=orphan["uri"],
+                              pool=orphan["pool"], labels=dict(orphan.get("labels") or {}, **{OWNER_LABEL: name})))
+    everyone = members + orphans
+    taken = {machine["name"] for machine in observed["machines"]}
+    counter = 0
+    if len(everyone) < desired["replicas"]:
+        names = []
+        for _index in range(desired["replicas"] - len(everyone)):
+            new, counter = member_name(name, taken, counter)
+            taken.add(new)
+            names.append(new)
+        for new, pool, reason in place(desired, names, observed["snapshots"], everyone):
+            if pool is None:
+                warnings.append("%s: %s" % (new, reason))
+            else:
+                actions.append(_create(desired, new, pool))
+    elif len(everyone) > desired["replicas"]:
+        seed = "%s/%s" % (name, ",".join(sorted(member["name"] for member in everyone)))
+        doomed = victims(everyone, len(everyone) - desired["replicas"], desired["delete_policy"], seed)
+        actions += [_delete(member) for member in doomed]
+        everyone = [member for member in everyone if member not in doomed]
+    stale = [member for member in everyone
+             if (member.get("labels") or {}).get(HASH_LABEL) != desired["template_hash"]]
+    if stale and desired.get("rollout"):
+        actions += rollout_waves(desired, everyone, stale, observed["snapshots"], taken, counter)
+    elif stale:
+        warnings.append("%d member(s) were made from another template (%s); they are replaced only with rollout"
+                        % (len(stale), ", ".join(sorted(member["name"] for member in stale))))
+    return Plan(actions, warnings, stale=sorted(member["name"] for member in stale))
+
+
+def rollout_waves(desired, members, stale, snapshots, taken, counter):
+    """Replace ``stale`` members in waves: with surge s and unavailable u, each wave makes up to s new members
+    (and waits for them to run) before deleting up to s + u old ones, or, with s = 0, deletes u first."""
+    surge, unavailable = desired["rollout"]["max_surge"], desired["rollout"]["max_unavailable"]
+    running = [member for member in members if member not in stale]
+    queue = sorted(stale, key=lambda member: (member.get("phase") == "Running", member["name"]))
+    actions = []
+    wave = 0
+    while queue:
+        wave += 1
+        making = min(surge, len(queue)) if surge else min(unavailable, len(queue))
+        names = []
+        for _index in range(making):
+            new, counter = member_name(desired["name"], taken, counter)
+            taken.add(new)
+            names.append(new)
+        leaving = queue[:min(len(queue), making + unavailable if surge else making)]
+        creates = [_create(desired, new, pool, wave) for new, pool, _reason in
+                   place(desired, names, snapshots, running + queue) if pool is not None]
+        deletes = [_delete(member, wave, "rollout") for member in leaving]
+        actions += creates + deletes if surge else deletes + creates
+        queue = queue[len(leaving):]
+        running += [{"name": action.target, "pool": action.data["pool"]} for action in creates]
+    return actions
+
+
+def member_spec(desired, name, wait, wait_timeout):
+    """The machine module's parameters for a new member (scheduling keys stay with the set)."""
+    spec = {key: value for key, value in desired["template"].items() if key not in SCHEDULING_KEYS}
+    spec["labels"] = dict(spec.get("labels") or {}, **{OWNER_LABEL: desired["name"],
+                                                       HASH_LABEL: desired["template_hash"]})
+    spec.setdefault("state", "running")
+    spec.update(name=name, wait=wait or "running", wait_timeout=wait_timeout or 300)
+    return spec
+
+
+def counts(desired, members):
+    """replicas, ready_replicas (Running) and available_replicas (Running with every availability condition
+    True: Ready, VolumesReady, NetworkInterfacesReady)."""
+    ready = [member for member in members if member.get("phase") == "Running"]
+    available = [member for member in ready
+                 if all(condition["status"] == "True" for condition in member.get("conditions") or []
+                        if condition["type"] in AVAILABILITY_CONDITIONS)]
+    return {"replicas": len(members), "desired_replicas": desired.get("replicas", 0),
+            "ready_replicas": len(ready), "available_replicas": len(available)}
+
+
+# --- observe and apply over the fleet -----------------------------------------------------------------------
+
+def read_fleet(fleet):
+    """Snapshots for the scheduler, every machine's status, and each pool's record of ``set_key`` documents."""
+    snapshots = fleet.snapshots()
+    contexts = [fleet.contexts[snapshot["uri"]] for snapshot in snapshots if snapshot["uri"] in fleet.contexts
+                and snapshot.get("state") != "Offline"]
+    # the sets count machines by their conditions, not by what their guest agents say: not asked
+    listings = in_parallel(contexts, lambda ctx: list_machines(ctx, guest=False), len(contexts) or 1)
+    machines = []
+    for ctx, listing in zip(contexts, listings):
+        for machine in listing:
+            machine["pool"] = machine.get("pool") or ctx.name or ctx.uri
+            machines.append(machine)
+    return snapshots, contexts, machines
+
+
+class MachineSetResource:
+    """One machine set over the pools of ``fleet`` (fleet.Fleet), for ``converge``."""
+
+    def __init__(self, fleet, params, check_mode=False):
+        self.fleet = fleet
+        self.params = params
+        self.check_mode = check_mode
+        self.desired = normalize_set(params)
+        self.failures = []
+
+    def describe(self):
+        return "machine set %s" % self.desired["name"]
+
+    def observe(self):
+        snapshots, contexts, machines = read_fleet(self.fleet)
+        pools = []
+        for ctx in contexts:
+            pools.append({"name": ctx.name or ctx.uri, "uri": ctx.uri, "state": "Ready" if ctx.registration
+                          else "Error", "definition": ctx.registry.get(set_key(self.desired["name"]))})
+        if any(machine["name"] == self.desired["name"] for machine in machines):
+            raise ValidationError("a machine named %s exists on the pools: a set and its members' prefix would be "
+                                  "confused with it; pick another name" % self.desired["name"], "name")
+        return {"snapshots": snapshots, "machines": machines, "pools": pools}
+
+    def plan(self, observed):
+        return plan_set(self.desired, observed)
+
+    def apply_plan(self, plan, observed):
+        """Records and adoptions first; then each wave's creates and deletes, in parallel within a step (a
+        rollout's creates run, and wait for Running, before its deletes)."""
+        steps = [[a for a in plan.actions if a.kind in ("record", "forget")],
+                 [a for a in plan.actions if a.kind == "adopt"]]
+        waves = sorted({a.data.get("wave", 0) for a in plan.actions if a.kind in ("create", "delete")})
+        surge_first = not self.desired.get("rollout") or self.desired["rollout"]["max_surge"] > 0
+        for wave in waves:
+            creates = [a for a in plan.actions if a.kind == "create" and a.data.get("wave", 0) == wave]
+            deletes = [a for a in plan.actions if a.kind == "delete" and a.data.get("wave", 0) == wave]
+            steps += [creates, deletes] if surge_first or wave == 0 else [deletes, creates]
+        for group in steps:
+            for action, outcome in zip(group, in_parallel(group, self.apply_one, self.params.get("workers") or 16)):
+                if isinstance(outcome, MachineryError):
+                    self.failures.append({"action": action.kind, "target": action.target,
+                                          "pool": action.data.get("pool"), "msg": str(outcome)})
+            if self.failures:
+                raise MachineryError("%d action(s) of the set failed: %s" % (len(self.failures), "; ".join(
+                    "%s %s on %s: %s" % (f["action"], f["target"], f["pool"], f["msg"]) for f in self.failures)))
+
+    def apply_one(self, action):
+        ctx = self.fleet.contexts[action.data["uri"]]
+        try:
+            if action.kind == "record":
+                ctx.registry.put(set_key(self.desired["name"]), action.data["document"])
+            elif action.kind == "forget":
+                ctx.registry.delete(set_key(self.desired["name"]))
+            elif action.kind == "create":
+                spec = member_spec(self.desired, action.target, self.params.get("wait"),
+                                   self.params.get("wait_timeout"))
+                MachineService(ctx).ensure(dict(spec, unique_across=self.fleet.uris))
+            elif action.kind == "delete":
+                MachineService(ctx).ensure({"name": action.target, "state": "absent",
+                                            "shutdown_timeout": self.params.get("shutdown_timeout") or 60})
+            elif action.kind == "adopt":
+                MachineService(ctx).ensure({"name": action.target, "state": "present",
+                                            "labels": action.data["labels"]})
+        except MachineryError as exc:
+            return exc
+        except lv.libvirt.libvirtError as exc:
+            return MachineryError("libvirt error on pool %s: %s" % (ctx.name or ctx.uri, lv.describe(exc)))
+        return None
+
+
+def set_status(desired, observed, plan):
+    """The module's return for the set: counts, members, out-of-date members and a table."""
+    members, orphans, _foreign = classify(desired["name"], (desired.get("selector") or {}).get("match_labels")
+                                          or {OWNER_LABEL: desired["name"]}, observed["machines"])
+    members = sorted(members + orphans, key=lambda machine: machine["name"])
+    current = desired.get("template_hash")
+    shown = [{"name": member["name"], "pool": member.get("pool"), "phase": member["phase"],
+              "template_current": (member.get("labels") or {}).get(HASH_LABEL) == current,
+              "ip_addresses": member.get("ip_addresses") or []} for member in members]
+    result = counts(desired, members) if desired["state"] == "present" else {"replicas": len(members)}
+    result.update(members=shown, out_of_date=[m["name"] for m in shown if not m["template_current"]],
+                  table=table(members))
+    if plan is not None:
+        result["planned_members"] = sorted(a.target for a in plan.actions if a.kind == "create")
+    return result
+
+
+def list_sets(fleet, names=None):
+    """Every set recorded in the pools' registries (filtered by ``names``), with its members' counts."""
+    _snapshots, contexts, machines = read_fleet(fleet)
+    found = {}
+    for ctx in contexts:
+        for key in ctx.registry.keys("set-"):
+            document = ctx.registry.get(key)
+            if not document or (names and document["name"] not in names):
+                continue
+            entry = found.setdefault(document["name"], dict(document, pools=[]))
+            entry["pools"].append(ctx.name or ctx.uri)
+    sets = []
+    for name, document in sorted(found.items()):
+        members, _orphans, _foreign = classify(name, document["selector"]["match_labels"], machines)
+        shown = dict(document, **counts(document, members))
+        shown.update(members=sorted(member["name"] for member in members),
+                     out_of_date=sorted(member["name"] for member in members
+                                        if (member.get("labels") or {}).get(HASH_LABEL) != document["template_hash"]))
+        sets.append(shown)
+    return sets

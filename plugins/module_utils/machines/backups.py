@@ -1,0 +1,328 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Backups of a machine's disks, converged through observe -> plan -> apply (see convergence.py).
+
+A backup is a full, standalone qcow2 copy of each of the machine's own disks, a volume in the pool's storage
+named ``<machine>.backup.<backup>.<device>.qcow2``, made through libvirt alone (so over any URI):
+- a running machine: a push-mode backup job (virDomainBackupBegin), which copies each disk as it was when the job
+  began while the guest runs on. The guest's file systems are frozen through the guest agent around the start
+  of the job when the agent answers, else the copy is crash-consistent and the return says why;
+- a stopped machine: each disk volume is cloned through the storage driver (virStorageVolCreateXMLFrom, which
+  flattens the root's backing image into the copy).
+The list of a machine's backups (names, times, disks, how consistent) is one document of the pool's registry,
+``backups-<machine>``; restoring copies the backup volumes back over the (stopped) machine's disks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import elements
+from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
+    ConflictError, LibvirtFailure, MachineryError, NotFoundError, ValidationError)
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import observe_machine, update_record
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
+
+POLL = 0.5
+AGENT_TIMEOUT = 5
+
+
+def backup_key(machine):
+    return "backups-%s" % machine
+
+
+def volume_name(machine, backup, device):
+    return "%s.backup.%s.%s.qcow2" % (machine, backup, device)
+
+
+def default_name(moment):
+    """The name of a backup taken without one: its UTC time, so names sort as the backups were taken."""
+    return moment.strftime("b%Y%m%d-%H%M%S")
+
+
+def check_retention(retention):
+    """{count, days} (each None when not given), each at least 1; None when no retention is asked for."""
+    if retention is None:
+        return None
+    if not isinstance(retention, dict):
+        raise ValidationError("must be a mapping with count and/or days", "retention")
+    kept = {}
+    for key in ("count", "days"):
+        value = retention.get(key)
+        kept[key] = None if value is None else check.whole_number(value, "retention." + key, minimum=1)
+    if kept["count"] is None and kept["days"] is None:
+        raise ValidationError("give count, days or both", "retention")
+    return kept
+
+
+def _created(entry):
+    return datetime.datetime.fromisoformat(entry["created"])
+
+
+def expired(backups, retention, moment):
+    """The names of the backups retention removes (pure): beyond the newest ``count``, or older than ``days``.
+    The newest backup is always kept."""
+    if not retention or not backups:
+        return []
+    ordered = sorted(backups, key=lambda entry: (entry["created"], entry["name"]), reverse=True)
+    gone = []
+    for index, entry in enumerate(ordered[1:], start=1):
+        if retention["count"] is not None and index >= retention["count"]:
+            gone.append(entry["name"])
+        elif retention["days"] is not None and moment - _created(entry) > datetime.timedelta(days=retention["days"]):
+            gone.append(entry["name"])
+    return sorted(gone)
+
+
+def own_disks(tree):
+    """(the disks a backup copies [{device, path}], the devices it leaves out): the machine's writable,
+    unshared disks; cdroms (seeds) and shareable disks are not the machine's alone."""
+    disks, skipped = [], []
+    for disk in elements.read_disks(tree):
+        if disk["type"] == "disk" and not disk["readonly"] and not disk["shareable"] and disk["path"]:
+            disks.append({"device": disk["device"], "path": disk["path"]})
+        else:
+            skipped.append(disk["device"])
+    return disks, skipped
+
+
+def plan_backups(params, seen):
+    """The backup run's plan (pure): ``params`` validated, ``seen`` what observe read: {machine, active, disks,
+    backups, boots, last_restore}."""
+    machine = seen["machine"]
+    name = params["name"]
+    retention = check_retention(params.get("retention"))
+    backups = list(seen["backups"])
+    existing = next((entry for entry in backups if entry["name"] == name), None)
+    actions = []
+    if not seen.get("exists", True) and params.get("state") != "absent" and (params.get("restore") or existing is None):
+        # backups outlive their machine: they can still be listed, pruned and deleted, not taken or restored
+        raise NotFoundError("no machine %s on pool %s" % (machine, seen.get("pool")), "machine")
+    if params.get("state") == "absent":
+        if params.get("restore"):
+            raise ValidationError("restore needs state: present", "restore")
+        if existing is not None:
+            actions.append(Action("delete", name, {"backup": name}, {},
+                                  [step("delete_volume", disk["volume"]) for disk in existing["disks"]] +
+                                  [step("write_document", backup_key(machine))], entry=existing))
+            backups.remove(existing)
+    elif params.get("restore"):
+        if existing is None:
+            raise NotFoundError("%s has no backup %r to restore" % (machine, name), "name")
+        if seen["active"]:
+            raise ConflictError("%s is running; stop it (machine state: stopped) before restoring a backup over its "
+                                "disks" % machine, "restore")
+        devices = {disk["device"] for disk in seen["disks"]}
+        missing = [disk["device"] for disk in existing["disks"] if disk["device"] not in devices]
+        if missing:
+            raise ConflictError("%s no longer has the disk(s) %s of backup %s" % (machine, ", ".join(missing), name),
+                                "restore")
+        if seen["last_restore"] != {"backup": name, "boots": seen["boots"]}:
+            steps = []
+            for disk in existing["disks"]:
+                steps += [step("delete_volume", disk["device"]), step("copy_volume", disk["volume"], to=disk["device"])]
+            actions.append(Action("restore", name, {}, {"restored": name}, steps, entry=existing))
+    elif existing is None:
+        method = "push" if seen["active"] else "copy"
+        after = {"backup": name, "devices": [disk["device"] for disk in seen["disks"]], "method": method}
+        if method == "push":
+            steps = [step("fs_freeze", machine), step("backup_begin", machine), step("fs_thaw", machine),
+                     step("wait_job", machine)]
+        else:
+            steps = [step("copy_volume", disk["path"], to=volume_name(machine, name, disk["device"]))
+                     for disk in seen["disks"]]
+        actions.append(Action("backup", name, {}, after, steps + [step("write_document", backup_key(machine))],
+                              method=method))
+        backups.append({"name": name, "created": params["moment"].isoformat()})
+    gone = expired(backups, retention, params["moment"])
+    if gone:
+        entries = [entry for entry in seen["backups"] if entry["name"] in gone]
+        actions.append(Action("prune", machine, {"backups": gone}, {},
+                              [step("delete_volume", disk["volume"]) for entry in entries for disk in entry["disks"]] +
+                              [step("write_document", backup_key(machine))], fields=["retention"], entries=entries))
+    return Plan(actions, remaining=[entry for entry in backups if entry["name"] not in gone])
+
+
+class BackupResource:
+    """The backups of one machine on one pool, for ``converge``."""
+
+    def __init__(self, ctx, params, moment=None):
+        self.ctx = ctx
+        self.conn = ctx.conn
+        self.machine = check.dns_label(params.get("machine"), "machine")
+        self.params = dict(params, moment=moment or now())
+        self.params["name"] = check.dns_label(params["name"], "name") if params.get("name") else None
+        if self.params["name"] is None:
+            if params.get("state") == "absent" or params.get("restore"):
+                what = "delete" if params.get("state") == "absent" else "restore"
+                raise ValidationError("name the backup to %s" % what, "name")
+            self.params["name"] = default_name(self.params["moment"])
+        check.timeout_seconds(params.get("timeout", 600), "timeout")
+        check_retention(params.get("retention"))
+        self.report = {}
+
+    def describe(self):
+        return "the backups of machine %s" % self.machine
+
+    def observe(self):
+        self.ctx.reset()
+        observed = observe_machine(self.conn, self.machine)
+        document = self.ctx.registry.get(backup_key(self.machine)) or {}
+        seen = {"machine": self.machine, "exists": observed.exists, "active": observed.active, "disks": [],
+                "skipped": [], "backups": document.get("backups") or [], "boots": None, "last_restore": None,
+                "dom": observed.dom, "pool": self.ctx.name or self.ctx.uri}
+        if observed.exists:
+            if not observed.managed:
+                raise ConflictError("%s was not created by machinery.compute" % self.machine, "machine")
+            seen["disks"], seen["skipped"] = own_disks(observed.tree)
+            seen.update(boots=observed.record.get("boots"), last_restore=observed.record.get("last_restore"))
+        return seen
+
+    def plan(self, seen):
+        return plan_backups(self.params, seen)
+
+    def apply(self, action, seen):
+        getattr(self, "_" + action.kind)(action, seen)
+
+    # the actions
+
+    def _save(self, change):
+        key = backup_key(self.machine)
+        document = self.ctx.registry.get(key) or {"machine": self.machine, "backups": []}
+        backups = change(list(document.get("backups") or []))
+        if backups:
+            self.ctx.registry.put(key, {"machine": self.machine, "backups": backups})
+        else:
+            self.ctx.registry.delete(key)
+
+    def _backup(self, action, seen):
+        name = action.target
+        pool = self.ctx.storage
+        targets = {disk["device"]: volume_name(self.machine, name, disk["device"]) for disk in seen["disks"]}
+        for volume in targets.values():  # a copy a dead run left
+            storage.delete_volume(pool, volume)
+        try:
+            if action.data["method"] == "push":
+                quiesced, reason = self._push(seen, targets)
+            else:
+                quiesced, reason = False, "the machine was shut off: its disks were copied as it left them"
+                for disk in seen["disks"]:
+                    source = self.conn.storageVolLookupByPath(disk["path"])
+                    xml = storage.volume_xml(targets[disk["device"]], source.info()[1], "qcow2", mode="0600")
+                    try:
+                        pool.createXMLFrom(xml, source, 0)
+                    except lv.libvirt.libvirtError as exc:
+                        raise LibvirtFailure("cannot copy %s: %s" % (disk["device"], lv.describe(exc))) from None
+        except BaseException:
+            pool.refresh(0)
+            for volume in targets.values():
+                try:
+                    storage.delete_volume(pool, volume)
+                except MachineryError:
+                    pass
+            raise
+        pool.refresh(0)
+        disks = []
+        for disk in seen["disks"]:
+            vol = pool.storageVolLookupByName(targets[disk["device"]])
+            disks.append({"device": disk["device"], "volume": vol.name(), "size": vol.info()[1]})
+        entry = {"name": name, "created": self.params["moment"].isoformat(), "method": action.data["method"],
+                 "quiesced": quiesced, "reason": reason, "disks": disks}
+        self.report = entry
+        self._save(lambda backups: [item for item in backups if item["name"] != name] + [entry])
+
+    def _freeze(self, dom):
+        """(frozen, why not): freeze the guest's file systems through its agent, if it answers."""
+        try:
+            dom.agentSetResponseTimeout(AGENT_TIMEOUT, 0)
+        except (lv.libvirt.libvirtError, AttributeError):
+            pass
+        try:
+            dom.fsFreeze(None, 0)
+        except lv.libvirt.libvirtError as exc:
+            return False, "the guest agent did not freeze the file systems (%s): the backup is crash-consistent" \
+                % lv.describe(exc)
+        return True, "file systems frozen through the guest agent while the backup began"
+
+    def _push(self, seen, targets):
+        dom = seen["dom"]
+        paths = {device: self.ctx.storage_file(volume) for device, volume in targets.items()}
+        xml = elements.to_string(elements.domain_backup(paths, seen["skipped"]))
+        frozen, reason = self._freeze(dom)
+        try:
+            dom.backupBegin(xml, None, 0)
+        except lv.libvirt.libvirtError as exc:
+            raise LibvirtFailure("cannot begin the backup of %s: %s" % (self.machine, lv.describe(exc))) from None
+        finally:
+            if frozen:
+                try:
+                    dom.fsThaw(None, 0)
+                except lv.libvirt.libvirtError:
+                    pass
+        self._wait_job(dom)
+        return frozen, reason
+
+    def _wait_job(self, dom):
+        timeout = float(self.params.get("timeout") or 600)
+        deadline = time.monotonic() + timeout
+        while dom.jobInfo()[0] != lv.libvirt.VIR_DOMAIN_JOB_NONE:
+            if time.monotonic() > deadline:
+                try:
+                    dom.abortJob()
+                except lv.libvirt.libvirtError:
+                    pass
+                raise MachineryError("the backup of %s did not finish within %ss and was cancelled"
+                                     % (self.machine, int(timeout)), "timeout")
+            time.sleep(POLL)
+        stats = dom.jobStats(lv.libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED)
+        if stats.get("type") != lv.libvirt.VIR_DOMAIN_JOB_COMPLETED:
+            raise LibvirtFailure("the backup job of %s failed: %s"
+                                 % (self.machine, stats.get("errmsg") or "libvirt reports no cause"))
+
+    def _delete(self, action, _seen):
+        self._drop([action.data["entry"]])
+
+    def _prune(self, action, _seen):
+        self._drop(action.data["entries"])
+
+    def _drop(self, entries):
+        pool = self.ctx.storage
+        for entry in entries:
+            for disk in entry["disks"]:
+                storage.delete_volume(pool, disk["volume"])
+        names = {entry["name"] for entry in entries}
+        self._save(lambda backups: [item for item in backups if item["name"] not in names])
+
+    def _restore(self, action, seen):
+        pool = self.ctx.storage
+        paths = {disk["device"]: disk["path"] for disk in seen["disks"]}
+        for disk in action.data["entry"]["disks"]:
+            backup = lv.lookup_volume(pool, disk["volume"])
+            if backup is None:
+                raise NotFoundError("backup volume %s is gone" % disk["volume"], "name")
+            target = self.conn.storageVolLookupByPath(paths[disk["device"]])
+            target_name = target.name()
+            target_pool = target.storagePoolLookupByVolume()
+            fmt = storage.volume_format(target)
+            xml = storage.volume_xml(target_name, backup.info()[1], fmt)
+            try:
+                target.delete(0)
+                target_pool.createXMLFrom(xml, backup, 0)
+            except lv.libvirt.libvirtError as exc:
+                raise LibvirtFailure("cannot restore %s of %s: %s" % (disk["device"], self.machine,
+                                                                      lv.describe(exc))) from None
+        boots = seen["boots"]
+
+        def note(record):
+            record["last_restore"] = {"backup": action.target, "boots": boots}
+        update_record(seen["dom"], note)
+
+
+def shown(entry):
+    return {key: entry.get(key) for key in ("name", "created", "method", "quiesced", "reason", "disks")}

@@ -1,0 +1,160 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""OS images: a local path or an http(s) URL, verified by sha256, cached once per pool by checksum."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, NotFoundError, \
+    ValidationError
+
+FORMATS = ("qcow2", "raw")
+
+
+def cache_dir():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "machinery.compute")
+
+
+def _is_url(source):
+    return source.startswith("http://") or source.startswith("https://")
+
+
+def _checksum_field(field):
+    return field[:-len("image")] + "image_checksum" if field.endswith("image") else field + "_checksum"
+
+
+def _remembered_checksum(path):
+    """sha256 of a local file, remembered by (path, size, mtime) so a large image is hashed once."""
+    stat = os.stat(path)
+    key = "%s:%d:%d" % (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    memo_path = os.path.join(cache_dir(), "checksums.json")
+    try:
+        with open(memo_path) as handle:
+            memo = json.load(handle)
+    except (OSError, ValueError):
+        memo = {}
+    if key not in memo:
+        memo[key] = storage.sha256_file(path)
+        try:
+            os.makedirs(cache_dir(), exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=cache_dir(), delete=False) as handle:
+                json.dump(memo, handle)
+            os.replace(handle.name, memo_path)
+        except OSError:
+            pass  # a read-only home only costs a second hash next time
+    return memo[key]
+
+
+def resolve(source, checksum=None, field="image"):
+    """Validate an image reference without writing anything: {source, checksum, path | url}."""
+    if not isinstance(source, str) or not source:
+        raise ValidationError("must be a file path or an http(s) URL", field)
+    wanted = check.sha256_checksum(checksum, _checksum_field(field)) if checksum else None
+    if _is_url(source):
+        if not wanted:
+            raise ValidationError("an image URL needs a sha256 checksum to be verified against",
+                                  _checksum_field(field))
+        return {"source": source, "checksum": wanted, "url": source}
+    if "://" in source:
+        raise ValidationError("%r: only local paths and http(s) URLs are supported" % source, field)
+    if not os.path.isfile(source):
+        raise NotFoundError("image %s does not exist or is not a file" % source, field)
+    actual = _remembered_checksum(source)
+    if wanted and wanted != actual:
+        raise ValidationError("checksum mismatch for %s: expected sha256 %s, the file has %s"
+                              % (source, wanted, actual), _checksum_field(field))
+    return {"source": source, "checksum": actual, "path": os.path.abspath(source)}
+
+
+def cached_volume(pool, checksum):
+    """(volume, format) of a completely uploaded image in ``pool``, or (None, None)."""
+    for fmt in FORMATS:
+        name = storage.image_volume_name(checksum, fmt)
+        vol = lv.lookup_volume(pool, name)
+        if vol is not None and lv.lookup_volume(pool, name + ".complete") is not None:
+            return vol, fmt
+    return None, None
+
+
+def download(url, checksum, opener):
+    """Fetch ``url`` into the local cache once, verifying its sha256 on the way in.
+
+    ``opener(url, timeout)`` returns a file-like response: the modules pass Ansible's open_url, which honours
+    proxies and the system's certificates."""
+    if opener is None:
+        raise MachineryError("no way to download %s here" % url, "image")
+    target = os.path.join(cache_dir(), "images", checksum)
+    if os.path.isfile(target):
+        return target
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    digest = hashlib.sha256()
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(target), delete=False) as handle:
+        try:
+            with opener(url, timeout=60) as response:
+                for block in iter(lambda: response.read(storage.CHUNK), b""):
+                    digest.update(block)
+                    handle.write(block)
+        except (OSError, ValueError) as exc:
+            os.unlink(handle.name)
+            raise MachineryError("cannot download %s: %s" % (url, exc), "image") from None
+    if digest.hexdigest() != checksum:
+        os.unlink(handle.name)
+        raise ValidationError("checksum mismatch for %s: expected sha256 %s, got %s"
+                              % (url, checksum, digest.hexdigest()), "image_checksum")
+    with open(handle.name, "rb") as downloaded:  # the same rule as a local image, before it is cached
+        header = downloaded.read(check.IMAGE_HEADER_BYTES)
+    try:
+        check.disk_image(header, os.path.getsize(handle.name), "image")
+    except MachineryError:
+        os.unlink(handle.name)
+        raise
+    os.replace(handle.name, target)
+    return target
+
+
+_UPLOAD_LOCKS = {}
+_UPLOAD_LOCKS_GUARD = threading.Lock()
+
+
+def ensure_cached(conn, pool, image, opener=None, memo=None):
+    """The pool's volume of ``image``, uploaded through the libvirt stream if it is not there yet.
+
+    Threads of one run that need the same image on the same pool wait for one upload; with ``memo`` (a dict the
+    run keeps per pool) the volume is looked up once a run, not once a machine."""
+    if memo is not None and image["checksum"] in memo:
+        return memo[image["checksum"]]
+    vol, fmt = cached_volume(pool, image["checksum"])
+    if vol is None:
+        vol, fmt = _upload_once(conn, pool, image, opener)
+    if memo is not None:
+        memo[image["checksum"]] = (vol, fmt)
+    return vol, fmt
+
+
+def _upload_once(conn, pool, image, opener):
+    with _UPLOAD_LOCKS_GUARD:
+        lock = _UPLOAD_LOCKS.setdefault((pool.UUIDString(), image["checksum"]), threading.Lock())
+    with lock:
+        vol, fmt = cached_volume(pool, image["checksum"])
+        if vol is not None:
+            return vol, fmt
+        path = image.get("path") or download(image["url"], image["checksum"], opener)
+        # other processes (another run, another controller) may want the same image now: one uploads it, the
+        # others wait for it instead of taking its half-written volume for the leftover of a dead run
+        with reg.image_upload_lock(conn, pool, image["checksum"]):
+            vol, fmt = cached_volume(pool, image["checksum"])
+            if vol is not None:
+                return vol, fmt
+            vol, fmt, _uploaded = storage.ensure_image(conn, pool, path, image["checksum"])
+            return vol, fmt

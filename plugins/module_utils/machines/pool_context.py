@@ -1,0 +1,175 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A pool as the machine code sees it: one connection, its registration, its storage and its networks."""
+
+from __future__ import annotations
+
+from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NotFoundError
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import PoolView
+
+
+class Reading:
+    """One domain as a pool listing read it: its handle, persistent XML (parsed), record, (state, reason), and
+    for a running one the memory it can balloon up to (bytes)."""
+
+    __slots__ = ("dom", "tree", "record", "state", "live_max_memory")
+
+    def __init__(self, dom, tree, state, live_max_memory=None):
+        self.dom = dom
+        self.tree = tree
+        self.record = dx.read_record(tree)
+        self.state = state
+        self.live_max_memory = live_max_memory
+
+
+def read_domains(conn):
+    """{name: Reading} of every domain of the host: one bulk stats call for the states (and the balloon maximum of
+    the running ones), then the one read of each domain's XML that nothing else gives in bulk."""
+    flags = lv.libvirt.VIR_DOMAIN_STATS_STATE | lv.libvirt.VIR_DOMAIN_STATS_BALLOON
+    listing = {}
+    for dom, stats in conn.getAllDomainStats(flags, 0):
+        try:
+            tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+        except lv.libvirt.libvirtError as exc:
+            if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_DOMAIN:
+                continue  # undefined since the stats call
+            raise
+        state = (stats.get("state.state"), stats.get("state.reason"))
+        if state[0] is None:
+            state = tuple(dom.state())
+        live_max = None
+        if state[0] not in (lv.libvirt.VIR_DOMAIN_SHUTOFF, lv.libvirt.VIR_DOMAIN_CRASHED,
+                            lv.libvirt.VIR_DOMAIN_NOSTATE):
+            maximum = stats.get("balloon.maximum")
+            live_max = (maximum if maximum is not None else dom.maxMemory()) * 1024
+        listing[dom.name()] = Reading(dom, tree, state, live_max)
+    return listing
+
+
+class PoolContext:
+    """What one run needs from a pool host, each piece fetched at most once."""
+
+    def __init__(self, conn, uri):
+        self.conn = conn
+        self.uri = uri
+        self._registry = None
+        self._registration = None
+        self._storage = None
+        self._storage_path = None
+        self._networks = {}
+        self.url_opener = None  # set by the Ansible side: how to fetch images given by URL
+        self.peer_connections = {}  # uri -> open connection of other pools, shared by a batch run
+        self._listing = None
+        self._view = None
+        self.records = {}  # uuid -> record (or None) of the domains seen by capacity.current_sizes
+        self.locked_sizes = (None, [])  # (admission epoch, machine sizes) for the checks under a held lock
+        self._host_capacity = None
+        self._storage_size = None
+        self.images = {}  # checksum -> (volume, format) of the images cached on the pool, looked up once a run
+
+    def reset(self):
+        """Forget what was read from the registry and the domains, so the next read is fresh."""
+        self._registry = None
+        self._registration = None
+        self._listing = None
+        self._view = None
+
+    def listing(self):
+        """Every domain of the pool, read once (``read_domains``) until ``reset``: a run over many machines
+        (machine_batch, machine_set, the info modules, the inventory) reads each domain's XML once, and each
+        machine's first observation comes from here instead of its own round trips."""
+        if self._listing is None:
+            self._listing = read_domains(self.conn)
+        return self._listing
+
+    def listed(self):
+        """The listing when one was read in this run (else None: observe the machine by itself)."""
+        return self._listing
+
+    def view(self):
+        """The pool's leases and volume names for statuses, shared by the machines of one run until ``reset``
+        (machine_status.PoolView)."""
+        if self._view is None:
+            self._view = PoolView(self)
+        return self._view
+
+    def prime(self):
+        """Fetch the lazily read pieces now, before several threads share this context."""
+        if self.registration:
+            self.registry.machine_classes()
+            self.storage_file("")  # resolves the storage path once
+        return self
+
+    def host_capacity(self):
+        """{cpu, memory} of the host, read once a run: its hardware does not change under a run (every admission
+        checks against it)."""
+        if self._host_capacity is None:
+            self._host_capacity = capacity.capacity_of(self.conn)
+        return self._host_capacity
+
+    def storage_size(self):
+        """{capacity} of the pool's machine storage in bytes, read once a run (what admission checks disks
+        against; how much is free is not cached: it is not read from here)."""
+        if self._storage_size is None:
+            self._storage_size = {"capacity": capacity.storage_of(self.conn)["capacity"]}
+        return self._storage_size
+
+    @property
+    def registry(self):
+        if self._registry is None:
+            self._registry = reg.Registry.open(self.conn)
+        return self._registry
+
+    @property
+    def registration(self):
+        """pool.json, or None when machine_pool never registered this host."""
+        if self._registration is None:
+            self._registration = self.registry.pool_registration() or {}
+        return self._registration or None
+
+    @property
+    def name(self):
+        registration = self.registration
+        return registration["name"] if registration else None
+
+    def require_registration(self):
+        if not self.registration:
+            raise NotFoundError("%s is not a registered pool: run machinery.compute.machine_pool against it first"
+                                % self.uri, "uri")
+        return self.registration
+
+    @property
+    def storage(self):
+        if self._storage is None:
+            self._storage = lv.lookup_storage_pool(self.conn, reg.STORAGE_POOL)
+            if self._storage is None:
+                raise NotFoundError("%s has no storage pool %r: run machinery.compute.machine_pool against it "
+                                    "first" % (self.uri, reg.STORAGE_POOL), "uri")
+            if not self._storage.isActive():
+                self._storage.create(0)
+        return self._storage
+
+    @property
+    def storage_path(self):
+        if self._storage_path is None:
+            self._storage_path = storage.pool_path(self.storage)
+        return self._storage_path
+
+    def storage_file(self, volume_name):
+        return "%s/%s" % (self.storage_path.rstrip("/"), volume_name)
+
+    def network(self, name):
+        """The libvirt network ``name`` (cached), or None."""
+        if name not in self._networks:
+            self._networks[name] = lv.lookup_network(self.conn, name)
+        return self._networks[name]
+
+    def virt_type(self):
+        """kvm or qemu as the pool's registration measured it (a KVM that really ran a guest)."""
+        return (self.registration or {}).get("virt_type") or "qemu"

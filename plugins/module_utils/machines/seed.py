@@ -1,0 +1,166 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Boot configuration: the Ignition document and the NoCloud ``cidata`` ISO, built in memory (no binaries)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
+
+try:
+    import yaml
+    HAS_YAML = True
+except ImportError:
+    yaml = None
+    HAS_YAML = False
+
+
+def ignition_document(ignition, ssh_keys=None, field="ignition"):
+    """Ignition as compact JSON bytes; a string must already be JSON. SSH keys go to the ``core`` user."""
+    if isinstance(ignition, str):
+        try:
+            ignition = json.loads(ignition)
+        except ValueError as exc:
+            raise ValidationError("is not valid JSON: %s" % exc, field) from None
+    if not isinstance(ignition, dict):
+        raise ValidationError("must be an Ignition config: a JSON object or a mapping", field)
+    if ssh_keys:
+        ignition = json.loads(json.dumps(ignition))
+        users = ignition.setdefault("passwd", {}).setdefault("users", [])
+        core = next((user for user in users if user.get("name") == "core"), None)
+        if core is None:
+            core = {"name": "core"}
+            users.append(core)
+        keys = core.setdefault("sshAuthorizedKeys", [])
+        keys.extend(key for key in ssh_keys if key not in keys)
+    return json.dumps(ignition, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _require_yaml():
+    if not HAS_YAML:
+        raise MachineryError("PyYAML is needed to write cloud-init data (pip install PyYAML)")
+
+
+def user_data_text(user_data, ssh_keys=None, field="cloud_init.user_data"):
+    """user-data as text. A mapping becomes #cloud-config; SSH keys are merged into a cloud-config."""
+    if user_data is None:
+        user_data = {}
+    if isinstance(user_data, str):
+        if not user_data.lstrip().startswith("#cloud-config"):
+            if ssh_keys:
+                raise ValidationError("ssh_authorized_keys can only be merged into #cloud-config user-data, not "
+                                      "into a script; put the keys into the script yourself", field)
+            return user_data  # a script, an #include or a MIME multipart: cloud-init's to interpret
+        parsed = parsed_mapping(user_data, field, "#cloud-config user-data")
+        if not ssh_keys:
+            return user_data
+        user_data = parsed
+    if not isinstance(user_data, dict):
+        raise ValidationError("must be a string or a mapping", field)
+    _require_yaml()
+    data = dict(user_data)
+    if ssh_keys:
+        keys = list(data.get("ssh_authorized_keys") or [])
+        keys.extend(key for key in ssh_keys if key not in keys)
+        data["ssh_authorized_keys"] = keys
+    return "#cloud-config\n" + yaml.safe_dump(data, default_flow_style=False, sort_keys=True)
+
+
+def parsed_mapping(text, field, what):
+    """The YAML mapping ``text`` holds ({} when it is empty). A syntax error is reported by line and column and
+    never quotes the text: user-data is secret."""
+    _require_yaml()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = " at line %d, column %d" % (mark.line + 1, mark.column + 1) if mark is not None else ""
+        raise ValidationError("is not valid YAML%s: %s" % (where, getattr(exc, "problem", None) or "syntax error"),
+                              field) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValidationError("must be %s: a YAML mapping, got a %s" % (what, type(data).__name__), field)
+    return data
+
+
+def _yaml_text(value, field):
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, dict):
+        raise ValidationError("must be a string or a mapping", field)
+    _require_yaml()
+    return yaml.safe_dump(value, default_flow_style=False, sort_keys=True)
+
+
+NETWORK_V2_SECTIONS = ("ethernets", "bonds", "bridges", "vlans", "wifis")
+
+
+def check_network_config(config, field="cloud_init.network_config"):
+    """cloud-init network configuration: version 1 (a ``config`` list) or version 2 (netplan sections), also
+    when wrapped in a top-level ``network`` key as cloud-init accepts it."""
+    if isinstance(config, str):
+        config = parsed_mapping(config, field, "a network configuration")
+    if not isinstance(config, dict):
+        raise ValidationError("must be a string or a mapping", field)
+    if set(config) == {"network"} and isinstance(config["network"], dict):
+        config = config["network"]
+    version = config.get("version")
+    if isinstance(version, bool) or version not in (1, 2):
+        raise ValidationError("must be 1 or 2 (cloud-init's network config versions), got %r" % (version,),
+                              field + ".version")
+    if version == 1 and not isinstance(config.get("config"), list):
+        raise ValidationError("version 1 needs config: a list of interfaces, routes and name servers",
+                              field + ".config")
+    for section in NETWORK_V2_SECTIONS if version == 2 else ():
+        if config.get(section) is not None and not isinstance(config[section], dict):
+            raise ValidationError("must be a mapping of device names to their settings", "%s.%s" % (field, section))
+    return config
+
+
+def nocloud_files(name, cloud_init, ssh_keys=None):
+    """{file name: bytes} of the NoCloud seed for machine ``name``; meta-data and network-config are checked as
+    cloud-init will read them, so a seed the guest cannot use is refused before anything is written."""
+    cloud_init = cloud_init or {}
+    meta = cloud_init.get("meta_data")
+    if isinstance(meta, str):
+        parsed_mapping(meta, "cloud_init.meta_data", "meta-data")
+        meta_text = meta
+    else:
+        if meta is not None and not isinstance(meta, dict):
+            raise ValidationError("must be a string or a mapping", "cloud_init.meta_data")
+        merged = {"instance-id": "iid-%s" % name, "local-hostname": name}
+        merged.update(meta or {})
+        meta_text = _yaml_text(merged, "cloud_init.meta_data")
+    files = {
+        "meta-data": meta_text.encode(),
+        "user-data": user_data_text(cloud_init.get("user_data"), ssh_keys).encode(),
+    }
+    if cloud_init.get("network_config") is not None:
+        check_network_config(cloud_init["network_config"])
+    network = _yaml_text(cloud_init.get("network_config"), "cloud_init.network_config")
+    if network is not None:
+        files["network-config"] = network.encode()
+    return files
+
+
+def nocloud_iso(files):
+    """An ISO 9660 image with Joliet and Rock Ridge names, volume label ``cidata``."""
+    try:
+        # imported here: it is the heaviest import of the collection and only a cloud-init seed needs it
+        import pycdlib
+    except ImportError:
+        raise MachineryError("pycdlib is needed to write the cloud-init seed (pip install pycdlib)") from None
+    iso = pycdlib.PyCdlib()
+    iso.new(interchange_level=3, joliet=3, rock_ridge="1.09", vol_ident="cidata")
+    for index, (name, data) in enumerate(sorted(files.items())):
+        iso.add_fp(io.BytesIO(data), len(data), "/F%d.;1" % index, rr_name=name, joliet_path="/" + name)
+    out = io.BytesIO()
+    iso.write_fp(out)
+    iso.close()
+    return out.getvalue()

@@ -1,0 +1,270 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Admission on a pool: its lock (taken in URI order across the pools a name must be unique on) and the
+capacity check made under it, so concurrent runs neither double-book a pool nor create one name twice."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NameTaken, PoolFull
+from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+
+
+# A run converging many machines (machine_batch, machine_set) admits them on the same pools from many threads. The
+# process holds each pool's libvirt admission lock once for all of them (a share per admission using it) instead of
+# giving it back and taking it again per machine (four storage volume calls a pool per machine), and only the
+# pool a machine is created on is exclusive to one thread at a time (its capacity check and create): machines
+# bound for different pools are admitted in parallel even when their names must be unique across all of them.
+# After HAND_OVER_SECONDS a held lock takes no new shares until the ones in flight have left; then it goes back to
+# libvirt, so other runs get their turn; the last admission of the process to leave gives every lock back.
+HAND_OVER_SECONDS = 5.0
+
+
+class _PoolHold:
+    """This process's hold on one pool's admission lock, shared by the admissions of its threads."""
+
+    __slots__ = ("lock", "conn", "held", "busy", "taken", "users", "closing", "names", "epoch")
+
+    def __init__(self):
+        self.lock = None  # registry.AdmissionLock, or None for a pool without a registry (nothing to lock)
+        self.conn = None
+        self.held = False
+        self.busy = False  # a thread is taking or giving back the libvirt lock, outside the guard
+        self.taken = 0.0
+        self.users = 0
+        self.closing = False  # held over a connection an admission opened itself: give back when unused
+        # the pool's domain names when the lock was taken, plus those admitted since: while the lock is held no
+        # other run creates a domain there, so a name not in it needs no lookup (one in it is looked up)
+        self.names = None
+        self.epoch = None  # a number of its own each time the lock is taken from libvirt (registry.Registry.put)
+
+    def stale(self):
+        return self.closing or time.monotonic() - self.taken >= HAND_OVER_SECONDS
+
+
+class Admission:
+    """The admission locks of this pool and of the peer pools a name must be unique across, and this pool (and
+    the machine's name) to this thread alone within the process.
+
+    Locks are taken in the order of their URIs, so concurrent runs never wait on each other in a circle. Under
+    them, a name found on a peer pool means another run created it there first."""
+
+    _guard = threading.Condition()
+    _holds = {}  # uri -> _PoolHold
+    _targets = {}  # uri -> threading.Lock: one thread of the process admits onto a pool at a time
+    _names = set()  # machine names being admitted by a thread of this process
+    _inside = 0  # admissions of this process entered and not left
+    _epochs = itertools.count(1)
+
+    def __init__(self, ctx, peer_uris, name=None):
+        self.ctx = ctx
+        self.name = name
+        self.peers = []
+        self.opened = []
+        for uri in sorted(set(peer_uris) - {ctx.uri}):
+            conn = ctx.peer_connections.get(uri)
+            if conn is None:
+                conn = lv.open_connection(uri, "unique_across")
+                self.opened.append(conn)
+            self.peers.append((uri, conn))
+        self.shared = []
+        self.epoch = None  # of this pool's lock, held by the process unbroken while this admission is inside
+        self.target = None
+        self.named = False
+        self.counted = False
+
+    @classmethod
+    def process_lock(cls, uri):
+        with cls._guard:
+            return cls._targets.setdefault(uri, threading.Lock())
+
+    def __enter__(self):
+        holders = [(self.ctx.uri, self.ctx.conn)] + self.peers
+        with self._guard:
+            Admission._inside += 1
+            self.counted = True
+        try:
+            for uri, conn in sorted(holders, key=lambda holder: holder[0]):
+                self._share(uri, conn)
+                self.shared.append(uri)
+            if self.name is not None:
+                with self._guard:
+                    while self.name in Admission._names:
+                        self._guard.wait()
+                    Admission._names.add(self.name)
+                    self.named = True
+            self.target = self.process_lock(self.ctx.uri)
+            self.target.acquire()
+            hold = Admission._holds[self.ctx.uri]
+            self.epoch = hold.epoch if hold.lock is not None else None
+        except BaseException:
+            self.target = None
+            self.__exit__()
+            raise
+        return self
+
+    def _share(self, uri, conn):
+        """A share of the pool's admission lock: taken from libvirt by the first admission that needs it."""
+        guard = self._guard
+        with guard:
+            while True:
+                hold = Admission._holds.setdefault(uri, _PoolHold())
+                if hold.busy or (hold.held and hold.stale() and hold.users):
+                    guard.wait()  # taken or given back by another thread, or draining before it goes back
+                    continue
+                if hold.held and not hold.stale():
+                    hold.users += 1
+                    return
+                # free, or held long enough and unused: (give it back and) take it from libvirt again; idle holds of
+                # pools that sort after it go back first, so this thread never waits while holding them
+                giving_back = [other for other_uri, other in Admission._holds.items()
+                               if other_uri > uri and other.held and not other.users and not other.busy]
+                for other in giving_back:
+                    other.busy = True
+                expired, hold.lock, hold.held, hold.busy = hold.lock, None, False, True
+                break
+        try:
+            self._give_back(giving_back)
+            if expired is not None:
+                expired.release()
+            registry_pool = lv.lookup_storage_pool(conn, reg.REGISTRY_POOL)
+            lock = reg.AdmissionLock(conn, registry_pool).acquire() if registry_pool is not None else None
+            names = {dom.name() for dom in conn.listAllDomains(0)} if lock is not None else None
+        except BaseException:
+            with guard:
+                hold.busy = False
+                guard.notify_all()
+            raise
+        with guard:
+            hold.lock, hold.conn, hold.held, hold.busy, hold.names = lock, conn, True, False, names
+            hold.epoch = next(Admission._epochs)
+            hold.taken = time.monotonic()
+            hold.closing = any(conn is opened for opened in self.opened)
+            hold.users = 1
+            guard.notify_all()
+
+    def _give_back(self, holds):
+        try:
+            for hold in holds:
+                if hold.lock is not None:
+                    hold.lock.release()
+        finally:
+            with self._guard:
+                for hold in holds:
+                    hold.lock, hold.conn, hold.held, hold.busy, hold.users = None, None, False, False, 0
+                    hold.names = None
+                self._guard.notify_all()
+
+    def check_unique(self, name):
+        for uri, conn in self.peers:
+            names = Admission._holds[uri].names
+            if names is not None and name not in names:
+                continue
+            if lv.lookup_domain(conn, name) is not None:
+                raise NameTaken("a machine named %s already exists on pool %s" % (name, uri), "name")
+
+    def __exit__(self, *exc_info):
+        if self.target is not None:
+            self.target.release()
+            self.target = None
+        giving_back = []
+        with self._guard:
+            if self.named:
+                Admission._names.discard(self.name)
+                names = Admission._holds[self.ctx.uri].names
+                if names is not None:
+                    names.add(self.name)  # created, or maybe: the next admission of the name looks it up
+                self.named = False
+            for uri in self.shared:
+                Admission._holds[uri].users -= 1
+            self.shared = []
+            if self.counted:
+                Admission._inside -= 1
+                self.counted = False
+            last = Admission._inside == 0
+            for hold in Admission._holds.values():
+                if hold.held and not hold.users and not hold.busy and (last or hold.stale()):
+                    hold.busy = True
+                    giving_back.append(hold)
+            self._guard.notify_all()
+        try:
+            self._give_back(giving_back)
+        finally:
+            with self._guard:  # a lock another admission still shares keeps the connection it was taken on
+                in_use = [hold.conn for hold in Admission._holds.values() if hold.held]
+            for conn in self.opened:
+                if any(conn is used for used in in_use):
+                    continue
+                try:
+                    conn.close()
+                except lv.libvirt.libvirtError:
+                    pass
+            self.opened = []
+            self.peers = []
+        return False
+
+
+def check_room(ctx, spec, disks=None, locked=False, epoch=None):
+    """Refuse a machine the pool has no room for: the machines already defined there (other than this one)
+    plus ``spec`` must fit in what the pool's registration makes allocatable, and so must the new ``disks``
+    ([(field, virtual bytes)]) in its storage.
+
+    A plan checks against the pool as this run listed it (when it did); under the admission lock (``locked``)
+    the sizes are read as they are now: once in the lock's ``epoch`` (Admission.epoch), then kept with the
+    machines this process admitted since (``admitted``), as no other run creates on the pool meanwhile (one
+    deleting there only leaves more room than counted)."""
+    registration = ctx.registration
+    if not registration:
+        return
+    if locked and epoch is not None and ctx.locked_sizes[0] == epoch:
+        sizes = ctx.locked_sizes[1]
+    elif locked:
+        sizes = capacity.current_sizes(ctx.conn, ctx.records)
+        if epoch is not None:
+            ctx.locked_sizes = (epoch, sizes)
+    else:
+        sizes = capacity.machine_sizes(ctx.conn, ctx.listed())
+    allocatable = capacity.allocatable_for(ctx.host_capacity(), registration)
+    others = [size for size in sizes if size[0] != spec["name"]]
+    used_cpu = sum(size[1] or 0 for size in others)
+    used_memory = sum(size[2] or 0 for size in others)
+    if used_cpu + spec["cpu"] > allocatable["cpu"] or used_memory + spec["memory"] > allocatable["memory"]:
+        raise PoolFull("pool %s is full: %d/%d cpu and %s/%s memory are allocated, %s needs %d cpu and %s"
+                       % (ctx.name, used_cpu, allocatable["cpu"], format_quantity(used_memory),
+                          format_quantity(allocatable["memory"]), spec["name"], spec["cpu"],
+                          format_quantity(spec["memory"])), "machine_pool")
+    check_storage(ctx, disks or [], sizes)
+
+
+def admitted(ctx, epoch, record):
+    """Count a machine just created under the lock in ``epoch`` in the sizes the next check of the epoch uses."""
+    if epoch is not None and ctx.locked_sizes[0] == epoch:
+        spec = record["spec"]
+        ctx.locked_sizes[1].append((spec["name"], spec["cpu"], spec["memory"], spec.get("machine_class"),
+                                    capacity.machine_disks(record), spec.get("tolerations") or []))
+
+
+def check_storage(ctx, disks, sizes=None):
+    """Refuse new disks ([(field, virtual bytes)]) that do not fit in the storage the pool's registration
+    makes allocatable (thin disks count their virtual size); the error names the field of the disk that
+    does not fit."""
+    registration = ctx.registration
+    if not registration or not disks:
+        return
+    sizes = capacity.machine_sizes(ctx.conn) if sizes is None else sizes
+    allocatable = capacity.storage_allocatable(ctx.storage_size(), registration)
+    used = capacity.disks_allocated(sizes)
+    for field, size in disks:
+        if used + size > allocatable:
+            raise PoolFull("does not fit in the storage of pool %s: %s of %s are allocated (storage overcommit %s), "
+                           "this disk needs %s more" % (ctx.name, format_quantity(used), format_quantity(allocatable),
+                                                        (registration.get("overcommit") or {}).get("storage", 1.0),
+                                                        format_quantity(size)), field)
+        used += size

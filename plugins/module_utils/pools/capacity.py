@@ -1,0 +1,176 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What a pool holds and offers: host capacity, the machines defined on it, allocatable after reservations and
+overcommit, and the public ``pool`` status. One accounting model: allocated = the sizes of the machines defined
+on the pool."""
+
+from __future__ import annotations
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
+from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+
+
+def _version(number):
+    return "%d.%d.%d" % (number // 1000000, (number // 1000) % 1000, number % 1000)
+
+
+def machine_disks(record):
+    """{volume name: virtual bytes} of the disks a machine's record accounts for (an adopted domain: none)."""
+    spec = record.get("spec", {})
+    if record.get("adopted") or not spec.get("name"):
+        return {}
+    disks = {"%s-root.qcow2" % spec["name"]: spec.get("root_size") or 0}
+    for vol in spec.get("volumes") or []:
+        disks[vol["volume"]] = vol.get("size") or 0
+    return disks
+
+
+def machine_sizes(conn, listing=None):
+    """[(name, cpu, memory bytes, machine_class, {volume: bytes}, tolerations)] of the machines (domains with our
+    record) on the host; from ``listing`` (pool_context.read_domains) when the run has read one."""
+    if listing is None:
+        readings = []
+        for dom in conn.listAllDomains(0):
+            tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+            readings.append((dom.name(), tree, dx.read_record(tree)))
+    else:
+        readings = [(name, reading.tree, reading.record) for name, reading in listing.items()]
+    sizes = []
+    for name, tree, record in readings:
+        if record is None:
+            continue
+        sizes.append((name, dx.read_cpu(tree), dx.read_memory(tree), record["spec"].get("machine_class"),
+                      machine_disks(record), record["spec"].get("tolerations") or []))
+    return sizes
+
+
+def current_sizes(conn, known):
+    """``machine_sizes`` as of now, for the check made under the admission lock, in one bulk call: every domain's
+    vcpus and memory come from libvirt's domain stats; its record (class, disks) is read from its XML only for a
+    domain not in ``known`` ({uuid: record or None}, kept by the caller for the run) yet."""
+    flags = lv.libvirt.VIR_DOMAIN_STATS_VCPU | lv.libvirt.VIR_DOMAIN_STATS_BALLOON
+    sizes = []
+    for dom, stats in conn.getAllDomainStats(flags, 0):
+        uuid = dom.UUIDString()
+        cpu, memory = stats.get("vcpu.current"), stats.get("balloon.maximum")
+        if uuid not in known or cpu is None or memory is None:
+            try:
+                tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+            except lv.libvirt.libvirtError as exc:
+                if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_DOMAIN:
+                    continue  # undefined since the stats call
+                raise
+            known[uuid] = dx.read_record(tree)
+            cpu, memory = dx.read_cpu(tree), dx.read_memory(tree) // 1024
+        record = known[uuid]
+        if record is None:
+            continue
+        sizes.append((dom.name(), cpu, memory * 1024, record["spec"].get("machine_class"), machine_disks(record),
+                      record["spec"].get("tolerations") or []))
+    return sizes
+
+
+def disks_allocated(sizes, except_machine=None):
+    """The virtual size of every machine disk on the pool, a volume shared by several machines counted once."""
+    disks = {}
+    for size in sizes:
+        if size[0] != except_machine:
+            disks.update(size[4])
+    return sum(disks.values())
+
+
+def storage_of(conn):
+    """{capacity, available} of the pool's machine storage in bytes (zero when it has none)."""
+    pool = lv.lookup_storage_pool(conn, reg.STORAGE_POOL)
+    if pool is None or not pool.isActive():
+        return {"capacity": 0, "available": 0}
+    info = pool.info()
+    return {"capacity": int(info[1]), "available": int(info[3])}
+
+
+def storage_allocatable(storage, registration):
+    """Virtual bytes the pool offers to thin disks: its storage less the reservation, times the overcommit."""
+    reserved = (registration.get("reserved") or {}).get("storage") or 0
+    ratio = (registration.get("overcommit") or {}).get("storage") or 1.0
+    return max(0, int((storage["capacity"] - reserved) * ratio))
+
+
+def capacity_of(conn):
+    info = conn.getInfo()
+    return {"cpu": int(info[2]), "memory": int(info[1]) * 2 ** 20}
+
+
+def allocatable_for(capacity, registration):
+    """What a registered pool offers: ``capacity`` less its reservations, times its overcommit."""
+    return allocatable_of(capacity, registration.get("reserved") or {"cpu": 0, "memory": 0},
+                          registration.get("overcommit") or {"cpu": 1.0, "memory": 1.0})
+
+
+def registered_allocatable(conn, registration):
+    """What the pool offers now: the host's capacity is read live (it is not stored)."""
+    return allocatable_for(capacity_of(conn), registration)
+
+
+def allocatable_of(capacity, reserved, overcommit):
+    return {"cpu": int((capacity["cpu"] - reserved["cpu"]) * overcommit["cpu"]),
+            "memory": int((capacity["memory"] - reserved["memory"]) * overcommit["memory"])}
+
+
+def pool_status(ctx, registration=None, sizes=None, capacity=None):
+    """The public ``pool`` return: registration plus live capacity, allocation and class fit."""
+    conn = ctx.conn
+    registration = registration or ctx.registration or {}
+    if sizes is None:  # from the run's listing of the pool when it read one (the inventory)
+        sizes = machine_sizes(conn, ctx.listed())
+    capacity = capacity_of(conn) if capacity is None else capacity
+    allocatable = allocatable_for(capacity, registration)
+    allocated = {"cpu": sum(size[1] or 0 for size in sizes), "memory": sum(size[2] or 0 for size in sizes)}
+    free = {"cpu": allocatable["cpu"] - allocated["cpu"], "memory": allocatable["memory"] - allocated["memory"]}
+    problems = []
+    storage_pool = lv.lookup_storage_pool(conn, reg.STORAGE_POOL)
+    if storage_pool is None or not storage_pool.isActive():
+        problems.append("storage pool %s is not active" % reg.STORAGE_POOL)
+    for name in registration.get("networks") or []:
+        net = lv.lookup_network(conn, name)
+        if net is None or not net.isActive():
+            problems.append("network %s is not active" % name)
+    classes = []
+    for body in ctx.registry.machine_classes().values():
+        fits = min(free["cpu"] // body["cpu"], free["memory"] // body["memory"]) if body["cpu"] and body["memory"] \
+            else 0
+        classes.append({"name": body["name"], "cpu": body["cpu"], "memory": format_quantity(body["memory"]),
+                        "allocatable": max(0, int(fits))})
+    classes.sort(key=lambda item: item["name"])
+
+    def show(resources):
+        return {"cpu": resources["cpu"], "memory": format_quantity(max(resources["memory"], 0))}
+
+    storage = storage_of(conn)
+
+    return {
+        "name": registration.get("name"),
+        "uri": ctx.uri,
+        "labels": registration.get("labels") or {},
+        "taints": registration.get("taints") or [],
+        "state": "Error" if problems else "Ready",
+        "problems": problems,
+        "virt_type": registration.get("virt_type"),
+        "capacity": show(capacity),
+        "allocated": show(allocated),
+        "allocatable": show(allocatable),
+        "storage": {"capacity": format_quantity(storage["capacity"]),
+                    "available": format_quantity(storage["available"]),
+                    "allocated": format_quantity(disks_allocated(sizes)),
+                    "allocatable": format_quantity(storage_allocatable(storage, registration))},
+        "available_machine_classes": classes,
+        "machine_count": len(sizes),
+        # machines that tolerate no NoExecute taint of the pool: the drain role moves exactly these
+        "must_leave": sorted(size[0] for size in sizes
+                             if scheduler.must_leave(registration.get("taints"), size[5])),
+        "hypervisor": {"libvirt": _version(conn.getLibVersion()), "qemu": _version(conn.getVersion()),
+                       "hostname": conn.getHostname()},
+    }

@@ -1,0 +1,87 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Machine classes published on a pool: named sizes kept in the pool's registry, converged through
+observe -> plan -> apply."""
+
+from __future__ import annotations
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, converge, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+
+
+def shown(body):
+    return None if body is None else {"name": body["name"], "cpu": body["cpu"],
+                                      "memory": format_quantity(body["memory"])}
+
+
+def machines_using(conn, name):
+    users = []
+    for dom in conn.listAllDomains(0):
+        record = dx.read_record(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE)))
+        if record and record.get("spec", {}).get("machine_class") == name:
+            users.append(dom.name())
+    return sorted(users)
+
+
+def plan_class(params, current, users):
+    """Publish or withdraw: pure, from the parameters, the published body and the machines using the class."""
+    name = check.dns_label(params.get("name"), "name")
+    state = check.one_of(params.get("state") or "present", options.PRESENCE, "state")
+    key = reg.class_key(name)
+    if state == "absent":
+        if current is None:
+            return Plan()
+        if users and not params.get("force"):
+            raise ConflictError("class %s is still used by %d machine(s) on this pool: %s; set force: true to "
+                                "delete it anyway" % (name, len(users), ", ".join(users)), "name")
+        return Plan([Action("withdraw", name, shown(current), None, [step("delete_document", key)])])
+    if params.get("cpu") is None or params.get("memory") is None:
+        raise ValidationError("cpu and memory are required to publish a class",
+                              "cpu" if params.get("cpu") is None else "memory")
+    desired = {"name": name, "cpu": check.cpu_count(params["cpu"], "cpu"),
+               "memory": check.memory_bytes(params["memory"], "memory")}
+    if current == desired:
+        return Plan(published=desired)
+    return Plan([Action("publish", name, shown(current), shown(desired), [step("write_document", key)],
+                        body=desired)], published=desired)
+
+
+class ClassResource:
+    def __init__(self, ctx, params):
+        self.ctx = ctx
+        self.params = params
+        self.name = check.dns_label(params.get("name"), "name")
+
+    def describe(self):
+        return "machine class %s" % self.name
+
+    def observe(self):
+        self.ctx.reset()
+        current = self.ctx.registry.machine_class(self.name)
+        absent = self.params.get("state") == "absent"
+        return current, machines_using(self.ctx.conn, self.name) if absent and current is not None else []
+
+    def plan(self, observed):
+        return plan_class(self.params, *observed)
+
+    def apply(self, action, _observed):
+        if action.kind == "withdraw":
+            self.ctx.registry.delete(reg.class_key(self.name))
+        else:
+            self.ctx.registry.put(reg.class_key(self.name), action.data["body"])
+
+
+def ensure_class(ctx, params, check_mode):
+    """Publish or withdraw a class: (plan, the class as published after the run, or None)."""
+    ctx.require_registration()
+    plan, (current, _users) = converge(ClassResource(ctx, params), check_mode)
+    if check_mode:
+        current = plan.facts.get("published") if params.get("state") != "absent" else None
+    return plan, shown(current)

@@ -1,0 +1,387 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Pool registration and published classes, kept on the pool host in a dir storage pool of JSON documents.
+
+Each object is stored as ``<key>.<generation>.json``; a write creates generation n+1 and only then removes the
+older ones. Every document carries the checksum of its body, so a write cut off midway leaves a document that
+fails verification and the reader falls back to the previous generation: an object is never unreadable.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import random
+import re
+import socket
+import tempfile
+import threading
+import time
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import elements
+from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, LibvirtFailure
+
+REGISTRY_POOL = "machinery-registry"
+EXPECTED_RETRY_SECONDS = 2.0
+STORAGE_POOL = "machinery"
+POOL_KEY = "pool"
+_DOC = re.compile(r"^(?P<key>[a-z0-9][-a-z0-9]*)\.(?P<generation>[0-9]+)\.json$")
+
+
+def registry_path(storage_path):
+    storage_path = storage_path.rstrip("/") or "/"
+    return os.path.join(os.path.dirname(storage_path), os.path.basename(storage_path) + "-registry")
+
+
+def class_key(name):
+    return "class-%s" % name
+
+
+def pending_key(machine):
+    """The journal of a machine being created or deleted: the volumes the run makes or removes. A run that dies
+    midway leaves it, so the next run for that name knows exactly which volumes were left behind."""
+    return "pending-%s" % machine
+
+
+def encode(key, generation, body):
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    document = {"key": key, "generation": generation, "body": body,
+                "sha256": hashlib.sha256(canonical.encode()).hexdigest()}
+    return json.dumps(document, sort_keys=True, indent=1).encode() + b"\n"
+
+
+def decode(data, key):
+    """The body of a stored document, or None when it is cut off, corrupt or belongs to another key."""
+    try:
+        document = json.loads(data.decode())
+        body = document["body"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    if document.get("key") != key or document.get("sha256") != hashlib.sha256(canonical.encode()).hexdigest():
+        return None
+    return body
+
+
+class Registry:
+    """The documents of one pool host. ``pool`` is the libvirt storage pool, or None when it does not exist."""
+
+    def __init__(self, conn, pool):
+        self.conn = conn
+        self.pool = pool
+        self._index = None
+        self._listed_in = None  # the admission lock epoch the index was listed under (see put)
+        self._bodies = {}
+        # the threads of one run (a batch, a set) share a pool's registry: one of them at a time in its caches
+        self._guard = threading.RLock()
+
+    @classmethod
+    def open(cls, conn):
+        pool = lv.lookup_storage_pool(conn, REGISTRY_POOL)
+        if pool is not None and not pool.isActive():
+            pool.create(0)
+        return cls(conn, pool)
+
+    def _generations(self):
+        """{key: [(generation, volume name)] newest first}."""
+        if self._index is None:
+            self._index = {}
+            if self.pool is not None:
+                for name in self.pool.listVolumes():
+                    match = _DOC.match(name)
+                    if match:
+                        self._index.setdefault(match.group("key"), []).append(
+                            (int(match.group("generation")), name))
+                for versions in self._index.values():
+                    versions.sort(reverse=True)
+        return self._index
+
+    def keys(self, prefix=""):
+        with self._guard:
+            return sorted(key for key in self._generations() if key.startswith(prefix))
+
+    def get(self, key, expected=False):
+        """The body of ``key``, or None. With ``expected`` (a document that is normally there: the pool's
+        registration, a class a machine names), absence is confirmed before it is believed: libvirt refreshes a
+        dir pool's volume list after every upload into it (another run writing a document), and a listing taken
+        meanwhile can miss volumes that are there. The pool is refreshed and listed again, for up to
+        EXPECTED_RETRY_SECONDS."""
+        with self._guard:
+            if key not in self._bodies:
+                body = self._read(key)
+                deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
+                while body is None and expected and self.pool is not None and time.monotonic() < deadline:
+                    time.sleep(0.05 + random.random() * 0.1)
+                    try:
+                        self.pool.refresh(0)
+                    except lv.libvirt.libvirtError:
+                        pass  # an upload is running there: its own refresh follows it
+                    self._index = None
+                    body = self._read(key)
+                self._bodies[key] = body
+            return self._bodies[key]
+
+    def _read(self, key, relisted=False):
+        vanished = False
+        for _generation, name in self._generations().get(key, []):
+            vol = lv.lookup_volume(self.pool, name)
+            try:
+                data = storage.download_bytes(self.conn, vol, limit=1024 * 1024) if vol is not None else None
+            except LibvirtFailure:
+                if lv.lookup_volume(self.pool, name) is not None:
+                    raise
+                data = None  # pruned between the lookup and the download
+            if data is None:
+                vanished = True
+                continue
+            body = decode(data, key)
+            if body is not None:
+                return body
+        if vanished and not relisted:
+            # a concurrent put wrote a newer generation and pruned the ones listed here: list again, once
+            self._index = None
+            return self._read(key, relisted=True)
+        return None
+
+    def _relist(self, epoch):
+        """Forget the index unless it was listed while this process held the admission lock in ``epoch`` (the
+        admission's hold on it, unbroken since): then no other run has written since, and this process's own
+        writes are in the index already."""
+        if epoch is None or epoch != self._listed_in:
+            self._index = None
+            self._listed_in = epoch
+
+    def put(self, key, body, locked=False, epoch=None):
+        """Write ``key``. Under the host's admission lock (``locked`` when the caller holds it already), listed
+        afresh: two runs writing the same document at once (both registering a pool, say) then take distinct
+        generations instead of colliding on one volume name. ``epoch`` (admission.Admission.epoch) spares the
+        listing when this process has held the lock since it last listed."""
+        # the host's lock first, then this object's guard: a thread holding the lock may need the guard
+        with _held(self.conn, self.pool, locked), self._guard:
+            self._relist(epoch if locked else None)
+            versions = self._generations().get(key, [])
+            generation = versions[0][0] + 1 if versions else 1
+            name = "%s.%d.json" % (key, generation)
+            data = encode(key, generation, body)
+            vol = storage.create_volume(self.pool, name, len(data), "raw", mode="0600")
+            storage.upload_bytes(self.conn, vol, data)
+            # superseded generations are pruned; one that another run is opening for a read stays until the
+            # next put (readers take the newest valid generation, so it is never read again)
+            for _old, old_name in versions:
+                storage.delete_volume(self.pool, old_name, keep_if_busy=True)
+            self._index[key] = [(generation, name)]
+            self._bodies[key] = body
+
+    def delete(self, key, locked=False, epoch=None):
+        with _held(self.conn, self.pool, locked), self._guard:
+            self._bodies.pop(key, None)
+            self._relist(epoch if locked else None)
+            versions = self._generations().pop(key, [])
+            for _generation, name in versions:
+                storage.delete_volume(self.pool, name)
+        return bool(versions)
+
+    def pool_registration(self):
+        return self.get(POOL_KEY, expected=True)
+
+    def machine_class(self, name):
+        return self.get(class_key(name), expected=True)
+
+    def machine_classes(self):
+        classes = {}
+        for key in self.keys("class-"):
+            body = self.get(key)
+            if body is not None:
+                classes[body["name"]] = body
+        return classes
+
+
+LOCK_VOLUME = "admission.lock"
+HOLDER_PREFIX = "admission.holder."
+# A live holder keeps the lock for seconds (it creates volumes and defines a domain, or writes a document). A
+# lock older than LOCK_STALE_SECONDS whose holder cannot be checked (another controller) is taken as abandoned,
+# and a waiter gives up after LOCK_WAIT_SECONDS, so it always outlasts an abandoned lock. A holder on this
+# controller that is no longer running is known dead at once and its lock is broken without waiting.
+LOCK_STALE_SECONDS = 60
+LOCK_WAIT_SECONDS = 90
+
+
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _process_start(pid):
+    """The start time of process ``pid`` (clock ticks since boot), or None when there is no such process: with
+    the pid it names one process, even after the pid is reused."""
+    try:
+        with open("/proc/%d/stat" % int(pid)) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _controller():
+    """This controller, as a short stable token: its host name and boot."""
+    return hashlib.sha256(("%s/%s" % (socket.gethostname(), _boot_id())).encode()).hexdigest()[:12]
+
+
+def holder_marker(prefix=HOLDER_PREFIX):
+    """The name of the volume that says who holds the lock: this controller and this process (pid and start
+    time). A name, not content: it is read with a listing, never with a stream that would keep the lock busy."""
+    return "%s%s.%d.%s" % (prefix, _controller(), os.getpid(), _process_start(os.getpid()))
+
+
+def holder_is_dead(marker, prefix=HOLDER_PREFIX):
+    """True when the holder ``marker`` names ran on this controller and that process is gone; None when it
+    cannot be told (another controller, or no marker)."""
+    try:
+        controller, pid, start = marker[len(prefix):].split(".")
+    except (TypeError, ValueError):
+        return None
+    if controller != _controller():
+        return None
+    return _process_start(pid) != start
+
+
+# An image upload can take minutes: its lock (one per image, in the storage pool beside the cache) is taken as
+# abandoned only after UPLOAD_STALE_SECONDS without a live holder this controller can check, and a waiter gives
+# up after UPLOAD_WAIT_SECONDS. Its names do not start with "image-", which marks the caches themselves.
+UPLOAD_STALE_SECONDS = 900
+UPLOAD_WAIT_SECONDS = 960
+
+
+def image_upload_lock(conn, pool, checksum):
+    """The lock a run holds while it uploads image ``checksum`` into the storage ``pool``: runs on several
+    processes or controllers wanting one image upload it once, and never delete one another's upload."""
+    return AdmissionLock(conn, pool, UPLOAD_WAIT_SECONDS, "upload-%s.lock" % checksum[:32],
+                         "upload-%s.holder." % checksum[:32], UPLOAD_STALE_SECONDS,
+                         "the upload lock of image %s" % checksum[:12])
+
+
+def _delete_quietly(pool, name):
+    """Delete a lock volume, trying again for a moment while libvirt reports it busy."""
+    for _attempt in range(20):
+        try:
+            storage.delete_volume(pool, name)
+            return
+        except LibvirtFailure:
+            time.sleep(0.05)
+
+
+class AdmissionLock:
+    """A lock on one pool host made from libvirt alone: creating a storage volume is atomic, so whoever creates
+    ``admission.lock`` in the registry pool holds it; beside it, the volume ``admission.holder.<controller>.<pid>.
+    <start>`` names the holder. A lock whose holder on this controller is gone is broken at once by the next
+    run; one older than LOCK_STALE_SECONDS is broken by anyone. Works over any URI, across hosts and processes."""
+
+    def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS, name=LOCK_VOLUME, holder_prefix=HOLDER_PREFIX,
+                 stale=LOCK_STALE_SECONDS, what="the admission lock of this pool"):
+        self.conn = conn
+        self.pool = pool
+        self.timeout = timeout
+        self.name = name  # another lock of the same kind: image_upload_lock
+        self.holder_prefix = holder_prefix
+        self.stale = stale
+        self.what = what
+        self.volume = None
+        self.marker = None
+
+    def _current(self):
+        """(age in seconds, holder marker or None) of the lock as it is now, or None when it is free."""
+        vol = lv.lookup_volume(self.pool, self.name)
+        if vol is None:
+            return None
+        try:
+            mtime = elements.read_volume(elements.parse(vol.XMLDesc(0)))["mtime"]
+            markers = [name for name in self.pool.listVolumes() if name.startswith(self.holder_prefix)]
+        except lv.libvirt.libvirtError:
+            return None  # released meanwhile: try again
+        return max(0.0, time.time() - mtime) if mtime else 0.0, markers[0] if len(markers) == 1 else None
+
+    def _break(self, marker):
+        """Delete the lock when it still belongs to ``marker``. Waiters on this controller break one at a time
+        (a file lock), so none deletes a lock another waiter has just taken."""
+        path = os.path.join(tempfile.gettempdir(), "machinery-compute-%s.lock" % self.pool.UUIDString())
+        with open(path, "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            current = self._current()
+            if current is not None and current[1] == marker:
+                _delete_quietly(self.pool, self.name)
+                if marker:
+                    _delete_quietly(self.pool, marker)
+
+    def acquire(self):
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                volume = self.pool.createXML(storage.volume_xml(self.name, 1, "raw", mode="0600"), 0)
+            except lv.libvirt.libvirtError as exc:
+                if exc.get_error_code() not in (lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST, lv.libvirt.VIR_ERR_INTERNAL_ERROR,
+                                                lv.libvirt.VIR_ERR_OPERATION_FAILED):
+                    raise LibvirtFailure("cannot take %s: %s" % (self.what, lv.describe(exc))) from None
+            else:
+                self.volume = volume
+                self.marker = holder_marker(self.holder_prefix)
+                try:
+                    storage.create_volume(self.pool, self.marker, 1, "raw", mode="0600")
+                except BaseException:
+                    self.release()
+                    raise
+                return self
+            current = self._current()
+            if current is not None:
+                age, marker = current
+                if holder_is_dead(marker, self.holder_prefix) or age > self.stale:
+                    self._break(marker)
+                    continue
+            if time.monotonic() > deadline:
+                who = ""
+                if current is not None and current[1]:
+                    who = " (%s)" % current[1][len(self.holder_prefix):]
+                raise ConflictError("%s has been held for over %ds by another run%s; a lock is taken as abandoned "
+                                    "after %ds" % (self.what, self.timeout, who, self.stale), "uri")
+            time.sleep(0.05 + random.random() * 0.1)
+
+    def clear_abandoned(self):
+        """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), so
+        a converged run that writes nothing does not leave it for the next writer to find."""
+        current = self._current()
+        if current is not None and holder_is_dead(current[1], self.holder_prefix):
+            self._break(current[1])
+
+    def release(self):
+        if self.marker is not None:
+            _delete_quietly(self.pool, self.marker)
+            self.marker = None
+        if self.volume is not None:
+            _delete_quietly(self.pool, self.name)
+            self.volume = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc_info):
+        self.release()
+        return False
+
+
+class _Held:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return False
+
+
+def _held(conn, pool, locked):
+    """The admission lock, or nothing when the caller holds it already."""
+    return _Held() if locked else AdmissionLock(conn, pool)

@@ -1,0 +1,309 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Placing machines on pools: filters, score, a ledger. Pure functions over pool snapshots (no libvirt).
+
+A pool snapshot is a dict: name, uri, state (Ready | Error | Offline), labels, taints [{key, value, effect}],
+classes {name: {cpu, memory}}, allocatable {cpu, memory}, allocated {cpu, memory}, machines (names defined
+there), and for pools that could not be read, ``problem``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
+
+STRATEGIES = ("spread", "binpack")
+OPERATORS = ("Equal", "Exists")
+SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")
+# What the scheduler reads of a machine spec. A misspelt key (tolerance, machine_pool_selectors) is refused, not
+# silently ignored, since the machine would be placed as if it were not there.
+SPEC_KEYS = ("name", "machine_class", "cpu", "memory", "machine_pool_selector", "tolerations", "machine_pool")
+TOLERATION_KEYS = ("key", "operator", "value", "effect")
+
+
+def unknown_keys(item, known, field, what="the keys are"):
+    unknown = sorted(str(key) for key in item if key not in known)
+    if unknown:
+        shown = [key for key in known if key in SPEC_KEYS] or list(known)
+        more = " and the options of machinery.compute.machine" if len(shown) < len(known) else ""
+        raise ValidationError("unknown key%s %s; %s %s%s"
+                              % ("s" if len(unknown) > 1 else "", ", ".join(unknown), what, ", ".join(shown), more),
+                              field)
+
+
+class Unschedulable(MachineryError):
+    reason = "Unschedulable"
+
+
+def normalize_machine(spec, index=0, field="terms", keys=SPEC_KEYS):
+    """A machine spec checked and normalized; ``keys`` are the keys it may have (None: any, for callers that
+    checked the keys themselves, as machine_batch does against the machine module's options)."""
+    where = "%s[%d]" % (field, index)
+    if not isinstance(spec, dict):
+        raise ValidationError("a machine spec must be a mapping with at least name and machine_class", where)
+    if keys is not None:
+        unknown_keys(spec, keys, where, "a machine spec takes")
+    name = check.dns_label(spec.get("name"), where + ".name")
+    size = None
+    if spec.get("machine_class"):
+        machine_class = check.dns_label(spec.get("machine_class"), where + ".machine_class")
+    elif spec.get("cpu") is not None and spec.get("memory") is not None:
+        machine_class = None
+        size = {"cpu": check.cpu_count(spec["cpu"], where + ".cpu"),
+                "memory": check.memory_bytes(spec["memory"], where + ".memory")}
+    else:
+        raise ValidationError("give machine_class, or cpu and memory", where + ".machine_class")
+    selector = spec.get("machine_pool_selector") or {}
+    if not isinstance(selector, dict):
+        raise ValidationError("must be a mapping of labels", where + ".machine_pool_selector")
+    # pool labels are strings by the label rules: a selector that breaks them could never match
+    selector = check.labels(selector, where + ".machine_pool_selector")
+    tolerations = normalize_tolerations(spec.get("tolerations"), where + ".tolerations") or []
+    pool = spec.get("machine_pool")
+    if pool is not None:
+        check.dns_label(pool, where + ".machine_pool")
+    return {"name": name, "machine_class": machine_class, "size": size, "machine_pool_selector": selector,
+            "tolerations": tolerations, "machine_pool": pool}
+
+
+def normalize_tolerations(items, field):
+    """A list of tolerations, validated; None when there are none (so a record that never had any and one
+    given an empty list compare equal)."""
+    if items is None:
+        return None
+    if not isinstance(items, list):
+        raise ValidationError("must be a list of tolerations (key, operator, value, effect)", field)
+    return [normalize_toleration(item, "%s[%d]" % (field, position)) for position, item in enumerate(items)] or None
+
+
+def normalize_toleration(item, field):
+    """A toleration as Kubernetes validates it: key and value by the label rules, Equal needs a key, Exists
+    takes no value."""
+    if not isinstance(item, dict):
+        raise ValidationError("must be a mapping with key, operator, value, effect", field)
+    unknown_keys(item, TOLERATION_KEYS, field)
+    operator = check.one_of(item.get("operator") or "Equal", OPERATORS, field + ".operator")
+    key = check.label_key(item["key"], field + ".key") if item.get("key") not in (None, "") else ""
+    value = check.label_value(item.get("value"), field + ".value")
+    if operator == "Equal" and not key:
+        raise ValidationError("operator Equal needs a key", field + ".key")
+    if operator == "Exists" and value:
+        raise ValidationError("operator Exists matches any value; give none", field + ".value")
+    effect = item.get("effect") or ""
+    if effect:
+        check.one_of(effect, SCHEDULING_EFFECTS, field + ".effect")
+    return {"key": key, "operator": operator, "value": value, "effect": effect}
+
+
+def tolerates(toleration, taint):
+    """IronCore/Kubernetes toleration matching: key, operator Equal/Exists, value, effect (empty matches all)."""
+    if toleration["effect"] and toleration["effect"] != taint["effect"]:
+        return False
+    if toleration["operator"] == "Exists":
+        return not toleration["key"] or toleration["key"] == taint["key"]
+    return toleration["key"] == taint["key"] and toleration["value"] == (taint.get("value") or "")
+
+
+def must_leave(taints, tolerations):
+    """True when a machine with these (recorded) tolerations may not stay on a pool with these taints: some
+    NoExecute taint is not tolerated. NoSchedule only keeps new machines away."""
+    return any(taint.get("effect") == "NoExecute"
+               and not any(tolerates(toleration, taint) for toleration in tolerations or [])
+               for taint in taints or [])
+
+
+def untolerated(machine, pool):
+    return [taint for taint in pool.get("taints") or [] if taint["effect"] in SCHEDULING_EFFECTS
+            and not any(tolerates(toleration, taint) for toleration in machine["tolerations"])]
+
+
+class Ledger:
+    """Free cpu and memory of every pool, less what this call has placed so far."""
+
+    def __init__(self, pools=()):
+        self.free_cpu = {}
+        self.free_memory = {}
+        for pool in pools:
+            self.track(pool)
+
+    def track(self, pool):
+        if pool["name"] not in self.free_cpu:
+            self.free_cpu[pool["name"]] = pool["allocatable"]["cpu"] - pool["allocated"]["cpu"]
+            self.free_memory[pool["name"]] = pool["allocatable"]["memory"] - pool["allocated"]["memory"]
+
+    def add(self, pool_name, cpu, memory):
+        self.free_cpu[pool_name] -= cpu
+        self.free_memory[pool_name] -= memory
+
+    def free(self, pool):
+        self.track(pool)
+        return self.free_cpu[pool["name"]], self.free_memory[pool["name"]]
+
+
+def static_rejections(machine, pool):
+    """The filters that do not depend on what is already placed, in the documented order ([] if all pass)."""
+    if pool.get("state") != "Ready":
+        return ["pool %s" % ("unreachable" if pool.get("state") == "Offline" else "not ready")]
+    if untolerated(machine, pool):
+        return ["taint not tolerated"]
+    labels = pool.get("labels") or {}
+    if any(labels.get(key) != value for key, value in machine["machine_pool_selector"].items()):
+        return ["selector not matched"]
+    if size_on(machine, pool) is None:
+        return ["class %s not published" % machine["machine_class"]]
+    return []
+
+
+def capacity_rejections(machine, pool, ledger):
+    size = size_on(machine, pool)
+    free_cpu, free_memory = ledger.free(pool)
+    reasons = []
+    if size["cpu"] > free_cpu:
+        reasons.append("insufficient cpu")
+    if size["memory"] > free_memory:
+        reasons.append("insufficient memory")
+    return reasons
+
+
+def shape(machine):
+    """What the static filters look at: machines of one shape pass or fail them on the same pools."""
+    size = machine["size"]
+    return (machine["machine_class"], tuple(sorted(machine["machine_pool_selector"].items())),
+            tuple(tuple(sorted(toleration.items())) for toleration in machine["tolerations"]),
+            (size["cpu"], size["memory"]) if size else None)
+
+
+def size_on(machine, pool):
+    """The machine's size on ``pool``: its class as published there, or its explicit cpu and memory."""
+    if machine["size"] is not None:
+        return machine["size"]
+    return (pool.get("classes") or {}).get(machine["machine_class"])
+
+
+def tie_breaker(machine_name, pool_name):
+    """Stable across runs and hosts, but not the same pool for every machine."""
+    return hashlib.sha256(("%s\0%s" % (machine_name, pool_name)).encode()).hexdigest()
+
+
+def unschedulable_message(machine, pools, per_pool):
+    counts = Counter(reason for reasons in per_pool.values() for reason in reasons)
+    detail = ", ".join("%d %s" % (count, reason) for reason, count in counts.most_common())
+    return "0/%d pools available for %s: %s" % (len(pools), machine["name"], detail or "no pools given")
+
+
+def shape_entries(machine, pools):
+    """For one machine shape: the static verdict per pool, and (pool, cpu, memory) of the pools that pass."""
+    verdicts = {}
+    passing = []
+    for pool in pools:
+        verdicts[pool["name"]] = static_rejections(machine, pool)
+        if not verdicts[pool["name"]]:
+            size = size_on(machine, pool)
+            passing.append((pool, size["cpu"], size["memory"]))
+    return verdicts, passing
+
+
+def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None, owners=None):
+    """(pool, reason) for one machine; raises Unschedulable with the per-filter summary.
+
+    ``static_cache`` keeps the static filters' verdicts per machine shape across one batch; ``by_name`` and
+    ``owners`` (machine name -> pools that have it) are indexes a batch builds once."""
+    by_name = by_name or {pool["name"]: pool for pool in pools}
+    if owners is None:
+        existing = [pool for pool in pools if machine["name"] in (pool.get("machines") or ())]
+    else:
+        existing = owners.get(machine["name"], [])
+    if existing:
+        pool = sorted(existing, key=lambda item: item["name"])[0]
+        return pool, "already exists on pool %s" % pool["name"]
+    candidates = pools
+    if machine.get("machine_pool"):
+        if machine["machine_pool"] not in by_name:
+            raise Unschedulable("%s asks for pool %s, which is not among the pools given (%s)"
+                                % (machine["name"], machine["machine_pool"], ", ".join(sorted(by_name))),
+                                "machine_pool")
+        candidates = [by_name[machine["machine_pool"]]]
+    key = (shape(machine), machine.get("machine_pool"))
+    cached = static_cache.get(key) if static_cache is not None else None
+    if cached is None:
+        cached = shape_entries(machine, candidates)
+        if static_cache is not None:
+            static_cache[key] = cached
+    verdicts, passing = cached
+    free_cpu, free_memory = ledger.free_cpu, ledger.free_memory
+    for pool in candidates:
+        ledger.track(pool)
+    spread = strategy == "spread"
+    best_key = None
+    ties = []
+    fitting = 0
+    for pool, cpu, memory in passing:
+        name = pool["name"]
+        left_cpu = free_cpu[name] - cpu
+        left_memory = free_memory[name] - memory
+        if left_cpu < 0 or left_memory < 0:
+            continue
+        fitting += 1
+        total_cpu = pool["allocatable"]["cpu"]
+        total_memory = pool["allocatable"]["memory"]
+        value = ((left_cpu / total_cpu if total_cpu > 0 else 0.0) +
+                 (left_memory / total_memory if total_memory > 0 else 0.0)) / 2
+        rank = -value if spread else value
+        if best_key is None or rank < best_key:
+            best_key, ties = rank, [(pool, cpu, memory)]
+        elif rank == best_key:
+            ties.append((pool, cpu, memory))
+    if not ties:
+        per_pool = {pool["name"]: verdicts[pool["name"]] or capacity_rejections(machine, pool, ledger)
+                    for pool in candidates}
+        raise Unschedulable(unschedulable_message(machine, candidates, per_pool), "machine_pool")
+    chosen, cpu, memory = ties[0] if len(ties) == 1 else \
+        min(ties, key=lambda entry: tie_breaker(machine["name"], entry[0]["name"]))
+    ledger.add(chosen["name"], cpu, memory)
+    left_cpu, left_memory = ledger.free(chosen)
+    reason = "%s: %d/%d pools fit; %s has %d cpu and %s free after placement" % (
+        strategy, fitting, len(candidates), chosen["name"], left_cpu, _gib(left_memory))
+    return chosen, reason
+
+
+def _gib(number):
+    return "%.1fGi" % (number / 2 ** 30)
+
+
+def schedule(specs, pools, strategy="spread", strict=True, field="terms", keys=SPEC_KEYS):
+    """[{name, pool, uri, reason}] in the order of ``specs``, placed one by one against one ledger.
+
+    With ``strict`` every machine that fits nowhere is reported in one Unschedulable error; without it such a
+    machine comes back with pool and uri None and the reason in ``reason``. ``keys`` are the keys a spec may
+    have (see normalize_machine).
+    """
+    check.one_of(strategy, STRATEGIES, "strategy")
+    machines = [normalize_machine(spec, index, field, keys) for index, spec in enumerate(specs)]
+    seen = set()
+    for index, machine in enumerate(machines):
+        if machine["name"] in seen:
+            raise ValidationError("machine %s is listed twice" % machine["name"], "%s[%d].name" % (field, index))
+        seen.add(machine["name"])
+    ledger = Ledger(pools)
+    placements = []
+    failures = []
+    static_cache = {}
+    by_name = {pool["name"]: pool for pool in pools}
+    owners = {}
+    for pool in pools:
+        for name in pool.get("machines") or ():
+            owners.setdefault(name, []).append(pool)
+    for machine in machines:
+        try:
+            pool, reason = place_one(machine, pools, ledger, strategy, static_cache, by_name, owners)
+            placements.append({"name": machine["name"], "pool": pool["name"], "uri": pool["uri"], "reason": reason})
+        except Unschedulable as exc:
+            failures.append(exc.message)
+            placements.append({"name": machine["name"], "pool": None, "uri": None, "reason": exc.message})
+    if failures and strict:
+        raise Unschedulable("; ".join(failures), "machine_pool")
+    return placements
