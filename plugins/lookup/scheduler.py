@@ -101,8 +101,10 @@ from ansible.utils.unsafe_proxy import wrap_var
 
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import fleet
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
-from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import SPEC_KEYS, Unschedulable, schedule
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
+from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import (
+    SPEC_KEYS, Unschedulable, schedule, unknown_keys)
 
 # the keys of a machine of machine_batch: the scheduler's own and the machine module's options
 KEYS = SPEC_KEYS + tuple(name for name in options.argument_spec(options.MACHINE + options.SCHEDULING,
@@ -116,6 +118,18 @@ def flatten(terms):
             specs.extend(flatten(term))
         else:
             specs.append(term)
+    return specs
+
+
+def validated(terms):
+    """The machine specs of the terms, each through machine_spec.params; errors name the term."""
+    specs = []
+    for index, term in enumerate(terms):
+        if not isinstance(term, dict):
+            raise ValidationError("a machine spec must be a mapping with at least name and machine_class",
+                                  "terms[%d]" % index)
+        unknown_keys(term, KEYS, "terms[%d]" % index, "a machine spec takes")
+        specs.append(machine_spec.params(term, "terms[%d]" % index, scheduling=True))
     return specs
 
 
@@ -137,8 +151,7 @@ class LookupModule(LookupBase):
             problems = pool_problems(snapshots)
             for problem in problems:
                 self._display.warning("machinery.compute.scheduler: %s" % problem)
-            placements = schedule(flatten(terms), snapshots, self.get_option("strategy"), self.get_option("strict"),
-                                  keys=KEYS)
+            placements = schedule(validated(flatten(terms)), snapshots, self.get_option("strategy"), self.get_option("strict"))
         except MachineryError as exc:
             # a machine placed nowhere is often placed nowhere because pools were out: say why they were
             message = "; ".join([to_native(exc)] + (problems if isinstance(exc, Unschedulable) else []))

@@ -634,6 +634,7 @@ plan:
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
@@ -642,7 +643,7 @@ class MachineModule(MachineryModule):
     argument_spec = options.argument_spec(options.MACHINE)
 
     def run(self, ctx):
-        outcome = MachineService(ctx, self.check_mode).ensure(self.params)
+        outcome = MachineService(ctx, self.check_mode).ensure(machine_spec.machine_params(self.params))
         return self.converged(outcome.plan, machine=outcome.machine, restart_required=outcome.restart_required,
                               warnings=outcome.warnings)
 

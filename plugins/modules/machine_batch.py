@@ -157,44 +157,12 @@ attempts:
   sample: 1
 """
 
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.module_utils.errors import UnsupportedError
 
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import batch
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
-ELEMENT_SPEC = options.argument_spec(options.MACHINE + options.SCHEDULING, without=("unique_across",))
 FAILURES_SHOWN = 10  # in msg; every failure is in the failures return
-
-
-def validated(machines, defaults=None):
-    """Each machine, with ``defaults`` under its own keys, checked and defaulted exactly as the machine module
-    would; errors name the element."""
-    defaults = defaults or {}
-    unknown = sorted(set(defaults) - set(ELEMENT_SPEC) - {"name"})
-    if unknown or "name" in defaults:
-        raise ValidationError("unknown option %s" % ", ".join(unknown) if unknown else "a name is not a default",
-                              "defaults")
-    validator = ArgumentSpecValidator(ELEMENT_SPEC)
-    specs = []
-    for index, machine in enumerate(machines):
-        if not isinstance(machine, dict):
-            raise ValidationError("must be a mapping of machine options", "machines[%d]" % index)
-        if defaults:
-            machine = dict(defaults, **machine)
-        result = validator.validate(machine)
-        if result.error_messages:
-            # an unknown key (a misspelt tolerations, say) comes as the bare key: say what it is
-            raise ValidationError("; ".join("unknown option %s" % error.msg if isinstance(error, UnsupportedError)
-                                            else error.msg for error in result.errors), "machines[%d]" % index)
-        specs.append(result.validated_parameters)
-    names = [spec["name"] for spec in specs]
-    for index, name in enumerate(names):
-        if name in names[:index]:
-            raise ValidationError("machine %s is listed twice" % name, "machines[%d].name" % index)
-    return specs
 
 
 class MachineBatchModule(MachineryModule):
@@ -202,7 +170,7 @@ class MachineBatchModule(MachineryModule):
     argument_spec = options.argument_spec(options.MACHINE_BATCH)
 
     def run_pools(self, entries):
-        specs = validated(self.params["machines"], self.params["defaults"])
+        specs = batch.validated(self.params["machines"], self.params["defaults"])
         for spec in specs:
             self.hide_secrets(spec)
         outcome = batch.converge(entries, specs, self.params["strategy"], self.params["retries"],

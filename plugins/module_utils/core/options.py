@@ -69,8 +69,14 @@ class Option:
     the core's validation and normalization of a value (its range), where it has one of its own."""
 
     def __init__(self, name, type="str", choices=None, default=None, required=False, elements=None, options=None,
-                 no_log=None, aliases=None, owned=None, fixed=None, argument=True, check=None):
+                 no_log=None, aliases=None, owned=None, fixed=None, argument=True, check=None, initial=None,
+                 recorded=False):
         self.name = name
+        # a machine created without this option gets ``initial``; an existing one keeps what it has (so it is no
+        # Ansible default, which would overwrite it)
+        self.initial = initial
+        # kept in the machine's record as normalized (recorded_spec)
+        self.recorded = recorded or owned is not None or fixed is not None
         self.check = check
         self.owned = owned
         self.fixed = fixed
@@ -110,6 +116,29 @@ def argument_spec(table, without=()):
 
 def option(table, name):
     return next(item for item in table if item.name == name)
+
+
+def initial(table, name):
+    """What a new machine gets for an option left out (see Option.initial)."""
+    return option(table, name).initial
+
+
+def default(table, path):
+    """The declared default of an option by its dotted path (``rollout.max_surge``)."""
+    item = None
+    for name in path.split("."):
+        item = option(table if item is None else item.options, name)
+    return item.default
+
+
+def defaulted(table, params):
+    """``params`` with the table's defaults for the options they leave out or set to None, as Ansible fills
+    them for a module; for parameters that reach the core another way (a manifest's, a role's element)."""
+    result = dict(params)
+    for item in table:
+        if item.argument and result.get(item.name) is None and item.default is not None:
+            result[item.name] = list(item.default) if isinstance(item.default, tuple) else item.default
+    return result
 
 
 def secret_paths(table, prefix=()):
@@ -196,7 +225,7 @@ MACHINE = (
                                         show=lambda value: None if value is None else format_quantity(value))),
     Option("image", fixed=lambda spec: (spec.get("image") or {}).get("source")),
     Option("image_checksum", fixed=lambda spec: (spec.get("image") or {}).get("checksum")),
-    Option("root_size", "raw"),
+    Option("root_size", "raw", recorded=True),
     Option("volumes", "list", elements="dict", options=VOLUME),
     Option("network_interfaces", "list", elements="dict", options=NETWORK_INTERFACE),
     Option("ignition", "raw", no_log=True),
@@ -205,8 +234,8 @@ MACHINE = (
     Option("labels", "dict", owned=_recorded("labels")),
     # kept in the record so that a NoExecute taint added later knows which machines may stay (pool must_leave)
     Option("tolerations", "list", elements="dict", owned=_recorded("tolerations")),
-    Option("firmware", choices=FIRMWARES, fixed=lambda spec: spec.get("firmware")),
-    Option("virt_type", choices=VIRT_TYPES, default="auto"),
+    Option("firmware", choices=FIRMWARES, fixed=lambda spec: spec.get("firmware"), initial="bios"),
+    Option("virt_type", choices=VIRT_TYPES, default="auto", recorded=True),
     # the hash of ignition, cloud_init and ssh_authorized_keys (never the configuration itself)
     Option("boot_config", argument=False, owned=_recorded("boot_config", live="boot")),
     Option("wait", choices=WAITS, default="running"),
@@ -400,6 +429,9 @@ NIC_ATTACH = (
 OWNED = tuple(item for item in MACHINE if item.owned is not None)
 OWNED_BY_NAME = {item.name: item.owned for item in OWNED}
 FIXED = tuple(item for item in MACHINE if item.fixed is not None)
+# the scalar and mapping keys of the record's spec (image, volumes, NICs and files are written by recorded_spec)
+RECORDED = ("name",) + tuple(item.name for item in MACHINE if item.recorded and item.name not in
+                             ("image", "image_checksum", "volumes", "network_interfaces", "disk_qos", "ip_reservations"))
 
 
 def owned_values(tree, record):

@@ -16,11 +16,14 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vali
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import Fleet, in_parallel
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     MachineryError, NameTaken, PoolFull, ValidationError)
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import table
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import schedule
 
-SCHEDULING_KEYS = ("machine_pool_selector", "machine_pool")
+SCHEDULING_KEYS = machine_spec.SCHEDULING_KEYS
 
 
 class BatchOutcome:
@@ -51,10 +54,23 @@ class BatchOutcome:
                               "field": getattr(exc, "field", None), "msg": str(exc)})
 
 
+def validated(machines, defaults=None):
+    """Each machine through machine_spec.params (with ``defaults`` under its own keys); errors name the element."""
+    specs = [machine_spec.params(machine, "machines[%d]" % index, scheduling=True, defaults=defaults)
+             for index, machine in enumerate(machines)]
+    names = [spec["name"] for spec in specs]
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise ValidationError("machine %s is listed twice" % name, "machines[%d].name" % index)
+    return specs
+
+
 def machine_params(spec, unique_across):
+    """The machine params of a scheduled machine (machine_spec.params with scheduling), without the scheduling
+    keys, unique across ``unique_across``: derived, not checked again."""
     params = {key: value for key, value in spec.items() if key not in SCHEDULING_KEYS}
-    params["unique_across"] = unique_across
-    return params
+    params["unique_across"] = list(unique_across)
+    return freeze(params)
 
 
 def _run(jobs, workers, work):
@@ -75,10 +91,12 @@ def preflight(jobs, specs, workers):
     """Every placed machine planned in check mode first: an invalid one fails the run before any write.
 
     Returns {name: outcome} of the machines already converged (an empty plan): the real run would observe and
-    plan them again to the same empty plan, so their check-mode outcome is their outcome."""
+    plan them again to the same empty plan, so their check-mode outcome is their outcome; and {name: Prepared}
+    of the specs normalized, which the real run reuses while it observes what the preflight observed."""
     index = {spec["name"]: position for position, spec in enumerate(specs)}
     problems = []
     converged = {}
+    prepared = {}
     for (spec, _ctx), outcome in _run(jobs, workers, lambda job: MachineService(job[1], True)
                                       .ensure(machine_params(job[0], []))):
         if isinstance(outcome, MachineryError) and not isinstance(outcome, (PoolFull, NameTaken)):
@@ -87,9 +105,11 @@ def preflight(jobs, specs, workers):
         elif not isinstance(outcome, MachineryError) and not outcome.plan.actions and \
                 not (spec.get("state") == "running" and spec.get("wait") == "address"):
             converged[spec["name"]] = outcome  # waiting for an address is the real run's, not check mode's
+        if not isinstance(outcome, MachineryError) and outcome.prepared is not None:
+            prepared[spec["name"]] = outcome.prepared
     if problems:
         raise ValidationError("nothing was changed; %s" % "; ".join(problems), "machines")
-    return converged
+    return converged, prepared
 
 
 MAX_WORKERS = 256
@@ -103,12 +123,15 @@ def pool_problems(snapshots):
                    for snapshot in snapshots if snapshot["state"] != "Ready")
 
 
-def converge(entries, specs, strategy="spread", retries=3, workers=16, check_mode=False, opener=None):
-    """Converge ``specs`` (validated machine module parameters plus scheduling keys) over the pools."""
+def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "strategy"),
+             retries=options.default(options.MACHINE_BATCH, "retries"),
+             workers=options.default(options.MACHINE_BATCH, "workers"), check_mode=False, opener=None):
+    """Converge ``specs`` (machine_spec.params with the scheduling keys, one per machine) over the pools."""
     retries = check.whole_number(retries, "retries", 0, MAX_RETRIES)
     workers = check.whole_number(workers, "workers", 1, MAX_WORKERS)
     fleet = Fleet(entries, opener)
     result = BatchOutcome()
+    prepared = {}
     try:
         snapshots = fleet.snapshots()
         absent = [spec for spec in specs if spec.get("state") == "absent"]
@@ -131,8 +154,7 @@ def converge(entries, specs, strategy="spread", retries=3, workers=16, check_mod
         while pending:
             result.attempts += 1
             by_uri = {snapshot["uri"]: snapshot for snapshot in snapshots}
-            # the keys were checked against the machine module's options (machine_batch's argument spec)
-            placements = schedule(pending, snapshots, strategy, strict=False, field="machines", keys=None)
+            placements = schedule(pending, snapshots, strategy, strict=False, field="machines")
             jobs = []
             for spec, placement in zip(pending, placements):
                 result.placements[spec["name"]] = placement
@@ -143,14 +165,15 @@ def converge(entries, specs, strategy="spread", retries=3, workers=16, check_mod
                 else:
                     jobs.append((spec, fleet.contexts[placement["uri"]]))
             if result.attempts == 1:
-                converged = preflight(jobs, specs, workers)
+                converged, prepared = preflight(jobs, specs, workers)
                 for spec, _ctx in jobs:
                     if spec["name"] in converged:
                         result.record(spec, converged[spec["name"]])
                 jobs = [job for job in jobs if job[0]["name"] not in converged]
             crowded = []
             for (spec, ctx), outcome in _run(jobs, workers, lambda job: MachineService(job[1], check_mode)
-                                             .ensure(machine_params(job[0], fleet.uris))):
+                                             .ensure(machine_params(job[0], fleet.uris),
+                                                     prepared.get(job[0]["name"]))):
                 if isinstance(outcome, (PoolFull, NameTaken)) and result.attempts <= retries:
                     crowded.append(spec)
                 elif isinstance(outcome, MachineryError):

@@ -31,7 +31,9 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vali
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService, update_record
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
+from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import read_fleet
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 
@@ -59,6 +61,7 @@ def seconds(value, field):
 
 
 def normalize_check(params):
+    params = options.defaulted(options.MACHINE_HEALTH_CHECK, params)
     name = check.dns_label(params.get("name"), "name")
     match = check.labels(((params.get("selector") or {}).get("match_labels")), "selector.match_labels")
     if not match:
@@ -72,7 +75,7 @@ def normalize_check(params):
         rules.append({"type": check.one_of(item.get("type"), options.CONDITION_TYPES, where + ".type"),
                       "status": check.one_of(str(item.get("status")), ("True", "False"), where + ".status"),
                       "timeout": seconds(item.get("timeout"), where + ".timeout")})
-    limit = params.get("max_unhealthy", "100%")
+    limit = params["max_unhealthy"]
     if isinstance(limit, str) and limit.strip().endswith("%"):
         try:
             percent = int(limit.strip()[:-1])
@@ -91,9 +94,9 @@ def normalize_check(params):
         raise ValidationError("condition Booted needs boot_marker, the line the guest prints once it has booted",
                               "unhealthy_conditions")
     return {"name": name, "match_labels": match, "rules": rules, "boot_marker": marker,
-            "startup": seconds(params.get("node_startup_timeout", "10m"), "node_startup_timeout"),
+            "startup": seconds(params["node_startup_timeout"], "node_startup_timeout"),
             "max_unhealthy": limit,
-            "remediation": check.one_of(params.get("remediation") or "delete", options.REMEDIATIONS, "remediation")}
+            "remediation": check.one_of(params["remediation"], options.REMEDIATIONS, "remediation")}
 
 
 def conditions_of(machine):
@@ -182,9 +185,9 @@ class HealthCheckResource:
 
     def __init__(self, fleet, params, check_mode=False):
         self.fleet = fleet
-        self.params = params
+        self.params = options.defaulted(options.MACHINE_HEALTH_CHECK, params)
         self.check_mode = check_mode
-        self.desired = normalize_check(params)
+        self.desired = normalize_check(self.params)
         self.moment = now().isoformat()
         self.plan_facts = None
 
@@ -248,12 +251,12 @@ class HealthCheckResource:
     def apply(self, action, _observed):
         ctx = self.fleet.contexts[action.data["uri"]]
         service = MachineService(ctx)
-        timeout = self.params.get("shutdown_timeout") or 10
+        timeout = self.params["shutdown_timeout"]
         if action.kind == "delete":
-            service.ensure({"name": action.target, "state": "absent", "shutdown_timeout": timeout})
+            service.ensure(machine_spec.params({"name": action.target, "state": "absent", "shutdown_timeout": timeout}))
         else:
-            service.ensure({"name": action.target, "state": "stopped", "shutdown_timeout": timeout})
-            service.ensure({"name": action.target, "state": "running"})
+            service.ensure(machine_spec.params({"name": action.target, "state": "stopped", "shutdown_timeout": timeout}))
+            service.ensure(machine_spec.params({"name": action.target, "state": "running"}))
         # the remediated machine starts its health afresh
         dom = lv.lookup_domain(ctx.conn, action.target)
         if dom is not None:

@@ -28,6 +28,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel
@@ -80,10 +82,11 @@ def public_template(template):
 
 def normalize_set(params):
     """The desired set, validated; errors name the field."""
+    params = options.defaulted(options.MACHINE_SET, params)
     name = check.dns_label(params.get("name"), "name")
     if len(name) > 57:
         raise ValidationError("%r is too long: members are named <set>-<5 characters>, at most 63" % name, "name")
-    desired = {"name": name, "state": check.one_of(params.get("state") or "present", options.PRESENCE, "state")}
+    desired = {"name": name, "state": check.one_of(params["state"], options.PRESENCE, "state")}
     if desired["state"] == "absent":
         return desired
     replicas = check.whole_number(params.get("replicas"), "replicas", minimum=0)
@@ -113,21 +116,23 @@ def normalize_set(params):
         raise ValidationError("does not match the template's labels (%s): a new member would not be a member"
                               % ", ".join("%s=%s" % (key, match[key]) for key in missing), "selector")
     template = dict(template, labels=labels)
+    # the template's options are checked once, as every machine's are; members are made from the result
+    member = machine_spec.params(dict(template, name="%s-00000" % name), "template", scheduling=True)
     rollout = params.get("rollout")
     if rollout is not None:
         if not isinstance(rollout, dict):
             raise ValidationError("must be a mapping with max_unavailable and max_surge", "rollout")
-        surge = count_of(rollout.get("max_surge", 1), replicas, "rollout.max_surge", True)
-        unavailable = count_of(rollout.get("max_unavailable", 0), replicas, "rollout.max_unavailable", False)
+        surge = count_of(rollout.get("max_surge", options.default(options.MACHINE_SET, "rollout.max_surge")), replicas, "rollout.max_surge", True)
+        unavailable = count_of(rollout.get("max_unavailable", options.default(options.MACHINE_SET, "rollout.max_unavailable")), replicas, "rollout.max_unavailable", False)
         if surge == 0 and unavailable == 0:
             raise ValidationError("max_surge and max_unavailable cannot both be 0: nothing could be replaced",
                                   "rollout")
         rollout = {"max_surge": surge, "max_unavailable": unavailable}
-    desired.update(replicas=replicas, selector={"match_labels": match}, template=template,
+    desired.update(replicas=replicas, selector={"match_labels": match}, template=template, member=member,
                    template_hash=template_hash(template),
-                   delete_policy=check.one_of(params.get("delete_policy") or "Random", options.DELETE_POLICIES,
+                   delete_policy=check.one_of(params["delete_policy"], options.DELETE_POLICIES,
                                               "delete_policy"),
-                   strategy=check.one_of(params.get("strategy") or "spread", options.STRATEGIES, "strategy"),
+                   strategy=check.one_of(params["strategy"], options.STRATEGIES, "strategy"),
                    rollout=rollout)
     return desired
 
@@ -192,10 +197,9 @@ def place(desired, names, snapshots, members):
     for member in members:
         if member.get("pool") in count:
             count[member["pool"]] += 1
-    spec = {key: value for key, value in desired["template"].items() if key in scheduler.SPEC_KEYS}
     placements = []
     for name in names:
-        machine = dict(spec, name=name)
+        machine = dict(desired["member"], name=name)
         groups = sorted({count[pool["name"]] for pool in pools}) if desired["strategy"] == "spread" else [None]
         placed = None
         reason = "no pool is Ready"
@@ -210,7 +214,7 @@ def place(desired, names, snapshots, members):
         if placed is None:
             placements.append((name, None, reason))
             continue
-        size = scheduler.size_on(scheduler.normalize_machine(machine, keys=None), placed)
+        size = scheduler.size_on(scheduler.machine_request(machine, "template"), placed)
         placed["allocated"] = {"cpu": placed["allocated"]["cpu"] + size["cpu"],
                                "memory": placed["allocated"]["memory"] + size["memory"]}
         placed.setdefault("machines", []).append(name)
@@ -306,14 +310,14 @@ def rollout_waves(desired, members, stale, snapshots, taken, counter):
     return actions
 
 
-def member_spec(desired, name, wait, wait_timeout):
-    """The machine module's parameters for a new member (scheduling keys stay with the set)."""
-    spec = {key: value for key, value in desired["template"].items() if key not in SCHEDULING_KEYS}
+def member_spec(desired, name, wait, wait_timeout, unique_across=()):
+    """The machine params of a new member, from the template's (checked once, in normalize_set); the
+    scheduling keys stay with the set."""
+    spec = {key: value for key, value in desired["member"].items() if key not in SCHEDULING_KEYS}
     spec["labels"] = dict(spec.get("labels") or {}, **{OWNER_LABEL: desired["name"],
                                                        HASH_LABEL: desired["template_hash"]})
-    spec.setdefault("state", "running")
-    spec.update(name=name, wait=wait or "running", wait_timeout=wait_timeout or 300)
-    return spec
+    spec.update(name=name, wait=wait, wait_timeout=wait_timeout, unique_across=list(unique_across))
+    return freeze(spec)
 
 
 def counts(desired, members):
@@ -349,9 +353,9 @@ class MachineSetResource:
 
     def __init__(self, fleet, params, check_mode=False):
         self.fleet = fleet
-        self.params = params
+        self.params = options.defaulted(options.MACHINE_SET, params)
         self.check_mode = check_mode
-        self.desired = normalize_set(params)
+        self.desired = normalize_set(self.params)
         self.failures = []
 
     def describe(self):
@@ -383,7 +387,7 @@ class MachineSetResource:
             deletes = [a for a in plan.actions if a.kind == "delete" and a.data.get("wave", 0) == wave]
             steps += [creates, deletes] if surge_first or wave == 0 else [deletes, creates]
         for group in steps:
-            for action, outcome in zip(group, in_parallel(group, self.apply_one, self.params.get("workers") or 16)):
+            for action, outcome in zip(group, in_parallel(group, self.apply_one, self.params["workers"])):
                 if isinstance(outcome, MachineryError):
                     self.failures.append({"action": action.kind, "target": action.target,
                                           "pool": action.data.get("pool"), "msg": str(outcome)})
@@ -399,15 +403,14 @@ class MachineSetResource:
             elif action.kind == "forget":
                 ctx.registry.delete(set_key(self.desired["name"]))
             elif action.kind == "create":
-                spec = member_spec(self.desired, action.target, self.params.get("wait"),
-                                   self.params.get("wait_timeout"))
-                MachineService(ctx).ensure(dict(spec, unique_across=self.fleet.uris))
+                MachineService(ctx).ensure(member_spec(self.desired, action.target, self.params["wait"],
+                                                       self.params["wait_timeout"], self.fleet.uris))
             elif action.kind == "delete":
-                MachineService(ctx).ensure({"name": action.target, "state": "absent",
-                                            "shutdown_timeout": self.params.get("shutdown_timeout") or 60})
+                MachineService(ctx).ensure(machine_spec.params({"name": action.target, "state": "absent",
+                                                                "shutdown_timeout": self.params["shutdown_timeout"]}))
             elif action.kind == "adopt":
-                MachineService(ctx).ensure({"name": action.target, "state": "present",
-                                            "labels": action.data["labels"]})
+                MachineService(ctx).ensure(machine_spec.params({"name": action.target, "state": "present",
+                                                                "labels": action.data["labels"]}))
         except MachineryError as exc:
             return exc
         except lv.libvirt.libvirtError as exc:

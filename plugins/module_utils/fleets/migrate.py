@@ -34,7 +34,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, MachineryError, NotFoundError, PoolFull, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel, offline_snapshot, snapshot_of
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import shutdown, wait_for_address
+from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import wait_for_address
+from ansible_collections.machinery.compute.plugins.module_utils.machines.power import shutdown
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import host_bridge
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import is_active, machine_status
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext

@@ -27,8 +27,9 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, MachineryError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import host_bridge
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import (
-    MachineService, lease_expiries, observe_machine, update_record, wait_for_address)
+from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import lease_expiries, wait_for_address
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService, observe_machine
+from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
 _VOLUME_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -59,14 +60,16 @@ class Attachment:
     entry_key = None  # the record's list: volumes or network_interfaces
     alias = None
 
+    TABLE = ()  # the module's options (options.VOLUME_ATTACH, options.NIC_ATTACH): their defaults apply
+
     def __init__(self, ctx, params, check_mode=False):
         self.ctx = ctx
         self.conn = ctx.conn
-        self.params = params
+        self.params = params = options.defaulted(self.TABLE, params)
         self.check_mode = check_mode
         self.machine = check.dns_label(params.get("machine"), "machine")
-        self.state = check.one_of(params.get("state") or "attached", options.ATTACH_STATES, "state")
-        check.timeout_seconds(params.get("timeout", 30), "timeout")
+        self.state = check.one_of(params["state"], options.ATTACH_STATES, "state")
+        check.timeout_seconds(params["timeout"], "timeout")
         self.warnings = []
 
     def describe(self):
@@ -103,7 +106,7 @@ class Attachment:
             raise LibvirtFailure("cannot detach %s from %s: %s" % (what, self.machine, lv.describe(exc))) from None
         if not running:
             return
-        timeout = float(check.timeout_seconds(self.params.get("timeout", 30), "timeout"))
+        timeout = float(check.timeout_seconds(self.params["timeout"], "timeout"))
         deadline = time.monotonic() + timeout
         asked = time.monotonic()
         while dom.isActive() and alias in aliases(dx.parse(dom.XMLDesc(0))):
@@ -155,8 +158,8 @@ def plan_volume(params, observed, volume):
         return Plan([Action("detach", name, {"volume": name, "device": entry["device"]}, after, steps,
                             entry=entry, alias=alias)], volume_state={"name": name, "state": "Detached"})
     size = check.disk_bytes(params["size"], "size") if params.get("size") is not None else None
-    fmt = check.one_of(params.get("format") or "qcow2", options.VOLUME_FORMATS, "format")
-    bus = check.one_of(params.get("bus") or "virtio", options.DISK_BUSES, "bus")
+    fmt = check.one_of(params["format"], options.VOLUME_FORMATS, "format")
+    bus = check.one_of(params["bus"], options.DISK_BUSES, "bus")
     if volume is None and size is None:
         raise NotFoundError("no volume %r in storage pool %s; give size to create it"
                             % (name, params["storage_pool"]), "volume")
@@ -220,6 +223,7 @@ def _device(observed, entry, wanted, bus):
 
 
 class VolumeAttachment(Attachment):
+    TABLE = options.VOLUME_ATTACH
     entry_key = "volumes"
 
     def __init__(self, ctx, params, check_mode=False):
@@ -328,7 +332,7 @@ def plan_nic(params, observed, mac_users):
     if params.get("network") and not params["network_exists"]:
         raise NotFoundError("no network %r on pool %s" % (params["network"], params["pool_name"]), "network")
     mac = check.mac_address(params["mac"], "mac") if params.get("mac") else dx.derive_mac(observed.name, name)
-    model = check.one_of(params.get("model") or "virtio", options.NIC_MODELS, "model")
+    model = check.one_of(params["model"], options.NIC_MODELS, "model")
     wanted = {"name": name, "network": params.get("network"), "bridge": params.get("bridge"), "mac": mac,
               "model": model, "ephemeral": True}
     if entry is not None:
@@ -346,6 +350,7 @@ def plan_nic(params, observed, mac_users):
 
 
 class NicAttachment(Attachment):
+    TABLE = options.NIC_ATTACH
     entry_key = "network_interfaces"
 
     def __init__(self, ctx, params, check_mode=False):
@@ -371,7 +376,7 @@ class NicAttachment(Attachment):
         if self.state == "attached" and self.params.get("bridge"):
             host_bridge(self.ctx, check.interface_name(self.params["bridge"], "bridge"), "bridge")
         if self.params.get("wait") == "address":
-            check.timeout_seconds(self.params.get("wait_timeout", 300), "wait_timeout")
+            check.timeout_seconds(self.params["wait_timeout"], "wait_timeout")
         params = dict(self.params, name=self.nic_name, pool_name=self.ctx.name or self.ctx.uri,
                       network_exists=bool(network) and self.ctx.network(network) is not None)
         return plan_nic(params, target, mac_users)
@@ -403,7 +408,7 @@ class NicAttachment(Attachment):
                        if nic["name"] == self.nic_name), None)
         if not self.check_mode and self.params.get("wait") == "address" and wanted and wanted.get("network"):
             wait_for_address(self.ctx, target.dom, self.machine, [wanted],
-                             float(check.timeout_seconds(self.params.get("wait_timeout", 300), "wait_timeout")),
+                             float(check.timeout_seconds(self.params["wait_timeout"], "wait_timeout")),
                              self.earlier_leases)
         machine = MachineService(self.ctx).status(self.machine)
         shown = next((nic for nic in machine.get("network_interfaces") or [] if nic["name"] == self.nic_name),

@@ -22,11 +22,13 @@ import time
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, MachineryError, NotFoundError, ValidationError)
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import observe_machine, update_record
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import observe_machine
+from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 
 POLL = 0.5
@@ -156,14 +158,14 @@ class BackupResource:
         self.ctx = ctx
         self.conn = ctx.conn
         self.machine = check.dns_label(params.get("machine"), "machine")
-        self.params = dict(params, moment=moment or now())
+        self.params = dict(options.defaulted(options.MACHINE_BACKUP, params), moment=moment or now())
         self.params["name"] = check.dns_label(params["name"], "name") if params.get("name") else None
         if self.params["name"] is None:
             if params.get("state") == "absent" or params.get("restore"):
                 what = "delete" if params.get("state") == "absent" else "restore"
                 raise ValidationError("name the backup to %s" % what, "name")
             self.params["name"] = default_name(self.params["moment"])
-        check.timeout_seconds(params.get("timeout", 600), "timeout")
+        check.timeout_seconds(self.params["timeout"], "timeout")
         check_retention(params.get("retention"))
         self.report = {}
 
@@ -269,7 +271,7 @@ class BackupResource:
         return frozen, reason
 
     def _wait_job(self, dom):
-        timeout = float(self.params.get("timeout") or 600)
+        timeout = float(self.params["timeout"])
         deadline = time.monotonic() + timeout
         while dom.jobInfo()[0] != lv.libvirt.VIR_DOMAIN_JOB_NONE:
             if time.monotonic() > deadline:

@@ -10,7 +10,7 @@ what the modules and machine_batch call: it converges, waits, and returns the ou
 
 from __future__ import annotations
 
-import time
+import json
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
@@ -22,18 +22,20 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
-from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, admitted, check_room
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, converge, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, MachineryError, NameTaken, ValidationError)
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import (
-    ephemeral_volumes, normalize, recorded_spec)
+from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import FrozenDict
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
+from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import (
+    lease_expiries, observe_reservations, release_address, reserve_address, reserved_nics, wait_for_address)
+from ansible_collections.machinery.compute.plugins.module_utils.machines.power import bump_boots, shutdown, update_record
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import ephemeral_volumes, recorded_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import (
     PoolView, is_active, machine_status, now)
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
-POLL = 0.5
 SHOWN_AT_CREATION = ("cpu", "memory", "machine_class", "labels")
 CAPABILITIES_SHOWN = ("topology", "disk_qos", "ip_reservations")
 
@@ -95,29 +97,6 @@ def observe_machine(conn, name, journal=False, listing=None, registry=None):
         if (interface["alias"] or "").startswith("ua-nic-"):
             observed.security_groups[interface["alias"][len("ua-nic-"):]] = sgs.nic_groups(conn, interface)
     return observed
-
-
-def network_hosts(conn, network):
-    """The DHCP host entries of a libvirt network [{mac, ip, name}] (none when it is gone)."""
-    net = lv.lookup_network(conn, network)
-    if net is None:
-        return []
-    return elements.read_network(elements.parse(net.XMLDesc(lv.libvirt.VIR_NETWORK_XML_INACTIVE)))["dhcp_hosts"]
-
-
-def observe_reservations(conn, record):
-    """Replace the fixed addresses the record lists by what the networks hold for the NICs' MACs: the network
-    is the truth (a reservation removed by hand shows as missing and is made again)."""
-    hosts = {}
-    for nic in record.get("spec", {}).get("network_interfaces") or []:
-        if not nic.get("network"):
-            continue
-        if nic["network"] not in hosts:
-            hosts[nic["network"]] = {(host.get("mac") or "").lower(): host.get("ip")
-                                     for host in network_hosts(conn, nic["network"])}
-        held = hosts[nic["network"]].get(nic["mac"].lower())
-        if held or nic.get("ip_address"):
-            nic["ip_address"] = held
 
 
 # --- plan (pure) ------------------------------------------------------------------------------------------------
@@ -311,16 +290,49 @@ def plan_machine(spec, observed, record=None):
 
 # --- apply ------------------------------------------------------------------------------------------------------
 
-class MachineResource:
-    """One machine on one pool, for ``converge``."""
+class Created:
+    """What the creation of a machine learned that its spec could not say: the cached image's format, the
+    root disk's and image-backed volumes' sizes (an image given by URL is only read when it is downloaded) and
+    the secrets' uuids. The record is built from the spec plus this; the spec itself never changes."""
 
-    def __init__(self, ctx, params, check_mode=False):
+    def __init__(self):
+        self.image_format = None
+        self.root_size = None
+        self.volume_sizes = {}
+        self.secrets = {}
+
+
+class Prepared:
+    """A spec normalized against one observation (a batch's check-mode preflight), for the real run to reuse
+    while its own observation says the same."""
+
+    def __init__(self, spec, observed):
+        self.spec = spec
+        self.key = observation_key(observed)
+
+
+def observation_key(observed):
+    """What a spec was normalized from, of an observation: whether the machine exists, its record, its owned
+    fields, and a dead run's journal."""
+    return (observed.exists, json.dumps(observed.record, sort_keys=True, default=str),
+            json.dumps((observed.journal or {}).get("volumes"), default=str),
+            json.dumps(options.owned_values(observed.tree, observed.record) if observed.exists else None,
+                       sort_keys=True, default=str))
+
+
+class MachineResource:
+    """One machine on one pool, for ``converge``. ``params`` are machine_spec.params' (validated once, frozen)."""
+
+    def __init__(self, ctx, params, check_mode=False, prepared=None):
+        if not isinstance(params, FrozenDict):
+            raise TypeError("MachineResource takes machine_spec.params(), not raw options")
         self.ctx = ctx
         self.conn = ctx.conn
         self.params = params
         self.check_mode = check_mode
-        self.name = check.dns_label(params.get("name"), "name")
-        self.state = check.one_of(params.get("state") or "running", options.MACHINE_STATES, "state")
+        self.name = params["name"]
+        self.state = params["state"]
+        self.prepared = prepared
         self.spec = None
         self.warnings = []
         self.restart_required = False
@@ -339,18 +351,23 @@ class MachineResource:
                                registry=self.ctx.registry if listing is not None else None)
 
     def plan(self, observed):
-        if observed.exists and not observed.managed and not self.params.get("adopt"):
+        if observed.exists and not observed.managed and not self.params["adopt"]:
             raise ConflictError("a domain named %s exists on %s but was not created by machinery.compute; set "
                                 "adopt: true to take it over" % (self.name, self.ctx.name or self.ctx.uri), "name")
         record = observed.record
         if observed.exists and record is None:
-            record = adoption_record(observed, self.params.get("image"), now().isoformat())
+            record = adoption_record(observed, self.params["image"], now().isoformat())
         if self.spec is None:
-            if not observed.exists and self.state != "absent":
-                self.ctx.require_registration()
-            current = options.owned_values(observed.tree, record) if observed.exists else None
-            leftovers = set((observed.journal or {}).get("volumes") or [])
-            self.spec = normalize(self.params, self.ctx, record, current, leftovers)
+            if self.prepared is not None and self.prepared.key == observation_key(observed):
+                self.spec = self.prepared.spec  # the preflight normalized against what this run observes too
+            else:
+                if not observed.exists and self.state != "absent":
+                    self.ctx.require_registration()
+                current = options.owned_values(observed.tree, record) if observed.exists else None
+                facts = machine_spec.resolve(self.params, self.ctx, record)
+                # the volumes a dead run of this name listed in its journal are replaced by the create
+                facts.taken_volumes -= set((observed.journal or {}).get("volumes") or [])
+                self.spec = machine_spec.normalize(self.params, facts, record, current)
         plan = plan_machine(self.spec, observed, record)
         for action in plan.actions:
             if action.kind == "create":  # a plan that needs room is refused in check mode too
@@ -370,7 +387,7 @@ class MachineResource:
         # the image upload can take long: it happens before the pool's admission lock is taken
         image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener, self.ctx.images) \
             if spec.get("image") else (None, None)
-        with Admission(self.ctx, self.params.get("unique_across") or [], spec["name"]) as admission:
+        with Admission(self.ctx, self.params["unique_across"] or [], spec["name"]) as admission:
             # under the lock: a domain of this name defined meanwhile belongs to another run, whose volumes
             # (of the same names) must not be touched
             if lv.lookup_domain(self.conn, spec["name"]) is not None:
@@ -412,21 +429,22 @@ class MachineResource:
         created = []
         filters = []
         reserved = []
+        learned = Created()
         try:
             disks = []
             if spec.get("image"):
-                spec["image"]["format"] = fmt
+                learned.image_format = fmt
                 image_size = self._virtual_size(pool, image_vol, spec["image"])
                 root_size = spec["root_size"] or image_size
                 if root_size < image_size:
                     raise ValidationError("%s is smaller than the image (%s)"
                                           % (format_quantity(root_size), format_quantity(image_size)), "root_size")
-                spec["root_size"] = root_size
+                learned.root_size = root_size
                 root = {"name": "root", "device": "vda", "boot": True}
                 disks.append(self._new_volume(pool, created, "%s-root.qcow2" % name, root_size,
                                               (image_vol.path(), fmt), root))
             for vol in spec["volumes"]:
-                disks.append(self._volume_disk(pool, created, vol))
+                disks.append(self._volume_disk(pool, created, vol, learned))
             files = {"console": "%s-console.log" % name}
             paths = {}
             if "ignition_data" in spec:
@@ -436,7 +454,7 @@ class MachineResource:
                 files["seed"] = "%s-cidata.iso" % name
                 paths["seed_path"] = self._secret(pool, created, files["seed"], seed.nocloud_iso(spec["seed_files"]))
             record = {"version": dx.RECORD_VERSION, "created": now().isoformat(), "boots": 0, "last_error": None,
-                      "spec": recorded_spec(spec, files)}
+                      "spec": recorded_spec(spec, files, learned)}
             nics = []
             for nic in spec["network_interfaces"]:
                 if nic.get("security_groups"):
@@ -485,30 +503,33 @@ class MachineResource:
         created.append(volume_name)
         return dict(disk, path=new.path(), format="qcow2")
 
-    def _volume_disk(self, pool, created, vol):
+    def _volume_disk(self, pool, created, vol, learned):
         disk = {"name": vol["name"], "device": vol["device"], "bus": vol["bus"], "boot": vol.get("boot", False),
                 "serial": vol.get("serial"), "iotune": cap.iotune_values(cap.qos_of(vol))}
         if vol.get("encrypted"):
-            return self._encrypted_volume(pool, created, vol, disk)
+            return self._encrypted_volume(pool, created, vol, disk, learned)
         if vol["source"] == "volume":
             existing = pool.storageVolLookupByName(vol["volume"])
             return dict(disk, path=existing.path(), format=storage.volume_format(existing),
                         shareable=vol.get("shareable", False))
         backing = None
+        size = vol["size"]
         if vol["source"] == "image":
             backing_vol, backing_fmt = images.ensure_cached(self.conn, pool, vol["image"], self.ctx.url_opener,
                                                             self.ctx.images)
-            vol["size"] = max(self._virtual_size(pool, backing_vol, vol["image"]), vol.get("size") or 0)
+            size = learned.volume_sizes[vol["name"]] = max(self._virtual_size(pool, backing_vol, vol["image"]),
+                                                           vol.get("size") or 0)
             backing = (backing_vol.path(), backing_fmt)
-        return self._new_volume(pool, created, vol["volume"], vol["size"], backing, disk)
+        return self._new_volume(pool, created, vol["volume"], size, backing, disk)
 
-    def _encrypted_volume(self, pool, created, vol, disk):
+    def _encrypted_volume(self, pool, created, vol, disk, learned):
         """A LUKS volume (raw inside): its passphrase goes into a private secret on the pool first, and only the
         secret's uuid into the volume's and the domain's XML."""
         path = self.ctx.storage_file(vol["volume"])
         storage.delete_volume(pool, vol["volume"])
         created.append(vol["volume"])  # from here on, a failure removes the secret too
-        uuid = storage.define_volume_secret(self.conn, path, self.name, vol.pop("passphrase"))
+        uuid = learned.secrets[vol["name"]] = storage.define_volume_secret(self.conn, path, self.name,
+                                                                           vol["passphrase"])
         new = storage.create_volume(pool, vol["volume"], vol["size"], "raw", secret=uuid)
         return dict(disk, path=new.path(), format="raw", secret=uuid)
 
@@ -663,7 +684,7 @@ class MachineResource:
         self._update_record(dom, bump_boots)
 
     def _stop(self, _action, observed):
-        timeout = self.params.get("shutdown_timeout", 60)
+        timeout = self.params["shutdown_timeout"]
         if shutdown(observed.dom, timeout):
             self.warnings.append("%s did not power off within %ss of the ACPI request and was forced off"
                                  % (self.name, timeout))
@@ -674,7 +695,7 @@ class MachineResource:
         if volumes:
             # a run killed between the undefine and the last volume leaves the journal for the next run
             self.ctx.registry.put(reg.pending_key(self.name), {"machine": self.name, "volumes": volumes})
-        timeout = self.params.get("shutdown_timeout", 60)
+        timeout = self.params["shutdown_timeout"]
         if dom.isActive() and shutdown(dom, timeout):
             self.warnings.append("%s did not power off within %ss and was forced off" % (self.name, timeout))
         flags = (lv.libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | lv.libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA |
@@ -714,142 +735,6 @@ class MachineResource:
             pass
 
 
-def reserved_nics(record):
-    """The NICs of a record with a fixed address on a libvirt network."""
-    return [nic for nic in (record or {}).get("spec", {}).get("network_interfaces") or []
-            if nic.get("network") and nic.get("ip_address")]
-
-
-def _update_network(ctx, nic, command, entry):
-    net = ctx.network(nic["network"])
-    if net is None:
-        return
-    flags = lv.libvirt.VIR_NETWORK_UPDATE_AFFECT_CONFIG
-    if net.isActive():
-        flags |= lv.libvirt.VIR_NETWORK_UPDATE_AFFECT_LIVE
-    try:
-        net.update(command, lv.libvirt.VIR_NETWORK_SECTION_IP_DHCP_HOST, -1, entry, flags)
-    except lv.libvirt.libvirtError as exc:
-        raise LibvirtFailure("cannot update the DHCP reservations of network %s: %s"
-                             % (nic["network"], lv.describe(exc)), "network_interfaces") from None
-
-
-def reserve_address(ctx, nic, machine):
-    """A DHCP host entry for the NIC's MAC on its network (live and persistent); the machine's name is the
-    entry's host name unless another entry has it (a second NIC of the machine on the network)."""
-    hosts = MachineHosts(ctx, nic["network"])
-    name = machine if machine not in hosts.names() else None
-    _update_network(ctx, nic, lv.libvirt.VIR_NETWORK_UPDATE_COMMAND_ADD_LAST,
-                    cap.host_entry(nic["mac"], nic["ip_address"], name))
-
-
-def release_address(ctx, nic):
-    """Remove every DHCP host entry of the NIC's MAC from its network."""
-    for host in MachineHosts(ctx, nic["network"]).of(nic["mac"]):
-        _update_network(ctx, nic, lv.libvirt.VIR_NETWORK_UPDATE_COMMAND_DELETE,
-                        cap.host_entry(host["mac"], host["ip"], host.get("name")))
-
-
-class MachineHosts:
-    """The DHCP host entries of one network, read once."""
-
-    def __init__(self, ctx, network):
-        self.hosts = network_hosts(ctx.conn, network)
-
-    def names(self):
-        return {host.get("name") for host in self.hosts if host.get("name")}
-
-    def of(self, mac):
-        return [host for host in self.hosts if (host.get("mac") or "").lower() == mac.lower()]
-
-
-def bump_boots(record):
-    record["boots"] = int(record.get("boots") or 0) + 1
-    record["last_error"] = None
-
-
-def update_record(dom, change):
-    """Change the record of ``dom`` in its persistent and (when it runs) live metadata."""
-    tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
-    record = dx.read_record(tree)
-    if record is None:
-        return
-    change(record)
-    flags = lv.libvirt.VIR_DOMAIN_AFFECT_CONFIG
-    if dom.isActive():
-        flags |= lv.libvirt.VIR_DOMAIN_AFFECT_LIVE
-    dom.setMetadata(lv.libvirt.VIR_DOMAIN_METADATA_ELEMENT, dx.record_xml(record), dx.PREFIX, dx.NAMESPACE, flags)
-
-
-def shutdown(dom, timeout):
-    """ACPI power button, repeated every few seconds; destroy after ``timeout``. True when forced."""
-    deadline = time.monotonic() + float(timeout)
-    last_request = 0.0
-    while dom.isActive():
-        if time.monotonic() > deadline:
-            try:
-                dom.destroy()
-            except lv.libvirt.libvirtError:
-                if dom.isActive():
-                    raise
-            return True
-        if time.monotonic() - last_request > 5:
-            try:
-                dom.shutdownFlags(lv.libvirt.VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN)
-            except lv.libvirt.libvirtError:
-                if not dom.isActive():
-                    break
-            last_request = time.monotonic()
-        time.sleep(0.2)
-    return False
-
-
-def lease_expiries(ctx, nics):
-    """{(network, mac): expiry time} of the DHCP leases the networks list for ``nics`` now, read just before a
-    guest boots (or a NIC is plugged in), for ``wait_for_address``.
-
-    dnsmasq keeps a lease until it expires (an hour by default) when its guest goes away without releasing it,
-    and a machine's MACs derive from its name: a machine deleted and created again, or stopped and started, finds
-    its predecessor's lease still listed before its own guest has even booted. The guest's DHCP request renews
-    that lease, which moves its expiry time later; that is how the wait tells the new guest's lease apart."""
-    view = PoolView(ctx)
-    found = {}
-    for nic in nics or []:
-        if nic.get("network") and nic.get("mac"):
-            expiry = view.lease_expiry(nic["network"], nic["mac"])
-            if expiry:
-                found[(nic["network"], nic["mac"].lower())] = expiry
-    return found
-
-
-def wait_for_address(ctx, dom, name, nics, timeout, earlier_leases=None):
-    """Until one of ``nics`` (on libvirt networks) has a DHCP lease; with ``earlier_leases`` (``lease_expiries``
-    read before the guest booted) one granted or renewed since."""
-    nics = [nic for nic in nics or [] if nic.get("network")]
-    if not nics:
-        raise ValidationError("wait: address needs a network interface on a libvirt network", "wait")
-    earlier_leases = earlier_leases or {}
-    deadline = time.monotonic() + timeout
-    book = PoolView(ctx)
-
-    def leased(nic):
-        addresses = book.addresses(nic["network"], nic["mac"], earlier_leases.get((nic["network"],
-                                                                                   nic["mac"].lower())))
-        # a NIC with a fixed address counts once its lease is that address (a lease from before the
-        # reservation changed may still be listed)
-        return nic["ip_address"] in addresses if nic.get("ip_address") else bool(addresses)
-
-    while True:
-        if any(leased(nic) for nic in nics):
-            return
-        if not dom.isActive():
-            raise MachineryError("%s stopped while waiting for an address" % name, "wait")
-        if time.monotonic() > deadline:
-            raise MachineryError("%s got no DHCP address within %ss" % (name, timeout), "wait_timeout")
-        time.sleep(POLL)
-        book.refresh()
-
-
 # --- the service the modules call -------------------------------------------------------------------------------
 
 class Outcome:
@@ -877,8 +762,9 @@ class MachineService:
             return {"name": name, "pool": self.ctx.name, "uri": self.ctx.uri, "phase": "Terminated"}
         return machine_status(dom, self.ctx)
 
-    def ensure(self, params):
-        resource = MachineResource(self.ctx, params, self.check_mode)
+    def ensure(self, params, prepared=None):
+        """Converge the machine of ``params`` (machine_spec.params); ``prepared`` is a preflight's Prepared."""
+        resource = MachineResource(self.ctx, params, self.check_mode, prepared)
         plan, observed = converge(resource, self.check_mode)
         spec = resource.spec or {"name": resource.name, "state": resource.state}
         if resource.state == "absent":
@@ -890,16 +776,17 @@ class MachineService:
         else:
             if not self.check_mode and resource.state == "running":
                 self.wait(observed.dom, spec, params, resource.earlier_leases)
-            if plan.actions or params.get("wait") == "address":
+            if plan.actions or params["wait"] == "address":
                 machine = machine_status(observed.dom, self.ctx, PoolView(self.ctx, volumes_of=self.ctx.view()))
             else:  # as observed: the pool's leases and volumes as this run read them
                 machine = machine_status(observed.dom, self.ctx, self.ctx.view(), observed.tree, state=observed.state,
                                          record=observed.record)
         restart_required = resource.restart_required or (self.check_mode and plan.facts.get("restart_required"))
-        return Outcome(plan, machine, resource.warnings, bool(restart_required))
+        outcome = Outcome(plan, machine, resource.warnings, bool(restart_required))
+        outcome.prepared = Prepared(resource.spec, observed) if resource.spec is not None else None
+        return outcome
 
     def wait(self, dom, spec, params, earlier_leases=None):
-        wait = check.one_of(params.get("wait") or "running", options.WAITS, "wait")
-        if wait == "address":
+        if params["wait"] == "address":
             wait_for_address(self.ctx, dom, spec["name"], spec.get("network_interfaces"),
-                             float(params.get("wait_timeout") or 300), earlier_leases)
+                             float(params["wait_timeout"]), earlier_leases)

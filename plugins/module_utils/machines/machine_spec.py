@@ -1,148 +1,285 @@
 # -*- coding: utf-8 -*-
 # Copyright: contributors to machinery.compute
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A machine's desired spec: the module's parameters validated field by field and normalized.
+"""A machine's desired state, on one path from what the user wrote to what the plan converges.
 
-Validation reads the pool (its classes, networks and volumes) and the controller's image files, and writes
-nothing: every error names the option it is about, and a run that fails here has changed nothing.
+1. ``params(raw, field)``: the one entry point. The option table of options.py (types, choices, defaults,
+   unknown keys) and every check that needs nothing but the value, applied once; the result is frozen. The
+   ``machine`` module, ``machine_batch``, the ``machines`` role, ``machine_set`` templates and the manifest
+   dialects all pass through it.
+2. ``resolve(params, ctx, record)``: what the pool and the controller's files say that the spec depends on
+   (the class, the image, existing volumes, networks, bridges, security groups), read and never written.
+3. ``normalize(params, facts, record, current)``: pure. The spec the plan converges to, every error naming its
+   field; for an existing machine, options left out keep their current values. The result is frozen: applying
+   it never changes it, and what creation learns comes back beside it (machine.Created).
 """
 
 from __future__ import annotations
 
 import os
 
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.module_utils.errors import UnsupportedError
+
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
-from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
-from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
-from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, NotFoundError, ValidationError)
+from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze, thaw
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images
+from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
+from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
+from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
+from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+
+MACHINE_ARGUMENTS = options.argument_spec(options.MACHINE)
+SCHEDULED_ARGUMENTS = options.argument_spec(options.MACHINE + options.SCHEDULING)
+SCHEDULING_KEYS = tuple(item.name for item in options.SCHEDULING)
+# what a scheduled machine takes (a batch's machines, a set's template): the machine's options but those the
+# caller sets itself
+SCHEDULED_KEYS = tuple(key for key in SCHEDULED_ARGUMENTS if key != "unique_across")
 
 
-def _size_from_class(params, ctx, recorded=None):
-    """(machine_class, cpu, memory): a class from the pool's registry, explicit cpu/memory, or both (explicit
-    values override the class). For an existing machine, what the user leaves out keeps its recorded value."""
-    recorded = recorded or {}
-    name = params.get("machine_class")
-    cpu = check.cpu_count(params["cpu"], "cpu") if params.get("cpu") is not None else None
-    memory = check.memory_bytes(params["memory"], "memory") if params.get("memory") is not None else None
-    if name:
-        check.dns_label(name, "machine_class")
-        published = ctx.registry.machine_class(name)
-        if published is None:
-            raise NotFoundError("class %r is not published on pool %s" % (name, ctx.name or ctx.uri),
-                                "machine_class")
-        return name, published["cpu"] if cpu is None else cpu, published["memory"] if memory is None else memory
-    if recorded:
-        return (recorded.get("machine_class"), recorded.get("cpu") if cpu is None else cpu,
-                recorded.get("memory") if memory is None else memory)
-    if cpu is None or memory is None:
-        raise ValidationError("give machine_class, or both cpu and memory", "machine_class")
-    return None, cpu, memory
+def _at(field, key):
+    return "%s.%s" % (field, key) if field else key
 
 
-def _volumes(name, items, ctx, taken_devices, leftovers=()):
-    """Normalized volume entries; device names assigned stably after the root disk (vda). ``leftovers`` are
-    volumes a dead run of this name listed in its journal: the create replaces them."""
-    result = []
-    seen = set()
-    for index, item in enumerate(items or []):
-        where = "volumes[%d]" % index
-        if not isinstance(item, dict):
-            raise ValidationError("must be a mapping", where)
-        vol_name = check.dns_label(item.get("name"), where + ".name")
-        if vol_name in seen or vol_name == "root":
-            raise ValidationError("volume name %r is used twice (root is the image disk)" % vol_name,
-                                  where + ".name")
-        if vol_name == cap.SWAP_VOLUME:
+# --- 1. params: the option table, once ------------------------------------------------------------------------
+
+def params(raw, field=None, scheduling=False, defaults=None, defaults_field="defaults"):
+    """The options of one machine, validated against the option table and checked value by value, with the
+    table's defaults; frozen. ``field`` names the machine in errors (``machines[3]``); ``scheduling`` admits
+    machine_pool_selector and machine_pool; ``defaults`` are options every machine takes unless it sets them
+    (machine_batch's ``defaults``), reported under ``defaults_field`` when they are bad themselves."""
+    arguments = SCHEDULED_ARGUMENTS if scheduling else MACHINE_ARGUMENTS
+    if not isinstance(raw, dict):
+        raise ValidationError("must be a mapping of machine options", field or "machine")
+    if defaults:
+        unknown = sorted(set(defaults) - set(arguments) - {"name"})
+        if unknown or "name" in defaults:
+            raise ValidationError("unknown option %s" % ", ".join(unknown) if unknown else "a name is not a default",
+                                  defaults_field)
+        raw = dict(defaults, **raw)
+    if scheduling:
+        unknown = sorted(str(key) for key in raw if key not in SCHEDULED_KEYS)
+        if unknown:
+            raise ValidationError("unknown option%s %s" % ("s" if len(unknown) > 1 else "", ", ".join(unknown)),
+                                  field or "machine")
+    result = ArgumentSpecValidator(arguments).validate(raw)
+    if result.error_messages:
+        # an unknown key (a misspelt tolerations, say) comes as the bare key: say what it is
+        raise ValidationError("; ".join("unknown option %s" % error.msg if isinstance(error, UnsupportedError)
+                                        else error.msg for error in result.errors), field or "machine")
+    given = result.validated_parameters
+    checked = dict(given)
+    checked["name"] = check.dns_label(given["name"], _at(field, "name"))
+    for key, allow_zero in (("wait_timeout", False), ("shutdown_timeout", True)):
+        check.timeout_seconds(given[key], _at(field, key), allow_zero)
+    if given["labels"] is not None:
+        checked["labels"] = check.labels(given["labels"], _at(field, "labels"))
+    if given["tolerations"] is not None:  # [] is kept apart from None: it clears the recorded tolerations
+        checked["tolerations"] = scheduler.normalize_tolerations(given["tolerations"],
+                                                                 _at(field, "tolerations")) or []
+    if given["machine_class"]:
+        check.dns_label(given["machine_class"], _at(field, "machine_class"))
+    if given["cpu"] is not None:
+        checked["cpu"] = check.cpu_count(given["cpu"], _at(field, "cpu"))
+    if given["memory"] is not None:
+        checked["memory"] = check.memory_bytes(given["memory"], _at(field, "memory"))
+    if given["root_size"]:
+        checked["root_size"] = check.disk_bytes(given["root_size"], _at(field, "root_size"))
+    checked["swap"] = options.option(options.MACHINE, "swap").check(given["swap"], _at(field, "swap"))
+    if given["cloud_init"] is not None and not isinstance(given["cloud_init"], dict):
+        raise ValidationError("must be a mapping with user_data, meta_data, network_config", _at(field, "cloud_init"))
+    checked["ssh_authorized_keys"] = [str(key) for key in given["ssh_authorized_keys"] or []]
+    if given["volumes"] is not None:
+        checked["volumes"] = _volume_params(given["volumes"], _at(field, "volumes"))
+    if given["network_interfaces"] is not None:
+        checked["network_interfaces"] = _nic_params(given["network_interfaces"], _at(field, "network_interfaces"))
+    if scheduling:
+        checked["machine_pool_selector"] = check.labels(given["machine_pool_selector"] or {},
+                                                        _at(field, "machine_pool_selector"))
+        if given["machine_pool"] is not None:
+            check.dns_label(given["machine_pool"], _at(field, "machine_pool"))
+    return freeze(checked)
+
+
+def machine_params(raw, field=None):
+    """``params`` of the options of the machine module among ``raw`` (a module's parameters carry the common
+    options too)."""
+    return params({key: _given(value) for key, value in raw.items() if key in MACHINE_ARGUMENTS and value is not None},
+                  field)
+
+
+def _given(value):
+    """A value without the None Ansible fills in for the sub-options left out."""
+    if isinstance(value, dict):
+        return {key: _given(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_given(item) for item in value]
+    return value
+
+
+def _volume_params(items, field):
+    result, seen = [], set()
+    for index, item in enumerate(items):
+        where = "%s[%d]" % (field, index)
+        entry = dict(item)
+        name = entry["name"] = check.dns_label(item.get("name"), where + ".name")
+        if name in seen or name == "root":
+            raise ValidationError("volume name %r is used twice (root is the image disk)" % name, where + ".name")
+        if name == cap.SWAP_VOLUME:
             raise ValidationError("volume name swap is the swap disk's; give the machine swap: <size> instead",
                                   where + ".name")
-        seen.add(vol_name)
-        sources = [key for key in ("size", "volume", "image") if item.get(key) is not None]
-        if len(sources) != 1:
+        seen.add(name)
+        if len([key for key in ("size", "volume", "image") if item.get(key) is not None]) != 1:
             raise ValidationError("give exactly one of size, volume or image", where)
-        entry = {"name": vol_name, "bus": check.one_of(item.get("bus") or "virtio", options.DISK_BUSES, where + ".bus"),
-                 "device": item.get("device")}
-        ephemeral = item.get("ephemeral")  # None when unset: new volumes are ephemeral, existing ones are not
         if item.get("volume") is not None:
-            storage.check_attachable(str(item["volume"]), where + ".volume")
-            existing = storage.find_volume(ctx.storage, str(item["volume"]), where + ".volume")
-            entry.update(source="volume", volume=existing.name(), size=existing.info()[1],
-                         ephemeral=bool(ephemeral), shareable=_shareable(item, existing, ctx, name, where))
-        else:
-            # an encrypted volume is LUKS with raw data inside, not qcow2
-            entry.update(volume="%s-%s.%s" % (name, vol_name, "luks" if item.get("encrypted") else "qcow2"),
-                         ephemeral=ephemeral is not False)
-            if entry["volume"] not in leftovers and lv.lookup_volume(ctx.storage, entry["volume"]) is not None:
-                raise ConflictError("volume %s already exists in storage pool %s (left by an earlier machine?); "
-                                    "delete it, or attach it with volume: %s"
-                                    % (entry["volume"], ctx.storage.name(), entry["volume"]), where + ".name")
-            if item.get("size") is not None:
-                entry.update(source="empty", size=check.disk_bytes(item["size"], where + ".size"))
-            else:
-                entry.update(source="image", image=named_images.resolve(item["image"], item.get("image_checksum"),
-                                                                        ctx, where + ".image"))
-                image_format(entry["image"], where + ".image")
-        _volume_capabilities(item, entry, where)
+            entry["volume"] = str(item["volume"])
+            storage.check_attachable(entry["volume"], where + ".volume")
+        if item.get("size") is not None:
+            entry["size"] = check.disk_bytes(item["size"], where + ".size")
+        for key in ("iops", "throughput"):
+            if item.get(key) is not None:
+                entry[key] = options.option(options.VOLUME, key).check(item[key], "%s.%s" % (where, key))
+        if item.get("encrypted"):
+            if item.get("size") is None:
+                raise ValidationError("only a new empty volume (size) can be encrypted", where + ".encrypted")
+            entry["passphrase"] = options.option(options.VOLUME, "passphrase").check(item.get("passphrase"),
+                                                                                     where + ".passphrase")
+        elif item.get("passphrase") not in (None, ""):
+            raise ValidationError("is only used with encrypted: true", where + ".passphrase")
+        if item.get("device"):
+            check.device_name(item["device"], item["bus"], where + ".device")
         result.append(entry)
+    explicit = [entry["device"] for entry in result if entry.get("device")]
     for index, entry in enumerate(result):
-        if entry["device"]:
-            check.device_name(entry["device"], entry["bus"], "volumes[%d].device" % index)
-    explicit = [entry["device"] for entry in result if entry["device"]]
-    for index, entry in enumerate(result):
-        if entry["device"] and (entry["device"] in taken_devices or explicit.count(entry["device"]) > 1):
-            raise ValidationError("device %s is already taken" % entry["device"], "volumes[%d].device" % index)
-    free = iter(dx.device_names(len(result), set(taken_devices) | set(explicit)))
-    for entry in result:
-        entry["device"] = entry["device"] or next(free)
+        if entry.get("device") and explicit.count(entry["device"]) > 1:
+            raise ValidationError("device %s is already taken" % entry["device"], "%s[%d].device" % (field, index))
     return result
 
 
-def checked(table, key, value, field):
-    """``value`` of option ``key`` of ``table`` through the check options.py declares for it."""
-    return options.option(table, key).check(value, field)
+def _nic_params(items, field):
+    result, seen = [], set()
+    for index, item in enumerate(items):
+        where = "%s[%d]" % (field, index)
+        entry = dict(item)
+        name = entry["name"] = check.dns_label(item.get("name"), where + ".name")
+        if name in seen:
+            raise ValidationError("interface name %r is used twice" % name, where + ".name")
+        seen.add(name)
+        if bool(item.get("network")) == bool(item.get("bridge")):
+            raise ValidationError("give exactly one of network or bridge", where)
+        if item.get("bridge"):
+            check.interface_name(item["bridge"], where + ".bridge")
+        if item.get("mac"):
+            entry["mac"] = check.mac_address(item["mac"], where + ".mac")
+        if item.get("security_groups") is not None:
+            groups = []
+            for position, group in enumerate(item["security_groups"]):
+                check.dns_label(group, "%s.security_groups[%d]" % (where, position))
+                if group not in groups:
+                    groups.append(group)
+            entry["security_groups"] = sorted(groups)
+        if item.get("ip_address") not in (None, ""):
+            entry["ip_address"] = str(cap.address(item["ip_address"], where + ".ip_address"))
+        else:
+            entry["ip_address"] = None
+        result.append(entry)
+    return result
 
 
-def _volume_capabilities(item, entry, where):
-    """QoS limits and encryption of a volume entry (issue 13)."""
-    for key in ("iops", "throughput"):
-        if item.get(key) is not None:
-            entry[key] = checked(options.VOLUME, key, item[key], "%s.%s" % (where, key))
-    if item.get("encrypted"):
-        if entry["source"] != "empty":
-            raise ValidationError("only a new empty volume (size) can be encrypted", where + ".encrypted")
-        entry["encrypted"] = True
-        entry["passphrase"] = checked(options.VOLUME, "passphrase", item.get("passphrase"), where + ".passphrase")
-    elif item.get("passphrase") not in (None, ""):
-        raise ValidationError("is only used with encrypted: true", where + ".passphrase")
+def scheduling_request(prm):
+    """What the scheduler reads of a machine's params (see scheduler.machine_request)."""
+    return scheduler.machine_request(prm)
 
 
-def _swap(name, params, ctx, volumes, leftovers):
-    """The swap size, and its disk appended to ``volumes`` on the next free device."""
-    size = checked(options.MACHINE, "swap", params.get("swap"), "swap")
-    if size:
-        entry = cap.swap_volume(name, size)
-        if entry["volume"] not in leftovers and lv.lookup_volume(ctx.storage, entry["volume"]) is not None:
-            raise ConflictError("volume %s already exists in storage pool %s (left by an earlier machine?)"
-                                % (entry["volume"], ctx.storage.name()), "swap")
-        entry["device"] = dx.device_names(1, {"vda"} | {vol["device"] for vol in volumes})[0]
-        volumes.append(entry)
-    return size
+# --- 2. resolve: what the pool and the files say ----------------------------------------------------------------
+
+class Facts:
+    """What ``normalize`` needs to know that the parameters do not say: read once by ``resolve`` (or built by
+    hand in a unit test)."""
+
+    def __init__(self, pool="pool", storage_pool="machinery", virt_type="qemu", classes=None, networks=None,
+                 default_network=None, bridges=None, security_groups=None, volumes=None, images=None,
+                 taken_volumes=()):
+        self.pool = pool  # its name, for messages
+        self.storage_pool = storage_pool
+        self.virt_type = virt_type  # kvm or qemu, as the pool measured it
+        self.classes = classes or {}  # name -> {cpu, memory} of the classes the params name that are published
+        self.networks = networks or {}  # name -> None (missing) or {info (elements.read_network), leases}
+        self.default_network = default_network
+        self.bridges = bridges or {}  # name -> (kind, answered) as host_interface reads it
+        self.security_groups = security_groups or {}  # name -> whether the pool has it
+        self.volumes = volumes or {}  # existing volume name -> None (missing) or {size, format, users}
+        self.images = images or {}  # field -> {image (images.resolve), format, size}
+        self.taken_volumes = set(taken_volumes)  # names the machine's new volumes would have that exist already
 
 
-def reservation(ctx, nic, ip, field):
-    """A NIC's fixed address, checked against its network (range, other reservations, leases)."""
-    if not nic.get("network"):
-        raise ValidationError("needs an interface on a libvirt network (a host bridge has no libvirt DHCP)", field)
-    net = ctx.network(nic["network"])
+def new_volume_name(machine, item):
+    """The volume a new disk of a machine gets (an encrypted one is LUKS with raw data inside, not qcow2)."""
+    return "%s-%s.%s" % (machine, item["name"], "luks" if item.get("encrypted") else "qcow2")
+
+
+def _image_facts(source, checksum, ctx, field):
+    image = named_images.resolve(source, checksum, ctx, field)
+    return {"image": image, "format": image_format(image, field),
+            "size": storage.virtual_size(image["path"]) if image.get("path") else None}
+
+
+def resolve(prm, ctx, record=None):
+    """The Facts for ``normalize``: reads the pool and the controller's files, writes nothing."""
+    facts = Facts(pool=ctx.name or ctx.uri, virt_type=ctx.virt_type())
+    if prm["state"] == "absent":
+        return facts
+    if prm["machine_class"]:
+        facts.classes[prm["machine_class"]] = ctx.registry.machine_class(prm["machine_class"])
+    nics = prm["network_interfaces"]
+    if nics is None and record is None:
+        facts.default_network = ((ctx.registration or {}).get("networks") or [None])[0]
+        nics = [{"name": "eth0", "network": facts.default_network}] if facts.default_network else []
+    for nic in nics or []:
+        network = nic.get("network")
+        if network and network not in facts.networks:
+            net = ctx.network(network)
+            facts.networks[network] = None if net is None else {"info": None, "leases": []}
+        if network and nic.get("ip_address") and facts.networks[network] and facts.networks[network]["info"] is None:
+            facts.networks[network] = network_facts(ctx.network(network))
+        if nic.get("bridge") and nic["bridge"] not in facts.bridges:
+            facts.bridges[nic["bridge"]] = host_interface(ctx.conn, nic["bridge"])
+        for group in nic.get("security_groups") or []:
+            if group not in facts.security_groups:
+                facts.security_groups[group] = sgs.read_group(ctx.conn, group, "security_groups") is not None
+    if record is not None:
+        return facts  # an existing machine keeps its image, disks and NICs
+    facts.storage_pool = ctx.storage.name()
+    if prm["image"]:
+        facts.images["image"] = _image_facts(prm["image"], prm["image_checksum"], ctx, "image")
+    names = []
+    for index, item in enumerate(prm["volumes"] or []):
+        if item.get("volume") is not None:
+            vol = lv.lookup_volume(ctx.storage, item["volume"])
+            facts.volumes[item["volume"]] = None if vol is None else {
+                "size": vol.info()[1], "format": storage.volume_format(vol),
+                "users": storage.users_of(ctx.conn, vol.path(), prm["name"])}
+            continue
+        names.append(new_volume_name(prm["name"], item))
+        if item.get("image") is not None:
+            where = "volumes[%d].image" % index
+            facts.images[where] = _image_facts(item["image"], item.get("image_checksum"), ctx, where)
+    if prm["swap"]:
+        names.append(cap.swap_volume(prm["name"], prm["swap"])["volume"])
+    facts.taken_volumes = {name for name in names if lv.lookup_volume(ctx.storage, name) is not None}
+    return facts
+
+
+def network_facts(net):
+    """{info, leases} of a libvirt network for fixed addresses: its ranges and host entries, its leases."""
     info = elements.read_network(elements.parse(net.XMLDesc(lv.libvirt.VIR_NETWORK_XML_INACTIVE)))
     leases = []
     if net.isActive():
@@ -150,103 +287,16 @@ def reservation(ctx, nic, ip, field):
             leases = [(lease.get("mac"), lease.get("ipaddr")) for lease in net.DHCPLeases()]
         except lv.libvirt.libvirtError:
             leases = []
-    return cap.check_reservation(ip, nic["mac"], nic["network"], info, leases, field)
+    return {"info": info, "leases": leases}
 
 
-def _reservations(ctx, nics, items):
-    seen = {}
-    for index, (nic, item) in enumerate(zip(nics, items or [])):
-        if isinstance(item, dict) and item.get("ip_address") not in (None, ""):
-            field = "network_interfaces[%d].ip_address" % index
-            nic["ip_address"] = reservation(ctx, nic, item["ip_address"], field)
-            key = (nic["network"], nic["ip_address"])
-            if key in seen:
-                raise ValidationError("%s is given to interface %s as well" % (nic["ip_address"], seen[key]), field)
-            seen[key] = nic["name"]
-
-
-def _existing_capabilities(params, ctx, spec, recorded):
-    """Topology, QoS and fixed addresses of an existing machine: what the user gives again over what it has."""
-    volumes, nics = spec["volumes"] or [], spec["network_interfaces"] or []
-    names = {vol["name"]: index for index, vol in enumerate(volumes)}
-    for index, item in enumerate(params.get("volumes") or []):
-        if isinstance(item, dict) and item.get("name") in names:
-            _volume_capabilities(item, dict(volumes[names[item["name"]]]), "volumes[%d]" % index)
-    spec["disk_qos"] = cap.desired_disk_qos(volumes, params.get("volumes"), recorded.get("disk_qos") or {})
-    by_name = {nic["name"]: nic for nic in nics}
-    seen = {}
-    for index, item in enumerate(params.get("network_interfaces") or []):
-        if isinstance(item, dict) and item.get("name") in by_name and item.get("ip_address") not in (None, ""):
-            field = "network_interfaces[%d].ip_address" % index
-            ip = reservation(ctx, by_name[item["name"]], item["ip_address"], field)
-            if ip in seen:
-                raise ValidationError("%s is given to interface %s as well" % (ip, seen[ip]), field)
-            seen[ip] = item["name"]
-    spec["ip_reservations"] = cap.desired_reservations(nics, params.get("network_interfaces"),
-                                                       recorded.get("ip_reservations") or {})
-
-
-def _shareable(item, existing, ctx, machine, where):
-    """An existing volume another machine uses is attached only as a shareable raw disk (as volume_attach)."""
-    shareable = bool(item.get("shareable"))
-    if shareable and storage.volume_format(existing) != "raw":
-        raise ValidationError("a shareable volume must be raw (qcow2 cannot be written by two guests)",
-                              where + ".shareable")
-    users = storage.users_of(ctx.conn, existing.path(), machine)
-    if users and not shareable:
-        raise ConflictError("volume %s is attached to %s; set shareable: true (raw volumes only) to attach it to "
-                            "more than one machine" % (existing.name(), ", ".join(users)), where + ".volume")
-    return shareable
-
-
-def _nics(name, items, ctx):
-    if items is None:
-        default = (ctx.registration or {}).get("networks") or []
-        items = [{"name": "eth0", "network": default[0]}] if default else []
-    result = []
-    seen = set()
-    for index, item in enumerate(items):
-        where = "network_interfaces[%d]" % index
-        if not isinstance(item, dict):
-            raise ValidationError("must be a mapping", where)
-        nic_name = check.dns_label(item.get("name"), where + ".name")
-        if nic_name in seen:
-            raise ValidationError("interface name %r is used twice" % nic_name, where + ".name")
-        seen.add(nic_name)
-        if bool(item.get("network")) == bool(item.get("bridge")):
-            raise ValidationError("give exactly one of network or bridge", where)
-        if item.get("network") and ctx.network(item["network"]) is None:
-            raise NotFoundError("no network %r on pool %s" % (item["network"], ctx.name or ctx.uri),
-                                where + ".network")
-        if item.get("bridge"):
-            host_bridge(ctx, check.interface_name(item["bridge"], where + ".bridge"), where + ".bridge")
-        mac = check.mac_address(item["mac"], where + ".mac") if item.get("mac") else dx.derive_mac(name, nic_name)
-        result.append({"name": nic_name, "network": item.get("network"), "bridge": item.get("bridge"), "mac": mac,
-                       "model": check.one_of(item.get("model") or "virtio", options.NIC_MODELS, where + ".model"),
-                       "ephemeral": bool(item.get("ephemeral", True)),
-                       "security_groups": sgs.check_group_names(ctx.conn, item.get("security_groups"),
-                                                                where + ".security_groups") or []})
-    macs = [nic["mac"] for nic in result]
-    for index, mac in enumerate(macs):
-        if macs.count(mac) > 1:
-            raise ValidationError("MAC %s is used twice" % mac, "network_interfaces[%d].mac" % index)
-    return result
-
-
-def requested_security_groups(items, ctx):
-    """{nic: [groups]} of an existing machine's NICs that name their security_groups (validated; a NIC that
-    leaves the option out keeps its groups)."""
-    requested = {}
-    for index, item in enumerate(items or []):
-        if isinstance(item, dict) and item.get("security_groups") is not None and item.get("name"):
-            requested[item["name"]] = sgs.check_group_names(
-                ctx.conn, item["security_groups"], "network_interfaces[%d].security_groups" % index)
-    return requested
-
-
-def _host_interface(conn, name):
+def host_interface(conn, name):
     """What the host's libvirt says of interface ``name``: (its type such as 'bridge', 'unknown' when only its
-    node device was found, or None when it is not listed; whether libvirt could answer at all)."""
+    node device was found, or None when it is not listed; whether libvirt could answer at all).
+
+    The host's interfaces are read through libvirt alone (so over any URI). Its interface driver lists every
+    interface of the host with the udev backend (libvirt 9 as Debian builds it) but only configured ones with
+    the older netcf backend, so a name it does not list is also looked for among the node devices of class net."""
     answered = False
     try:
         for iface in conn.listAllInterfaces(0):
@@ -268,23 +318,23 @@ def _host_interface(conn, name):
     return None, answered
 
 
-def host_bridge(ctx, name, field):
+def check_bridge(pool, name, found, field):
     """Refuse a host bridge the pool does not have, or an interface that is no bridge, before anything is
     created: libvirt defines a domain with any bridge name and only fails when it starts ('Cannot get interface
-    MTU'), after the machine's disks were made.
-
-    The host's interfaces are read through libvirt alone (so over any URI). Its interface driver lists every
-    interface of the host with the udev backend (libvirt 9 as Debian builds it) but only configured ones with
-    the older netcf backend, so a name it does not list is also looked for among the node devices of class net.
-    When the host's libvirt can answer neither, the check is left to libvirt."""
-    kind, answered = _host_interface(ctx.conn, name)
+    MTU'), after the machine's disks were made. When the host's libvirt can answer neither (``found`` is
+    host_interface's), the check is left to libvirt."""
+    kind, answered = found
     if kind is None and answered:
         raise NotFoundError("pool %s has no host interface %r; create the bridge on the host first, or use a "
-                            "libvirt network" % (ctx.name or ctx.uri, name), field)
+                            "libvirt network" % (pool, name), field)
     if kind not in (None, "unknown", "bridge"):
-        raise ValidationError("%s is an interface of type %s on pool %s, not a bridge"
-                              % (name, kind, ctx.name or ctx.uri), field)
+        raise ValidationError("%s is an interface of type %s on pool %s, not a bridge" % (name, kind, pool), field)
     return name
+
+
+def host_bridge(ctx, name, field):
+    """``check_bridge`` of interface ``name`` on the pool of ``ctx`` (nic_attach, a move's target)."""
+    return check_bridge(ctx.name or ctx.uri, check.interface_name(name, field), host_interface(ctx.conn, name), field)
 
 
 def image_format(image, field):
@@ -302,18 +352,182 @@ def image_format(image, field):
     return check.disk_image(header, size, field)
 
 
-def check_timeouts(params):
-    """A timeout is a number of seconds, never 0 meaning 'the default': wait_timeout must be positive;
-    shutdown_timeout may be 0 (power off without waiting for the guest)."""
-    for key, allow_zero in (("wait_timeout", False), ("shutdown_timeout", True)):
-        if params.get(key) is not None:
-            check.timeout_seconds(params[key], key, allow_zero)
+# --- 3. normalize: pure ----------------------------------------------------------------------------------------
+
+def _size(prm, facts, recorded):
+    """(machine_class, cpu, memory): a class published on the pool, explicit cpu/memory, or both (explicit
+    values override the class). For an existing machine, what the user leaves out keeps its recorded value."""
+    name, cpu, memory = prm["machine_class"], prm["cpu"], prm["memory"]
+    if name:
+        published = facts.classes.get(name)
+        if published is None:
+            raise NotFoundError("class %r is not published on pool %s" % (name, facts.pool), "machine_class")
+        return name, published["cpu"] if cpu is None else cpu, published["memory"] if memory is None else memory
+    if recorded:
+        return (recorded.get("machine_class"), recorded.get("cpu") if cpu is None else cpu,
+                recorded.get("memory") if memory is None else memory)
+    if cpu is None or memory is None:
+        raise ValidationError("give machine_class, or both cpu and memory", "machine_class")
+    return None, cpu, memory
 
 
-def check_wait(params, spec):
+def _boot_config(prm, spec, recorded, existing):
+    ssh_keys, ignition, cloud_init = prm["ssh_authorized_keys"], prm["ignition"], prm["cloud_init"]
+    if ignition is not None:
+        spec["ignition_data"] = seed.ignition_document(ignition, None if cloud_init else ssh_keys)
+    if cloud_init is not None or (ssh_keys and ignition is None):
+        spec["seed_files"] = seed.nocloud_files(prm["name"], cloud_init, ssh_keys)
+    if ignition is None and cloud_init is None and not ssh_keys and existing:
+        spec["boot_config"] = recorded.get("boot_config")
+    else:
+        spec["boot_config"] = dx.boot_config_hash(
+            spec["ignition_data"].decode() if "ignition_data" in spec else None,
+            {key: value.decode() for key, value in spec.get("seed_files", {}).items()} or None, None)
+
+
+def _volumes(prm, facts, taken_devices):
+    """Normalized volume entries; device names assigned stably after the root disk (vda)."""
+    name = prm["name"]
+    result = []
+    for index, item in enumerate(prm["volumes"] or []):
+        where = "volumes[%d]" % index
+        entry = {"name": item["name"], "bus": item["bus"], "device": item.get("device")}
+        if item.get("volume") is not None:
+            existing = facts.volumes.get(item["volume"])
+            if existing is None:
+                raise NotFoundError("no volume %r in storage pool %s" % (item["volume"], facts.storage_pool),
+                                    where + ".volume")
+            shareable = bool(item.get("shareable"))
+            if shareable and existing["format"] != "raw":
+                raise ValidationError("a shareable volume must be raw (qcow2 cannot be written by two guests)",
+                                      where + ".shareable")
+            if existing["users"] and not shareable:
+                raise ConflictError("volume %s is attached to %s; set shareable: true (raw volumes only) to attach "
+                                    "it to more than one machine" % (item["volume"], ", ".join(existing["users"])),
+                                    where + ".volume")
+            # an existing volume is not the machine's unless it says so
+            entry.update(source="volume", volume=item["volume"], size=existing["size"],
+                         ephemeral=bool(item.get("ephemeral")), shareable=shareable)
+        else:
+            entry.update(volume=new_volume_name(name, item), ephemeral=item.get("ephemeral") is not False)
+            if entry["volume"] in facts.taken_volumes:
+                raise ConflictError("volume %s already exists in storage pool %s (left by an earlier machine?); "
+                                    "delete it, or attach it with volume: %s"
+                                    % (entry["volume"], facts.storage_pool, entry["volume"]), where + ".name")
+            if item.get("size") is not None:
+                entry.update(source="empty", size=item["size"])
+            else:
+                image = facts.images[where + ".image"]
+                entry.update(source="image", image=image["image"], size=image["size"])
+        for key in ("iops", "throughput"):
+            if item.get(key) is not None:
+                entry[key] = item[key]
+        if item.get("encrypted"):
+            entry.update(encrypted=True, passphrase=item["passphrase"])
+        result.append(entry)
+    for index, entry in enumerate(result):
+        if entry["device"] and entry["device"] in taken_devices:
+            raise ValidationError("device %s is already taken" % entry["device"], "volumes[%d].device" % index)
+    free = iter(dx.device_names(len(result), set(taken_devices) | {vol["device"] for vol in result if vol["device"]}))
+    for entry in result:
+        entry["device"] = entry["device"] or next(free)
+    return result
+
+
+def _swap(prm, facts, volumes):
+    """The swap size, and its disk appended to ``volumes`` on the next free device."""
+    size = prm["swap"]
+    if size:
+        entry = cap.swap_volume(prm["name"], size)
+        if entry["volume"] in facts.taken_volumes:
+            raise ConflictError("volume %s already exists in storage pool %s (left by an earlier machine?)"
+                                % (entry["volume"], facts.storage_pool), "swap")
+        entry["device"] = dx.device_names(1, {"vda"} | {vol["device"] for vol in volumes})[0]
+        volumes.append(entry)
+    return size
+
+
+def _network(facts, name, field):
+    if facts.networks.get(name) is None:
+        raise NotFoundError("no network %r on pool %s" % (name, facts.pool), field)
+    return facts.networks[name]
+
+
+def _groups(facts, nic, field):
+    for position, group in enumerate(nic.get("security_groups") or []):
+        if not facts.security_groups.get(group):
+            raise NotFoundError("no security group %r on this pool (create it with machinery.compute.security_group)"
+                                % group, "%s.security_groups[%d]" % (field, position))
+    return list(nic.get("security_groups") or [])
+
+
+def _reservation(facts, nic, ip, field):
+    """A NIC's fixed address, checked against its network (range, other reservations, leases)."""
+    if not nic.get("network"):
+        raise ValidationError("needs an interface on a libvirt network (a host bridge has no libvirt DHCP)", field)
+    network = _network(facts, nic["network"], field)
+    return cap.check_reservation(ip, nic["mac"], nic["network"], network["info"], network["leases"], field)
+
+
+def _nics(prm, facts):
+    items = prm["network_interfaces"]
+    if items is None:
+        items = [{"name": "eth0", "network": facts.default_network, "bridge": None, "mac": None, "model": "virtio",
+                  "ephemeral": True, "security_groups": None, "ip_address": None}] if facts.default_network else []
+    result = []
+    for index, item in enumerate(items):
+        where = "network_interfaces[%d]" % index
+        if item.get("network"):
+            _network(facts, item["network"], where + ".network")
+        if item.get("bridge"):
+            check_bridge(facts.pool, item["bridge"], facts.bridges.get(item["bridge"], (None, False)),
+                         where + ".bridge")
+        nic = {"name": item["name"], "network": item.get("network"), "bridge": item.get("bridge"),
+               "mac": item.get("mac") or dx.derive_mac(prm["name"], item["name"]), "model": item["model"],
+               "ephemeral": bool(item.get("ephemeral", True)), "security_groups": _groups(facts, item, where)}
+        result.append(nic)
+    macs = [nic["mac"] for nic in result]
+    for index, mac in enumerate(macs):
+        if macs.count(mac) > 1:
+            raise ValidationError("MAC %s is used twice" % mac, "network_interfaces[%d].mac" % index)
+    seen = {}
+    for index, (nic, item) in enumerate(zip(result, items)):
+        if item.get("ip_address"):
+            field = "network_interfaces[%d].ip_address" % index
+            nic["ip_address"] = _reservation(facts, nic, item["ip_address"], field)
+            key = (nic["network"], nic["ip_address"])
+            if key in seen:
+                raise ValidationError("%s is given to interface %s as well" % (nic["ip_address"], seen[key]), field)
+            seen[key] = nic["name"]
+    return result
+
+
+def _existing_capabilities(prm, facts, spec, recorded):
+    """Topology, QoS and fixed addresses of an existing machine: what the user gives again over what it has."""
+    volumes, nics = spec["volumes"] or [], spec["network_interfaces"] or []
+    spec["disk_qos"] = cap.desired_disk_qos(volumes, prm["volumes"], recorded.get("disk_qos") or {})
+    by_name = {nic["name"]: nic for nic in nics}
+    seen = {}
+    for index, item in enumerate(prm["network_interfaces"] or []):
+        if item["name"] in by_name and item.get("ip_address"):
+            field = "network_interfaces[%d].ip_address" % index
+            ip = _reservation(facts, by_name[item["name"]], item["ip_address"], field)
+            if ip in seen:
+                raise ValidationError("%s is given to interface %s as well" % (ip, seen[ip]), field)
+            seen[ip] = item["name"]
+    spec["ip_reservations"] = cap.desired_reservations(nics, prm["network_interfaces"],
+                                                       recorded.get("ip_reservations") or {})
+    spec["requested_volumes"] = prm["volumes"]
+    spec["requested_network_interfaces"] = prm["network_interfaces"]
+    spec["requested_security_groups"] = {
+        item["name"]: _groups(facts, item, "network_interfaces[%d]" % index)
+        for index, item in enumerate(prm["network_interfaces"] or []) if item.get("security_groups") is not None}
+
+
+def check_wait(prm, spec):
     """wait: address needs a NIC on a libvirt network (its DHCP lease is the address): refused before the
     machine is created rather than after it was started."""
-    if spec["state"] == "running" and params.get("wait") == "address" and \
+    if spec["state"] == "running" and prm["wait"] == "address" and \
             not any(nic.get("network") for nic in spec.get("network_interfaces") or []):
         raise ValidationError("address needs a network interface on a libvirt network (its DHCP lease is the "
                               "address); this machine has none", "wait")
@@ -326,98 +540,84 @@ def _comparable(item, value):
     return item.check(value, item.name) if item.check else value
 
 
-def check_fixed(params, recorded):
+def check_fixed(prm, recorded):
     """Options fixed at creation (declared ``fixed`` in options.MACHINE) may be repeated, never changed."""
     for item in options.FIXED:
-        wanted = params.get(item.name)
+        wanted = prm[item.name]
         if wanted is None or wanted == "":
             continue
         current = item.fixed(recorded)
         if _comparable(item, wanted) != current:
             raise ConflictError("the %s of an existing machine is fixed at creation and cannot change (it is %s); "
-                                "delete and recreate the machine to use %s" % (item.name.replace("_", " "), current, wanted), item.name)
+                                "delete and recreate the machine to use %s"
+                                % (item.name.replace("_", " "), shown_fixed(item, current), shown_fixed(item, wanted)),
+                                item.name)
 
 
-def normalize(params, ctx, existing_record=None, current=None, leftovers=()):
-    """The desired spec of a machine, validated field by field; reads libvirt, writes nothing.
+def shown_fixed(item, value):
+    return format_quantity(value) if item.name == "swap" and isinstance(value, int) else value
 
-    For a machine that exists, options the user left out keep their current values: ``current`` holds the
-    owned fields as read from the domain (the truth), the record the rest.
-    """
-    name = check.dns_label(params.get("name"), "name")
-    state = check.one_of(params.get("state") or "running", options.MACHINE_STATES, "state")
-    check_timeouts(params)
-    spec = {"name": name, "state": state}
-    if state == "absent":
-        return spec
-    recorded = dict((existing_record or {}).get("spec", {}), **(current or {}))
-    spec["labels"] = check.labels(params.get("labels"), "labels") if params.get("labels") is not None \
-        else recorded.get("labels", {})
-    spec["tolerations"] = scheduler.normalize_tolerations(params["tolerations"], "tolerations") \
-        if params.get("tolerations") is not None else recorded.get("tolerations")
-    spec["machine_class"], spec["cpu"], spec["memory"] = _size_from_class(params, ctx, recorded)
-    spec["topology"] = cap.topology(params["topology"] if params.get("topology") is not None
+
+def normalize(prm, facts, record=None, current=None):
+    """The desired spec of a machine from its ``params`` and the ``Facts`` resolved for it: pure, frozen.
+
+    For a machine that exists (``record``), options the user left out keep their current values: ``current``
+    holds the owned fields as read from the domain (the truth), the record the rest."""
+    spec = {"name": prm["name"], "state": prm["state"]}
+    if prm["state"] == "absent":
+        return freeze(spec)
+    existing = record is not None
+    recorded = dict((record or {}).get("spec", {}), **(current or {}))
+    spec["labels"] = prm["labels"] if prm["labels"] is not None else recorded.get("labels", {})
+    spec["tolerations"] = (prm["tolerations"] or None) if prm["tolerations"] is not None \
+        else recorded.get("tolerations")
+    spec["machine_class"], spec["cpu"], spec["memory"] = _size(prm, facts, recorded)
+    spec["topology"] = cap.topology(thaw(prm["topology"]) if prm["topology"] is not None
                                     else recorded.get("topology"), spec["cpu"])
-    spec["firmware"] = check.one_of(params.get("firmware") or recorded.get("firmware") or "bios", options.FIRMWARES,
-                                    "firmware")
-    virt_type = check.one_of(params.get("virt_type") or "auto", options.VIRT_TYPES, "virt_type")
-    spec["virt_type"] = ctx.virt_type() if virt_type == "auto" else virt_type
-    ssh_keys = [str(key) for key in (params.get("ssh_authorized_keys") or [])]
-    ignition = params.get("ignition")
-    cloud_init = params.get("cloud_init")
-    if ignition is not None:
-        spec["ignition_data"] = seed.ignition_document(ignition, None if cloud_init else ssh_keys)
-    if cloud_init is not None or (ssh_keys and ignition is None):
-        if cloud_init is not None and not isinstance(cloud_init, dict):
-            raise ValidationError("must be a mapping with user_data, meta_data, network_config", "cloud_init")
-        spec["seed_files"] = seed.nocloud_files(name, cloud_init, ssh_keys)
-    if ignition is None and cloud_init is None and not ssh_keys and existing_record is not None:
-        spec["boot_config"] = recorded.get("boot_config")
-    else:
-        spec["boot_config"] = dx.boot_config_hash(
-            spec["ignition_data"].decode() if "ignition_data" in spec else None,
-            {key: value.decode() for key, value in spec.get("seed_files", {}).items()} or None, None)
-    if existing_record is not None:
-        check_fixed(params, existing_record.get("spec", {}))
+    spec["firmware"] = prm["firmware"] or recorded.get("firmware") or options.initial(options.MACHINE, "firmware")
+    spec["virt_type"] = facts.virt_type if prm["virt_type"] == "auto" else prm["virt_type"]
+    _boot_config(prm, spec, recorded, existing)
+    if existing:
+        check_fixed(prm, record.get("spec", {}))
         for key in ("image", "root_size", "volumes", "network_interfaces", "swap"):
             spec[key] = recorded.get(key)
-        _existing_capabilities(params, ctx, spec, recorded)
-        spec["requested_volumes"] = params.get("volumes")
-        spec["requested_network_interfaces"] = params.get("network_interfaces")
-        spec["requested_security_groups"] = requested_security_groups(params.get("network_interfaces"), ctx)
-        check_wait(params, spec)
-        return spec
-    if not params.get("image"):
+        _existing_capabilities(prm, facts, spec, recorded)
+        check_wait(prm, spec)
+        return freeze(spec)
+    if prm["image"]:
+        image = facts.images["image"]
+        spec["image"] = image["image"]
+        spec["root_size"] = prm["root_size"]
+        if spec["root_size"] and image["size"] and spec["root_size"] < image["size"]:
+            raise ValidationError("%s is smaller than the image (%s)" % (format_quantity(spec["root_size"]),
+                                                                         format_quantity(image["size"])), "root_size")
+        taken = {"vda"}
+    else:
         # no image: the machine boots from the first existing volume attached (as KupenStack's machines do)
-        if not any(isinstance(item, dict) and item.get("volume") for item in params.get("volumes") or []):
+        if not any(item.get("volume") for item in prm["volumes"] or []):
             raise ValidationError("is required to create a machine, unless it boots from an existing volume "
                                   "(a volumes entry with volume set)", "image")
-        if params.get("root_size"):
+        if prm["root_size"]:
             raise ValidationError("a machine without an image has no root disk to size", "root_size")
         spec.update(image=None, root_size=None)
-        spec["volumes"] = _volumes(name, params.get("volumes"), ctx, set(), leftovers)
-        boot = next(vol for vol in spec["volumes"] if vol["source"] == "volume")
-        boot["boot"] = True
-        spec["network_interfaces"] = _nics(name, params.get("network_interfaces"), ctx)
-        check_wait(params, spec)
-        return spec
-    spec["image"] = named_images.resolve(params["image"], params.get("image_checksum"), ctx, "image")
-    image_format(spec["image"], "image")
-    spec["root_size"] = check.disk_bytes(params["root_size"], "root_size") if params.get("root_size") else None
-    if spec["root_size"] and spec["image"].get("path"):
-        image_size = storage.virtual_size(spec["image"]["path"])
-        if spec["root_size"] < image_size:
-            raise ValidationError("%s is smaller than the image (%s)" % (format_quantity(spec["root_size"]),
-                                                                         format_quantity(image_size)), "root_size")
-    spec["volumes"] = _volumes(name, params.get("volumes"), ctx, {"vda"}, leftovers)
-    spec["swap"] = _swap(name, params, ctx, spec["volumes"], leftovers)
+        taken = set()
+    spec["volumes"] = _volumes(prm, facts, taken)
+    if not prm["image"]:
+        next(vol for vol in spec["volumes"] if vol["source"] == "volume")["boot"] = True
+    spec["swap"] = _swap(prm, facts, spec["volumes"])
     spec["disk_qos"] = cap.desired_disk_qos(spec["volumes"])
-    spec["network_interfaces"] = _nics(name, params.get("network_interfaces"), ctx)
-    _reservations(ctx, spec["network_interfaces"], params.get("network_interfaces"))
+    spec["network_interfaces"] = _nics(prm, facts)
     spec["ip_reservations"] = cap.desired_reservations(spec["network_interfaces"])
-    check_wait(params, spec)
-    return spec
+    check_wait(prm, spec)
+    return freeze(spec)
 
+
+def desired(prm, ctx, record=None, current=None):
+    """``normalize`` of what ``resolve`` reads for ``prm`` on the pool of ``ctx``."""
+    return normalize(prm, resolve(prm, ctx, record), record, current)
+
+
+# --- the record ------------------------------------------------------------------------------------------------
 
 def ephemeral_volumes(record):
     """Every volume that lives and dies with the machine: root, ephemeral disks, seed, Ignition, console log."""
@@ -431,18 +631,24 @@ def ephemeral_volumes(record):
     return names
 
 
-def recorded_spec(spec, files):
-    """The normalized spec as the record keeps it: sizes and references, no boot configuration content."""
-    kept = {key: spec.get(key) for key in ("name", "machine_class", "cpu", "memory", "labels", "tolerations",
-                                           "firmware", "virt_type", "root_size", "boot_config", "topology", "swap")}
-    kept["image"] = {key: spec["image"].get(key) for key in ("source", "checksum", "format")} \
-        if spec.get("image") else None
-    # never the passphrase of an encrypted volume
-    kept["volumes"] = [{key: value for key, value in vol.items() if key not in ("image", "passphrase")}
-                       for vol in spec["volumes"]]
-    for vol, source in zip(kept["volumes"], spec["volumes"]):
-        if source.get("image"):
-            vol["image"] = {"source": source["image"]["source"], "checksum": source["image"]["checksum"]}
-    kept["network_interfaces"] = spec["network_interfaces"]
+def recorded_spec(spec, files, created=None):
+    """The normalized spec as the record keeps it: sizes and references, no boot configuration content, never
+    a passphrase. ``created`` (machine.Created) is what the creation learned: the image's format, the root's
+    and image-backed volumes' sizes."""
+    kept = {key: thaw(spec.get(key)) for key in options.RECORDED}
+    if created is not None:
+        kept["root_size"] = created.root_size if spec.get("image") else None
+    kept["image"] = {key: spec["image"].get(key) for key in ("source", "checksum")} if spec.get("image") else None
+    if kept["image"] is not None:
+        kept["image"]["format"] = created.image_format if created is not None else spec["image"].get("format")
+    kept["volumes"] = []
+    for vol in spec["volumes"]:
+        entry = {key: thaw(value) for key, value in vol.items() if key not in ("image", "passphrase")}
+        if vol.get("image"):
+            entry["image"] = {"source": vol["image"]["source"], "checksum": vol["image"]["checksum"]}
+        if created is not None and vol["name"] in created.volume_sizes:
+            entry["size"] = created.volume_sizes[vol["name"]]
+        kept["volumes"].append(entry)
+    kept["network_interfaces"] = thaw(spec["network_interfaces"])
     kept["files"] = files
     return kept

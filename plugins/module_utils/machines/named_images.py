@@ -152,9 +152,9 @@ class ImageResource:
 def validated(params):
     """The module's parameters checked, with the image source resolved (reads the controller's file or trusts
     the URL's checksum; writes nothing)."""
-    params = dict(params)
+    params = options.defaulted(options.MACHINE_IMAGE, params)
     params["name"] = check.dns_label(params.get("name"), "name")
-    params["state"] = check.one_of(params.get("state") or "present", options.PRESENCE, "state")
+    params["state"] = check.one_of(params["state"], options.PRESENCE, "state")
     if params["state"] == "absent":
         return params
     url, path = params.get("url"), params.get("path")

@@ -119,6 +119,10 @@ class Problems:
     def warn(self, ref, path, message):
         self.warnings.append("%s: %s: %s" % (ref, path, message) if path else "%s: %s" % (ref, message))
 
+    def of(self, ref):
+        """The errors recorded about object ``ref``."""
+        return [error for error in self.errors if error.startswith(ref + ":")]
+
     def raise_if_any(self):
         if self.errors:
             raise ManifestError(self.errors)

@@ -20,6 +20,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vali
 from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import ensure_class
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, converge, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import Fleet
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import HealthCheckResource
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import (
@@ -181,6 +183,14 @@ def check_documents(documents, pools, load_problems=()):
     objects = parse(documents, problems)
     if pools is not None:
         link(objects, problems, pools)
+        for obj in objects:
+            if obj.role == "machine" and not problems.of(obj.ref):
+                # the machine's options through the one path every machine takes, before anything is written
+                try:
+                    obj.machine = machine_spec.params({key: value for key, value in obj.params.items()
+                                                       if value is not None}, scheduling=True)
+                except MachineryError as exc:
+                    Fields(problems, obj.ref).error(exc.field or "spec", exc.message)
     problems.raise_if_any()
     return objects, problems.warnings
 
@@ -231,7 +241,7 @@ class Run:
     def __init__(self, fleet, objects, params, check_mode):
         self.fleet = fleet
         self.objects = objects
-        self.params = params
+        self.params = options.defaulted(options.MANIFEST, params)
         self.check_mode = check_mode
         self.actions = []
         self.before, self.after = {}, {}
@@ -260,7 +270,7 @@ class Run:
         self.machines(pools, "present")
         self.sets("present")
         self.checks()
-        if self.params.get("prune"):
+        if self.params["prune"]:
             self.prune(pools)
 
     def absent(self, pools):
@@ -296,23 +306,21 @@ class Run:
             return
         specs, planned = [], []
         for obj in objs:
-            spec = {item.name: item.default for item in options.MACHINE + options.SCHEDULING}
-            spec.update({key: value for key, value in obj.params.items() if value is not None})
-            spec["state"] = state if state == "absent" else obj.params.get("state") or "running"
-            spec.update(wait=self.params.get("wait") or "running", wait_timeout=self.params.get("wait_timeout") or 300,
-                        shutdown_timeout=self.params.get("shutdown_timeout") or 60)
+            spec = freeze(dict(obj.machine, state=state if state == "absent" else obj.machine["state"],
+                               wait=self.params["wait"], wait_timeout=self.params["wait_timeout"],
+                               shutdown_timeout=self.params["shutdown_timeout"]))
             if self.check_mode and state == "present" and not self._ready_for_check(obj, pools):
                 planned.append(obj)  # its class or volume is made by this run: the core cannot plan it yet
                 continue
             specs.append(spec)
         for obj in planned:
             self.actions.append("%s: create" % obj.ref)
-            self.after[obj.ref] = {"state": obj.params.get("state") or "running"}
+            self.after[obj.ref] = {"state": obj.machine["state"]}
             self.observed[obj.key]["machine"] = None
         if not specs:
             return
-        outcome = batch.converge(self.fleet.entries, specs, "spread", 3, 16, self.check_mode,
-                                 self.fleet.contexts and next(iter(self.fleet.contexts.values())).url_opener)
+        opener = self.fleet.contexts and next(iter(self.fleet.contexts.values())).url_opener
+        outcome = batch.converge(self.fleet.entries, specs, check_mode=self.check_mode, opener=opener)
         by_name = {obj.name: obj for obj in objs}
         for name, actions in outcome.actions.items():
             for summary in actions:
@@ -338,11 +346,8 @@ class Run:
 
     def sets(self, state):
         for obj in self.of("set"):
-            params = {item.name: item.default for item in options.MACHINE_SET}
-            params.update(obj.params, state=state, wait=self.params.get("wait") or "running",
-                          wait_timeout=self.params.get("wait_timeout") or 300,
-                          shutdown_timeout=self.params.get("shutdown_timeout") or 60)
-            params["rollout"] = None
+            params = dict(obj.params, state=state, wait=self.params["wait"], wait_timeout=self.params["wait_timeout"],
+                          shutdown_timeout=self.params["shutdown_timeout"], rollout=None)
             params["template"] = {key: value for key, value in obj.params["template"].items() if value is not None}
             resource = MachineSetResource(self.fleet, params, self.check_mode)
             try:
@@ -381,9 +386,8 @@ class Run:
                 labels = (document.get("template") or {}).get("labels") or {}
                 if labels.get(PRUNE_LABEL) in apps and document.get("name") not in sets:
                     sets.add(document["name"])  # once, over every pool
-                    params = {item.name: item.default for item in options.MACHINE_SET}
-                    params.update(name=document["name"], state="absent", shutdown_timeout=self.params.get(
-                        "shutdown_timeout") or 60)
+                    params = {"name": document["name"], "state": "absent",
+                              "shutdown_timeout": self.params["shutdown_timeout"]}
                     plan, _observed = converge(MachineSetResource(self.fleet, params, self.check_mode),
                                                self.check_mode)
                     self.note("MachineSet/%s" % document["name"], plan)
@@ -394,7 +398,8 @@ class Run:
                          and OWNER_LABEL not in (machine.get("labels") or {}) and machine["name"] not in wanted})
         if not doomed:
             return
-        specs = [{"name": name, "state": "absent", "shutdown_timeout": self.params.get("shutdown_timeout") or 60}
+        specs = [machine_spec.params({"name": name, "state": "absent",
+                                      "shutdown_timeout": self.params["shutdown_timeout"]}, scheduling=True)
                  for name in doomed]
         outcome = batch.converge(self.fleet.entries, specs, check_mode=self.check_mode)
         for name, actions in outcome.actions.items():
@@ -444,8 +449,9 @@ class Run:
 def apply(entries, documents, params, check_mode=False, opener=None, load_problems=()):
     """Apply (state present) or delete (absent) the documents over the pools ``entries``; returns the module's
     result without ``changed`` handling of its own: changed is whether any action was planned."""
-    state = check.one_of(params.get("state") or "present", options.PRESENCE, "state")
-    check.one_of(params.get("wait") or "running", WAITS, "wait")
+    params = options.defaulted(options.MANIFEST, params)
+    state = check.one_of(params["state"], options.PRESENCE, "state")
+    check.one_of(params["wait"], WAITS, "wait")
     fleet = Fleet(entries, opener)
     try:
         pools = Pools(fleet)

@@ -39,35 +39,22 @@ class Unschedulable(MachineryError):
     reason = "Unschedulable"
 
 
-def normalize_machine(spec, index=0, field="terms", keys=SPEC_KEYS):
-    """A machine spec checked and normalized; ``keys`` are the keys it may have (None: any, for callers that
-    checked the keys themselves, as machine_batch does against the machine module's options)."""
-    where = "%s[%d]" % (field, index)
-    if not isinstance(spec, dict):
-        raise ValidationError("a machine spec must be a mapping with at least name and machine_class", where)
-    if keys is not None:
-        unknown_keys(spec, keys, where, "a machine spec takes")
-    name = check.dns_label(spec.get("name"), where + ".name")
+def machine_request(prm, field="terms[0]"):
+    """What the scheduler reads of a machine: its params as machine_spec.params validated them (name, class or
+    explicit size, machine_pool_selector, tolerations, machine_pool), checked for nothing but what placement
+    needs."""
     size = None
-    if spec.get("machine_class"):
-        machine_class = check.dns_label(spec.get("machine_class"), where + ".machine_class")
-    elif spec.get("cpu") is not None and spec.get("memory") is not None:
+    if prm.get("machine_class"):
+        machine_class = prm["machine_class"]
+    elif prm.get("cpu") is not None and prm.get("memory") is not None:
         machine_class = None
-        size = {"cpu": check.cpu_count(spec["cpu"], where + ".cpu"),
-                "memory": check.memory_bytes(spec["memory"], where + ".memory")}
+        size = {"cpu": prm["cpu"], "memory": prm["memory"]}
     else:
-        raise ValidationError("give machine_class, or cpu and memory", where + ".machine_class")
-    selector = spec.get("machine_pool_selector") or {}
-    if not isinstance(selector, dict):
-        raise ValidationError("must be a mapping of labels", where + ".machine_pool_selector")
-    # pool labels are strings by the label rules: a selector that breaks them could never match
-    selector = check.labels(selector, where + ".machine_pool_selector")
-    tolerations = normalize_tolerations(spec.get("tolerations"), where + ".tolerations") or []
-    pool = spec.get("machine_pool")
-    if pool is not None:
-        check.dns_label(pool, where + ".machine_pool")
-    return {"name": name, "machine_class": machine_class, "size": size, "machine_pool_selector": selector,
-            "tolerations": tolerations, "machine_pool": pool}
+        raise ValidationError("give machine_class, or cpu and memory", field + ".machine_class")
+    return {"name": prm["name"], "machine_class": machine_class, "size": size,
+            "machine_pool_selector": dict(prm.get("machine_pool_selector") or {}),
+            "tolerations": [dict(item) for item in prm.get("tolerations") or []],
+            "machine_pool": prm.get("machine_pool")}
 
 
 def normalize_tolerations(items, field):
@@ -274,15 +261,15 @@ def _gib(number):
     return "%.1fGi" % (number / 2 ** 30)
 
 
-def schedule(specs, pools, strategy="spread", strict=True, field="terms", keys=SPEC_KEYS):
-    """[{name, pool, uri, reason}] in the order of ``specs``, placed one by one against one ledger.
+def schedule(specs, pools, strategy="spread", strict=True, field="terms"):
+    """[{name, pool, uri, reason}] in the order of ``specs`` (machine params, as machine_spec.params returns
+    them), placed one by one against one ledger.
 
     With ``strict`` every machine that fits nowhere is reported in one Unschedulable error; without it such a
-    machine comes back with pool and uri None and the reason in ``reason``. ``keys`` are the keys a spec may
-    have (see normalize_machine).
+    machine comes back with pool and uri None and the reason in ``reason``.
     """
     check.one_of(strategy, STRATEGIES, "strategy")
-    machines = [normalize_machine(spec, index, field, keys) for index, spec in enumerate(specs)]
+    machines = [machine_request(spec, "%s[%d]" % (field, index)) for index, spec in enumerate(specs)]
     seen = set()
     for index, machine in enumerate(machines):
         if machine["name"] in seen:

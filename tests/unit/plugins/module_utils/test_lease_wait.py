@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils.machines import machine
+from ansible_collections.machinery.compute.plugins.module_utils.machines import addresses
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import PoolView
 
@@ -62,41 +62,41 @@ def test_addresses_after_a_renewal_leave_out_leases_that_did_not_move():
 def test_leases_that_never_expire_give_no_expiry_to_compare():
     view = PoolView(FakeContext(FakeNetwork([lease(0)])))
     assert view.lease_expiry("machinery", MAC) is None
-    assert machine.lease_expiries(FakeContext(FakeNetwork([lease(0)])), [NIC]) == {}
+    assert addresses.lease_expiries(FakeContext(FakeNetwork([lease(0)])), [NIC]) == {}
 
 
 def test_lease_expiries_of_the_nics_on_networks():
     ctx = FakeContext(FakeNetwork([lease(1000)]))
     bridged = {"name": "eth1", "network": None, "bridge": "br0", "mac": "52:54:00:00:00:05"}
-    assert machine.lease_expiries(ctx, [NIC, bridged]) == {("machinery", MAC): 1000}
-    assert machine.lease_expiries(ctx, None) == {}
+    assert addresses.lease_expiries(ctx, [NIC, bridged]) == {("machinery", MAC): 1000}
+    assert addresses.lease_expiries(ctx, None) == {}
 
 
 def test_the_wait_passes_over_the_earlier_guests_lease_until_it_is_renewed(monkeypatch):
-    monkeypatch.setattr(machine, "POLL", 0)
+    monkeypatch.setattr(addresses, "POLL", 0)
     # the lease the earlier guest left, read twice more while the new guest boots, then renewed by it
     net = FakeNetwork([lease(1000)], [lease(1000)], [lease(1000)], [lease(1500)])
-    machine.wait_for_address(FakeContext(net), FakeDomain(), "inv-a", [NIC], 30, {("machinery", MAC): 1000})
+    addresses.wait_for_address(FakeContext(net), FakeDomain(), "inv-a", [NIC], 30, {("machinery", MAC): 1000})
     assert net.reads == 4
 
 
 def test_without_earlier_leases_any_lease_counts(monkeypatch):
-    monkeypatch.setattr(machine, "POLL", 0)
+    monkeypatch.setattr(addresses, "POLL", 0)
     net = FakeNetwork([lease(1000)])
-    machine.wait_for_address(FakeContext(net), FakeDomain(), "inv-a", [NIC], 30)
+    addresses.wait_for_address(FakeContext(net), FakeDomain(), "inv-a", [NIC], 30)
     assert net.reads == 1
 
 
 def test_a_lease_never_renewed_times_out(monkeypatch):
-    monkeypatch.setattr(machine, "POLL", 0)
+    monkeypatch.setattr(addresses, "POLL", 0)
     with pytest.raises(MachineryError, match="inv-a got no DHCP address within 0.01s"):
-        machine.wait_for_address(FakeContext(FakeNetwork([lease(1000)])), FakeDomain(), "inv-a", [NIC], 0.01,
+        addresses.wait_for_address(FakeContext(FakeNetwork([lease(1000)])), FakeDomain(), "inv-a", [NIC], 0.01,
                                  {("machinery", MAC): 1000})
 
 
 def test_a_fixed_address_counts_only_once_renewed_to_it(monkeypatch):
-    monkeypatch.setattr(machine, "POLL", 0)
+    monkeypatch.setattr(addresses, "POLL", 0)
     fixed = dict(NIC, ip_address="192.168.101.20")
     net = FakeNetwork([lease(1000)], [lease(1500)], [lease(1600, "192.168.101.20")])
-    machine.wait_for_address(FakeContext(net), FakeDomain(), "inv-a", [fixed], 30, {("machinery", MAC): 1000})
+    addresses.wait_for_address(FakeContext(net), FakeDomain(), "inv-a", [fixed], 30, {("machinery", MAC): 1000})
     assert net.reads == 3

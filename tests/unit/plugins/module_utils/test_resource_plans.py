@@ -5,6 +5,8 @@ import os
 import libvirt
 import pytest
 
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
+
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.machines.attach import plan_nic, plan_volume
 from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import plan_class
@@ -18,6 +20,15 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_regis
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 GIB = 2 ** 30
 READY = {"active": True, "autostart": True}
+
+
+def volume_params(raw):
+    """volume_attach's parameters as the module has them: the table's defaults under what is given."""
+    return options.defaulted(options.VOLUME_ATTACH, raw)
+
+
+def nic_params(raw):
+    return options.defaulted(options.NIC_ATTACH, raw)
 
 
 def pool_seen(registration=None, storage="ready", networks=None, machines=()):
@@ -116,39 +127,39 @@ def attached(seen, **entry):
 
 
 def test_volume_attach_create_and_grow():
-    plan = plan_volume({"volume": "extra", "size": "1Gi", "storage_pool": "machinery"}, target(), None)
+    plan = plan_volume(volume_params({"volume": "extra", "size": "1Gi", "storage_pool": "machinery"}), target(), None)
     attach = plan.as_list()[0]
     assert attach["action"] == "attach" and [s["action"] for s in attach["steps"]][0] == "create_volume"
     assert attach["after"]["device"] not in ("vda", "vdb")
     existing = {"format": "qcow2", "capacity": GIB, "users": [], "path": "/p/extra"}
-    grow = plan_volume({"volume": "extra", "size": "2Gi"}, attached(target()), existing)
+    grow = plan_volume(volume_params({"volume": "extra", "size": "2Gi"}), attached(target()), existing)
     assert grow.summaries() == ["grow"] and grow.diff() == ({"size": "1Gi"}, {"size": "2Gi"})
-    shrink = plan_volume({"volume": "extra", "size": "512Mi"}, attached(target()), existing)
+    shrink = plan_volume(volume_params({"volume": "extra", "size": "512Mi"}), attached(target()), existing)
     assert shrink.actions == [] and "never shrunk" in shrink.warnings[0]
 
 
 def test_volume_attach_refusals():
     with pytest.raises(NotFoundError):
-        plan_volume({"volume": "nope", "storage_pool": "machinery"}, target(), None)
+        plan_volume(volume_params({"volume": "nope", "storage_pool": "machinery"}), target(), None)
     used = {"format": "qcow2", "capacity": GIB, "users": ["db-1"], "path": "/p/x"}
     with pytest.raises(ConflictError):
-        plan_volume({"volume": "x"}, target(), used)
+        plan_volume(volume_params({"volume": "x"}), target(), used)
     with pytest.raises(ValidationError) as raised:
-        plan_volume({"volume": "x", "shareable": True}, target(), used)
+        plan_volume(volume_params({"volume": "x", "shareable": True}), target(), used)
     assert raised.value.field == "shareable"
     with pytest.raises(ValidationError) as raised:
-        plan_volume({"volume": "x", "size": "1Gi", "bus": "sata", "storage_pool": "m"}, target(running=True), None)
+        plan_volume(volume_params({"volume": "x", "size": "1Gi", "bus": "sata", "storage_pool": "m"}), target(running=True), None)
     assert raised.value.field == "bus"
 
 
 def test_volume_detach():
-    plan = plan_volume({"volume": "extra", "state": "detached"}, attached(target(), ephemeral=True), None)
+    plan = plan_volume(volume_params({"volume": "extra", "state": "detached"}), attached(target(), ephemeral=True), None)
     assert plan.kinds() == ["detach"] and plan.diff()[1] == {"deleted": "extra"}
-    assert plan_volume({"volume": "extra", "state": "detached"}, target(), None).actions == []
+    assert plan_volume(volume_params({"volume": "extra", "state": "detached"}), target(), None).actions == []
 
 
 def test_nic_plans():
-    params = {"name": "eth9", "network": "net", "network_exists": True, "pool_name": "hv1"}
+    params = nic_params({"name": "eth9", "network": "net", "network_exists": True, "pool_name": "hv1"})
     plan = plan_nic(params, target(), {})
     assert plan.kinds() == ["attach"] and plan.diff()[1]["mac"] == dx.derive_mac("web-1", "eth9")
     with pytest.raises(ConflictError) as raised:
@@ -193,5 +204,5 @@ def test_converge_verifies_and_check_mode_applies_nothing():
 
 def test_detach_finds_a_disk_the_machine_module_made_by_its_own_alias():
     seen = attached(target(), name="data", volume="web-1-data.qcow2", device="vdb")
-    plan = plan_volume({"volume": "web-1-data.qcow2", "state": "detached"}, seen, None)
+    plan = plan_volume(volume_params({"volume": "web-1-data.qcow2", "state": "detached"}), seen, None)
     assert plan.actions[0].data["alias"] == "ua-vol-data"

@@ -2,8 +2,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.lookup.scheduler import validated
+from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import (
-    Unschedulable, must_leave, normalize_tolerations, schedule, tolerates)
+    Unschedulable, must_leave, normalize_tolerations, tolerates)
 
 GI = 2 ** 30
 SMALL = {"cpu": 1, "memory": 1 * GI}
@@ -21,6 +23,11 @@ def pool(name, cpu=8, memory=16, used_cpu=0, used_memory=0, labels=None, taints=
 
 def spec(name, machine_class="small", **extra):
     return dict(name=name, machine_class=machine_class, **extra)
+
+
+def schedule(specs, pools, **options):
+    """The scheduler over specs validated as the lookup validates its terms."""
+    return scheduler.schedule(validated(specs), pools, **options)
 
 
 def placed(specs, pools, **options):

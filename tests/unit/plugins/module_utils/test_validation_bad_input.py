@@ -11,10 +11,18 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vali
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.batch import converge as batch_converge
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, NotFoundError, ValidationError)
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import host_bridge
 from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import (
     check_host_overlaps, normalize_networks, normalize_taints, plan_pool)
-from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import normalize_machine
+from ansible_collections.machinery.compute.plugins.lookup.scheduler import validated
+
+
+def normalize_machine(term, keys=True):
+    """A lookup term validated as the lookup validates it (keys=None: a batch's machine)."""
+    if keys is None:
+        return machine_spec.params(term, "machines[0]", scheduling=True)
+    return validated([term])[0]
 
 GIB = 2 ** 30
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.modules.machine_batch import validated
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.batch import validated
 
 
 def test_a_machine_keeps_its_own_keys_over_the_defaults():
