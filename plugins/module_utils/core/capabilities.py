@@ -98,20 +98,6 @@ def write_topology(tree, record, value):
         node.set("dies", "1")
 
 
-def topology_element(value):
-    """The <cpu> of a new TCG domain with a topology (a KVM domain's host-passthrough <cpu> gets the child)."""
-    cpu = etree.Element("cpu")
-    topology_child(cpu, value)
-    return cpu
-
-
-def topology_child(cpu, value):
-    node = etree.SubElement(cpu, "topology")
-    for key, _low, _high in TOPOLOGY_RANGES:
-        node.set(key, str(value[key]))
-    return node
-
-
 # --- swap --------------------------------------------------------------------------------------------------------
 
 def swap_bytes(value, field="swap"):

@@ -13,7 +13,6 @@ import hashlib
 import json
 import re
 
-from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 
 try:
@@ -110,15 +109,6 @@ def record_xml(record):
 
 # --- owned fields ---------------------------------------------------------------------------------------------
 
-def _kib(tree, tag):
-    node = tree.find(tag)
-    if node is None:
-        return None
-    scale = {"b": 1, "bytes": 1, "KiB": 1024, "k": 1024, "MiB": 2 ** 20, "M": 2 ** 20, "GiB": 2 ** 30,
-             "G": 2 ** 30}.get(node.get("unit", "KiB"), 1024)
-    return int(node.text) * scale
-
-
 def _set_text(tree, tag, text, attrib=None):
     node = tree.find(tag)
     if node is None:
@@ -138,11 +128,25 @@ def write_cpu(tree, record, value):
     node = tree.find("vcpu")
     if node is not None and "current" in node.attrib:
         del node.attrib["current"]
-    _set_text(tree, "vcpu", str(value))
+    _set_text(tree, "vcpu", str(value), {"placement": "static"} if node is None else None)
+
+
+def read_firmware(tree, _record=None):
+    return "uefi" if tree.find("os[@firmware='efi']") is not None else "bios"
+
+
+def write_firmware(tree, record, value):
+    """UEFI through libvirt's firmware auto-selection (it finds OVMF and makes the NVRAM), BIOS by default."""
+    record["spec"]["firmware"] = value
+    node = tree.find("os")
+    if value == "uefi":
+        node.set("firmware", "efi")
+    elif "firmware" in node.attrib:
+        del node.attrib["firmware"]
 
 
 def read_memory(tree, _record=None):
-    return _kib(tree, "memory")
+    return elements.size_of(tree.find("memory"), "KiB")
 
 
 def write_memory(tree, record, value):
@@ -178,28 +182,28 @@ def nic_element(nic):
 
 
 def build_domain(plan):
-    """The XML of a new machine from a plan (see machine.MachinePlan.domain_inputs)."""
+    """The skeleton of a new machine's domain from a plan (machine.MachineResource._create_locked): name,
+    record, devices and the fixed conventions. The owned fields (cpu, memory, topology, firmware) are not
+    written here: each is written by its declaration in options.py (options.write_created), the same writer that
+    changes it later."""
     root = etree.Element("domain", type=plan["virt_type"])
     _sub(root, "name", plan["name"])
     metadata = _sub(root, "metadata")
     metadata.append(record_element(plan["record"]))
-    _sub(root, "memory", plan["memory"] // 1024, unit="KiB")
-    _sub(root, "currentMemory", plan["memory"] // 1024, unit="KiB")
-    _sub(root, "vcpu", plan["cpu"], placement="static")
+    # places for the owned fields, in libvirt's order; their writers fill them
+    _sub(root, "memory", unit="KiB")
+    _sub(root, "currentMemory", unit="KiB")
+    _sub(root, "vcpu", placement="static")
     if plan.get("ignition_path"):
         sysinfo = _sub(root, "sysinfo", type="fwcfg")
         _sub(sysinfo, "entry", name=IGNITION_FWCFG, file=plan["ignition_path"])
-    os_node = _sub(root, "os", firmware="efi" if plan["firmware"] == "uefi" else None)
+    os_node = _sub(root, "os")
     _sub(os_node, "type", "hvm", arch="x86_64", machine="q35")
     features = _sub(root, "features")
     _sub(features, "acpi")
     _sub(features, "apic")
     if plan["virt_type"] == "kvm":
-        cpu = _sub(root, "cpu", mode="host-passthrough", check="none", migratable="on")
-        if plan.get("topology"):
-            capabilities.topology_child(cpu, plan["topology"])
-    elif plan.get("topology"):
-        root.append(capabilities.topology_element(plan["topology"]))
+        _sub(root, "cpu", mode="host-passthrough", check="none", migratable="on")
     clock = _sub(root, "clock", offset="utc")
     _sub(clock, "timer", name="rtc", tickpolicy="catchup")
     _sub(root, "on_poweroff", "destroy")

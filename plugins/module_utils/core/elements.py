@@ -60,6 +60,11 @@ def _attr(node, path, attribute):
     return found.get(attribute) if found is not None else None
 
 
+def size_of(node, default_unit="bytes"):
+    """The public name of ``_bytes``: the size an element holds, by the one table of units (UNITS)."""
+    return _bytes(node, default_unit)
+
+
 def _bytes(node, default_unit="bytes"):
     """The size held by ``node`` in bytes, honouring its unit attribute; None when the node is missing."""
     if node is None or node.text is None or not node.text.strip():

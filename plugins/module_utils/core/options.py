@@ -43,11 +43,13 @@ class Owned:
     once, it is only recorded), ``balloon`` (memory, at once up to the boot-time maximum), ``restart`` (at
     the next start) or ``boot`` (read by the guest at its next first boot)."""
 
-    def __init__(self, read, write, show=None, live="metadata"):
+    def __init__(self, read, write, show=None, live="metadata", compared=True):
         self.read = read
         self.write = write
         self.show = show or (lambda value: value)
         self.live = live
+        # False for a field fixed at creation: written and read by its declaration, never converged after
+        self.compared = compared
 
 
 def _recorded(key, live="metadata"):
@@ -234,7 +236,8 @@ MACHINE = (
     Option("labels", "dict", owned=_recorded("labels")),
     # kept in the record so that a NoExecute taint added later knows which machines may stay (pool must_leave)
     Option("tolerations", "list", elements="dict", owned=_recorded("tolerations")),
-    Option("firmware", choices=FIRMWARES, fixed=lambda spec: spec.get("firmware"), initial="bios"),
+    Option("firmware", choices=FIRMWARES, fixed=lambda spec: spec.get("firmware"), initial="bios",
+           owned=Owned(dx.read_firmware, dx.write_firmware, compared=False)),
     Option("virt_type", choices=VIRT_TYPES, default="auto", recorded=True),
     # the hash of ignition, cloud_init and ssh_authorized_keys (never the configuration itself)
     Option("boot_config", argument=False, owned=_recorded("boot_config", live="boot")),
@@ -426,7 +429,9 @@ NIC_ATTACH = (
 
 # --- the owned fields of a machine ------------------------------------------------------------------------------
 
-OWNED = tuple(item for item in MACHINE if item.owned is not None)
+OWNED = tuple(item for item in MACHINE if item.owned is not None and item.owned.compared)
+# the owned fields a new domain gets from their declarations (the skeleton of domain.build_domain leaves them out)
+CREATED = tuple(item for item in MACHINE if item.owned is not None)
 OWNED_BY_NAME = {item.name: item.owned for item in OWNED}
 FIXED = tuple(item for item in MACHINE if item.fixed is not None)
 # the scalar and mapping keys of the record's spec (image, volumes, NICs and files are written by recorded_spec)
@@ -448,6 +453,26 @@ def apply_fields(tree, record, desired, names):
     for name in names:
         OWNED_BY_NAME[name].write(tree, record, desired[name])
     dx.write_record(tree, record)
+
+
+def build(inputs, spec):
+    """A new machine's domain: the skeleton of domain.build_domain with every owned field of ``spec`` written
+    by its declaration."""
+    tree = dx.build_domain(inputs)
+    write_created(tree, inputs["record"], spec)
+    return tree
+
+
+def write_created(tree, record, spec):
+    """Write every owned field of a new machine into its skeleton (and record) by its declaration."""
+    for item in CREATED:
+        item.owned.write(tree, record, spec.get(item.name))
+    dx.write_record(tree, record)
+
+
+def read_created(tree, record=None):
+    """The owned fields as a domain holds them, fixed ones included (adopting a domain)."""
+    return {item.name: item.owned.read(tree, record) for item in CREATED}
 
 
 def shown(values):

@@ -56,8 +56,18 @@ class BatchOutcome:
 
 def validated(machines, defaults=None):
     """Each machine through machine_spec.params (with ``defaults`` under its own keys); errors name the element."""
-    specs = [machine_spec.params(machine, "machines[%d]" % index, scheduling=True, defaults=defaults)
-             for index, machine in enumerate(machines)]
+    specs, problems = [], []
+    for index, machine in enumerate(machines):
+        try:
+            specs.append(machine_spec.params(machine, "machines[%d]" % index, scheduling=True, defaults=defaults))
+        except ValidationError as exc:
+            if exc.field == "defaults":
+                raise
+            problems.append(exc)
+    if len(problems) == 1:
+        raise ValidationError("nothing was changed; %s" % problems[0].message, problems[0].field)
+    if problems:  # every bad machine at once, as the preflight reports what only the pools can tell
+        raise ValidationError("nothing was changed; %s" % "; ".join(str(exc) for exc in problems), "machines")
     names = [spec["name"] for spec in specs]
     for index, name in enumerate(names):
         if name in names[:index]:

@@ -103,14 +103,12 @@ def observe_machine(conn, name, journal=False, listing=None, registry=None):
 
 def adoption_record(observed, image, moment):
     """The record of a domain the collection takes over as it is: its size and firmware, nothing else."""
-    tree = observed.tree
+    found = options.read_created(observed.tree)
     return {"version": dx.RECORD_VERSION, "created": moment, "boots": 1 if observed.active else 0,
             "last_error": None, "adopted": True,
-            "spec": {"name": observed.name, "machine_class": None, "cpu": dx.read_cpu(tree),
-                     "memory": dx.read_memory(tree), "labels": {},
-                     "firmware": "uefi" if tree.find("os[@firmware='efi']") is not None else "bios",
-                     "image": {"source": image}, "volumes": [], "network_interfaces": [], "root_size": None,
-                     "boot_config": None, "files": {}}}
+            "spec": {"name": observed.name, "machine_class": None, "cpu": found["cpu"], "memory": found["memory"],
+                     "labels": {}, "firmware": found["firmware"], "image": {"source": image}, "volumes": [],
+                     "network_interfaces": [], "root_size": None, "boot_config": None, "files": {}}}
 
 
 def create_steps(spec):
@@ -462,10 +460,9 @@ class MachineResource:
                     sgs.define_nic_filter(self.conn, name, nic["name"], nic["security_groups"])
                     nic = dict(nic, filter=filters[-1])
                 nics.append(nic)
-            inputs = dict(paths, name=name, virt_type=spec["virt_type"], cpu=spec["cpu"], memory=spec["memory"],
-                          firmware=spec["firmware"], record=record, disks=disks, nics=nics,
-                          console_path=self.ctx.storage_file(files["console"]), topology=spec.get("topology"))
-            self._define(dx.build_domain(inputs), "define machine")
+            inputs = dict(paths, name=name, virt_type=spec["virt_type"], record=record, disks=disks, nics=nics,
+                          console_path=self.ctx.storage_file(files["console"]))
+            self._define(options.build(inputs, spec), "define machine")
             for nic in reserved_nics(record):
                 reserve_address(self.ctx, nic, name)
                 reserved.append(nic)

@@ -70,6 +70,7 @@ def params(raw, field=None, scheduling=False, defaults=None, defaults_field="def
         if unknown:
             raise ValidationError("unknown option%s %s" % ("s" if len(unknown) > 1 else "", ", ".join(unknown)),
                                   field or "machine")
+    _check_shapes(raw, field)
     result = ArgumentSpecValidator(arguments).validate(raw)
     if result.error_messages:
         # an unknown key (a misspelt tolerations, say) comes as the bare key: say what it is
@@ -107,6 +108,25 @@ def params(raw, field=None, scheduling=False, defaults=None, defaults_field="def
         if given["machine_pool"] is not None:
             check.dns_label(given["machine_pool"], _at(field, "machine_pool"))
     return freeze(checked)
+
+
+def _check_shapes(raw, field):
+    """Mappings and lists where the table declares them, refused naming the field (Ansible's own message for a
+    string where a mapping belongs names neither the machine nor the element)."""
+    for item in options.MACHINE + options.SCHEDULING:
+        value = raw.get(item.name)
+        if value is None:
+            continue
+        where = _at(field, item.name)
+        if item.type == "dict" and not isinstance(value, dict):
+            raise ValidationError("must be a mapping, got %s" % type(value).__name__, where)
+        if item.type == "list" and item.elements == "dict":
+            if not isinstance(value, list):
+                raise ValidationError("must be a list, got %s" % type(value).__name__, where)
+            for index, element in enumerate(value):
+                if not isinstance(element, dict):
+                    raise ValidationError("must be a mapping, got %s" % type(element).__name__,
+                                          "%s[%d]" % (where, index))
 
 
 def machine_params(raw, field=None):
@@ -372,7 +392,7 @@ def _size(prm, facts, recorded):
 
 
 def _boot_config(prm, spec, recorded, existing):
-    ssh_keys, ignition, cloud_init = prm["ssh_authorized_keys"], prm["ignition"], prm["cloud_init"]
+    ssh_keys, ignition, cloud_init = list(prm["ssh_authorized_keys"]), thaw(prm["ignition"]), thaw(prm["cloud_init"])
     if ignition is not None:
         spec["ignition_data"] = seed.ignition_document(ignition, None if cloud_init else ssh_keys)
     if cloud_init is not None or (ssh_keys and ignition is None):

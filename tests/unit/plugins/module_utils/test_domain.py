@@ -1,3 +1,4 @@
+import copy
 import os
 
 import pytest
@@ -8,12 +9,13 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import opti
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 RECORD = {"version": 1, "created": "2026-01-01T00:00:00+00:00", "boots": 0, "last_error": None,
           "spec": {"name": "web-1", "machine_class": "small", "cpu": 1, "memory": 128 * 2 ** 20,
-                   "labels": {"app": "web"}, "boot_config": "abc"}}
+                   "labels": {"app": "web"}, "boot_config": "abc", "firmware": "bios", "tolerations": None,
+                   "topology": None}}
 
 
 def plan(**overrides):
     base = {"name": "web-1", "virt_type": "qemu", "cpu": 1, "memory": 128 * 2 ** 20, "firmware": "bios",
-            "record": RECORD,
+            "record": copy.deepcopy(RECORD),
             "disks": [{"name": "root", "path": "/pool/web-1-root.qcow2", "format": "qcow2", "device": "vda",
                        "boot": True},
                       {"name": "data", "path": "/pool/web-1-data.qcow2", "format": "qcow2", "device": "vdb",
@@ -23,6 +25,11 @@ def plan(**overrides):
             "console_path": "/pool/web-1-console.log"}
     base.update(overrides)
     return base
+
+
+def spec(**overrides):
+    """The spec of the machine the plan builds: its record's, with the firmware it has."""
+    return dict(RECORD["spec"], **overrides)
 
 
 def golden(name):
@@ -36,11 +43,12 @@ def pretty(tree):
 
 
 def test_build_matches_golden():
-    assert pretty(dx.build_domain(plan())) == golden("web-1.xml")
+    assert pretty(options.build(plan(), spec())) == golden("web-1.xml")
 
 
 def test_uefi_kvm_golden():
-    tree = dx.build_domain(plan(firmware="uefi", virt_type="kvm", ignition_path=None, seed_path=None))
+    inputs = plan(firmware="uefi", virt_type="kvm", ignition_path=None, seed_path=None)
+    tree = options.build(inputs, spec(firmware="uefi"))
     assert pretty(tree) == golden("web-1-uefi-kvm.xml")
 
 

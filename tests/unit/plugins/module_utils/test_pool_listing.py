@@ -15,6 +15,7 @@ import pytest
 from ansible_collections.machinery.compute.plugins.module_utils.pools import admission
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext, read_domains
@@ -31,7 +32,7 @@ def domain_xml(name, cpu, memory, managed=True):
             "record": record, "nics": [], "disks": [{"name": "root", "path": "/p/%s-root.qcow2" % name,
                                                      "format": "qcow2", "device": "vda", "boot": True}],
             "console_path": "/p/%s-console.log" % name}
-    tree = dx.build_domain(plan)
+    tree = options.build(plan, plan)
     if not managed:
         tree.remove(tree.find("metadata"))
     return dx.tostring(tree)
