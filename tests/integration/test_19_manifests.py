@@ -238,7 +238,7 @@ def test_kupenstack_sample_vm_boots_from_its_volume(lab2, tmp_path):
         "<volume><name>vol-db</name><capacity>16777216</capacity><target><format type='raw'/></target></volume>", 0)
     vm = {"apiVersion": "kupenstack.io/v1alpha1", "kind": "VirtualMachine",
           "metadata": {"name": "sample-vm", "namespace": "default", "labels": {"app": "kupenstack-demo"}},
-          "spec": {"running": True, "vcpu": 1, "memory": "128Mi", "virtualNetworks": ["machinery"],
+          "spec": {"running": True, "vcpu": 1, "memory": "128Mi", "swap": "64Mi", "virtualNetworks": ["machinery"],
                    "diskAttachments": [{"name": "myvol"}, {"name": "vol-db"}]}}
 
     planned = run_module("manifest", check=True, pools=entries, definition=[vm])
@@ -247,7 +247,10 @@ def test_kupenstack_sample_vm_boots_from_its_volume(lab2, tmp_path):
     made = run_module("manifest", pools=entries, definition=[vm], wait="address", wait_timeout=240)
     assert made["changed"] and not made.get("failed"), made
     spec = record(pool, "sample-vm")["spec"]
-    assert spec["image"] is None and [v["volume"] for v in spec["volumes"]] == ["myvol", "vol-db"]
+    # the sample's swap reaches the machine although it has no image (it was dropped on that path)
+    assert spec["image"] is None and [v["volume"] for v in spec["volumes"]] == ["myvol", "vol-db", "sample-vm-swap.qcow2"]
+    assert spec["swap"] == 64 * 2 ** 20 and "sample-vm-swap.qcow2" in pool.volumes()
+    assert "sample-vm-swap.qcow2" in pool.domain("sample-vm").XMLDesc(0)
     assert "sample-vm-root.qcow2" not in pool.volumes()
     status = made["objects"][0]["status"]
     assert status["phase"] == "Running" and status["node"] == pool.name and status["restartCount"] == 0
@@ -258,6 +261,7 @@ def test_kupenstack_sample_vm_boots_from_its_volume(lab2, tmp_path):
 
     assert run_module("manifest", pools=entries, definition=[vm])["changed"] is False
     exported = run_module("manifest_info", pools=entries, dialect="kupenstack", name=["sample-vm"])
+    assert exported["documents"][0]["spec"]["swap"] == "64Mi"
     assert run_module("manifest", pools=entries, definition=exported["documents"])["changed"] is False
 
     stopped = copy.deepcopy(vm)

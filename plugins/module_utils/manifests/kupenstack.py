@@ -11,6 +11,7 @@ networks, as KupenStack does. ``swap`` maps onto the machine's swap option (see 
 
 from __future__ import annotations
 
+from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import kube_quantity
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import machine_object
@@ -101,6 +102,8 @@ def export(machine, record_spec):
                                 if nic.get("network")],
             "diskAttachments": [{"name": vol["volume"]} for vol in record_spec.get("volumes") or []
                                 if vol.get("source") == "volume"]}
+    if record_spec.get("swap"):
+        spec["swap"] = format_quantity(record_spec["swap"])
     metadata = {"name": machine["name"]}
     if machine.get("labels"):
         metadata["labels"] = dict(machine["labels"])

@@ -27,7 +27,8 @@ PROVIDER_KIND = "LibvirtMachineProviderSpec"
 PROVIDER_KEYS = {"machineClass": "machine_class", "cpu": "cpu", "memory": "memory", "image": "image",
                  "imageChecksum": "image_checksum", "rootSize": "root_size", "firmware": "firmware",
                  "sshAuthorizedKeys": "ssh_authorized_keys", "machinePool": "machine_pool",
-                 "machinePoolSelector": "machine_pool_selector", "tolerations": "tolerations", "state": "state"}
+                 "machinePoolSelector": "machine_pool_selector", "tolerations": "tolerations", "state": "state",
+                 "swap": "swap"}
 VOLUME_KEYS = {"name": "name", "size": "size", "volume": "volume", "image": "image", "device": "device",
                "bus": "bus", "ephemeral": "ephemeral"}
 NIC_KEYS = {"name": "name", "network": "network", "bridge": "bridge", "mac": "mac", "model": "model"}
