@@ -145,18 +145,27 @@ def _given(value):
     return value
 
 
-def _volume_params(items, field):
-    result, seen = [], set()
+def _named_items(items, field, what, reserved=None):
+    """(where, item, entry) of a list option whose items are named uniquely (volumes, NICs): the entry is a copy
+    of the item with its name checked; ``reserved`` names are refused with their reason."""
+    seen = set()
     for index, item in enumerate(items):
         where = "%s[%d]" % (field, index)
         entry = dict(item)
         name = entry["name"] = check.dns_label(item.get("name"), where + ".name")
-        if name in seen or name == "root":
-            raise ValidationError("volume name %r is used twice (root is the image disk)" % name, where + ".name")
-        if name == cap.SWAP_VOLUME:
-            raise ValidationError("volume name swap is the swap disk's; give the machine swap: <size> instead",
-                                  where + ".name")
+        if name in seen:
+            raise ValidationError("%s name %r is used twice" % (what, name), where + ".name")
+        if name in (reserved or {}):
+            raise ValidationError(reserved[name], where + ".name")
         seen.add(name)
+        yield where, item, entry
+
+
+def _volume_params(items, field):
+    result = []
+    reserved = {"root": "volume name root is the image disk's",
+                cap.SWAP_VOLUME: "volume name swap is the swap disk's; give the machine swap: <size> instead"}
+    for where, item, entry in _named_items(items, field, "volume", reserved):
         if len([key for key in ("size", "volume", "image") if item.get(key) is not None]) != 1:
             raise ValidationError("give exactly one of size, volume or image", where)
         if item.get("volume") is not None:
@@ -185,14 +194,8 @@ def _volume_params(items, field):
 
 
 def _nic_params(items, field):
-    result, seen = [], set()
-    for index, item in enumerate(items):
-        where = "%s[%d]" % (field, index)
-        entry = dict(item)
-        name = entry["name"] = check.dns_label(item.get("name"), where + ".name")
-        if name in seen:
-            raise ValidationError("interface name %r is used twice" % name, where + ".name")
-        seen.add(name)
+    result = []
+    for where, item, entry in _named_items(items, field, "interface"):
         if bool(item.get("network")) == bool(item.get("bridge")):
             raise ValidationError("give exactly one of network or bridge", where)
         if item.get("bridge"):
