@@ -265,6 +265,15 @@ options:
       - When not given, an existing machine keeps the tolerations it has.
     type: list
     elements: dict
+  hostname:
+    description:
+      - The guest's host name (DNS-1123 labels joined by dots), handed over with the boot configuration
+        (IronCore's C(Machine.spec.hostname)).
+      - With O(cloud_init) (or O(ssh_authorized_keys) alone, or this option alone) it is the seed's
+        C(local-hostname); with O(ignition) the file C(/etc/hostname), unless the config writes that file itself.
+      - When not given, cloud-init sets the machine's name; an existing machine keeps what it was given. A change is
+        read by the guest at its next first boot, as any change of the boot configuration.
+    type: str
   firmware:
     description: Firmware, fixed at creation; V(bios) when not given.
     type: str

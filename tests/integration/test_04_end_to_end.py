@@ -7,6 +7,7 @@ import libvirt
 from conftest import warnings_of
 
 SECRET = "ignition-secret-7f3a"
+HOSTNAME = "e2e-host.lab.internal"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMachineryTestKey test@machinery"
 
 
@@ -17,7 +18,7 @@ def test_boot_with_ignition_and_cloud_init(registered, module, image):
     ignition = {"ignition": {"version": "3.4.0"}, "storage": {"files": [{"path": "/etc/" + SECRET}]}}
     result = module("machine", uri=pool.uri, name=name, machine_class="small", image=image, ignition=ignition,
                     cloud_init={"user_data": {"runcmd": ["echo machinery"]}}, ssh_authorized_keys=[KEY],
-                    labels={"suite": "e2e"}, wait="address", wait_timeout=180)
+                    hostname=HOSTNAME, labels={"suite": "e2e"}, wait="address", wait_timeout=180)
     assert result["changed"] is True, result
     machine = result["machine"]
     assert machine["phase"] == "Running"
@@ -34,8 +35,11 @@ def test_boot_with_ignition_and_cloud_init(registered, module, image):
     assert "MACHINERY-TEST-BOOT" in console
     assert "MACHINERY-ADDRESS eth0 %s" % address in console
     ignition_seen = console.split("MACHINERY-IGNITION-BEGIN", 1)[1].split("MACHINERY-IGNITION-END", 1)[0]
-    assert json.loads(ignition_seen.strip()) == ignition
-    assert "MACHINERY-HOSTNAME %s" % name in console
+    # the hostname option: /etc/hostname in the Ignition config, local-hostname in the seed the guest set
+    hostname_file = {"path": "/etc/hostname", "mode": 420, "overwrite": True, "contents": {"source": "data:," + HOSTNAME}}
+    assert json.loads(ignition_seen.strip()) == {"ignition": ignition["ignition"],
+                                                 "storage": {"files": ignition["storage"]["files"] + [hostname_file]}}
+    assert "MACHINERY-HOSTNAME %s" % HOSTNAME in console
     user_data = console.split("MACHINERY-USERDATA-BEGIN", 1)[1].split("MACHINERY-USERDATA-END", 1)[0]
     assert user_data.strip().startswith("#cloud-config")
     assert KEY in user_data and "echo machinery" in user_data
@@ -52,7 +56,7 @@ def test_boot_with_ignition_and_cloud_init(registered, module, image):
     # idempotent while running
     again = module("machine", uri=pool.uri, name=name, machine_class="small", image=image, ignition=ignition,
                    cloud_init={"user_data": {"runcmd": ["echo machinery"]}}, ssh_authorized_keys=[KEY],
-                   labels={"suite": "e2e"}, wait="address")
+                   hostname=HOSTNAME, labels={"suite": "e2e"}, wait="address")
     assert again["changed"] is False, again
 
     # graceful stop through the ACPI power button: no forced power-off

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
 # Choices, each typed out once.
@@ -233,6 +234,8 @@ MACHINE = (
     Option("ignition", "raw", no_log=True),
     Option("cloud_init", "dict", options=CLOUD_INIT),
     Option("ssh_authorized_keys", "list", elements="str", no_log=False),
+    # the guest's host name, handed over with the boot configuration (so part of its hash)
+    Option("hostname", check=check.hostname),
     Option("labels", "dict", owned=_recorded("labels")),
     # kept in the record so that a NoExecute taint added later knows which machines may stay (pool must_leave)
     Option("tolerations", "list", elements="dict", owned=_recorded("tolerations")),

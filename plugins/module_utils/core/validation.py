@@ -38,6 +38,18 @@ def dns_label(value, field="name"):
     return value
 
 
+def hostname(value, field="hostname"):
+    """An RFC 1123 host name: DNS-1123 labels joined by dots, at most 253 characters (a guest's hostname)."""
+    if not isinstance(value, str) or not value:
+        raise ValidationError("must be a non-empty string", field)
+    if len(value) > 253:
+        raise ValidationError("%r is %d characters long; a host name has at most 253" % (value, len(value)), field)
+    for label in value.split("."):
+        if len(label) > 63 or not _DNS1123_LABEL.match(label):
+            raise ValidationError("%r is not a host name (DNS-1123 labels joined by dots)" % (value,), field)
+    return value
+
+
 def cpu_count(value, field="cpu"):
     if isinstance(value, bool):
         raise ValidationError("must be a whole number of CPUs, got %r" % (value,), field)

@@ -40,6 +40,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import sto
 MACHINE_ARGUMENTS = options.argument_spec(options.MACHINE)
 SCHEDULED_ARGUMENTS = options.argument_spec(options.MACHINE + options.SCHEDULING)
 SCHEDULING_KEYS = tuple(item.name for item in options.SCHEDULING)
+CHECKED = tuple(item for item in options.MACHINE if item.argument and item.check is not None)
 # what a scheduled machine takes (a batch's machines, a set's template): the machine's options but those the
 # caller sets itself
 SCHEDULED_KEYS = tuple(key for key in SCHEDULED_ARGUMENTS if key != "unique_across")
@@ -94,7 +95,9 @@ def params(raw, field=None, scheduling=False, defaults=None, defaults_field="def
         checked["memory"] = check.memory_bytes(given["memory"], _at(field, "memory"))
     if given["root_size"]:
         checked["root_size"] = check.disk_bytes(given["root_size"], _at(field, "root_size"))
-    checked["swap"] = options.option(options.MACHINE, "swap").check(given["swap"], _at(field, "swap"))
+    for item in CHECKED:  # the options whose declaration carries their check
+        if given[item.name] is not None:
+            checked[item.name] = item.check(given[item.name], _at(field, item.name))
     if given["cloud_init"] is not None and not isinstance(given["cloud_init"], dict):
         raise ValidationError("must be a mapping with user_data, meta_data, network_config", _at(field, "cloud_init"))
     checked["ssh_authorized_keys"] = [str(key) for key in given["ssh_authorized_keys"] or []]
@@ -396,11 +399,12 @@ def _size(prm, facts, recorded):
 
 def _boot_config(prm, spec, recorded, existing):
     ssh_keys, ignition, cloud_init = list(prm["ssh_authorized_keys"]), thaw(prm["ignition"]), thaw(prm["cloud_init"])
+    hostname = prm["hostname"]
     if ignition is not None:
-        spec["ignition_data"] = seed.ignition_document(ignition, None if cloud_init else ssh_keys)
-    if cloud_init is not None or (ssh_keys and ignition is None):
-        spec["seed_files"] = seed.nocloud_files(prm["name"], cloud_init, ssh_keys)
-    if ignition is None and cloud_init is None and not ssh_keys and existing:
+        spec["ignition_data"] = seed.ignition_document(ignition, None if cloud_init else ssh_keys, hostname=hostname)
+    if cloud_init is not None or ((ssh_keys or hostname) and ignition is None):
+        spec["seed_files"] = seed.nocloud_files(prm["name"], cloud_init, ssh_keys, hostname)
+    if ignition is None and cloud_init is None and not ssh_keys and not hostname and existing:
         spec["boot_config"] = recorded.get("boot_config")
     else:
         spec["boot_config"] = dx.boot_config_hash(

@@ -18,8 +18,9 @@ except ImportError:
     HAS_YAML = False
 
 
-def ignition_document(ignition, ssh_keys=None, field="ignition"):
-    """Ignition as compact JSON bytes; a string must already be JSON. SSH keys go to the ``core`` user."""
+def ignition_document(ignition, ssh_keys=None, field="ignition", hostname=None):
+    """Ignition as compact JSON bytes; a string must already be JSON. SSH keys go to the ``core`` user; a
+    ``hostname`` becomes /etc/hostname (unless the config writes that file itself)."""
     if isinstance(ignition, str):
         try:
             ignition = json.loads(ignition)
@@ -36,6 +37,12 @@ def ignition_document(ignition, ssh_keys=None, field="ignition"):
             users.append(core)
         keys = core.setdefault("sshAuthorizedKeys", [])
         keys.extend(key for key in ssh_keys if key not in keys)
+    if hostname:
+        ignition = json.loads(json.dumps(ignition))
+        files = ignition.setdefault("storage", {}).setdefault("files", [])
+        if not any(isinstance(entry, dict) and entry.get("path") == "/etc/hostname" for entry in files):
+            files.append({"path": "/etc/hostname", "mode": 420, "overwrite": True,
+                          "contents": {"source": "data:,%s" % hostname}})
     return json.dumps(ignition, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -123,18 +130,22 @@ def check_network_config(config, field="cloud_init.network_config"):
     return config
 
 
-def nocloud_files(name, cloud_init, ssh_keys=None):
+def nocloud_files(name, cloud_init, ssh_keys=None, hostname=None):
     """{file name: bytes} of the NoCloud seed for machine ``name``; meta-data and network-config are checked as
-    cloud-init will read them, so a seed the guest cannot use is refused before anything is written."""
+    cloud-init will read them, so a seed the guest cannot use is refused before anything is written. The guest's
+    ``local-hostname`` is ``hostname``, else the machine's name (meta_data given as a mapping may set it)."""
     cloud_init = cloud_init or {}
     meta = cloud_init.get("meta_data")
     if isinstance(meta, str):
         parsed_mapping(meta, "cloud_init.meta_data", "meta-data")
+        if hostname:
+            raise ValidationError("cannot be merged into meta_data given as text; set local-hostname there, or give "
+                                  "meta_data as a mapping", "hostname")
         meta_text = meta
     else:
         if meta is not None and not isinstance(meta, dict):
             raise ValidationError("must be a string or a mapping", "cloud_init.meta_data")
-        merged = {"instance-id": "iid-%s" % name, "local-hostname": name}
+        merged = {"instance-id": "iid-%s" % name, "local-hostname": hostname or name}
         merged.update(meta or {})
         meta_text = _yaml_text(merged, "cloud_init.meta_data")
     files = {

@@ -177,7 +177,9 @@ def _machine(obj, fields):
         fields.known(ignition, ("name", "key"), "spec.ignitionRef")
         refs["secret"] = ("spec.ignitionRef", fields.name(ignition.get("name"), "spec.ignitionRef.name"),
                           fields.string(ignition.get("key"), "spec.ignitionRef.key") or DEFAULT_IGNITION_KEY)
-    for key in ("imagePullSecretRef", "efiVars", "hostname"):
+    if spec.get("hostname") is not None:
+        params["hostname"] = fields.run(check.hostname, spec["hostname"], "spec.hostname")
+    for key in ("imagePullSecretRef", "efiVars"):
         if spec.get(key):
             fields.warn("spec." + key, "has no meaning on libvirt pools and is ignored")
     machine_object(obj, params, refs)

@@ -247,3 +247,29 @@ def test_no_literal_default_repeats_a_declared_one():
         glob.glob(os.path.join(ROOT, "plugins", "modules", "machine*.py"))
     found = [hit for path in sorted(paths) for hit in _repeated_defaults(path, declared)]
     assert found == []
+
+
+# --- an option added by its declaration: hostname ------------------------------------------------------------------
+
+def test_hostname_is_checked_by_its_declaration_and_reaches_both_boot_configurations():
+    with pytest.raises(ValidationError) as info:
+        params({"name": "a", "hostname": "not a host"}, "machines[0]")
+    assert info.value.field == "machines[0].hostname"
+    spec = created(hostname="web.lab", ignition={"ignition": {"version": "3.4.0"}}, cloud_init={"user_data": {}})
+    assert b'"path":"/etc/hostname"' in spec["ignition_data"] and b"data:,web.lab" in spec["ignition_data"]
+    assert b"local-hostname: web.lab" in spec["seed_files"]["meta-data"]
+    alone = created(hostname="web.lab")
+    assert "ignition_data" not in alone and b"local-hostname: web.lab" in alone["seed_files"]["meta-data"]
+    # a machine given no hostname has the boot configuration (and its hash) it always had
+    assert created()["boot_config"] is None
+    assert b"local-hostname: web-1" in created(cloud_init={"user_data": {}})["seed_files"]["meta-data"]
+
+
+def test_a_changed_hostname_is_a_new_boot_configuration_and_an_unchanged_one_is_none():
+    record = {"spec": {"name": "web-1", "cpu": 1, "memory": 256 * MIB, "image": None, "volumes": [],
+                       "network_interfaces": [], "boot_config": "old"}}
+    first = normalize(params({"name": "web-1", "hostname": "a.lab"}), facts(), record, {"cpu": 1})
+    again = normalize(params({"name": "web-1", "hostname": "a.lab"}), facts(), record, {"cpu": 1})
+    other = normalize(params({"name": "web-1", "hostname": "b.lab"}), facts(), record, {"cpu": 1})
+    assert first["boot_config"] == again["boot_config"] != other["boot_config"]
+    assert normalize(params({"name": "web-1"}), facts(), record, {"cpu": 1})["boot_config"] == "old"
