@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from urllib.parse import parse_qs, urlsplit
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
@@ -126,14 +127,77 @@ def with_tls_identity(uri, environ=None):
     return "%s%spkipath=%s" % (uri, "&" if parts.query else "?", _PKI_DIRS[files])
 
 
+# A host that accepts the connection and never answers (a daemon stopped with SIGSTOP, a listener that hangs)
+# would hold a run forever: the handshake gets OPEN_TIMEOUT seconds, and an open connection is closed by libvirt's
+# keepalive when the host has not answered KEEPALIVE_INTERVAL * (KEEPALIVE_COUNT + 1) seconds, failing the call
+# that waits on it. MACHINERY_CONNECT_TIMEOUT overrides the first (seconds).
+OPEN_TIMEOUT = 30.0
+KEEPALIVE_INTERVAL = 5
+KEEPALIVE_COUNT = 3
+_EVENTS = {"loop": None}
+_EVENTS_LOCK = threading.Lock()
+
+
+def open_timeout(environ=None):
+    environ = os.environ if environ is None else environ
+    try:
+        value = float(environ.get("MACHINERY_CONNECT_TIMEOUT") or OPEN_TIMEOUT)
+    except ValueError:
+        raise ValidationError("MACHINERY_CONNECT_TIMEOUT must be a number of seconds, got %r"
+                              % environ.get("MACHINERY_CONNECT_TIMEOUT"), "uri") from None
+    return value if value > 0 else OPEN_TIMEOUT
+
+
+def event_loop():
+    """libvirt's default event loop, run by one daemon thread of this process: keepalive needs it."""
+    with _EVENTS_LOCK:
+        if _EVENTS["loop"] is None:
+            libvirt.virEventRegisterDefaultImpl()
+
+            def run():
+                while True:
+                    libvirt.virEventRunDefaultImpl()
+            _EVENTS["loop"] = threading.Thread(target=run, name="libvirt-events", daemon=True)
+            _EVENTS["loop"].start()
+    return _EVENTS["loop"]
+
+
+def _open_bounded(uri, timeout):
+    """libvirt.open in a thread of its own, given up after ``timeout`` seconds (the thread is left to the host:
+    libvirt offers no way to abort a handshake). Returns the connection, or raises its libvirtError or
+    TimeoutError."""
+    outcome = {}
+
+    def attempt():
+        try:
+            outcome["conn"] = libvirt.open(uri)
+        except libvirt.libvirtError as exc:
+            outcome["error"] = exc
+    worker = threading.Thread(target=attempt, name="libvirt-open", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise TimeoutError()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("conn")
+
+
 def open_connection(uri, field="uri", name=None):
     """Open ``uri`` read-write; an unreachable or wrong URI becomes ConnectionFailed naming the pool (``name``,
-    when the caller knows it, and the URI), libvirt's cause and, for the usual refusals, what to check."""
+    when the caller knows it, and the URI), libvirt's cause and, for the usual refusals, what to check. A host
+    that does not answer fails the open after open_timeout() seconds, and a connection whose host stops
+    answering later is closed by keepalive."""
     validate_uri(uri, field)
     require_libvirt()
+    event_loop()
     where = "pool %s (%s)" % (name, uri) if name and name != uri else uri
+    timeout = open_timeout()
     try:
-        conn = libvirt.open(with_tls_identity(uri))
+        conn = _open_bounded(with_tls_identity(uri), timeout)
+    except TimeoutError:
+        raise ConnectionFailed("cannot connect to %s: the host did not answer within %gs (a daemon that is stopped "
+                               "or hangs)" % (where, timeout), field) from None
     except libvirt.libvirtError as exc:
         cause = " ".join(describe(exc).split())  # one line: ssh's stderr can span several
         hint = refusal_hint(cause)
@@ -141,6 +205,10 @@ def open_connection(uri, field="uri", name=None):
                                field) from None
     if conn is None:
         raise ConnectionFailed("cannot connect to %s" % where, field)
+    try:
+        conn.setKeepAlive(KEEPALIVE_INTERVAL, KEEPALIVE_COUNT)
+    except libvirt.libvirtError:
+        pass  # a driver without keepalive (the test driver, a local session): nothing to stop answering
     return conn
 
 
