@@ -1,5 +1,7 @@
 """The Resource protocol: apply goes through the kind's table, and a kind the table lacks is a bug named as such."""
 
+import importlib
+
 import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
@@ -76,3 +78,23 @@ def test_a_resource_must_observe_and_plan():
 
     with pytest.raises(TypeError):
         Half()  # pylint: disable=abstract-class-instantiated
+
+
+RESOURCES = [
+    ("machines.attach", "VolumeAttachment"), ("machines.attach", "NicAttachment"),
+    ("machines.backups", "BackupResource"), ("machines.named_images", "ImageResource"),
+    ("pools.classes", "ClassResource"), ("pools.pool_registration", "PoolResource"),
+    ("pools.security_groups", "SecurityGroupResource"), ("fleets.health_check", "HealthCheckResource"),
+    ("fleets.machine_set", "MachineSetResource"), ("fleets.migrate", "MoveResource"),
+    ("manifests.engine", "VolumeResource"),
+]
+
+
+@pytest.mark.parametrize("module, name", RESOURCES)
+def test_every_resource_kind_declares_its_apply_table(module, name):
+    found = getattr(importlib.import_module(
+        "ansible_collections.machinery.compute.plugins.module_utils." + module), name)
+    assert issubclass(found, Resource) and found.APPLY
+    for kind, method in found.APPLY.items():
+        assert callable(method) and method.__name__.startswith("_"), kind
+        assert getattr(found, method.__name__) is method, "%s.APPLY[%r] is not a method of the class" % (name, kind)
