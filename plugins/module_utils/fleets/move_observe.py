@@ -74,23 +74,11 @@ class Observation:
         self.done = None  # where the machine already is when nothing needs to move
         self.cleared = {}  # uri: volumes and domain the resolution of an interrupted move deletes there first
 
-
-class Run:
-    """One action being applied: its two sides, its journal, what it made and how far it got."""
-
-    def __init__(self, source, target, journal, facts=None):
-        self.source = source
-        self.target = target
-        self.journal = journal
-        self.facts = facts or {}
-        self.files = {item["volume"]: item for item in self.facts.get("files", [])}
-        self.images = {image["volume"]: image for image in self.facts.get("missing_images", [])}
-        self.made = []  # volumes of the target this run made
-        self.defined = False  # the target may hold the machine
-        self.deleting = False  # the source is being deleted: from here the move is only ever finished
-
-    def side(self, pool):
-        return {self.source.pool: self.source, self.target.pool: self.target}.get(pool)
+    def side(self, pools, uri, field="machine"):
+        """The side of ``uri``, read once per observation."""
+        if uri not in self.sides:
+            self.sides[uri] = pools.side(uri, self.machine, field)
+        return self.sides[uri]
 
 
 class Pools:
@@ -125,7 +113,8 @@ class Pools:
 
 class MoveObserver:
     """Observes the move ``request`` asks for (migrate.MoveRequest: the machine, the pools to move it off and to,
-    mode and strategy) over ``pools``; what it cannot read but can do without goes to ``warnings``."""
+    mode and strategy) over ``pools``: where the machine is, a journal left behind and how it resolves, and
+    through ``NewMove`` the move still to make. What it cannot read but can do without goes to ``warnings``."""
 
     def __init__(self, pools, request, warnings):
         self.pools = pools
@@ -134,6 +123,7 @@ class MoveObserver:
         self.source_uri = request.source_uri
         self.target_uri = request.target_uri
         self.warnings = warnings
+        self.new_move = NewMove(pools, request)
 
     def observe(self):
         """The sides of every pool of the run; a journal left behind, resolved; the new move, if one is due."""
@@ -163,17 +153,12 @@ class MoveObserver:
                                      % (self.machine, self.source_uri, self.request.target_name, home.pool))
             return obs
         try:
-            self._new_move(obs, home, self.target_uri or preferred, active, was_running)
+            self.new_move.observe(obs, home, self.target_uri or preferred, active, was_running)
         except MachineryError as exc:
             if not obs.recovery or (isinstance(exc, ValidationError) and exc.field == "mode"):
                 raise
             obs.problem = exc  # raised once the interrupted move is resolved
         return obs
-
-    def _side(self, obs, uri, field="machine"):
-        if uri not in obs.sides:
-            obs.sides[uri] = self.pools.side(uri, self.machine, field)
-        return obs.sides[uri]
 
     def _home(self, obs):
         """The side where the machine is: on ``uri`` when it is there, else the one pool that has it."""
@@ -205,8 +190,8 @@ class MoveObserver:
         """Resolve the move a dead run left: (the side the machine is on once that is done, whether its guest runs
         then, whether it ran before the move, the target a move made again goes to)."""
         obs.journal = journal
-        source = self._side(obs, journal["source"]["uri"])
-        target = self._side(obs, journal["target"]["uri"])
+        source = obs.side(self.pools, journal["source"]["uri"])
+        target = obs.side(self.pools, journal["target"]["uri"])
         kind = resolve_interrupted(journal, source.facts(), target.facts())
         volumes = journal.get("volumes") or []
         images = [name for name in self._unused(target, journal.get("images") or [], journal)
@@ -222,8 +207,18 @@ class MoveObserver:
         obs.cleared = {target.uri: set(present["target"]) | ({"domain"} if kind == "discard_copy" else set())}
         return source, source.active, bool(journal.get("was_running") or source.active), target.uri
 
-    def _new_move(self, obs, home, target_uri, active, was_running):
-        """What a new move from ``home`` needs: its target (given, or the scheduler's), the facts, the mode."""
+
+class NewMove:
+    """What a new move from the machine's home pool needs, reading only: its target (given, or the scheduler's
+    choice), the files and image caches it copies, whether the target can run the machine, the mode."""
+
+    def __init__(self, pools, request):
+        self.pools = pools
+        self.request = request
+        self.machine = request.machine
+
+    def observe(self, obs, home, target_uri, active, was_running):
+        """Fill ``obs`` in for a move from ``home`` (to ``target_uri`` if given)."""
         if home.record is None:
             raise ConflictError("%s on %s was not created by machinery.compute (adopt it with the machine module "
                                 "first)" % (self.machine, home.pool), "machine")
@@ -237,7 +232,7 @@ class MoveObserver:
         if target_uri:
             wanted = next(snapshot["name"] for snapshot in snapshots if snapshot["uri"] == target_uri)
         chosen, obs.reason = pick_target(spec, snapshots, home.uri, self.request.strategy, wanted)
-        target = self._side(obs, chosen["uri"], "target")
+        target = obs.side(self.pools, chosen["uri"], "target")
         cleared = obs.cleared.get(target.uri, set())
         if target.exists and "domain" not in cleared:
             raise ConflictError("pool %s already has a machine named %s" % (target.pool, self.machine), "target")
@@ -268,9 +263,28 @@ class MoveObserver:
         if not there.registration:
             raise NotFoundError("%s is not a registered pool: run machinery.compute.machine_pool against it first"
                                 % target.uri, "target")
-        source_dir, target_dir = ctx.storage_path, there.storage_path
         refresh(ctx.storage)
         refresh(there.storage)
+        files, images = self._files(home, target, reuse)
+        for image in images.values():
+            source_image = lv.lookup_volume(ctx.storage, image["volume"])
+            if source_image is None:
+                raise ConflictError("the image cache %s of %s is missing from pool %s"
+                                    % (image["volume"], self.machine, home.pool), "machine")
+            image["bytes"] = volume_facts(source_image)["bytes"]
+        missing = [image for image in images.values() if lv.lookup_volume(there.storage, image["volume"]) is None
+                   or lv.lookup_volume(there.storage, image["volume"] + ".complete") is None]
+        self._check_target(home, target, files)
+        return {"machine": self.machine, "uuid": home.dom.UUIDString(), "active": home.active,
+                "source": home.where(), "target": target.where(), "files": files,
+                "images": sorted(images), "missing_images": missing}
+
+    def _files(self, home, target, reuse):
+        """([{volume, kind, device, format, capacity, bytes, mode, image...}] of the files the move copies,
+        {volume: image cache} of the caches their disks are overlays of); a volume of the target that is in the
+        way and not in ``reuse`` (cleared by the resolution of an interrupted move) is a conflict."""
+        ctx, there = home.ctx, target.ctx
+        source_dir = ctx.storage_path
         files = []
         images = {}
         for item in machine_files(home.tree, source_dir):
@@ -300,18 +314,7 @@ class MoveObserver:
             if item["volume"] not in reuse and lv.lookup_volume(there.storage, item["volume"]) is not None:
                 raise ConflictError("pool %s already has a volume %s" % (target.pool, item["volume"]), "target")
             files.append(item)
-        for image in images.values():
-            source_image = lv.lookup_volume(ctx.storage, image["volume"])
-            if source_image is None:
-                raise ConflictError("the image cache %s of %s is missing from pool %s"
-                                    % (image["volume"], self.machine, home.pool), "machine")
-            image["bytes"] = volume_facts(source_image)["bytes"]
-        missing = [image for image in images.values() if lv.lookup_volume(there.storage, image["volume"]) is None
-                   or lv.lookup_volume(there.storage, image["volume"] + ".complete") is None]
-        self._check_target(home, target, files)
-        return {"machine": self.machine, "uuid": home.dom.UUIDString(), "active": home.active,
-                "source": home.where(), "target": target.where(), "files": files,
-                "images": sorted(images), "missing_images": missing}
+        return files, images
 
     def _check_target(self, home, target, files):
         """The target can run the machine: its networks and bridges, its virt type, room for it."""
@@ -329,5 +332,3 @@ class MoveObserver:
             check_room(there, spec, [("target", item["capacity"]) for item in files if item["kind"] == "disk"])
         except PoolFull as exc:
             raise PoolFull(exc.message, "target") from None
-
-    # plan
