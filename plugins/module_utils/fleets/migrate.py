@@ -22,6 +22,7 @@ is finished. A move that fails (rather than dies) before the source is deleted i
 from __future__ import annotations
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
@@ -40,14 +41,16 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan
 
 class MoveRequest:
     """The module's parameters checked: the machine, the pool to move it off (``source_uri``) and to
-    (``target_uri``, resolved from a name among ``pools``), mode, strategy and shutdown timeout."""
+    (``target_uri``, resolved from a name among ``pools``), mode, strategy and shutdown timeout (the option
+    table's defaults for those left out)."""
 
     def __init__(self, pools, params):
         self.pools = pools
+        params = options.defaulted(options.MACHINE_MIGRATE, params)
         self.machine = check.dns_label(params.get("machine"), "machine")
-        self.mode = check.one_of(params.get("mode") or "auto", MODES, "mode")
-        self.strategy = params.get("strategy") or "spread"
-        self.shutdown_timeout = check.timeout_seconds(params.get("shutdown_timeout", 60), "shutdown_timeout", True)
+        self.mode = check.one_of(params["mode"], MODES, "mode")
+        self.strategy = params["strategy"]
+        self.shutdown_timeout = check.timeout_seconds(params["shutdown_timeout"], "shutdown_timeout", True)
         self.source_uri = lv.validate_uri(params["uri"], "uri") if params.get("uri") else None
         self.target_name = params.get("target")
         self.target_uri = self._target(params.get("target"))
@@ -170,6 +173,7 @@ class MoveResource(Resource):
 def run(entries, params, check_mode=False, opener=None):
     """Move one machine as ``params`` say: (plan, the module's return beyond what the plan gives)."""
     pools = Pools(entries, opener)
+    params = options.defaulted(options.MACHINE_MIGRATE, params)
     try:
         resource = MoveResource(pools, params, check_mode)
         plan, obs = converge(resource, check_mode)
@@ -177,7 +181,8 @@ def run(entries, params, check_mode=False, opener=None):
         machine = machine_status(side.dom, side.ctx) if side is not None and side.exists else None
         if not check_mode and machine and side.active and params.get("wait") == "address":
             nics = (side.record or {}).get("spec", {}).get("network_interfaces")
-            wait_for_address(side.ctx, side.dom, resource.machine, nics, float(params.get("wait_timeout") or 300))
+            timeout = params["wait_timeout"] or options.default(options.MACHINE_MIGRATE, "wait_timeout")  # 0 as unset
+            wait_for_address(side.ctx, side.dom, resource.machine, nics, float(timeout))
             machine = machine_status(side.dom, side.ctx)
         move = plan.find("move")
         ends = [action.data for action in plan.actions]
