@@ -122,8 +122,11 @@ def normalize_set(params):
     if rollout is not None:
         if not isinstance(rollout, dict):
             raise ValidationError("must be a mapping with max_unavailable and max_surge", "rollout")
-        surge = count_of(rollout.get("max_surge", options.default(options.MACHINE_SET, "rollout.max_surge")), replicas, "rollout.max_surge", True)
-        unavailable = count_of(rollout.get("max_unavailable", options.default(options.MACHINE_SET, "rollout.max_unavailable")), replicas, "rollout.max_unavailable", False)
+        surge = count_of(rollout.get("max_surge", options.default(options.MACHINE_SET, "rollout.max_surge")),
+                         replicas, "rollout.max_surge", True)
+        unavailable = count_of(rollout.get("max_unavailable",
+                                           options.default(options.MACHINE_SET, "rollout.max_unavailable")),
+                               replicas, "rollout.max_unavailable", False)
         if surge == 0 and unavailable == 0:
             raise ValidationError("max_surge and max_unavailable cannot both be 0: nothing could be replaced",
                                   "rollout")
