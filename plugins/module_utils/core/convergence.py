@@ -3,11 +3,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The one way every resource converges: observe -> plan -> apply -> observe again and verify.
 
-A resource kind supplies three things:
+A resource kind is a ``Resource``; it supplies:
+- ``describe()``: what it is, for messages ("machine class small");
 - ``observe()``: read libvirt once and return an observation (plain values and handles, nothing written);
 - ``plan(observation)``: the desired spec against the observation, a ``Plan`` of ``Action`` s. It writes
   nothing and calls nothing that writes; the planning functions of each kind are pure and unit-tested alone;
-- ``apply(action, observation)``: carry out one action through libvirt.
+- ``APPLY``: the table {action kind: method(resource, action, observation)} that carries out each kind of action
+  through libvirt; ``apply`` dispatches through it, and a kind it does not name is a bug (``UnknownAction``).
 
 ``converge`` runs them: in check mode it stops after planning, so ``changed``, ``diff`` and the returned actions
 of a check-mode run are exactly those of the real run. After applying, it observes again and plans again: an
@@ -16,6 +18,8 @@ action left over means the apply did not do what the plan said, which is a bug, 
 
 from __future__ import annotations
 
+import abc
+
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
 
 
@@ -23,6 +27,21 @@ class ConvergenceError(MachineryError):
     """The resource still differs from its spec after the plan was applied (a bug in the collection)."""
 
     reason = "NotConverged"
+
+
+class UnknownAction(MachineryError):
+    """A plan holds an action (or step) its resource has no method for (a bug in the collection)."""
+
+    reason = "UnknownAction"
+
+
+def dispatch(table, kind, owner):
+    """The entry of ``table`` ({kind: function}) for ``kind``; a kind it lacks is a bug, reported as such."""
+    try:
+        return table[kind]
+    except KeyError:
+        raise UnknownAction("%s has no way to apply %r (it knows %s): this is a bug in machinery.compute, please "
+                            "report it" % (owner, kind, ", ".join(sorted(table)) or "none")) from None
 
 
 class Action:
@@ -100,15 +119,53 @@ class Plan:
         return "Plan(%s)" % ", ".join(self.summaries())
 
 
+class Resource(abc.ABC):
+    """What ``converge`` needs of a resource kind. A subclass writes ``describe``, ``observe`` and ``plan``, and
+    declares ``APPLY``, {action kind: function(self, action, observation)}, after the methods it names:
+
+        class ClassResource(Resource):
+            def _publish(self, action, observed): ...
+            def _withdraw(self, action, observed): ...
+            APPLY = {"publish": _publish, "withdraw": _withdraw}
+    """
+
+    APPLY = {}
+
+    @abc.abstractmethod
+    def describe(self):
+        """What the resource is, for messages: "machine class small"."""
+
+    @abc.abstractmethod
+    def observe(self):
+        """Read libvirt (and the registry) once; write nothing. Returns the observation ``plan`` takes."""
+
+    @abc.abstractmethod
+    def plan(self, observed):
+        """The ``Plan`` from the desired spec and ``observed``; pure."""
+
+    def applier(self, kind):
+        """The function of ``APPLY`` for an action ``kind``; UnknownAction when there is none."""
+        return dispatch(self.APPLY, kind, self.describe())
+
+    def apply(self, action, observed):
+        """Carry out one action of the plan."""
+        self.applier(action.kind)(self, action, observed)
+
+    def apply_plan(self, plan, observed):
+        """Carry out the plan's actions in order (a resource over many objects applies in waves of its own)."""
+        for action in plan.actions:
+            self.apply(action, observed)
+
+
 def converge(resource, check_mode=False):
     """Observe, plan, and unless in check mode apply and verify. Returns (plan, final observation)."""
     observed = resource.observe()
     plan = resource.plan(observed)
     if check_mode or not plan.actions:
         return plan, observed
-    if hasattr(resource, "apply_plan"):  # a resource over many objects applies in parallel waves of its own
+    if isinstance(resource, Resource):
         resource.apply_plan(plan, observed)
-    else:
+    else:  # a resource not declared a Resource yet (the machine's): its own apply, action by action
         for action in plan.actions:
             resource.apply(action, observed)
     observed = resource.observe()

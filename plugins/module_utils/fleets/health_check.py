@@ -28,7 +28,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import doma
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
@@ -180,7 +180,7 @@ def plan_check(desired, machines, moment):
     return Plan(actions, **facts)
 
 
-class HealthCheckResource:
+class HealthCheckResource(Resource):
     """One health check over the pools of ``fleet``, for ``converge``."""
 
     def __init__(self, fleet, params, check_mode=False):
@@ -248,16 +248,22 @@ class HealthCheckResource:
             self.plan_facts = plan.facts
         return plan
 
-    def apply(self, action, _observed):
-        ctx = self.fleet.contexts[action.data["uri"]]
-        service = MachineService(ctx)
-        timeout = self.params["shutdown_timeout"]
-        if action.kind == "delete":
-            service.ensure(machine_spec.params({"name": action.target, "state": "absent", "shutdown_timeout": timeout}))
-        else:
-            service.ensure(machine_spec.params({"name": action.target, "state": "stopped", "shutdown_timeout": timeout}))
-            service.ensure(machine_spec.params({"name": action.target, "state": "running"}))
+    def apply(self, action, observed):
+        super().apply(action, observed)
         # the remediated machine starts its health afresh
-        dom = lv.lookup_domain(ctx.conn, action.target)
+        dom = lv.lookup_domain(self.fleet.contexts[action.data["uri"]].conn, action.target)
         if dom is not None:
             update_record(dom, lambda record: record.pop("health", None))
+
+    def _delete(self, action, _observed):
+        service = MachineService(self.fleet.contexts[action.data["uri"]])
+        service.ensure(machine_spec.params({"name": action.target, "state": "absent",
+                                            "shutdown_timeout": self.params["shutdown_timeout"]}))
+
+    def _restart(self, action, _observed):
+        service = MachineService(self.fleet.contexts[action.data["uri"]])
+        service.ensure(machine_spec.params({"name": action.target, "state": "stopped",
+                                            "shutdown_timeout": self.params["shutdown_timeout"]}))
+        service.ensure(machine_spec.params({"name": action.target, "state": "running"}))
+
+    APPLY = {"delete": _delete, "restart": _restart}

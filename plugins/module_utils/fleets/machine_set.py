@@ -30,7 +30,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import sch
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
@@ -122,8 +122,11 @@ def normalize_set(params):
     if rollout is not None:
         if not isinstance(rollout, dict):
             raise ValidationError("must be a mapping with max_unavailable and max_surge", "rollout")
-        surge = count_of(rollout.get("max_surge", options.default(options.MACHINE_SET, "rollout.max_surge")), replicas, "rollout.max_surge", True)
-        unavailable = count_of(rollout.get("max_unavailable", options.default(options.MACHINE_SET, "rollout.max_unavailable")), replicas, "rollout.max_unavailable", False)
+        surge = count_of(rollout.get("max_surge", options.default(options.MACHINE_SET, "rollout.max_surge")),
+                         replicas, "rollout.max_surge", True)
+        unavailable = count_of(rollout.get("max_unavailable",
+                                           options.default(options.MACHINE_SET, "rollout.max_unavailable")),
+                               replicas, "rollout.max_unavailable", False)
         if surge == 0 and unavailable == 0:
             raise ValidationError("max_surge and max_unavailable cannot both be 0: nothing could be replaced",
                                   "rollout")
@@ -348,7 +351,7 @@ def read_fleet(fleet):
     return snapshots, contexts, machines
 
 
-class MachineSetResource:
+class MachineSetResource(Resource):
     """One machine set over the pools of ``fleet`` (fleet.Fleet), for ``converge``."""
 
     def __init__(self, fleet, params, check_mode=False):
@@ -378,6 +381,8 @@ class MachineSetResource:
     def apply_plan(self, plan, observed):
         """Records and adoptions first; then each wave's creates and deletes, in parallel within a step (a
         rollout's creates run, and wait for Running, before its deletes)."""
+        for action in plan.actions:
+            self.applier(action.kind)  # a kind without a method is a bug: found before anything is done
         steps = [[a for a in plan.actions if a.kind in ("record", "forget")],
                  [a for a in plan.actions if a.kind == "adopt"]]
         waves = sorted({a.data.get("wave", 0) for a in plan.actions if a.kind in ("create", "delete")})
@@ -387,7 +392,8 @@ class MachineSetResource:
             deletes = [a for a in plan.actions if a.kind == "delete" and a.data.get("wave", 0) == wave]
             steps += [creates, deletes] if surge_first or wave == 0 else [deletes, creates]
         for group in steps:
-            for action, outcome in zip(group, in_parallel(group, self.apply_one, self.params["workers"])):
+            outcomes = in_parallel(group, lambda action: self.apply_one(action, observed), self.params["workers"])
+            for action, outcome in zip(group, outcomes):
                 if isinstance(outcome, MachineryError):
                     self.failures.append({"action": action.kind, "target": action.target,
                                           "pool": action.data.get("pool"), "msg": str(outcome)})
@@ -395,27 +401,45 @@ class MachineSetResource:
                 raise MachineryError("%d action(s) of the set failed: %s" % (len(self.failures), "; ".join(
                     "%s %s on %s: %s" % (f["action"], f["target"], f["pool"], f["msg"]) for f in self.failures)))
 
-    def apply_one(self, action):
+    def apply(self, action, observed):
+        failure = self.apply_one(action, observed)
+        if failure is not None:
+            raise failure
+
+    def apply_one(self, action, observed):
+        """Apply one action on its pool: the failure (a MachineryError) or None, so that a wave runs whole."""
         ctx = self.fleet.contexts[action.data["uri"]]
+        method = self.applier(action.kind)
         try:
-            if action.kind == "record":
-                ctx.registry.put(set_key(self.desired["name"]), action.data["document"])
-            elif action.kind == "forget":
-                ctx.registry.delete(set_key(self.desired["name"]))
-            elif action.kind == "create":
-                MachineService(ctx).ensure(member_spec(self.desired, action.target, self.params["wait"],
-                                                       self.params["wait_timeout"], self.fleet.uris))
-            elif action.kind == "delete":
-                MachineService(ctx).ensure(machine_spec.params({"name": action.target, "state": "absent",
-                                                                "shutdown_timeout": self.params["shutdown_timeout"]}))
-            elif action.kind == "adopt":
-                MachineService(ctx).ensure(machine_spec.params({"name": action.target, "state": "present",
-                                                                "labels": action.data["labels"]}))
+            method(self, action, observed)
         except MachineryError as exc:
             return exc
         except lv.libvirt.libvirtError as exc:
             return MachineryError("libvirt error on pool %s: %s" % (ctx.name or ctx.uri, lv.describe(exc)))
         return None
+
+    def _service(self, action):
+        return MachineService(self.fleet.contexts[action.data["uri"]])
+
+    def _record(self, action, _observed):
+        self.fleet.contexts[action.data["uri"]].registry.put(set_key(self.desired["name"]), action.data["document"])
+
+    def _forget(self, action, _observed):
+        self.fleet.contexts[action.data["uri"]].registry.delete(set_key(self.desired["name"]))
+
+    def _create(self, action, _observed):
+        self._service(action).ensure(member_spec(self.desired, action.target, self.params["wait"],
+                                                 self.params["wait_timeout"], self.fleet.uris))
+
+    def _delete(self, action, _observed):
+        self._service(action).ensure(machine_spec.params({"name": action.target, "state": "absent",
+                                                          "shutdown_timeout": self.params["shutdown_timeout"]}))
+
+    def _adopt(self, action, _observed):
+        self._service(action).ensure(machine_spec.params({"name": action.target, "state": "present",
+                                                          "labels": action.data["labels"]}))
+
+    APPLY = {"record": _record, "forget": _forget, "create": _create, "delete": _delete, "adopt": _adopt}
 
 
 def set_status(desired, observed, plan):

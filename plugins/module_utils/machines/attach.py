@@ -23,7 +23,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import sec
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import check_storage
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, converge, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
+    Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, MachineryError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import host_bridge
@@ -54,7 +55,7 @@ def observe_target(conn, name, pool_name):
     return observed
 
 
-class Attachment:
+class Attachment(Resource):
     """What both kinds share: the target machine, flags for attach/detach, the record, the return."""
 
     entry_key = None  # the record's list: volumes or network_interfaces
@@ -135,7 +136,8 @@ class Attachment:
                 "plan": plan.as_list(), "warnings": plan.warnings + self.warnings, "observed": observed}
 
     def apply(self, action, observed):
-        getattr(self, "_" + action.kind)(action, observed)
+        """Both kinds observe (the target machine, what else they need): their methods take the target."""
+        self.applier(action.kind)(self, action, observed[0])
 
 
 # --- volumes ----------------------------------------------------------------------------------------------------
@@ -253,9 +255,6 @@ class VolumeAttachment(Attachment):
             check_storage(self.ctx, [("size", grow.data["size"] - volume["capacity"])])
         return plan
 
-    def apply(self, action, observed):
-        super().apply(action, observed[0])
-
     def _attach(self, action, target):
         data = action.data
         pool = self.ctx.storage
@@ -302,6 +301,8 @@ class VolumeAttachment(Attachment):
         if entry.get("ephemeral"):
             # an ephemeral volume has no life apart from its machine: once detached, nothing would delete it
             storage.delete_volume(self.ctx.storage, entry["volume"])
+
+    APPLY = {"attach": _attach, "grow": _grow, "set_ephemeral": _set_ephemeral, "detach": _detach}
 
     def ensure(self):
         result = self.converge()
@@ -381,9 +382,6 @@ class NicAttachment(Attachment):
                       network_exists=bool(network) and self.ctx.network(network) is not None)
         return plan_nic(params, target, mac_users)
 
-    def apply(self, action, observed):
-        super().apply(action, observed[0])
-
     def _attach(self, action, target):
         wanted = action.data["wanted"]
         self.earlier_leases = lease_expiries(self.ctx, [wanted])
@@ -396,6 +394,8 @@ class NicAttachment(Attachment):
         self.save_entries(target, lambda entries: [nic for nic in entries if nic["name"] != action.target])
         # the filter of the NIC's security groups has no other user
         sgs.undefine_filter(self.conn, sgs.nic_filter(self.machine, action.target))
+
+    APPLY = {"attach": _attach, "detach": _detach}
 
     def ensure(self):
         result = self.converge()

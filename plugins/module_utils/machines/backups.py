@@ -24,7 +24,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import elem
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, MachineryError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import observe_machine
@@ -151,7 +151,7 @@ def plan_backups(params, seen):
     return Plan(actions, remaining=[entry for entry in backups if entry["name"] not in gone])
 
 
-class BackupResource:
+class BackupResource(Resource):
     """The backups of one machine on one pool, for ``converge``."""
 
     def __init__(self, ctx, params, moment=None):
@@ -186,11 +186,8 @@ class BackupResource:
             seen.update(boots=observed.record.get("boots"), last_restore=observed.record.get("last_restore"))
         return seen
 
-    def plan(self, seen):
-        return plan_backups(self.params, seen)
-
-    def apply(self, action, seen):
-        getattr(self, "_" + action.kind)(action, seen)
+    def plan(self, observed):
+        return plan_backups(self.params, observed)
 
     # the actions
 
@@ -324,6 +321,8 @@ class BackupResource:
         def note(record):
             record["last_restore"] = {"backup": action.target, "boots": boots}
         update_record(seen["dom"], note)
+
+    APPLY = {"backup": _backup, "delete": _delete, "prune": _prune, "restore": _restore}
 
 
 def shown(entry):

@@ -19,7 +19,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import doma
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, NotFoundError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
@@ -112,7 +112,7 @@ def machines_using(conn, name):
     return sorted(users)
 
 
-class ImageResource:
+class ImageResource(Resource):
     """One named image on one pool, for ``converge``."""
 
     def __init__(self, ctx, params):
@@ -136,17 +136,20 @@ class ImageResource:
     def plan(self, observed):
         return plan_image(self.params, *observed)
 
-    def apply(self, action, _observed):
-        if action.kind == "withdraw":
-            self.ctx.registry.delete(image_key(self.name))
-        elif action.kind == "cache":
-            images.ensure_cached(self.ctx.conn, self.ctx.storage, self.params["resolved"], self.ctx.url_opener)
-        else:
-            body = dict(action.data["body"])
-            vol, fmt = images.cached_volume(self.ctx.storage, body["checksum"])
-            self.ctx.storage.refresh(0)
-            body.update(format=fmt, virtual_size=self.ctx.storage.storageVolLookupByName(vol.name()).info()[1])
-            self.ctx.registry.put(image_key(self.name), body)
+    def _cache(self, _action, _observed):
+        images.ensure_cached(self.ctx.conn, self.ctx.storage, self.params["resolved"], self.ctx.url_opener)
+
+    def _publish(self, action, _observed):
+        body = dict(action.data["body"])
+        vol, fmt = images.cached_volume(self.ctx.storage, body["checksum"])
+        self.ctx.storage.refresh(0)
+        body.update(format=fmt, virtual_size=self.ctx.storage.storageVolLookupByName(vol.name()).info()[1])
+        self.ctx.registry.put(image_key(self.name), body)
+
+    def _withdraw(self, _action, _observed):
+        self.ctx.registry.delete(image_key(self.name))
+
+    APPLY = {"cache": _cache, "publish": _publish, "withdraw": _withdraw}
 
 
 def validated(params):

@@ -18,7 +18,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import opti
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import ensure_class
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, converge, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
+    Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
@@ -197,7 +198,7 @@ def check_documents(documents, pools, load_problems=()):
 
 # --- the one kind without a core of its own: a volume of a pool's storage --------------------------------------
 
-class VolumeResource:
+class VolumeResource(Resource):
     def __init__(self, ctx, name, size, state):
         self.ctx, self.name, self.size, self.state = ctx, name, size, state
 
@@ -210,7 +211,8 @@ class VolumeResource:
         vol = lv.lookup_volume(pool, self.name)
         return None if vol is None else vol.info()[1]
 
-    def plan(self, size):
+    def plan(self, observed):
+        size = observed  # of the volume, None when there is none
         if self.state == "absent":
             if size is None:
                 return Plan()
@@ -223,14 +225,16 @@ class VolumeResource:
                                   % (self.name, size)])
         return Plan()
 
-    def apply(self, action, _observed):
-        if action.kind == "create":
-            storage.create_volume(self.ctx.storage, self.name, self.size, "qcow2")
-        else:
-            users = storage.users_of(self.ctx.conn, lv.lookup_volume(self.ctx.storage, self.name).path(), None)
-            if users:
-                raise MachineryError("Volume %s is still attached to %s" % (self.name, ", ".join(users)))
-            storage.delete_volume(self.ctx.storage, self.name)
+    def _create(self, _action, _observed):
+        storage.create_volume(self.ctx.storage, self.name, self.size, "qcow2")
+
+    def _delete(self, _action, _observed):
+        users = storage.users_of(self.ctx.conn, lv.lookup_volume(self.ctx.storage, self.name).path(), None)
+        if users:
+            raise MachineryError("Volume %s is still attached to %s" % (self.name, ", ".join(users)))
+        storage.delete_volume(self.ctx.storage, self.name)
+
+    APPLY = {"create": _create, "delete": _delete}
 
 
 # --- the run ---------------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import doma
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, converge, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
+    Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
@@ -53,7 +54,7 @@ def plan_class(params, current, users):
                         body=desired)], published=desired)
 
 
-class ClassResource:
+class ClassResource(Resource):
     def __init__(self, ctx, params):
         self.ctx = ctx
         self.params = params
@@ -71,11 +72,13 @@ class ClassResource:
     def plan(self, observed):
         return plan_class(self.params, *observed)
 
-    def apply(self, action, _observed):
-        if action.kind == "withdraw":
-            self.ctx.registry.delete(reg.class_key(self.name))
-        else:
-            self.ctx.registry.put(reg.class_key(self.name), action.data["body"])
+    def _publish(self, action, _observed):
+        self.ctx.registry.put(reg.class_key(self.name), action.data["body"])
+
+    def _withdraw(self, _action, _observed):
+        self.ctx.registry.delete(reg.class_key(self.name))
+
+    APPLY = {"publish": _publish, "withdraw": _withdraw}
 
 
 def ensure_class(ctx, params, check_mode):

@@ -16,7 +16,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import opti
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, converge, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
+    Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
@@ -238,7 +239,7 @@ def plan_pool(params, observed):
     return Plan(actions, registration=desired)
 
 
-class PoolResource:
+class PoolResource(Resource):
     """One host registered as a pool (or unregistered)."""
 
     def __init__(self, ctx, params):
@@ -272,39 +273,53 @@ class PoolResource:
     def plan(self, observed):
         return plan_pool(self.params, observed)
 
-    def apply(self, action, _observed):
-        conn = self.conn
-        kind, name = action.kind, action.target
-        if kind == "unregister":
-            for key in self.ctx.registry.keys():
-                self.ctx.registry.delete(key)
-            storage.remove_pool(conn, reg.REGISTRY_POOL)
-        elif kind == "prune_image":
-            machines = lv.lookup_storage_pool(conn, reg.STORAGE_POOL)
-            # under the admission lock, where creates make their overlays: still unused now that it is to go
-            with reg.AdmissionLock(conn, lv.lookup_storage_pool(conn, reg.REGISTRY_POOL)):
-                if name in unused_images(conn):
-                    storage.delete_volume(machines, name + ".complete")
-                    storage.delete_volume(machines, name)
-        elif kind == "define_storage_pool":
-            storage.define_dir_pool(conn, name, action.data["definition"])
-        elif kind.endswith("_storage_pool"):
-            storage.start_dir_pool(conn, name, kind.startswith("start"))
-        elif kind == "define_network":
-            define_network(conn, action.data["definition"])
-        elif kind.endswith("_network"):
-            net = lv.lookup_network(conn, name)
-            if kind.startswith("start"):
-                net.create()
-            else:
-                net.setAutostart(1)
-        elif kind == "register":
-            registration = dict(action.data["registration"])
-            if "virt_type" not in registration:
-                registration["virt_type"] = probe_virt_type(conn, lv.lookup_storage_pool(conn, reg.STORAGE_POOL))
-            self.ctx.reset()
-            self.ctx.registry.put(reg.POOL_KEY, registration)
+    def apply(self, action, observed):
+        super().apply(action, observed)
+        self.ctx.reset()  # the next action (and the observation after the last) reads the pool afresh
+
+    def _define_storage_pool(self, action, _observed):
+        storage.define_dir_pool(self.conn, action.target, action.data["definition"])
+
+    def _start_storage_pool(self, action, _observed):
+        storage.start_dir_pool(self.conn, action.target, True)
+
+    def _autostart_storage_pool(self, action, _observed):
+        storage.start_dir_pool(self.conn, action.target, False)
+
+    def _define_network(self, action, _observed):
+        define_network(self.conn, action.data["definition"])
+
+    def _start_network(self, action, _observed):
+        lv.lookup_network(self.conn, action.target).create()
+
+    def _autostart_network(self, action, _observed):
+        lv.lookup_network(self.conn, action.target).setAutostart(1)
+
+    def _register(self, action, _observed):
+        registration = dict(action.data["registration"])
+        if "virt_type" not in registration:
+            registration["virt_type"] = probe_virt_type(self.conn, lv.lookup_storage_pool(self.conn, reg.STORAGE_POOL))
         self.ctx.reset()
+        self.ctx.registry.put(reg.POOL_KEY, registration)
+
+    def _unregister(self, _action, _observed):
+        for key in self.ctx.registry.keys():
+            self.ctx.registry.delete(key)
+        storage.remove_pool(self.conn, reg.REGISTRY_POOL)
+
+    def _prune_image(self, action, _observed):
+        conn, name = self.conn, action.target
+        machines = lv.lookup_storage_pool(conn, reg.STORAGE_POOL)
+        # under the admission lock, where creates make their overlays: still unused now that it is to go
+        with reg.AdmissionLock(conn, lv.lookup_storage_pool(conn, reg.REGISTRY_POOL)):
+            if name in unused_images(conn):
+                storage.delete_volume(machines, name + ".complete")
+                storage.delete_volume(machines, name)
+
+    APPLY = {"define_storage_pool": _define_storage_pool, "start_storage_pool": _start_storage_pool,
+             "autostart_storage_pool": _autostart_storage_pool, "define_network": _define_network,
+             "start_network": _start_network, "autostart_network": _autostart_network, "register": _register,
+             "unregister": _unregister, "prune_image": _prune_image}
 
 
 def unused_images(conn):

@@ -26,7 +26,7 @@ import ipaddress
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, NotFoundError, ValidationError)
 
@@ -311,7 +311,7 @@ def plan_group(params, current, users):
                 group=shown(name, desired, users))
 
 
-class SecurityGroupResource:
+class SecurityGroupResource(Resource):
     def __init__(self, ctx, params):
         self.ctx = ctx
         self.conn = ctx.conn
@@ -329,14 +329,17 @@ class SecurityGroupResource:
         current, users = observed
         return plan_group(self.params, current, [user for user, _filter in users])
 
-    def apply(self, action, observed):
-        if action.kind == "delete":
-            wanted = group_filter(self.name)
-            for _user, nic_filter_name in observed[1]:
-                parsed = lookup_filter(self.conn, nic_filter_name)
-                if parsed is not None:
-                    define_filter(self.conn, nic_filter_name, parsed["rules"],
-                                  [ref for ref in parsed["filterrefs"] if ref != wanted])
-            undefine_filter(self.conn, wanted)
-        else:
-            define_filter(self.conn, group_filter(self.name), group_rules(self.name, action.data["rules"]))
+    def _define(self, action, _observed):
+        """create and update alike: the group's filter (re)defined with the rules, which its NICs refer to."""
+        define_filter(self.conn, group_filter(self.name), group_rules(self.name, action.data["rules"]))
+
+    def _delete(self, _action, observed):
+        wanted = group_filter(self.name)
+        for _user, nic_filter_name in observed[1]:
+            parsed = lookup_filter(self.conn, nic_filter_name)
+            if parsed is not None:
+                define_filter(self.conn, nic_filter_name, parsed["rules"],
+                              [ref for ref in parsed["filterrefs"] if ref != wanted])
+        undefine_filter(self.conn, wanted)
+
+    APPLY = {"create": _define, "update": _define, "delete": _delete}

@@ -173,7 +173,7 @@ def test_passphrase_is_no_log_and_found_in_lists():
 
 
 def test_a_machine_with_pool_bound_capabilities_does_not_move():
-    from ansible_collections.machinery.compute.plugins.module_utils.fleets.migrate import unmovable
+    from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import unmovable
     unmovable("m", {"spec": {"volumes": [{"name": "data"}], "network_interfaces": [{"name": "eth0"}]}})
     with pytest.raises(ConflictError) as error:
         unmovable("m", {"spec": {"volumes": [{"name": "secure", "encrypted": True}]}})
