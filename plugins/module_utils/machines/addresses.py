@@ -15,6 +15,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.machine
 
 POLL = 0.5
 
+
 def network_hosts(conn, network):
     """The DHCP host entries of a libvirt network [{mac, ip, name}] (none when it is gone)."""
     net = lv.lookup_network(conn, network)

@@ -10,6 +10,7 @@ import time
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 
+
 def bump_boots(record):
     record["boots"] = int(record.get("boots") or 0) + 1
     record["last_error"] = None

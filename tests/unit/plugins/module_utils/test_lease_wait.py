@@ -91,7 +91,7 @@ def test_a_lease_never_renewed_times_out(monkeypatch):
     monkeypatch.setattr(addresses, "POLL", 0)
     with pytest.raises(MachineryError, match="inv-a got no DHCP address within 0.01s"):
         addresses.wait_for_address(FakeContext(FakeNetwork([lease(1000)])), FakeDomain(), "inv-a", [NIC], 0.01,
-                                 {("machinery", MAC): 1000})
+                                   {("machinery", MAC): 1000})
 
 
 def test_a_fixed_address_counts_only_once_renewed_to_it(monkeypatch):

@@ -240,10 +240,12 @@ def _repeated_defaults(path, declared):
 
 
 def test_no_literal_default_repeats_a_declared_one():
+    """The dialects' modules are left out: a CRD's own default (vitistack's cores: 1, OpenShift's maxUnhealthy
+    100%) is the dialect's, not a repeat of ours."""
     declared = _declared_defaults()
     paths = glob.glob(os.path.join(ROOT, "plugins", "module_utils", "machines", "*.py")) + \
         glob.glob(os.path.join(ROOT, "plugins", "module_utils", "fleets", "*.py")) + \
-        glob.glob(os.path.join(ROOT, "plugins", "module_utils", "manifests", "*.py")) + \
+        [os.path.join(ROOT, "plugins", "module_utils", "manifests", "engine.py")] + \
         glob.glob(os.path.join(ROOT, "plugins", "modules", "machine*.py"))
     found = [hit for path in sorted(paths) for hit in _repeated_defaults(path, declared)]
     assert found == []

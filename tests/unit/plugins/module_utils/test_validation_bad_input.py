@@ -24,6 +24,7 @@ def normalize_machine(term, keys=True):
         return machine_spec.params(term, "machines[0]", scheduling=True)
     return validated([term])[0]
 
+
 GIB = 2 ** 30
 
 
