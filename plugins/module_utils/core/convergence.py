@@ -48,8 +48,10 @@ class Action:
     """One step of a plan: what is done (``kind``) to which object (``target``), the owned fields before and
     after, the libvirt operations it takes (``steps``), and whatever the apply needs (``data``)."""
 
-    def __init__(self, kind, target, before=None, after=None, steps=(), fields=(), **data):
+    def __init__(self, kind, target, before=None, after=None, steps=(), fields=(), handler=None, **data):
         self.kind = kind
+        # the entry of its resource's APPLY table: the kind, unless one public kind is carried out two ways
+        self.handler = handler or kind
         self.target = target
         self.before = before or {}
         self.after = after or {}
@@ -149,7 +151,7 @@ class Resource(abc.ABC):
 
     def apply(self, action, observed):
         """Carry out one action of the plan."""
-        self.applier(action.kind)(self, action, observed)
+        self.applier(action.handler)(self, action, observed)
 
     def apply_plan(self, plan, observed):
         """Carry out the plan's actions in order (a resource over many objects applies in waves of its own)."""
@@ -163,11 +165,7 @@ def converge(resource, check_mode=False):
     plan = resource.plan(observed)
     if check_mode or not plan.actions:
         return plan, observed
-    if isinstance(resource, Resource):
-        resource.apply_plan(plan, observed)
-    else:  # a resource not declared a Resource yet (the machine's): its own apply, action by action
-        for action in plan.actions:
-            resource.apply(action, observed)
+    resource.apply_plan(plan, observed)
     observed = resource.observe()
     leftover = resource.plan(observed)
     if leftover.actions:

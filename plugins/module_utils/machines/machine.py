@@ -23,7 +23,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import sec
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, admitted, check_room
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, converge, step
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, converge, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, MachineryError, NameTaken, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import FrozenDict
@@ -227,7 +227,7 @@ def security_groups_action(name, changes, active):
             steps.append(step("undefine_nwfilter", filter_name))
     return Action("update", name, {"security_groups": {nic: pair[0] for nic, pair in changes.items()}},
                   {"security_groups": {nic: pair[1] for nic, pair in changes.items()}}, steps,
-                  fields=["security_groups"], changes=changes, grows=[])
+                  fields=["security_groups"], handler="update_security_groups", changes=changes, grows=[])
 
 
 def plan_machine(spec, observed, record=None):
@@ -318,7 +318,7 @@ def observation_key(observed):
                        sort_keys=True, default=str))
 
 
-class MachineResource:
+class MachineResource(Resource):
     """One machine on one pool, for ``converge``. ``params`` are machine_spec.params' (validated once, frozen)."""
 
     def __init__(self, ctx, params, check_mode=False, prepared=None):
@@ -373,9 +373,6 @@ class MachineResource:
             elif action.kind == "update" and action.data["grows"]:
                 check_room(self.ctx, self.spec)
         return plan
-
-    def apply(self, action, observed):
-        getattr(self, "_" + action.kind)(action, observed)
 
     # the actions
 
@@ -552,9 +549,6 @@ class MachineResource:
         self._define(tree, "adopt")
 
     def _update(self, action, observed):
-        if "changes" in action.data:
-            self._update_security_groups(action, observed)
-            return
         spec = self.spec
         dom = observed.dom
         tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))  # fresh: an adopt may precede
@@ -730,6 +724,9 @@ class MachineResource:
             update_record(dom, note)
         except lv.libvirt.libvirtError:
             pass
+
+    APPLY = {"create": _create, "clean_up": _clean_up, "adopt": _adopt, "update": _update,
+             "update_security_groups": _update_security_groups, "start": _start, "stop": _stop, "delete": _delete}
 
 
 # --- the service the modules call -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import doma
 from ansible_collections.machinery.compute.plugins.module_utils.machines.attach import plan_nic, plan_volume
 from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import plan_class
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
-    Action, ConvergenceError, Plan, converge)
+    Action, ConvergenceError, Plan, Resource, converge)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import Observed
@@ -171,7 +171,7 @@ def test_nic_plans():
         plan_nic(dict(params, bridge="br0"), target(), {})
 
 
-class Counter:
+class Counter(Resource):
     """A resource whose apply does nothing: converge must report the leftover difference as a bug."""
 
     def __init__(self, broken):
@@ -187,9 +187,11 @@ class Counter:
     def plan(self, observed):
         return Plan([Action("bump", "counter")] if observed < 1 else [])
 
-    def apply(self, action, _observed):
+    def _bump(self, action, _observed):
         if not self.broken:
             self.applied.append(action)
+
+    APPLY = {"bump": _bump}
 
 
 def test_converge_verifies_and_check_mode_applies_nothing():
