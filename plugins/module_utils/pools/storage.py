@@ -112,6 +112,19 @@ def create_volume(pool, name, capacity, fmt="raw", mode=None, backing=None, secr
     return create_volume(pool, name, capacity, fmt, mode, backing, secret)
 
 
+def copy_volume(pool, name, capacity, fmt, source):
+    """A new volume ``name`` holding a full copy of the volume ``source`` (converted to ``fmt``, no backing
+    file), of at least ``capacity`` bytes. libvirt copies on the host (qemu-img convert), so it works over any
+    URI; the copy is grown afterwards when the source was smaller than ``capacity``."""
+    try:
+        vol = pool.createXMLFrom(volume_xml(name, capacity, fmt), source, 0)
+        if vol.info()[1] < capacity:
+            vol.resize(capacity, 0)
+    except lv.libvirt.libvirtError as exc:
+        raise LibvirtFailure("cannot copy %s into volume %s: %s" % (source.name(), name, lv.describe(exc))) from None
+    return vol
+
+
 def delete_volume(pool, name, keep_if_busy=False):
     """Delete ``name`` if it exists; True when something was deleted.
 
