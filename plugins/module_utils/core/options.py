@@ -416,6 +416,24 @@ VOLUME_ATTACH = (
     Option("timeout", "int", default=30),
 )
 
+# --- standalone volumes (the conformance issue) ------------------------------------------------------------------
+# format has no Ansible default: a new volume is qcow2 (volumes.NEW_FORMAT), an existing one keeps its own.
+
+STANDALONE_VOLUME = (
+    Option("name", required=True),
+    Option("size", "raw"),
+    Option("image"),
+    Option("format", choices=VOLUME_FORMATS),
+    Option("labels", "dict"),
+    Option("state", choices=PRESENCE, default="present"),
+    Option("force", "bool", default=False),
+)
+
+VOLUME_INFO = (
+    Option("name", "list", elements="str"),
+    Option("labels", "dict"),
+)
+
 NIC_ATTACH = (
     Option("machine", required=True),
     Option("name", required=True),
