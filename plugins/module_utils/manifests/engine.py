@@ -7,22 +7,24 @@ hand each object to the core its kind maps onto, in dependency order.
 Order when present: MachineClasses (classes.py) on every pool, Volumes (storage of one pool), Machines
 (batch.py: scheduled, converged in parallel), MachineSets (machine_set.py), MachineHealthChecks
 (health_check.py), then the prune. When absent, the reverse. No object kind has a converge path of its own
-here, but Volumes: an IronCore Volume is a plain volume of a pool's storage, created once (``VolumeResource``).
+here: an IronCore Volume is the ``volume`` module's volume (volumes.py).
 """
 
 from __future__ import annotations
 
+import os
+
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import batch
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import ensure_class
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
-    Action, Plan, Resource, converge, step)
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import converge
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
+from ansible_collections.machinery.compute.plugins.module_utils.machines.named_images import is_reference
+from ansible_collections.machinery.compute.plugins.module_utils.machines.volumes import VolumeResource
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import Fleet
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import HealthCheckResource
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import (
@@ -162,6 +164,28 @@ def link(objects, problems, pools):
                 volume.data["pool"] = where[0]
             if obj.role == "machine":
                 params["machine_pool"] = pool = where[0]
+    link_volume_images(objects, problems, pools)
+
+
+def volume_pool(obj, pools):
+    """The pool of a Volume: its volumePoolRef, the pool of the machine that uses it (``link``), else the first."""
+    return obj.data.get("pool") or (pools.snapshots[0]["name"] if pools.snapshots else None)
+
+
+def link_volume_images(objects, problems, pools):
+    """A Volume's image is published on its pool, or a file here: checked before anything is written."""
+    for obj in objects:
+        image = obj.data.get("image") if obj.role == "volume" else None
+        if not image:
+            continue
+        pool = volume_pool(obj, pools)
+        if is_reference(image):
+            if image not in pools.images.get(pool, {}):
+                Fields(problems, obj.ref).error(obj.data["image_path"], "no image named %r is published on pool %s "
+                                                "(publish it with machinery.compute.machine_image)" % (image, pool))
+        elif not os.path.isfile(image):
+            Fields(problems, obj.ref).error(obj.data["image_path"], "%r is neither an image published on pool %s "
+                                            "nor a file" % (image, pool))
 
 
 def _class_path(obj):
@@ -194,47 +218,6 @@ def check_documents(documents, pools, load_problems=()):
                     Fields(problems, obj.ref).error(exc.field or "spec", exc.message)
     problems.raise_if_any()
     return objects, problems.warnings
-
-
-# --- the one kind without a core of its own: a volume of a pool's storage --------------------------------------
-
-class VolumeResource(Resource):
-    def __init__(self, ctx, name, size, state):
-        self.ctx, self.name, self.size, self.state = ctx, name, size, state
-
-    def describe(self):
-        return "volume %s on pool %s" % (self.name, self.ctx.name or self.ctx.uri)
-
-    def observe(self):
-        pool = self.ctx.storage
-        pool.refresh(0)
-        vol = lv.lookup_volume(pool, self.name)
-        return None if vol is None else vol.info()[1]
-
-    def plan(self, observed):
-        size = observed  # of the volume, None when there is none
-        if self.state == "absent":
-            if size is None:
-                return Plan()
-            return Plan([Action("delete", self.name, {"size": size}, None, [step("delete_volume", self.name)])])
-        if size is None:
-            return Plan([Action("create", self.name, None, {"size": self.size},
-                                [step("create_volume", self.name, size=self.size)])])
-        if size < self.size:
-            return Plan(warnings=["Volume %s is %d bytes, smaller than asked; volumes are not resized"
-                                  % (self.name, size)])
-        return Plan()
-
-    def _create(self, _action, _observed):
-        storage.create_volume(self.ctx.storage, self.name, self.size, "qcow2")
-
-    def _delete(self, _action, _observed):
-        users = storage.users_of(self.ctx.conn, lv.lookup_volume(self.ctx.storage, self.name).path(), None)
-        if users:
-            raise MachineryError("Volume %s is still attached to %s" % (self.name, ", ".join(users)))
-        storage.delete_volume(self.ctx.storage, self.name)
-
-    APPLY = {"create": _create, "delete": _delete}
 
 
 # --- the run ---------------------------------------------------------------------------------------------------
@@ -294,15 +277,25 @@ class Run:
             self.observed[obj.key]["pools"] = published
 
     def volumes(self, pools, state):
+        """Volumes through the volume module's core; one a machine still uses is not deleted (no force)."""
         for obj in self.of("volume"):
-            pool = obj.data.get("pool") or (pools.snapshots[0]["name"] if pools.snapshots else None)
+            pool = volume_pool(obj, pools)
             ctx = pools.context(pool)
             if ctx is None:
                 continue
-            plan, size = converge(VolumeResource(ctx, obj.name, obj.data["size"], state), self.check_mode)
+            params = {"name": obj.name, "size": obj.data["size"], "image": obj.data.get("image"),
+                      "labels": obj.labels, "state": state, "force": False}
+            paths = {"size": "spec.resources.storage", "image": obj.data.get("image_path") or "spec.image",
+                     "name": "metadata.name"}
+            try:
+                plan, volume, warnings = VolumeResource(ctx, params, self.check_mode).ensure()
+            except MachineryError as exc:
+                self.failures.append("%s: %s: %s" % (obj.ref, paths.get(exc.field, exc.field or "spec"), exc.message))
+                continue
             self.note(obj.ref, plan, pool)
-            exists = (size is not None) if not self.check_mode else (state == "present")
-            self.observed[obj.key]["pools"] = [pool] if exists else []
+            self.warnings.extend("%s: %s" % (obj.ref, warning) for warning in warnings if warning not in plan.warnings)
+            self.observed[obj.key]["pools"] = [pool] if volume["state"] != "Absent" else []
+            self.observed[obj.key]["volume"] = volume
 
     def machines(self, pools, state):
         objs = self.of("machine")

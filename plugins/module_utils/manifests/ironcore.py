@@ -69,23 +69,42 @@ def read(obj, fields):
 
 
 def _volume(obj, fields):
+    """A Volume: a volume of a pool's storage (volumes.py), empty or a copy of ``spec.image`` or
+    ``spec.dataSource.osImage`` (the newer spelling of the same), sized by ``spec.resources.storage``."""
     doc = obj.doc
     fields.known(doc, ("apiVersion", "kind", "metadata", "spec"), "", ("status",))
     spec = fields.mapping(doc.get("spec"), "spec", required=True) or {}
     fields.known(spec, ("volumeClassRef", "volumePoolRef", "volumePoolSelector", "resources", "image",
-                        "imagePullSecretRef", "tolerations"), "spec")
-    resources = fields.mapping(spec.get("resources"), "spec.resources", required=True) or {}
+                        "imagePullSecretRef", "tolerations", "dataSource"), "spec")
+    image, image_path = _volume_image(spec, fields)
+    resources = fields.mapping(spec.get("resources"), "spec.resources", required=image is None) or {}
     fields.known(resources, ("storage",), "spec.resources")
-    size = kube_quantity(fields, resources.get("storage"), "spec.resources.storage") if "storage" in resources \
-        else fields.error("spec.resources.storage", "required value")
+    size = None
+    if "storage" in resources:
+        size = kube_quantity(fields, resources.get("storage"), "spec.resources.storage")
+    elif image is None:
+        fields.error("spec.resources.storage", "required value")
     pool = fields.mapping(spec.get("volumePoolRef"), "spec.volumePoolRef") or {}
-    if spec.get("image"):
-        fields.error("spec.image", "a Volume made from an image is not supported; use an ephemeral volume of the "
-                                   "Machine with an image")
     obj.role = "volume"
-    obj.data = {"name": obj.name, "size": size,
+    obj.data = {"name": obj.name, "size": size, "image": image, "image_path": image_path,
                 "pool": fields.string(pool.get("name"), "spec.volumePoolRef.name") if pool else None}
     fields.run(_attachable, obj.name, "metadata.name")
+
+
+def _volume_image(spec, fields):
+    """(image, the path it was given at) of a Volume, or (None, None)."""
+    source = fields.mapping(spec.get("dataSource"), "spec.dataSource") or {}
+    fields.known(source, ("osImage", "snapshotRef"), "spec.dataSource")
+    if source.get("snapshotRef"):
+        fields.error("spec.dataSource.snapshotRef", "volume snapshots are not supported; give osImage")
+    given = []
+    for value, path in ((spec.get("image"), "spec.image"), (source.get("osImage"), "spec.dataSource.osImage")):
+        text = fields.string(value, path)
+        if text is not None:
+            given.append((text, path))
+    if len(given) == 2 and given[0][0] != given[1][0]:
+        fields.error("spec.dataSource.osImage", "differs from spec.image; give one of them")
+    return given[-1] if given else (None, None)
 
 
 def _attachable(name, field):
@@ -265,8 +284,9 @@ def row(obj, shown, observed):
     if obj.kind == "MachinePool":
         return (obj.name, shown.get("state", "Unknown"))
     if obj.kind == "Volume":
-        return (obj.name, ",".join(shown.get("pools") or []) or "-", format_quantity(obj.data.get("size") or 0),
-                shown.get("state"))
+        volume = observed.get("volume") or {}
+        size = volume.get("size") or (format_quantity(obj.data["size"]) if obj.data.get("size") else "-")
+        return (obj.name, ",".join(shown.get("pools") or []) or "-", size, shown.get("state"))
     if obj.kind == "NetworkInterface":
         return (obj.name, obj.data.get("network") or "-", shown.get("state"))
     return (obj.name, str(obj.doc.get("type") or "Opaque"))

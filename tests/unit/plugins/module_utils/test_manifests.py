@@ -82,6 +82,16 @@ VS_MACHINE = {"apiVersion": VS, "kind": "Machine", "metadata": {"name": "vm-1"},
                        "network": {"vpc": "machinery"}, "tags": {"team": "platform"}, "monitoring": True}}
 
 
+def test_ironcore_volume_from_an_image():
+    for spec in ({"image": "debian-12"}, {"dataSource": {"osImage": "debian-12"}},
+                 {"image": "debian-12", "dataSource": {"osImage": "debian-12"}, "resources": {"storage": "1Gi"}}):
+        objects, warnings = objects_of(dict(IC_VOLUME, spec=spec))
+        data = objects["Volume/my-volume"].data
+        assert data["image"] == "debian-12" and data["pool"] is None and warnings == []
+        assert data["image_path"] == ("spec.dataSource.osImage" if "dataSource" in spec else "spec.image")
+        assert data["size"] == (2 ** 30 if "resources" in spec else None)
+
+
 def test_ironcore_sample_translates_to_machine_options():
     objects, warnings = objects_of(IC_CLASS, IC_VOLUME, IC_NIC, IC_SECRET, IC_MACHINE)
     machine = objects["Machine/machine-sample"].params
@@ -90,7 +100,8 @@ def test_ironcore_sample_translates_to_machine_options():
     assert machine["network_interfaces"] == [{"name": "primary", "network": "machinery", "ephemeral": False}]
     assert machine["ignition"] == {"ignition": {"version": "3.4.0"}}
     assert machine["machine_pool"] == "pool1"  # where its volume is made
-    assert objects["Volume/my-volume"].data == {"name": "my-volume", "size": 10 * 2 ** 30, "pool": "pool1"}
+    assert objects["Volume/my-volume"].data == {"name": "my-volume", "size": 10 * 2 ** 30, "pool": "pool1",
+                                                "image": None, "image_path": None}
     published = {"name": "machineclass-sample", "cpu": 4, "memory": 16 * 2 ** 30}
     assert objects["MachineClass/machineclass-sample"].data == published
     assert warnings == []
@@ -212,6 +223,16 @@ CORPUS = [
     ("ic-volume-not-list", [_set(IC_MACHINE, "spec.volumes", "rootdisk")],
      "Machine/machine-sample: spec.volumes: must be a list"),
     ("ic-volume-size", [_set(IC_VOLUME, "spec.resources.storage", "-1Gi")], "Volume/my-volume: spec.resources.storage"),
+    ("ic-volume-image-unpublished", [_set(IC_VOLUME, "spec.image", "nope")],
+     "Volume/my-volume: spec.image: no image named 'nope' is published on pool pool1"),
+    ("ic-volume-os-image-unpublished", [_set(IC_VOLUME, "spec.dataSource", {"osImage": "ghcr.io/os:1"})],
+     "Volume/my-volume: spec.dataSource.osImage: 'ghcr.io/os:1' is neither an image published on pool pool1"),
+    ("ic-volume-two-images", [_set(_set(IC_VOLUME, "spec.image", "debian-12"), "spec.dataSource",
+                                   {"osImage": "other"})],
+     "Volume/my-volume: spec.dataSource.osImage: differs from spec.image"),
+    ("ic-volume-snapshot", [_set(IC_VOLUME, "spec.dataSource", {"snapshotRef": {"name": "s"}})],
+     "Volume/my-volume: spec.dataSource.snapshotRef: volume snapshots are not supported"),
+    ("ic-volume-image-not-string", [_set(IC_VOLUME, "spec.image", 42)], "Volume/my-volume: spec.image: must be"),
     ("ic-volume-no-resources", [_set(IC_VOLUME, "spec.resources", DELETE)],
      "Volume/my-volume: spec.resources: required value"),
     ("ic-nic-no-network", [_set(IC_NIC, "spec.networkRef", DELETE)],
