@@ -91,6 +91,23 @@ pools:
       type: list
       elements: dict
       sample: [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}]
+    overcommit:
+      description: Overcommit ratios of the pool; absent when it cannot be reached.
+      type: dict
+      sample: {"cpu": 4.0, "memory": 1.0, "storage": 1.0}
+    reserved:
+      description: What the pool keeps for its host, memory and storage as quantities; absent when it cannot be reached.
+      type: dict
+      sample: {"cpu": 1, "memory": "2Gi", "storage": "0"}
+    storage_path:
+      description: Directory of the machines' volumes; absent when it cannot be reached.
+      type: str
+      sample: /var/lib/libvirt/machinery
+    networks:
+      description: The pool's networks, by name; absent when it cannot be reached.
+      type: list
+      elements: str
+      sample: [machinery]
     state:
       description: Ready; Error when its storage or a network is not active; Offline when it cannot be reached.
       type: str
