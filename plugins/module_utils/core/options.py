@@ -409,7 +409,8 @@ VOLUME_ATTACH = (
     Option("size", "raw"),
     Option("format", choices=VOLUME_FORMATS, default="qcow2"),
     Option("device"),
-    Option("bus", choices=DISK_BUSES, default="virtio"),
+    # left out: the attached disk's bus, so no default that would differ from it
+    Option("bus", choices=DISK_BUSES, initial="virtio"),
     Option("state", choices=ATTACH_STATES, default="attached"),
     Option("ephemeral", "bool"),
     Option("shareable", "bool", default=False),
@@ -422,7 +423,8 @@ NIC_ATTACH = (
     Option("network"),
     Option("bridge"),
     Option("mac"),
-    Option("model", choices=NIC_MODELS, default="virtio"),
+    # left out: the attached NIC's model, so no default that would differ from it
+    Option("model", choices=NIC_MODELS, initial="virtio"),
     Option("state", choices=ATTACH_STATES, default="attached"),
     Option("wait", choices=("none", "address"), default="none"),
     Option("wait_timeout", "int", default=300),

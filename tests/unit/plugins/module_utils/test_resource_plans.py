@@ -213,6 +213,28 @@ def test_nic_plans():
         plan_nic(dict(params, bridge="br0"), target(), {})
 
 
+def test_attachment_options_left_out_keep_the_attached_values():
+    seen = target()
+    seen.record["spec"].setdefault("network_interfaces", []).append(
+        {"name": "eth9", "network": "net", "bridge": None, "mac": "52:54:00:00:00:09", "model": "e1000e",
+         "ephemeral": True})
+    params = as_ansible_passes(options.NIC_ATTACH, {"machine": "web-1", "name": "eth9", "network": "net"})
+    params.update(network_exists=True, pool_name="hv1")
+    assert plan_nic(params, seen, {}).actions == []
+    with pytest.raises(ConflictError) as raised:
+        plan_nic(dict(params, model="virtio"), seen, {})
+    assert raised.value.field == "model"
+    seen = attached(target(), bus="scsi", device="sdb")
+    params = as_ansible_passes(options.VOLUME_ATTACH, {"machine": "web-1", "volume": "extra"})
+    params["storage_pool"] = "machinery"
+    volume = {"format": "qcow2", "capacity": 2 ** 30, "path": "/x/extra", "users": ["web-1"]}
+    plan = plan_volume(params, seen, volume)
+    assert plan.actions == [] and plan.facts["volume_state"]["bus"] == "scsi"
+    with pytest.raises(ConflictError) as raised:
+        plan_volume(dict(params, bus="virtio"), seen, volume)
+    assert raised.value.field == "bus"
+
+
 class Counter(Resource):
     """A resource whose apply does nothing: converge must report the leftover difference as a bug."""
 
