@@ -50,7 +50,9 @@ options:
     description: sha256 of the image (V(sha256:<hex>) or the bare hex). Required with O(url).
     type: str
   os:
-    description: What the image is; kept with the name and returned.
+    description:
+      - What the image is; kept with the name and returned.
+      - Left out, a published image keeps its description; given, it replaces the description as a whole.
     type: dict
     suboptions:
       family:
