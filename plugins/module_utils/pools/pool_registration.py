@@ -6,6 +6,7 @@ observe -> plan -> apply like every resource."""
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import time
 
@@ -152,7 +153,7 @@ def _kept(params, current, key):
     """The value an option left out keeps: the registered one, else the first registration's."""
     if params.get(key) is not None:
         return None
-    return (current or {}).get(key, FIRST_REGISTRATION[key])
+    return copy.deepcopy((current or {}).get(key, FIRST_REGISTRATION[key]))
 
 
 def _sub(params, current, key, sub):
@@ -182,7 +183,9 @@ def desired_registration(params, current, host_capacity):
     reserved["cpu"] = check.whole_number(value, "reserved.cpu") if given else value
     for sub in ("memory", "storage"):
         value, given = _sub(params, current, "reserved", sub)
-        reserved[sub] = check.disk_bytes(value, "reserved." + sub) if given else value
+        if given:  # 0 reserves nothing, as before; anything else is a quantity of at least 1Mi
+            value = 0 if value in (0, "0") else check.disk_bytes(value, "reserved." + sub)
+        reserved[sub] = value
     labels = _kept(params, current, "labels")
     taints = _kept(params, current, "taints")
     networks = _kept(params, current, "networks")

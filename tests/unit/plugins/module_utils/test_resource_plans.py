@@ -97,6 +97,9 @@ def test_a_given_option_sets_exactly_what_it_says():
     # a sub-option left out keeps its registered value as well
     assert after["overcommit"] == {"cpu": 4.0, "memory": 2.0, "storage": 1.0}
     assert after["reserved"] == TUNED["reserved"] and after["networks"] == ["net"]
+    # a reservation given as 0 releases it
+    params = as_ansible_passes(options.MACHINE_POOL, {"name": "hv1", "reserved": {"memory": 0, "cpu": 0}})
+    assert plan_pool(params, pool_seen(TUNED)).diff()[1]["reserved"] == {"cpu": 0, "memory": 0, "storage": 0}
 
 
 def test_first_registration_gets_the_documented_values():
