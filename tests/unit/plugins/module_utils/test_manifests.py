@@ -367,8 +367,8 @@ def test_a_symlink_out_of_the_src_directory_is_refused(tmp_path):
     (manifests / "b.yml").symlink_to(manifests / "a.yml")
     (manifests / "shadow.yml").symlink_to(outside)
     found, problems = docs.load_sources(str(manifests), None)
-    assert problems == ["src: %s: a symlink to %s, outside %s; refused" % (manifests / "shadow.yml", outside,
-                                                                         manifests)]
+    refused = "src: %s: a symlink to %s, outside %s; refused" % (manifests / "shadow.yml", outside, manifests)
+    assert problems == [refused]
     assert [origin for origin, _doc in found] == ["%s#1" % (manifests / name) for name in ("a.yml", "b.yml")]
 
 
