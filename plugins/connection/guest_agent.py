@@ -17,7 +17,9 @@ description:
     for every machine (C(machinery_uri), C(machinery_domain)), so C(ansible_connection=machinery.compute.guest_agent)
     is the only setting a play needs.
   - Commands run as the user the agent runs as (root on common distributions) through C(/bin/sh -c). Modules need a
-    Python in the guest like with any other connection; C(ansible.builtin.raw) needs only a shell.
+    Python in the guest like with any other connection (cloud images of Debian, Ubuntu, Fedora and RHEL have one);
+    C(ansible.builtin.raw) needs only a shell, and is all that works on an image without Python such as the lab's
+    busybox test image.
   - Every libvirt URI works (C(qemu+ssh://), C(qemu+tls://), a local socket); the agent's channel is the only path
     into the guest.
 extends_documentation_fragment:

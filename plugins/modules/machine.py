@@ -79,6 +79,9 @@ options:
       - A qcow2 image must stand alone (no backing file) and be unencrypted. A raw image must look like a disk,
         a whole number of 512-byte sectors starting with a partition table (MBR or GPT) or a file system (ext,
         XFS, btrfs, squashfs, ISO 9660). Anything else is refused before anything is written.
+      - A pool caches each image once, by its sha256. A URL is only downloaded when the pool has no image of
+        O(image_checksum) yet; when it has one, the URL is not contacted at all, so a URL that refuses
+        connections, answers 404 or serves other bits by now is accepted and the cached image is used.
     type: str
   image_checksum:
     description: sha256 of the image (V(sha256:<hex>) or V(<hex>)); required for a URL, verified for a path.

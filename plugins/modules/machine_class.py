@@ -37,12 +37,14 @@ options:
     type: str
     required: true
   cpu:
-    description: Number of virtual CPUs, 1 to 256. Required when O(state=present).
+    description:
+      - Number of virtual CPUs, 1 to 256.
+      - Required to publish a new class; left out, a published class keeps its number.
     type: int
   memory:
     description:
       - Memory as a Kubernetes quantity (V(512Mi), V(16Gi), V(1.5G)) or a number of bytes. At least 16Mi.
-      - Required when O(state=present).
+      - Required to publish a new class; left out, a published class keeps its memory.
     type: raw
   state:
     description: Whether the class is published on the pool.

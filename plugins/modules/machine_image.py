@@ -41,7 +41,10 @@ options:
     type: str
     required: true
   url:
-    description: http(s) URL of the image (qcow2 or raw). Needs O(checksum). Exclusive with O(path).
+    description:
+      - http(s) URL of the image (qcow2 or raw). Needs O(checksum). Exclusive with O(path).
+      - It is downloaded only when the pool has no cached image of O(checksum); when it has one the URL is not
+        contacted, so a URL that refuses connections or answers 404 is accepted.
     type: str
   path:
     description: Path of the image on the controller (qcow2 or raw). Exclusive with O(url).
@@ -50,7 +53,9 @@ options:
     description: sha256 of the image (V(sha256:<hex>) or the bare hex). Required with O(url).
     type: str
   os:
-    description: What the image is; kept with the name and returned.
+    description:
+      - What the image is; kept with the name and returned.
+      - Left out, a published image keeps its description; given, it replaces the description as a whole.
     type: dict
     suboptions:
       family:

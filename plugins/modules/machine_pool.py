@@ -13,6 +13,9 @@ description:
   - Ensures a C(dir) storage pool C(machinery) at O(storage_path) for disks, seed ISOs and Ignition files, a
     registry storage pool beside it for the registration and the published classes, and the O(networks).
   - Everything goes through the libvirt connection, so any URI works; nothing is copied over SSH.
+  - An option left out keeps the pool's registered value (the return shows it); an option given sets exactly
+    what it says, so O(labels={}) or O(taints=[]) clear them. The same holds for each sub-option of
+    O(overcommit) and O(reserved). A first registration gets the values described for each option.
   - With O(virt_type=auto) the module starts a tiny transient KVM guest once and keeps C(kvm) only if that
     guest really runs; a C(/dev/kvm) that exists but fails guests gives C(qemu) (TCG).
 version_added: 0.1.0
@@ -51,11 +54,14 @@ options:
     default: present
   labels:
     description:
-      - Labels that machine pool selectors match.
+      - Labels that machine pool selectors match; they replace the registered labels as a whole.
+      - Left out, the registered labels are kept (none for a new pool); V({}) removes them all.
       - Keys and values follow the Kubernetes label rules; values must be strings (quote V("true") or V("1")).
     type: dict
   taints:
-    description: Taints that machines must tolerate to be scheduled here.
+    description:
+      - Taints that machines must tolerate to be scheduled here; they replace the registered taints as a whole.
+      - Left out, the registered taints are kept (none for a new pool); V([]) removes them all.
     type: list
     elements: dict
     suboptions:
@@ -73,45 +79,53 @@ options:
         choices: [NoSchedule, NoExecute]
         default: NoSchedule
   overcommit:
-    description: Overcommit ratios applied to the host capacity left after O(reserved).
+    description:
+      - Overcommit ratios applied to the host capacity left after O(reserved).
+      - A ratio left out (or the whole option) keeps the registered ratio; a new pool gets V(1.0).
     type: dict
     suboptions:
       cpu:
-        description: CPU overcommit ratio.
+        description: CPU overcommit ratio; left out, the registered one (V(1.0) for a new pool).
         type: float
-        default: 1.0
       memory:
-        description: Memory overcommit ratio.
+        description: Memory overcommit ratio; left out, the registered one (V(1.0) for a new pool).
         type: float
-        default: 1.0
       storage:
         description:
           - Storage overcommit ratio. Thin disks (qcow2 overlays, empty qcow2 volumes) count their virtual size
             against the storage pool's capacity times this ratio, so 1.0 never promises more than the disk has.
+          - Left out, the registered one (V(1.0) for a new pool).
         type: float
-        default: 1.0
   reserved:
-    description: Host resources kept for the host itself.
+    description:
+      - Host resources kept for the host itself.
+      - A sub-option left out (or the whole option) keeps the registered value; a new pool reserves nothing.
     type: dict
     suboptions:
       cpu:
-        description: CPUs kept for the host.
+        description: CPUs kept for the host; left out, the registered number (V(0) for a new pool).
         type: int
-        default: 0
       memory:
-        description: Memory kept for the host, a quantity such as V(2Gi).
+        description:
+          - Memory kept for the host, a quantity such as V(2Gi).
+          - Left out, the registered amount (none for a new pool).
         type: raw
       storage:
-        description: Storage kept free on the pool's storage path, a quantity such as V(20Gi).
+        description:
+          - Storage kept free on the pool's storage path, a quantity such as V(20Gi).
+          - Left out, the registered amount (none for a new pool).
         type: raw
   storage_path:
-    description: Directory on the pool host for the machines' volumes.
+    description:
+      - Directory on the pool host for the machines' volumes.
+      - Left out, the registered directory; C(/var/lib/libvirt/machinery) for a new pool.
     type: str
-    default: /var/lib/libvirt/machinery
   networks:
     description:
       - Networks machines on this pool may use; the first one is the default for machines that list no NIC.
       - A network with O(networks[].cidr) is created (NAT or isolated, with DHCP) when it does not exist.
+      - The list replaces the registered networks as a whole; left out, the registered networks are kept (none
+        for a new pool).
     type: list
     elements: dict
     suboptions:
@@ -172,6 +186,36 @@ pool:
       description: Pool name.
       type: str
       sample: hv1
+    uri:
+      description: The libvirt URI the pool was reached by.
+      type: str
+      sample: qemu+ssh://root@hv1/system
+    labels:
+      description: The registered labels.
+      type: dict
+      sample: {"zone": "a"}
+    taints:
+      description: The registered taints.
+      type: list
+      elements: dict
+      sample: [{"key": "maintenance", "value": "", "effect": "NoSchedule"}]
+    overcommit:
+      description: The registered overcommit ratios.
+      type: dict
+      sample: {"cpu": 4.0, "memory": 1.0, "storage": 1.0}
+    reserved:
+      description: The registered reservations, memory and storage as quantities.
+      type: dict
+      sample: {"cpu": 1, "memory": "2Gi", "storage": "0"}
+    storage_path:
+      description: The registered directory of the machines' volumes.
+      type: str
+      sample: /var/lib/libvirt/machinery
+    networks:
+      description: The registered networks, by name.
+      type: list
+      elements: str
+      sample: [machinery]
     state:
       description: Ready, or Error when its storage or a network is not active.
       type: str

@@ -91,6 +91,23 @@ pools:
       type: list
       elements: dict
       sample: [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}]
+    overcommit:
+      description: Overcommit ratios of the pool; null when it cannot be reached.
+      type: dict
+      sample: {"cpu": 4.0, "memory": 1.0, "storage": 1.0}
+    reserved:
+      description: What the pool keeps for its host, memory and storage as quantities; null when it cannot be reached.
+      type: dict
+      sample: {"cpu": 1, "memory": "2Gi", "storage": "0"}
+    storage_path:
+      description: Directory of the machines' volumes; null when it cannot be reached.
+      type: str
+      sample: /var/lib/libvirt/machinery
+    networks:
+      description: The pool's networks, by name; empty when it cannot be reached.
+      type: list
+      elements: str
+      sample: [machinery]
     state:
       description: Ready; Error when its storage or a network is not active; Offline when it cannot be reached.
       type: str
@@ -172,8 +189,8 @@ def offline_status(snapshot):
     return {"name": snapshot["name"], "uri": snapshot["uri"], "labels": {}, "taints": [], "state": "Offline",
             "problems": [snapshot["problem"]], "virt_type": None, "capacity": None, "allocated": None,
             "allocatable": {"cpu": 0, "memory": "0"}, "storage": None, "available_machine_classes": [],
-            "machine_count": None, "must_leave": [],
-            "hypervisor": None}
+            "machine_count": None, "must_leave": [], "overcommit": None, "reserved": None, "storage_path": None,
+            "networks": [], "hypervisor": None}
 
 
 def selected(status, names, labels):

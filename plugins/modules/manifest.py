@@ -45,9 +45,14 @@ options:
   src:
     description:
       - A YAML file, a directory (its C(*.yml) and C(*.yaml) files, in name order) or a list of either.
+      - A file of a directory that is a symlink to a file outside that directory is refused.
+      - A key given twice in one mapping of a document is refused, naming the key and its path, rather than
+        letting the last one win.
     type: raw
   definition:
-    description: Documents given inline, as a mapping, a list of mappings or YAML text.
+    description:
+      - Documents given inline, as a mapping, a list of mappings or YAML text.
+      - YAML text with a key given twice in one mapping is refused like O(src).
     type: raw
   state:
     description: V(present) applies the documents, V(absent) deletes the objects they describe.

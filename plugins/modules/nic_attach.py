@@ -50,13 +50,17 @@ options:
     description: Host bridge.
     type: str
   mac:
-    description: MAC address; derived from the machine and NIC names when not given.
+    description:
+      - MAC address; left out, an attached NIC keeps its MAC and a new one gets a MAC derived from the machine
+        and NIC names.
+      - A given MAC that differs from the attached NIC's is refused; detach the NIC first.
     type: str
   model:
-    description: NIC model.
+    description:
+      - NIC model; left out, an attached NIC keeps its model and a new one gets V(virtio).
+      - A given model that differs from the attached NIC's is refused; detach the NIC first.
     type: str
     choices: [virtio, e1000e, rtl8139]
-    default: virtio
   state:
     description: Whether the NIC is attached.
     type: str

@@ -59,10 +59,12 @@ options:
       no other disk of the machine holds.
     type: str
   bus:
-    description: Disk bus; SATA disks cannot be hot-plugged.
+    description:
+      - Disk bus; SATA disks cannot be hot-plugged.
+      - Left out, an attached volume keeps its bus and a new attachment gets V(virtio); a given bus that differs
+        from the attached one is refused (detach the volume first).
     type: str
     choices: [virtio, scsi, sata]
-    default: virtio
   state:
     description: Whether the volume is attached.
     type: str

@@ -60,6 +60,38 @@ def test_pool_lifecycle(pools, module):
     assert module("machine_pool", uri=pool.uri, name=pool.name, state="absent")["changed"] is False
 
 
+def test_options_left_out_keep_the_registered_values(pools, module):
+    """Issue 23: re-registering a pool without overcommit reset its ratios and taints."""
+    pool = pools[2]
+    module("machine_pool", uri=pool.uri, name=pool.name, state="absent", force=True)
+    tuned = module("machine_pool", uri=pool.uri, name=pool.name, labels={"zone": "c"},
+                   taints=[{"key": "gpu", "value": "yes"}], overcommit={"cpu": 4.0}, reserved={"memory": "64Mi"},
+                   networks=[{"name": "machinery"}])
+    assert tuned["pool"]["overcommit"] == {"cpu": 4.0, "memory": 1.0, "storage": 1.0}, tuned
+    registry = pool.conn.storagePoolLookupByName("machinery-registry")
+    stored = [name for name in registry.listVolumes() if name.startswith("pool.")]
+    document = json.loads(pool.download(stored[0], "machinery-registry"))["body"]
+
+    again = module("machine_pool", uri=pool.uri, name=pool.name)
+    assert again["changed"] is False, again
+    status = again["pool"]
+    assert status["overcommit"]["cpu"] == 4.0 and status["reserved"]["memory"] == "64Mi"
+    assert status["taints"] == [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]
+    assert status["labels"] == {"zone": "c"} and status["networks"] == ["machinery"]
+    stored = [name for name in registry.listVolumes() if name.startswith("pool.")]
+    assert json.loads(pool.download(stored[0], "machinery-registry"))["body"] == document
+
+    # a sub-option given sets that one alone; a list given replaces the registered one
+    changed = module("machine_pool", uri=pool.uri, name=pool.name, overcommit={"memory": 2.0}, taints=[])
+    assert changed["pool"]["overcommit"] == {"cpu": 4.0, "memory": 2.0, "storage": 1.0}
+    assert changed["pool"]["taints"] == [] and changed["pool"]["labels"] == {"zone": "c"}
+
+    module("machine_class", uri=pool.uri, name="keep", cpu=2, memory="256Mi")
+    kept = module("machine_class", uri=pool.uri, name="keep")
+    assert kept["changed"] is False and kept["machine_class"] == {"name": "keep", "cpu": 2, "memory": "256Mi"}
+    module("machine_pool", uri=pool.uri, name=pool.name, state="absent", force=True)
+
+
 def test_cut_off_registry_write_falls_back(pools, module):
     pool = pools[2]
     assert not module("machine_pool", uri=pool.uri, name=pool.name, labels={"zone": "c"},

@@ -14,7 +14,7 @@ ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbo
 UNREACHABLE = "qemu+unix:///system?socket=/nonexistent/sock"
 POOL_KEYS = {"name", "uri", "labels", "taints", "state", "problems", "virt_type", "capacity", "allocated",
              "allocatable", "storage", "available_machine_classes", "machine_count", "must_leave",
-             "hypervisor"}
+             "hypervisor", "overcommit", "reserved", "storage_path", "networks"}
 CLASS_KEYS = {"name", "cpu", "memory", "pool", "uri", "allocatable"}
 
 

@@ -183,6 +183,30 @@ def _open_bounded(uri, timeout):
     return outcome.get("conn")
 
 
+# Where libvirt looks for a TLS client's files when the URI names no pkipath and the client runs as root.
+DEFAULT_TLS_FILES = {"cacert.pem": "/etc/pki/CA/cacert.pem", "clientcert.pem": "/etc/pki/libvirt/clientcert.pem",
+                     "clientkey.pem": "/etc/pki/libvirt/private/clientkey.pem"}
+
+
+def missing_tls_files(uri):
+    """The files of a qemu+tls client identity that are not there, as paths; [] for any other URI.
+
+    libvirt connects without a client certificate when the certificate or its key is missing, and the host
+    then refuses the session, which reads like a certificate of the wrong CA; naming the missing file says
+    what is really wrong."""
+    parts = urlsplit(uri or "")
+    if parts.scheme != "qemu+tls":
+        return []
+    directory = (parse_qs(parts.query).get("pkipath") or [None])[0]
+    if directory:
+        paths = [os.path.join(directory, name) for name in DEFAULT_TLS_FILES]
+    elif os.geteuid() == 0:
+        paths = list(DEFAULT_TLS_FILES.values())
+    else:
+        return []  # a user's own ~/.pki/libvirt falls back to the system's files: too many places to guess
+    return [path for path in paths if not os.path.isfile(path)]
+
+
 def open_connection(uri, field="uri", name=None):
     """Open ``uri`` read-write; an unreachable or wrong URI becomes ConnectionFailed naming the pool (``name``,
     when the caller knows it, and the URI), libvirt's cause and, for the usual refusals, what to check. A host
@@ -193,14 +217,21 @@ def open_connection(uri, field="uri", name=None):
     event_loop()
     where = "pool %s (%s)" % (name, uri) if name and name != uri else uri
     timeout = open_timeout()
+    target = with_tls_identity(uri)
     try:
-        conn = _open_bounded(with_tls_identity(uri), timeout)
+        conn = _open_bounded(target, timeout)
     except TimeoutError:
         raise ConnectionFailed("cannot connect to %s: the host did not answer within %gs (a daemon that is stopped "
                                "or hangs)" % (where, timeout), field) from None
     except libvirt.libvirtError as exc:
         cause = " ".join(describe(exc).split())  # one line: ssh's stderr can span several
-        hint = refusal_hint(cause)
+        missing = missing_tls_files(target)
+        if missing:
+            hint = ("%s %s missing, so libvirt offered no client certificate; a pkipath directory holds "
+                    "cacert.pem, clientcert.pem and clientkey.pem"
+                    % (" and ".join(missing), "is" if len(missing) == 1 else "are"))
+        else:
+            hint = refusal_hint(cause)
         raise ConnectionFailed("cannot connect to %s: %s%s" % (where, cause, "; " + hint if hint else ""),
                                field) from None
     if conn is None:

@@ -344,12 +344,12 @@ MACHINE_POOL = (
     Option("state", choices=PRESENCE, default="present"),
     Option("labels", "dict"),
     Option("taints", "list", elements="dict", options=TAINT),
-    Option("overcommit", "dict", options=(Option("cpu", "float", default=1.0),
-                                          Option("memory", "float", default=1.0),
-                                          Option("storage", "float", default=1.0))),
-    Option("reserved", "dict", options=(Option("cpu", "int", default=0), Option("memory", "raw"),
-                                        Option("storage", "raw"))),
-    Option("storage_path", default=DEFAULT_STORAGE_PATH),
+    # no Ansible defaults here: an option or sub-option left out keeps the pool's registered value
+    # (pool_registration.FIRST_REGISTRATION says what a new pool gets)
+    Option("overcommit", "dict", options=(Option("cpu", "float"), Option("memory", "float"),
+                                          Option("storage", "float"))),
+    Option("reserved", "dict", options=(Option("cpu", "int"), Option("memory", "raw"), Option("storage", "raw"))),
+    Option("storage_path"),
     Option("networks", "list", elements="dict", options=NETWORK),
     Option("virt_type", choices=VIRT_TYPES, default="auto"),
     Option("force", "bool", default=False),
@@ -409,7 +409,8 @@ VOLUME_ATTACH = (
     Option("size", "raw"),
     Option("format", choices=VOLUME_FORMATS, default="qcow2"),
     Option("device"),
-    Option("bus", choices=DISK_BUSES, default="virtio"),
+    # left out: the attached disk's bus, so no default that would differ from it
+    Option("bus", choices=DISK_BUSES, initial="virtio"),
     Option("state", choices=ATTACH_STATES, default="attached"),
     Option("ephemeral", "bool"),
     Option("shareable", "bool", default=False),
@@ -440,7 +441,8 @@ NIC_ATTACH = (
     Option("network"),
     Option("bridge"),
     Option("mac"),
-    Option("model", choices=NIC_MODELS, default="virtio"),
+    # left out: the attached NIC's model, so no default that would differ from it
+    Option("model", choices=NIC_MODELS, initial="virtio"),
     Option("state", choices=ATTACH_STATES, default="attached"),
     Option("wait", choices=("none", "address"), default="none"),
     Option("wait_timeout", "int", default=300),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import ROUND_CEILING, Decimal
+from decimal import Decimal
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 
@@ -15,34 +15,47 @@ BINARY = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 **
 DECIMAL = {"k": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12, "P": 10 ** 15, "E": 10 ** 18}
 MULTIPLIERS = dict(BINARY, **DECIMAL)
 
-_QUANTITY = re.compile(r"^(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_QUANTITY = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
 
 
 def parse_quantity(value, field="quantity", minimum=1):
-    """Return ``value`` as a whole number of bytes; fractions of a byte round up.
+    """Return ``value`` as a whole number of bytes.
 
-    Booleans, negative numbers, exponents, spaces and unknown suffixes are refused with an error naming ``field``.
+    Booleans, negative numbers, exponents, whitespace anywhere (a trailing newline from a YAML block scalar
+    included), unknown suffixes and fractions of a byte (``1.0000000001Gi``) are refused with an error naming
+    ``field``.
     """
     if isinstance(value, bool) or value is None:
         raise ValidationError("expected a quantity such as 512Mi, 16Gi or 1.5G, got %r" % (value,), field)
     if isinstance(value, int):
-        number = value
+        exact = Decimal(value)
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise ValidationError("expected a finite quantity, got %r" % (value,), field)
-        number = int(Decimal(repr(value)).to_integral_value(rounding=ROUND_CEILING))
+        exact = Decimal(repr(value))
     else:
         text = str(value)
-        match = _QUANTITY.match(text)
+        # fullmatch: ``$`` would let a trailing newline through while a trailing space is refused
+        match = _QUANTITY.fullmatch(text)
         if not match:
             raise ValidationError(
-                "%r is not a quantity: use a number of bytes or a number with one of the suffixes %s"
-                % (text, ", ".join(list(BINARY) + list(DECIMAL))), field)
-        scaled = Decimal(match.group("number")) * MULTIPLIERS.get(match.group("suffix"), 1)
-        number = int(scaled.to_integral_value(rounding=ROUND_CEILING))
+                "%r is not a quantity: use a number of bytes or a number with one of the suffixes %s, with no "
+                "spaces or line breaks around it" % (text, ", ".join(list(BINARY) + list(DECIMAL))), field)
+        exact = Decimal(match.group("number")) * MULTIPLIERS.get(match.group("suffix"), 1)
+    if exact != exact.to_integral_value():
+        raise ValidationError("%r is not a whole number of bytes (%s); give a whole number of bytes or of a "
+                              "larger unit" % (value, exact.normalize()), field)
+    number = int(exact)
     if number < minimum:
-        raise ValidationError("%r is below the minimum of %s" % (value, format_quantity(minimum)), field)
+        hint = ""
+        if _bare_number(value) and number and number * BINARY["Mi"] >= minimum:
+            hint = "; a number without a unit is bytes: for %d MiB write %dMi" % (number, number)
+        raise ValidationError("%r is below the minimum of %s%s" % (value, format_quantity(minimum), hint), field)
     return number
+
+
+def _bare_number(value):
+    return isinstance(value, (int, float)) or (isinstance(value, str) and value.isdigit())
 
 
 def format_quantity(number):

@@ -161,7 +161,13 @@ def plan_volume(params, observed, volume):
                             entry=entry, alias=alias)], volume_state={"name": name, "state": "Detached"})
     size = check.disk_bytes(params["size"], "size") if params.get("size") is not None else None
     fmt = check.one_of(params["format"], options.VOLUME_FORMATS, "format")
-    bus = check.one_of(params["bus"], options.DISK_BUSES, "bus")
+    if params.get("bus"):
+        bus = check.one_of(params["bus"], options.DISK_BUSES, "bus")
+        if entry is not None and entry.get("bus") and bus != entry["bus"]:
+            raise ConflictError("volume %s is attached on bus %s; detach it first to move it to %s"
+                                % (name, entry["bus"], bus), "bus")
+    else:  # left out: the attached disk's bus (virtio for a new one)
+        bus = (entry or {}).get("bus") or options.initial(options.VOLUME_ATTACH, "bus")
     if volume is None and size is None:
         raise NotFoundError("no volume %r in storage pool %s; give size to create it"
                             % (name, params["storage_pool"]), "volume")
@@ -332,8 +338,15 @@ def plan_nic(params, observed, mac_users):
         raise ValidationError("give exactly one of network or bridge", "network")
     if params.get("network") and not params["network_exists"]:
         raise NotFoundError("no network %r on pool %s" % (params["network"], params["pool_name"]), "network")
-    mac = check.mac_address(params["mac"], "mac") if params.get("mac") else dx.derive_mac(observed.name, name)
-    model = check.one_of(params["model"], options.NIC_MODELS, "model")
+    # mac and model left out keep what an attached NIC has (a new one gets the derived MAC and virtio)
+    if params.get("mac"):
+        mac = check.mac_address(params["mac"], "mac")
+    else:
+        mac = entry["mac"] if entry is not None else dx.derive_mac(observed.name, name)
+    if params.get("model"):
+        model = check.one_of(params["model"], options.NIC_MODELS, "model")
+    else:
+        model = (entry or {}).get("model") or options.initial(options.NIC_ATTACH, "model")
     wanted = {"name": name, "network": params.get("network"), "bridge": params.get("bridge"), "mac": mac,
               "model": model, "ephemeral": True}
     if entry is not None:

@@ -233,11 +233,12 @@ class Facts:
 
     def __init__(self, pool="pool", storage_pool="machinery", virt_type="qemu", classes=None, networks=None,
                  default_network=None, bridges=None, security_groups=None, volumes=None, images=None,
-                 taken_volumes=()):
+                 taken_volumes=(), published_classes=()):
         self.pool = pool  # its name, for messages
         self.storage_pool = storage_pool
         self.virt_type = virt_type  # kvm or qemu, as the pool measured it
         self.classes = classes or {}  # name -> {cpu, memory} of the classes the params name that are published
+        self.published_classes = list(published_classes)  # every class name of the pool, read for a refusal
         self.networks = networks or {}  # name -> None (missing) or {info (elements.read_network), leases}
         self.default_network = default_network
         self.bridges = bridges or {}  # name -> (kind, answered) as host_interface reads it
@@ -265,6 +266,8 @@ def resolve(prm, ctx, record=None):
         return facts
     if prm["machine_class"]:
         facts.classes[prm["machine_class"]] = ctx.registry.machine_class(prm["machine_class"])
+        if facts.classes[prm["machine_class"]] is None:  # for the refusal: what the pool does publish
+            facts.published_classes = sorted(ctx.registry.machine_classes())
     nics = prm["network_interfaces"]
     if nics is None and record is None:
         facts.default_network = ((ctx.registration or {}).get("networks") or [None])[0]
@@ -387,7 +390,9 @@ def _size(prm, facts, recorded):
     if name:
         published = facts.classes.get(name)
         if published is None:
-            raise NotFoundError("class %r is not published on pool %s" % (name, facts.pool), "machine_class")
+            offered = ", ".join(facts.published_classes) if facts.published_classes else "none"
+            raise NotFoundError("class %r is not published on pool %s; it publishes: %s"
+                                % (name, facts.pool, offered), "machine_class")
         return name, published["cpu"] if cpu is None else cpu, published["memory"] if memory is None else memory
     if recorded:
         return (recorded.get("machine_class"), recorded.get("cpu") if cpu is None else cpu,

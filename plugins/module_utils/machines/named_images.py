@@ -63,10 +63,12 @@ def os_info(value, field="os"):
     return shown
 
 
-def desired_image(params, resolved):
-    """The document a pool keeps of the image; ``resolved`` is images.resolve() of its url or path."""
+def desired_image(params, resolved, current=None):
+    """The document a pool keeps of the image; ``resolved`` is images.resolve() of its url or path. ``os`` left
+    out keeps the published description (none for a new image)."""
+    kept = (current or {}).get("os") or {}
     return {"name": params["name"], "source": resolved["source"], "checksum": resolved["checksum"],
-            "os": os_info(params.get("os"))}
+            "os": dict(kept) if params.get("os") is None else os_info(params["os"])}
 
 
 def plan_image(params, current, cached, users=()):
@@ -82,7 +84,7 @@ def plan_image(params, current, cached, users=()):
             raise ConflictError("image %s is used by %s; set force: true to withdraw the name anyway (the machines "
                                 "keep their disks)" % (name, ", ".join(users)), "name")
         return Plan([Action("withdraw", name, shown(current), None, [step("delete_document", key)])])
-    desired = desired_image(params, params["resolved"])
+    desired = desired_image(params, params["resolved"], current)
     actions = []
     if not cached:
         actions.append(Action("cache", name, steps=[step("cache_image", desired["source"])]))

@@ -37,6 +37,52 @@ class ManifestError(ValidationError):
                          % (len(self.problems), "; ".join(self.problems)), "definition")
 
 
+def _duplicate_keys(node, path=""):
+    """Problems for every mapping key given twice in a composed YAML node, with its document path: YAML
+    loaders keep the last value silently, so ``power: On`` then ``power: Off`` would apply Off unnoticed."""
+    problems = []
+    if isinstance(node, yaml.MappingNode):
+        seen = {}
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = key_node.value
+                where = "%s.%s" % (path, key) if path else key
+                if key in seen:
+                    problems.append("%s: the key %s is given twice (lines %d and %d); give it once"
+                                    % (where, key, seen[key] + 1, key_node.start_mark.line + 1))
+                else:
+                    seen[key] = key_node.start_mark.line
+            else:
+                where = path or "."
+            problems.extend(_duplicate_keys(value_node, where))
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            problems.extend(_duplicate_keys(item, "%s[%d]" % (path, index)))
+    return problems
+
+
+def load_yaml(stream):
+    """([document], [problem]) of a YAML stream: every document, and every key given twice in one of them
+    (``#<document number>: <path>: ...``)."""
+    loader = yaml.SafeLoader(stream)
+    documents, problems = [], []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            number = len(documents) + 1
+            problems.extend("#%d: %s" % (number, problem) for problem in _duplicate_keys(node))
+            documents.append(loader.construct_document(node))
+    finally:
+        loader.dispose()
+    return documents, problems
+
+
+def _outside(path, directory):
+    """Whether ``path`` (a directory entry) resolves to a file outside ``directory``, through a symlink."""
+    root = os.path.realpath(directory)
+    return os.path.commonpath([root, os.path.realpath(path)]) != root
+
+
 def load_sources(src=None, definition=None):
     """[(origin, document)] of every document: the files of ``src`` (a file, a directory of *.yml/*.yaml, or a
     list of either), then ``definition`` (a document, a list of them, or YAML text). ``kind: List`` documents are
@@ -50,23 +96,30 @@ def load_sources(src=None, definition=None):
         files = [path]
         if os.path.isdir(path):
             files = sorted(os.path.join(path, name) for name in os.listdir(path) if name.endswith(YAML_SUFFIXES))
+            # a link out of the directory would read any file the module can (as root: /etc/shadow)
+            leaving = [name for name in files if _outside(name, path)]
+            problems.extend("src: %s: a symlink to %s, outside %s; refused" % (name, os.path.realpath(name), path)
+                            for name in leaving)
+            files = [name for name in files if name not in leaving]
         elif not os.path.isfile(path):
             problems.append("src: %s: no such file or directory" % path)
             continue
         for name in files:
             try:
                 with open(name) as handle:
-                    loaded = list(yaml.safe_load_all(handle))
+                    loaded, duplicates = load_yaml(handle)
             except (OSError, yaml.YAMLError) as exc:
                 problems.append("src: %s: %s" % (name, str(exc).replace("\n", " ")))
                 continue
+            problems.extend("src: %s%s" % (name, problem) for problem in duplicates)
             found.extend(("%s#%d" % (name, number + 1), doc) for number, doc in enumerate(loaded))
     if isinstance(definition, str):
         try:
-            definition = list(yaml.safe_load_all(definition))
+            definition, duplicates = load_yaml(definition)
         except yaml.YAMLError as exc:
             problems.append("definition: %s" % str(exc).replace("\n", " "))
-            definition = []
+            definition, duplicates = [], []
+        problems.extend("definition%s" % problem for problem in duplicates)
     if isinstance(definition, dict):
         definition = [definition]
     found.extend(("definition[%d]" % number, doc) for number, doc in enumerate(definition or []))

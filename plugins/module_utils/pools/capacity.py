@@ -156,6 +156,12 @@ def pool_status(ctx, registration=None, sizes=None, capacity=None):
         "uri": ctx.uri,
         "labels": registration.get("labels") or {},
         "taints": registration.get("taints") or [],
+        # what the registration keeps for an option a task leaves out, so that a task can see it
+        "overcommit": dict(registration.get("overcommit") or {}),
+        "reserved": {key: value if key == "cpu" else format_quantity(value or 0)
+                     for key, value in (registration.get("reserved") or {}).items()},
+        "storage_path": registration.get("storage_path"),
+        "networks": list(registration.get("networks") or []),
         "state": "Error" if problems else "Ready",
         "problems": problems,
         "virt_type": registration.get("virt_type"),

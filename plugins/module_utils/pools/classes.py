@@ -43,11 +43,14 @@ def plan_class(params, current, users):
             raise ConflictError("class %s is still used by %d machine(s) on this pool: %s; set force: true to "
                                 "delete it anyway" % (name, len(users), ", ".join(users)), "name")
         return Plan([Action("withdraw", name, shown(current), None, [step("delete_document", key)])])
-    if params.get("cpu") is None or params.get("memory") is None:
-        raise ValidationError("cpu and memory are required to publish a class",
+    # cpu or memory left out keeps what the published class has; a new class needs both
+    if current is None and (params.get("cpu") is None or params.get("memory") is None):
+        raise ValidationError("cpu and memory are required to publish a new class",
                               "cpu" if params.get("cpu") is None else "memory")
-    desired = {"name": name, "cpu": check.cpu_count(params["cpu"], "cpu"),
-               "memory": check.memory_bytes(params["memory"], "memory")}
+    desired = {"name": name,
+               "cpu": current["cpu"] if params.get("cpu") is None else check.cpu_count(params["cpu"], "cpu"),
+               "memory": current["memory"] if params.get("memory") is None
+               else check.memory_bytes(params["memory"], "memory")}
     if current == desired:
         return Plan(published=desired)
     return Plan([Action("publish", name, shown(current), shown(desired), [step("write_document", key)],

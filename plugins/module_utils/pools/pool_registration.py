@@ -6,6 +6,7 @@ observe -> plan -> apply like every resource."""
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import time
 
@@ -141,28 +142,62 @@ def probe_virt_type(conn, storage_pool):
 
 # --- the pool as a resource ------------------------------------------------------------------------------------
 
+# What a first registration gets for an option (or a sub-option of overcommit and reserved) left out; a pool
+# registered already keeps what it has instead, as Ansible modules leave alone what a task does not name.
+FIRST_REGISTRATION = {"labels": {}, "taints": [], "overcommit": {"cpu": 1.0, "memory": 1.0, "storage": 1.0},
+                      "reserved": {"cpu": 0, "memory": 0, "storage": 0},
+                      "storage_path": options.DEFAULT_STORAGE_PATH, "networks": []}
+
+
+def _kept(params, current, key):
+    """The value an option left out keeps: the registered one, else the first registration's."""
+    if params.get(key) is not None:
+        return None
+    return copy.deepcopy((current or {}).get(key, FIRST_REGISTRATION[key]))
+
+
+def _sub(params, current, key, sub):
+    """A sub-option of ``overcommit`` or ``reserved``: given, or the value it keeps."""
+    given = params.get(key) or {}
+    if given.get(sub) is not None:
+        return given[sub], True
+    kept = ((current or {}).get(key) or {}).get(sub)
+    return (FIRST_REGISTRATION[key][sub] if kept is None else kept), False
+
+
 def desired_registration(params, current, host_capacity):
-    """The registration document params ask for (validated; the measured virt type is kept from ``current``)."""
+    """The registration document params ask for (validated; the measured virt type is kept from ``current``).
+
+    An option left out (None) keeps the registered value, so re-registering a pool with fewer options never
+    resets its taints, overcommit or reservations; a given option sets exactly what it says."""
     name = check.dns_label(params.get("name"), "name")
-    storage_path = params.get("storage_path") or options.DEFAULT_STORAGE_PATH
+    storage_path = params.get("storage_path") or _kept(params, current, "storage_path")
     if not storage_path.startswith("/"):
         raise ValidationError("must be an absolute path on the pool host", "storage_path")
-    reserved = params.get("reserved") or {}
-    overcommit = params.get("overcommit") or {}
+    overcommit = {}
+    for sub in ("cpu", "memory", "storage"):
+        value, given = _sub(params, current, "overcommit", sub)
+        overcommit[sub] = _ratio(value, "overcommit." + sub) if given else value
+    reserved = {}
+    value, given = _sub(params, current, "reserved", "cpu")
+    reserved["cpu"] = check.whole_number(value, "reserved.cpu") if given else value
+    for sub in ("memory", "storage"):
+        value, given = _sub(params, current, "reserved", sub)
+        if given:  # 0 reserves nothing, as before; anything else is a quantity of at least 1Mi
+            value = 0 if value in (0, "0") else check.disk_bytes(value, "reserved." + sub)
+        reserved[sub] = value
+    labels = _kept(params, current, "labels")
+    taints = _kept(params, current, "taints")
+    networks = _kept(params, current, "networks")
     desired = {
         "name": name,
-        "labels": check.labels(params.get("labels"), "labels"),
-        "taints": normalize_taints(params.get("taints")),
-        "overcommit": {"cpu": _ratio(overcommit.get("cpu", 1.0), "overcommit.cpu"),
-                       "memory": _ratio(overcommit.get("memory", 1.0), "overcommit.memory"),
-                       "storage": _ratio(overcommit.get("storage", 1.0), "overcommit.storage")},
-        "reserved": {"cpu": int(reserved.get("cpu") or 0),
-                     "memory": check.disk_bytes(reserved["memory"], "reserved.memory") if reserved.get("memory")
-                     else 0,
-                     "storage": check.disk_bytes(reserved["storage"], "reserved.storage") if reserved.get("storage")
-                     else 0},
+        "labels": check.labels(params["labels"], "labels") if labels is None else labels,
+        "taints": normalize_taints(params["taints"]) if taints is None else taints,
+        "overcommit": overcommit,
+        "reserved": reserved,
         "storage_path": storage_path,
-        "networks": [entry["name"] for entry in normalize_networks(params.get("networks"))],
+        "networks": ([entry["name"] for entry in normalize_networks(params["networks"])] if networks is None
+                     else networks),
     }
     if desired["reserved"]["cpu"] < 0:
         raise ValidationError("must not be negative", "reserved.cpu")

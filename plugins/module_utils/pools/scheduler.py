@@ -138,8 +138,11 @@ def static_rejections(machine, pool):
     if untolerated(machine, pool):
         return ["taint not tolerated"]
     labels = pool.get("labels") or {}
-    if any(labels.get(key) != value for key, value in machine["machine_pool_selector"].items()):
-        return ["selector not matched"]
+    unmatched = sorted((key, value) for key, value in machine["machine_pool_selector"].items()
+                       if labels.get(key) != value)
+    if unmatched:
+        # the label keys name what to fix (a vitistack region or zone becomes a topology label, for one)
+        return ["selector not matched (%s)" % ", ".join("%s=%s" % pair for pair in unmatched)]
     if size_on(machine, pool) is None:
         return ["class %s not published" % machine["machine_class"]]
     return []

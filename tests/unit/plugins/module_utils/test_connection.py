@@ -4,8 +4,9 @@ import os
 
 import pytest
 
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection
 from ansible_collections.machinery.compute.plugins.module_utils.core.connection import refusal_hint, with_tls_identity
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConnectionFailed, ValidationError
 
 
 @pytest.mark.parametrize("libvirt_says,words", [
@@ -50,3 +51,20 @@ def test_a_tls_identity_from_three_files_becomes_a_pkipath(tmp_path):
     assert with_tls_identity("qemu+tls://hv1/system", {}) == "qemu+tls://hv1/system"
     with pytest.raises(ValidationError, match="MACHINERY_TLS_CLIENTKEY"):
         with_tls_identity("qemu+tls://hv1/system", dict(env, MACHINERY_TLS_CLIENTKEY=str(tmp_path / "gone")))
+
+
+def test_a_pkipath_without_its_key_names_the_missing_file(tmp_path, monkeypatch):
+    for name in ("cacert.pem", "clientcert.pem"):
+        (tmp_path / name).write_text(name)
+    uri = "qemu+tls://hv1/system?pkipath=%s" % tmp_path
+
+    def refused(_uri):
+        # what the host's refusal of a session without a client certificate reads like
+        raise connection.libvirt.libvirtError("Unable to read TLS confirmation: Input/output error")
+    monkeypatch.setattr(connection.libvirt, "open", refused)
+    with pytest.raises(ConnectionFailed) as raised:
+        connection.open_connection(uri)
+    message = raised.value.message
+    assert "%s is missing" % (tmp_path / "clientkey.pem") in message
+    assert "signed by a CA" not in message
+    assert connection.missing_tls_files("qemu+ssh://root@hv1/system") == []

@@ -182,6 +182,16 @@ def test_what_the_pool_says_is_refused_naming_the_field(raw, found, error, field
     assert info.value.field == field
 
 
+def test_an_unpublished_class_is_refused_with_the_classes_the_pool_publishes():
+    prm = params({"name": "web-1", "machine_class": "huge", "image": "/images/test.qcow2"})
+    with pytest.raises(NotFoundError) as raised:
+        normalize(prm, facts(classes={"huge": None}, published_classes=["medium", "small"]))
+    assert raised.value.field == "machine_class"
+    assert "class 'huge' is not published on pool pool1; it publishes: medium, small" in raised.value.message
+    with pytest.raises(NotFoundError, match="it publishes: none"):
+        normalize(prm, facts(classes={"huge": None}))
+
+
 def test_an_existing_machine_keeps_what_the_user_leaves_out():
     record = {"spec": {"name": "web-1", "machine_class": "small", "cpu": 1, "memory": 256 * MIB,
                        "labels": {"app": "web"}, "firmware": "uefi", "boot_config": "abc", "topology": None,

@@ -359,6 +359,40 @@ def test_sources_from_files_dirs_and_text(tmp_path):
     assert problems == ["src: %s: no such file or directory" % (tmp_path / "missing.yml")]
 
 
+def test_a_key_given_twice_is_refused_with_its_path(tmp_path):
+    (tmp_path / "web.yml").write_text(
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: one}\n---\n"
+        "apiVersion: compute.ironcore.dev/v1alpha1\nkind: Machine\nmetadata:\n  name: web-1\nspec:\n"
+        "  machineClassRef: {name: small}\n  power: On\n  machineClassRef: {name: large}\n  power: Off\n"
+        "  volumes:\n    - {name: a, name: b}\n")
+    _found, problems = docs.load_sources(str(tmp_path), None)
+    where = tmp_path / "web.yml"
+    assert problems == [
+        "src: %s#2: spec.machineClassRef: the key machineClassRef is given twice (lines 10 and 12); give it once"
+        % where,
+        "src: %s#2: spec.power: the key power is given twice (lines 11 and 13); give it once" % where,
+        "src: %s#2: spec.volumes[0].name: the key name is given twice (lines 15 and 15); give it once" % where]
+    _found, problems = docs.load_sources(None, "kind: Machine\nkind: Machine\n")
+    assert problems == ["definition#1: kind: the key kind is given twice (lines 1 and 2); give it once"]
+    # YAML merge keys are no duplicates
+    found, problems = docs.load_sources(None, "base: &b {a: 1}\nmerged:\n  <<: *b\n  c: 2\n")
+    assert problems == [] and found[0][1]["merged"] == {"a": 1, "c": 2}
+
+
+def test_a_symlink_out_of_the_src_directory_is_refused(tmp_path):
+    outside = tmp_path / "secret.yml"
+    outside.write_text("root: secret\n")
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "a.yml").write_text("apiVersion: v1\nkind: Secret\nmetadata: {name: one}\n")
+    (manifests / "b.yml").symlink_to(manifests / "a.yml")
+    (manifests / "shadow.yml").symlink_to(outside)
+    found, problems = docs.load_sources(str(manifests), None)
+    refused = "src: %s: a symlink to %s, outside %s; refused" % (manifests / "shadow.yml", outside, manifests)
+    assert problems == [refused]
+    assert [origin for origin, _doc in found] == ["%s#1" % (manifests / name) for name in ("a.yml", "b.yml")]
+
+
 def test_vitistack_status_speaks_vitistack():
     from ansible_collections.machinery.compute.plugins.module_utils.manifests import vitistack
 

@@ -22,6 +22,11 @@ def test_published_and_cached_image_is_left_alone():
     assert ni.plan_image(PARAMS, PUBLISHED, True).actions == []
 
 
+def test_os_left_out_keeps_the_published_description():
+    assert ni.plan_image(dict(PARAMS, os=None), PUBLISHED, True).actions == []
+    assert ni.plan_image(dict(PARAMS, os={}), PUBLISHED, True).diff()[1]["os"] == {}
+
+
 def test_a_new_os_description_republishes():
     plan = ni.plan_image(dict(PARAMS, os={"family": "linux", "version": "13"}), PUBLISHED, True)
     assert plan.summaries() == ["publish"]

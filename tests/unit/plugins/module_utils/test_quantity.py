@@ -16,18 +16,33 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.quantity im
     ("1024", 1024),
     (1024, 1024),
     ("0.5Ki", 512),
-    ("1.0001k", 1001),  # a fraction of a byte rounds up
+    ("1.5k", 1500),
+    (2048.0, 2048),
 ])
 def test_parse(text, expected):
     assert parse_quantity(text) == expected
 
 
 @pytest.mark.parametrize("text", ["16Gx", "", " 1Gi", "1Gi ", "-1", "1e9", "Gi", "1.Gi", "1,5G", "0x10", "1KI",
-                                  "1 Gi", True, None, "1gi"])
+                                  "1 Gi", True, None, "1gi", "5Gi\n", "\n5Gi", "5Gi\t", "5Gi\r\n"])
 def test_reject(text):
     with pytest.raises(ValidationError) as info:
         parse_quantity(text, field="memory")
     assert info.value.field == "memory"
+
+
+@pytest.mark.parametrize("value", ["1.0000000001Gi", "1.0001k", "0.5", 0.5, "1.1"])
+def test_fractions_of_a_byte_are_refused(value):
+    with pytest.raises(ValidationError, match="not a whole number of bytes") as info:
+        parse_quantity(value, field="root_size")
+    assert info.value.field == "root_size"
+
+
+@pytest.mark.parametrize("value", [256, "256"])
+def test_a_bare_number_below_the_minimum_says_it_is_bytes(value):
+    with pytest.raises(ValidationError, match="below the minimum of 16Mi; a number without a unit is bytes: for "
+                                              "256 MiB write 256Mi"):
+        parse_quantity(value, field="memory", minimum=16 * 2 ** 20)
 
 
 def test_zero_is_below_minimum():

@@ -4,6 +4,7 @@ import os
 
 import libvirt
 import pytest
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 
@@ -15,6 +16,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import Observed
+from ansible_collections.machinery.compute.plugins.module_utils.pools import pool_registration
 from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import plan_pool
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
@@ -69,6 +71,42 @@ def test_label_change_is_one_register_action_with_a_diff():
     assert before["labels"] == {} and after["labels"] == {"zone": "b"} and after["virt_type"] == "qemu"
 
 
+TUNED = dict(REGISTERED, labels={"zone": "a"}, taints=[{"key": "gpu", "value": "", "effect": "NoSchedule"}],
+             overcommit={"cpu": 4.0, "memory": 1.5, "storage": 1.0}, reserved={"cpu": 1, "memory": GIB, "storage": 0},
+             storage_path="/srv/machines", networks=["net"])
+
+
+def as_ansible_passes(table, params):
+    """``params`` as a module receives them: validated against its argument spec, Ansible's defaults filled."""
+    result = ArgumentSpecValidator(options.argument_spec(table)).validate(params)
+    assert result.error_messages == []
+    return result.validated_parameters
+
+
+def test_options_left_out_keep_the_registered_values():
+    assert plan_pool(as_ansible_passes(options.MACHINE_POOL, {"name": "hv1"}), pool_seen(TUNED)).actions == []
+    assert plan_pool({"name": "hv1"}, pool_seen(TUNED)).actions == []
+
+
+def test_a_given_option_sets_exactly_what_it_says():
+    params = as_ansible_passes(options.MACHINE_POOL,
+                               {"name": "hv1", "labels": {}, "taints": [], "overcommit": {"memory": 2.0}})
+    plan = plan_pool(params, pool_seen(TUNED))
+    after = plan.diff()[1]
+    assert after["labels"] == {} and after["taints"] == []
+    # a sub-option left out keeps its registered value as well
+    assert after["overcommit"] == {"cpu": 4.0, "memory": 2.0, "storage": 1.0}
+    assert after["reserved"] == TUNED["reserved"] and after["networks"] == ["net"]
+    # a reservation given as 0 releases it
+    params = as_ansible_passes(options.MACHINE_POOL, {"name": "hv1", "reserved": {"memory": 0, "cpu": 0}})
+    assert plan_pool(params, pool_seen(TUNED)).diff()[1]["reserved"] == {"cpu": 0, "memory": 0, "storage": 0}
+
+
+def test_first_registration_gets_the_documented_values():
+    desired = plan_pool({"name": "hv1"}, pool_seen(storage=None)).facts["registration"]
+    assert {key: desired[key] for key in pool_registration.FIRST_REGISTRATION} == pool_registration.FIRST_REGISTRATION
+
+
 @pytest.mark.parametrize("params,field", [
     ({"name": "hv1", "networks": ["missing"]}, "networks"),
     ({"name": "hv1", "reserved": {"cpu": 8}}, "reserved"),
@@ -109,6 +147,13 @@ def test_class_plans():
     with pytest.raises(ValidationError) as raised:
         plan_class({"name": "small", "cpu": 1}, None, [])
     assert raised.value.field == "memory"
+
+
+def test_class_options_left_out_keep_the_published_size():
+    small = {"name": "small", "cpu": 2, "memory": 2 * GIB}
+    assert plan_class(as_ansible_passes(options.MACHINE_CLASS, {"name": "small"}), small, []).actions == []
+    grow = plan_class(as_ansible_passes(options.MACHINE_CLASS, {"name": "small", "memory": "4Gi"}), small, [])
+    assert grow.diff()[1] == {"name": "small", "cpu": 2, "memory": "4Gi"}
 
 
 def target(running=False):
@@ -169,6 +214,28 @@ def test_nic_plans():
         plan_nic(dict(params, network_exists=False), target(), {})
     with pytest.raises(ValidationError):
         plan_nic(dict(params, bridge="br0"), target(), {})
+
+
+def test_attachment_options_left_out_keep_the_attached_values():
+    seen = target()
+    seen.record["spec"].setdefault("network_interfaces", []).append(
+        {"name": "eth9", "network": "net", "bridge": None, "mac": "52:54:00:00:00:09", "model": "e1000e",
+         "ephemeral": True})
+    params = as_ansible_passes(options.NIC_ATTACH, {"machine": "web-1", "name": "eth9", "network": "net"})
+    params.update(network_exists=True, pool_name="hv1")
+    assert plan_nic(params, seen, {}).actions == []
+    with pytest.raises(ConflictError) as raised:
+        plan_nic(dict(params, model="virtio"), seen, {})
+    assert raised.value.field == "model"
+    seen = attached(target(), bus="scsi", device="sdb")
+    params = as_ansible_passes(options.VOLUME_ATTACH, {"machine": "web-1", "volume": "extra"})
+    params["storage_pool"] = "machinery"
+    volume = {"format": "qcow2", "capacity": 2 ** 30, "path": "/x/extra", "users": ["web-1"]}
+    plan = plan_volume(params, seen, volume)
+    assert plan.actions == [] and plan.facts["volume_state"]["bus"] == "scsi"
+    with pytest.raises(ConflictError) as raised:
+        plan_volume(dict(params, bus="virtio"), seen, volume)
+    assert raised.value.field == "bus"
 
 
 class Counter(Resource):

@@ -97,8 +97,13 @@ def test_normalize_tolerations_names_the_field():
 def test_selector_filter():
     pools = [pool("a", labels={"zone": "a", "disk": "hdd"}), pool("b", labels={"zone": "b", "disk": "ssd"})]
     assert placed([spec("m", machine_pool_selector={"disk": "ssd"})], pools) == ["b"]
-    with pytest.raises(Unschedulable, match="2 selector not matched"):
+    with pytest.raises(Unschedulable, match=r"2 selector not matched \(disk=nvme\)"):
         schedule([spec("m", machine_pool_selector={"disk": "nvme"})], pools)
+    # the label keys that failed are named, so a region or zone refusal says which label to set on a pool
+    with pytest.raises(Unschedulable, match=r"1 selector not matched \(disk=ssd, topology.kubernetes.io/region=west\), "
+                                            r"1 selector not matched \(topology.kubernetes.io/region=west\)"):
+        schedule([spec("m", machine_pool_selector={"disk": "ssd", "topology.kubernetes.io/region": "west"})],
+                 pools)
 
 
 def test_class_filter():
