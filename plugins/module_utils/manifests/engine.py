@@ -29,9 +29,10 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet imp
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import HealthCheckResource
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import (
     OWNER_LABEL, MachineSetResource, read_fleet, set_status)
-from ansible_collections.machinery.compute.plugins.module_utils.manifests import ironcore, openshift
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import conformance, ironcore, openshift
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import Fields, Problems
-from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import ManifestObject, columns
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import (
+    ManifestObject, columns, document_path)
 
 DIALECTS = [ironcore, openshift]
 try:  # the later dialects; each registers the same way
@@ -95,6 +96,8 @@ def parse(documents, problems):
             continue
         seen[obj.key] = origin
         dialect.read(obj, fields)
+        if kind in getattr(dialect, "FIELDS", {}):
+            conformance.act(fields, doc, dialect.FIELDS[kind])
         objects.append(obj)
     return objects
 
@@ -113,6 +116,12 @@ class Pools:
                 self.volumes[ctx.name or ctx.uri] = set(ctx.storage.listVolumes())
             except (MachineryError, lv.libvirt.libvirtError):
                 self.volumes[ctx.name or ctx.uri] = set()
+        self.networks = {}
+        for ctx in self.contexts:
+            try:
+                self.networks[ctx.name or ctx.uri] = set(ctx.conn.listNetworks()) | set(ctx.conn.listDefinedNetworks())
+            except lv.libvirt.libvirtError:
+                self.networks[ctx.name or ctx.uri] = set()
         self.images = {}
         for ctx in self.contexts:
             self.images[ctx.name or ctx.uri] = {key[len("image-"):]: ctx.registry.get(key) or {}
@@ -127,6 +136,9 @@ class Pools:
 
     def volume_on(self, name):
         return sorted(pool for pool, names in self.volumes.items() if name in names)
+
+    def networks_of(self, pool_name):
+        return self.networks.get(pool_name, set())
 
 
 def link(objects, problems, pools):
@@ -201,6 +213,57 @@ def _pool_path(obj):
     return getattr(obj.dialect, "POOL_PATH", default)
 
 
+def core_problem(obj, fields, exc, prefix=""):
+    """A core's problem under the document's own path: ``spec.volumes[0].emptyDisk.sizeLimit``, never the core's
+    ``volumes[0].size`` (an unmapped field keeps its option name after the nearest path the dialect knows)."""
+    field = exc.field or ""
+    if prefix and field.startswith(prefix):
+        field = field[len(prefix):].lstrip(".")
+    shown = document_path(obj, field)
+    if shown is None:
+        shown = "spec" if not field else "spec (%s)" % field
+    fields.error(shown, exc.message)
+
+
+def core_checks(obj, fields, pools):
+    """Each object's parameters through its core's own checks, before anything is written: a machine's (and a
+    set's template) through machine_spec.params, a health check's through normalize_check; and every libvirt
+    network a NIC names exists on the pools it may go to."""
+    from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import normalize_check
+    try:
+        if obj.role == "machine":
+            # the machine's options through the one path every machine takes
+            obj.machine = machine_spec.params({key: value for key, value in obj.params.items() if value is not None},
+                                              scheduling=True)
+        elif obj.role == "set":
+            machine_spec.params(dict({key: value for key, value in obj.params["template"].items()
+                                      if value is not None}, name=obj.name), scheduling=True)
+        elif obj.role == "check":
+            normalize_check(obj.params)
+    except MachineryError as exc:
+        core_problem(obj, fields, exc)
+        return
+    if obj.role in ("machine", "set"):
+        params = obj.params["template"] if obj.role == "set" else obj.params
+        _networks_exist(obj, params, fields, pools)
+
+
+def _networks_exist(obj, params, fields, pools):
+    """A NIC's libvirt network exists on the machine's pool (or, unplaced, on some pool of the run): what the
+    apply would refuse, refused by check mode too."""
+    pinned = params.get("machine_pool")
+    for index, nic in enumerate(params.get("network_interfaces") or []):
+        network = nic.get("network") if isinstance(nic, dict) else None
+        if not network:
+            continue
+        where = [pinned] if pinned else sorted(pools.by_name)
+        if not any(network in pools.networks_of(pool) for pool in where):
+            shown = document_path(obj, "network_interfaces[%d].network" % index) or \
+                document_path(obj, "network_interfaces[%d]" % index) or "spec"
+            fields.error(shown, "no libvirt network %r on %s" % (
+                network, "pool %s" % pinned if pinned else "any pool of this run (%s)" % ", ".join(where)))
+
+
 def check_documents(documents, pools, load_problems=()):
     """Every document parsed and linked; raises ManifestError with every problem. Returns (objects, warnings)."""
     problems = Problems()
@@ -209,13 +272,8 @@ def check_documents(documents, pools, load_problems=()):
     if pools is not None:
         link(objects, problems, pools)
         for obj in objects:
-            if obj.role == "machine" and not problems.of(obj.ref):
-                # the machine's options through the one path every machine takes, before anything is written
-                try:
-                    obj.machine = machine_spec.params({key: value for key, value in obj.params.items()
-                                                       if value is not None}, scheduling=True)
-                except MachineryError as exc:
-                    Fields(problems, obj.ref).error(exc.field or "spec", exc.message)
+            if not problems.of(obj.ref):
+                core_checks(obj, Fields(problems, obj.ref), pools)
     problems.raise_if_any()
     return objects, problems.warnings
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import (
+    APPLIED, refused, table, warned)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
     kube_quantity, secret_value)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import (
@@ -28,6 +30,67 @@ POWER = {"On": "running", "Off": "stopped"}
 DEFAULT_IGNITION_KEY = "ignition"
 MACHINE_SPEC = ("machineClassRef", "machinePoolRef", "machinePoolSelector", "tolerations", "image", "volumes",
                 "networkInterfaces", "ignitionRef", "power", "imagePullSecretRef", "efiVars", "hostname")
+
+# --- what becomes of every field (conformance.py) ---------------------------------------------------------------
+
+NO_PULL_SECRET = warned("images are read by the pools from a published name, a path or a URL: no pull secret")
+DHCP_ONLY = warned("a libvirt network hands out addresses by DHCP from its own range: no virtual IPs, prefixes "
+                   "or IP families")
+EPHEMERAL_META = warned("an ephemeral resource is a device of its machine: its own metadata is not kept")
+NO_VOLUME_CLASS = warned("a pool's storage has one class of volume (qcow2 in its storage pool): the class is "
+                         "not applied")
+NO_SNAPSHOTS = refused("volume snapshots are not supported; give osImage or image")
+VOLUME_SPEC = {
+    "resources.storage": APPLIED, "image": APPLIED, "dataSource.osImage": APPLIED,
+    "dataSource.osImage.image": APPLIED, "dataSource.snapshotRef": NO_SNAPSHOTS,
+    "volumeClassRef.name": NO_VOLUME_CLASS, "imagePullSecretRef.name": NO_PULL_SECRET,
+    "volumePoolSelector.*": warned("a volume goes to its volumePoolRef, else its machine's pool, else the first "
+                                   "pool: no pool selector"),
+    "tolerations": warned("a volume goes to its volumePoolRef, else its machine's pool: pool taints do not "
+                          "apply to volumes"),
+}
+NIC_SPEC = {
+    "networkRef.name": APPLIED, "ips": APPLIED, "ips[].value": APPLIED,
+    "ips[].ephemeral": DHCP_ONLY, "virtualIP": DHCP_ONLY, "prefixes": DHCP_ONLY, "ipFamilies": DHCP_ONLY,
+}
+VOLUME_SPEC_KEYS = ("volumeClassRef", "volumePoolSelector", "resources", "image", "imagePullSecretRef",
+                    "tolerations", "dataSource")
+# machine option -> the Machine's field, for the core's problems (items: recorded per object in obj.where)
+OPTION_PATHS = {"machine_class": "spec.machineClassRef.name", "image": "spec.image", "state": "spec.power",
+                "machine_pool": "spec.machinePoolRef.name", "machine_pool_selector": "spec.machinePoolSelector",
+                "tolerations": "spec.tolerations", "hostname": "spec.hostname", "ignition": "spec.ignitionRef",
+                "labels": "metadata.labels", "name": "metadata.name", "volumes": "spec.volumes",
+                "network_interfaces": "spec.networkInterfaces"}
+EPHEMERAL_VOLUME = "spec.volumes[].ephemeral.volumeTemplate"
+EPHEMERAL_NIC = "spec.networkInterfaces[].ephemeral.networkInterfaceTemplate"
+FIELDS = {
+    "Machine": table(dict(
+        {"spec.machineClassRef.name": APPLIED, "spec.machinePoolRef.name": APPLIED,
+         "spec.machinePoolSelector.*": APPLIED, "spec.tolerations[].key": APPLIED,
+         "spec.tolerations[].operator": APPLIED, "spec.tolerations[].value": APPLIED,
+         "spec.tolerations[].effect": APPLIED, "spec.image": APPLIED, "spec.imagePullSecretRef.name": NO_PULL_SECRET,
+         "spec.volumes[].name": APPLIED, "spec.volumes[].device": APPLIED, "spec.volumes[].volumeRef.name": APPLIED,
+         "spec.volumes[].emptyDisk.sizeLimit": APPLIED, EPHEMERAL_VOLUME + ".metadata": EPHEMERAL_META,
+         "spec.networkInterfaces[].name": APPLIED, "spec.networkInterfaces[].networkInterfaceRef.name": APPLIED,
+         EPHEMERAL_NIC + ".metadata": EPHEMERAL_META,
+         "spec.ignitionRef.name": APPLIED, "spec.ignitionRef.key": APPLIED, "spec.power": APPLIED,
+         "spec.efiVars": warned("EFI variables are the pool's firmware store (firmware: uefi): not applied"),
+         "spec.hostname": APPLIED},
+        **{EPHEMERAL_VOLUME + ".spec." + key: verdict for key, verdict in VOLUME_SPEC.items()},
+        **{EPHEMERAL_NIC + ".spec." + key: verdict for key, verdict in NIC_SPEC.items()})),
+    "MachineClass": table({"capabilities.cpu": APPLIED, "capabilities.memory": APPLIED}),
+    "MachinePool": table({
+        "spec.providerID": warned("a MachinePool names a pool of the run by metadata.name; the pool's libvirt URI "
+                                  "is its provider ID"),
+        "spec.taints": warned("a pool's taints are set with machinery.compute.machine_pool (taints), not by a "
+                              "MachinePool reference")}),
+    "Volume": table(dict({"spec.volumePoolRef.name": APPLIED},
+                         **{"spec." + key: verdict for key, verdict in VOLUME_SPEC.items()})),
+    "NetworkInterface": table(dict({"spec.machineRef.name": APPLIED},
+                                   **{"spec." + key: verdict for key, verdict in NIC_SPEC.items()})),
+    "Secret": table({"data.*": APPLIED, "stringData.*": APPLIED, "type": APPLIED,
+                     "immutable": warned("libvirt keeps no Secret object: the text is read once, by ignitionRef")}),
+}
 
 
 def read(obj, fields):
@@ -60,10 +123,11 @@ def read(obj, fields):
         spec = fields.mapping(doc.get("spec"), "spec", required=True) or {}
         fields.known(spec, ("networkRef", "ips", "machineRef", "virtualIP", "prefixes", "ipFamilies"), "spec")
         network = fields.mapping(spec.get("networkRef"), "spec.networkRef", required=True) or {}
+        owner = fields.mapping(spec.get("machineRef"), "spec.machineRef") or {}
         obj.role = "nic"
-        obj.data = {"network": fields.string(network.get("name"), "spec.networkRef.name", required="networkRef" in spec)}
-        if spec.get("ips"):
-            fields.warn("spec.ips", "libvirt networks hand out addresses by DHCP; the ips are not applied")
+        obj.data = {"network": fields.string(network.get("name"), "spec.networkRef.name", required="networkRef" in spec),
+                    "ip_address": fixed_address(fields, spec.get("ips"), "spec.ips"),
+                    "machine": fields.name(owner.get("name"), "spec.machineRef.name") if owner else None}
     else:
         _machine(obj, fields)
 
@@ -74,8 +138,7 @@ def _volume(obj, fields):
     doc = obj.doc
     fields.known(doc, ("apiVersion", "kind", "metadata", "spec"), "", ("status",))
     spec = fields.mapping(doc.get("spec"), "spec", required=True) or {}
-    fields.known(spec, ("volumeClassRef", "volumePoolRef", "volumePoolSelector", "resources", "image",
-                        "imagePullSecretRef", "tolerations", "dataSource"), "spec")
+    fields.known(spec, VOLUME_SPEC_KEYS + ("volumePoolRef",), "spec")
     image, image_path = _volume_image(spec, fields)
     resources = fields.mapping(spec.get("resources"), "spec.resources", required=image is None) or {}
     fields.known(resources, ("storage",), "spec.resources")
@@ -91,20 +154,49 @@ def _volume(obj, fields):
     fields.run(_attachable, obj.name, "metadata.name")
 
 
-def _volume_image(spec, fields):
-    """(image, the path it was given at) of a Volume, or (None, None)."""
-    source = fields.mapping(spec.get("dataSource"), "spec.dataSource") or {}
-    fields.known(source, ("osImage", "snapshotRef"), "spec.dataSource")
-    if source.get("snapshotRef"):
-        fields.error("spec.dataSource.snapshotRef", "volume snapshots are not supported; give osImage")
+def _volume_image(spec, fields, prefix="spec"):
+    """(image, the path it was given at) of a Volume's spec, or (None, None). ``dataSource.osImage`` is
+    IronCore's OSImageSource (``{image: ...}``); a plain string is taken too."""
+    source = fields.mapping(spec.get("dataSource"), prefix + ".dataSource") or {}
+    fields.known(source, ("osImage", "snapshotRef"), prefix + ".dataSource")
+    os_image, os_path = source.get("osImage"), prefix + ".dataSource.osImage"
+    if isinstance(os_image, dict):
+        fields.known(os_image, ("image",), os_path)
+        os_image, os_path = os_image.get("image"), os_path + ".image"
     given = []
-    for value, path in ((spec.get("image"), "spec.image"), (source.get("osImage"), "spec.dataSource.osImage")):
+    for value, path in ((spec.get("image"), prefix + ".image"), (os_image, os_path)):
         text = fields.string(value, path)
         if text is not None:
             given.append((text, path))
     if len(given) == 2 and given[0][0] != given[1][0]:
-        fields.error("spec.dataSource.osImage", "differs from spec.image; give one of them")
+        fields.error(os_path, "differs from %s.image; give one of them" % prefix)
     return given[-1] if given else (None, None)
+
+
+def fixed_address(fields, ips, path):
+    """The NIC's fixed address (``ip_address``) from IronCore ``ips`` (each a string or ``{value: ...}``): one
+    IPv4 address is a DHCP reservation on the libvirt network; anything more is a warning naming the field."""
+    import ipaddress
+    given = []
+    for index, item in enumerate(ips if isinstance(ips, list) else []):
+        value = item.get("value") if isinstance(item, dict) else item
+        if value is not None:
+            given.append(("%s[%d]" % (path, index) + (".value" if isinstance(item, dict) else ""), value))
+    if ips is not None and not isinstance(ips, list):
+        fields.error(path, "must be a list")
+    if not given:
+        return None
+    where, value = given[0]
+    try:
+        address = ipaddress.ip_address(str(value))
+    except ValueError:
+        fields.error(where, "%r is not an IP address" % (value,))
+        return None
+    if len(given) > 1 or address.version != 4:
+        fields.warn(path, "a libvirt NIC takes one fixed IPv4 address (a DHCP reservation): not applied; give "
+                          "one IPv4 address")
+        return None
+    return str(address)
 
 
 def _attachable(name, field):
@@ -159,17 +251,29 @@ def _machine(obj, fields):
             disk = fields.mapping(item["emptyDisk"], where + ".emptyDisk", required=True) or {}
             fields.known(disk, ("sizeLimit",), where + ".emptyDisk")
             entry["size"] = kube_quantity(fields, disk.get("sizeLimit"), where + ".emptyDisk.sizeLimit")
+            obj.where["volumes[%d].size" % len(params["volumes"])] = where + ".emptyDisk.sizeLimit"
         else:
+            at = where + ".ephemeral.volumeTemplate"
             template = (fields.mapping(item["ephemeral"], where + ".ephemeral", required=True) or {})
-            spec_of = ((fields.mapping(template.get("volumeTemplate"), where + ".ephemeral.volumeTemplate",
-                                       required=True) or {}).get("spec")) or {}
-            storage = ((spec_of.get("resources") or {}).get("storage"))
-            if spec_of.get("image"):
-                entry["image"] = fields.string(spec_of["image"], where + ".ephemeral.volumeTemplate.spec.image")
+            fields.known(template, ("volumeTemplate",), where + ".ephemeral")
+            volume_template = fields.mapping(template.get("volumeTemplate"), at, required=True) or {}
+            fields.known(volume_template, ("metadata", "spec"), at)
+            spec_of = fields.mapping(volume_template.get("spec"), at + ".spec", required=True) or {}
+            fields.known(spec_of, VOLUME_SPEC_KEYS, at + ".spec")
+            image, image_path = _volume_image(spec_of, fields, at + ".spec")
+            resources = fields.mapping(spec_of.get("resources"), at + ".spec.resources") or {}
+            fields.known(resources, ("storage",), at + ".spec.resources")
+            if image:
+                entry["image"] = image
+                obj.where["volumes[%d].image" % len(params["volumes"])] = image_path
+                if resources.get("storage") is not None:
+                    fields.warn(at + ".spec.resources.storage", "a volume made from an image is the image's size "
+                                "(its root disk grows with root_size); not applied")
             else:
-                entry["size"] = kube_quantity(fields, storage,
-                                              where + ".ephemeral.volumeTemplate.spec.resources.storage")
+                entry["size"] = kube_quantity(fields, resources.get("storage"), at + ".spec.resources.storage")
+                obj.where["volumes[%d].size" % len(params["volumes"])] = at + ".spec.resources.storage"
             entry["ephemeral"] = True
+        obj.where["volumes[%d]" % len(params["volumes"])] = where
         params["volumes"].append(entry)
     if "networkInterfaces" in spec:
         params["network_interfaces"] = []
@@ -186,11 +290,24 @@ def _machine(obj, fields):
             refs["nics"].append((where + ".networkInterfaceRef.name", target, name))
             params["network_interfaces"].append({"name": name, "ref": target})
         else:
+            at = where + ".ephemeral.networkInterfaceTemplate"
             template = fields.mapping(item["ephemeral"], where + ".ephemeral", required=True) or {}
-            nic_spec = ((template.get("networkInterfaceTemplate") or {}).get("spec")) or {}
-            network = fields.string((nic_spec.get("networkRef") or {}).get("name"),
-                                    where + ".ephemeral.networkInterfaceTemplate.spec.networkRef.name", required=True)
-            params["network_interfaces"].append({"name": name, "network": network, "ephemeral": True})
+            fields.known(template, ("networkInterfaceTemplate",), where + ".ephemeral")
+            nic_template = fields.mapping(template.get("networkInterfaceTemplate"), at, required=True) or {}
+            fields.known(nic_template, ("metadata", "spec"), at)
+            nic_spec = fields.mapping(nic_template.get("spec"), at + ".spec", required=True) or {}
+            fields.known(nic_spec, ("networkRef", "ips", "virtualIP", "prefixes", "ipFamilies"), at + ".spec")
+            network = fields.string((nic_spec.get("networkRef") or {}).get("name"), at + ".spec.networkRef.name",
+                                    required=True)
+            nic = {"name": name, "network": network, "ephemeral": True}
+            address = fixed_address(fields, nic_spec.get("ips"), at + ".spec.ips")
+            if address:
+                nic["ip_address"] = address
+                obj.where["network_interfaces[%d].ip_address" % len(params["network_interfaces"])] = at + ".spec.ips"
+            obj.where["network_interfaces[%d].network" % len(params["network_interfaces"])] = \
+                at + ".spec.networkRef.name"
+            params["network_interfaces"].append(nic)
+        obj.where["network_interfaces[%d]" % (len(params["network_interfaces"]) - 1)] = where
     ignition = fields.mapping(spec.get("ignitionRef"), "spec.ignitionRef")
     if ignition:
         fields.known(ignition, ("name", "key"), "spec.ignitionRef")
@@ -198,9 +315,7 @@ def _machine(obj, fields):
                           fields.string(ignition.get("key"), "spec.ignitionRef.key") or DEFAULT_IGNITION_KEY)
     if spec.get("hostname") is not None:
         params["hostname"] = fields.run(check.hostname, spec["hostname"], "spec.hostname")
-    for key in ("imagePullSecretRef", "efiVars"):
-        if spec.get(key):
-            fields.warn("spec." + key, "has no meaning on libvirt pools and is ignored")
+    obj.where.update(OPTION_PATHS)
     machine_object(obj, params, refs)
 
 
@@ -218,6 +333,12 @@ def link(obj, objects, fields, _pools=None):
             fields.error(path, "NetworkInterface %r is not among the documents" % target)
             continue
         nic.update(network=found.data.get("network"), ephemeral=False)
+        if found.data.get("ip_address"):
+            nic["ip_address"] = found.data["ip_address"]
+        owner = found.data.get("machine")
+        if owner and owner != obj.name:
+            fields.error(next(where for where, name, _nic in refs["nics"] if name == target),
+                         "NetworkInterface %r belongs to Machine %r (its spec.machineRef)" % (target, owner))
     if refs.get("secret"):
         path, name, key = refs["secret"]
         secret = objects.get(("Secret", name))

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import re
+
 # roles: what each object becomes for the cores
 ROLES = ("class", "pool", "secret", "volume", "nic", "machine", "set", "check")
 
@@ -25,6 +27,8 @@ class ManifestObject:
         self.params = {}
         self.data = {}
         self.refs = {}
+        # a machine option's path (``volumes[0].size``) -> the document's (``spec.volumes[0].emptyDisk.sizeLimit``)
+        self.where = {}
 
     @property
     def ref(self):
@@ -43,6 +47,21 @@ def machine_object(obj, params, refs, role="machine"):
     obj.params = params
     obj.refs = refs
     return obj
+
+
+def document_path(obj, field):
+    """The document's path of a core's ``field`` (``volumes[0].size``): the object's own record of it, else that
+    of its longest recorded prefix with the rest appended, else None."""
+    if not field:
+        return None
+    if field in obj.where:
+        return obj.where[field]
+    parts = re.split(r"(?=[.\[])", field)
+    for cut in range(len(parts) - 1, 0, -1):
+        head = "".join(parts[:cut])
+        if head in obj.where:
+            return obj.where[head] + "".join(parts[cut:])
+    return None
 
 
 def columns(header, rows):
