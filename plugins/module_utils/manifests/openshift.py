@@ -15,6 +15,8 @@ import json
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import (
+    APPLIED, refused, table, warned)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
     kube_quantity, secret_value)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import machine_object
@@ -32,6 +34,68 @@ PROVIDER_KEYS = {"machineClass": "machine_class", "cpu": "cpu", "memory": "memor
 VOLUME_KEYS = {"name": "name", "size": "size", "volume": "volume", "image": "image", "device": "device",
                "bus": "bus", "ephemeral": "ephemeral"}
 NIC_KEYS = {"name": "name", "network": "network", "bridge": "bridge", "mac": "mac", "model": "model"}
+
+# --- what becomes of every field (conformance.py) ---------------------------------------------------------------
+
+NODE_ONLY = warned("it belongs to the Kubernetes Node of the machine: a libvirt pool has no Node; not applied")
+PROVIDER_ID = warned("set by the provider, not by the user: the status shows libvirt:///<pool>/<uuid>")
+AUTHORITATIVE = warned("machinery.compute is the only API serving these machines: not applied")
+AUTOSCALER = warned("no cluster autoscaler scales a machine_set: replicas is applied as written")
+MATCH_EXPRESSIONS = refused("machines are selected by matchLabels only; give matchLabels")
+
+
+def _machine_spec_fields(prefix):
+    value = prefix + ".providerSpec.value."
+    fields = {value + key: APPLIED for key in ("apiVersion", "kind", "volumes", "networkInterfaces",
+                                               "userDataSecret.name", "userDataSecret.key") + tuple(PROVIDER_KEYS)}
+    fields.update({value + "volumes[]." + key: APPLIED for key in VOLUME_KEYS})
+    fields.update({value + "networkInterfaces[]." + key: APPLIED for key in NIC_KEYS})
+    fields.update({value + "machinePoolSelector.*": APPLIED, value + "sshAuthorizedKeys": APPLIED,
+                   value + "tolerations[].key": APPLIED, value + "tolerations[].operator": APPLIED,
+                   value + "tolerations[].value": APPLIED, value + "tolerations[].effect": APPLIED,
+                   prefix + ".providerID": PROVIDER_ID, prefix + ".taints": NODE_ONLY,
+                   prefix + ".metadata": NODE_ONLY,
+                   prefix + ".lifecycleHooks": warned("lifecycle hooks hold a Node's drain; libvirt machines have "
+                                                      "no Node to drain: not applied")})
+    for key in ("machinePoolSelector", "tolerations"):
+        fields.pop(value + key, None)
+    return fields
+
+
+SECRET_FIELDS = {"data.*": APPLIED, "stringData.*": APPLIED, "type": APPLIED,
+                 "immutable": warned("libvirt keeps no Secret object: the text is read once, by userDataSecret")}
+FIELDS = {
+    "Machine": table(dict(_machine_spec_fields("spec"), **{"spec.authoritativeAPI": AUTHORITATIVE})),
+    "MachineSet": table(dict(_machine_spec_fields("spec.template.spec"), **{
+        "spec.replicas": APPLIED, "spec.selector.matchLabels.*": APPLIED, "spec.selector.matchExpressions":
+        MATCH_EXPRESSIONS, "spec.deletePolicy": APPLIED, "spec.template.metadata.labels.*": APPLIED,
+        "spec.template.metadata.annotations.*": warned("a member's annotations are not kept on libvirt pools"),
+        "spec.minReadySeconds": warned("a member counts as available as soon as it is Ready: not applied"),
+        "spec.authoritativeAPI": AUTHORITATIVE,
+        "metadata.annotations.machine.openshift.io/cluster-api-autoscaler-node-group-min-size": AUTOSCALER,
+        "metadata.annotations.machine.openshift.io/cluster-api-autoscaler-node-group-max-size": AUTOSCALER})),
+    "MachineHealthCheck": table({
+        "spec.selector.matchLabels.*": APPLIED, "spec.selector.matchExpressions": MATCH_EXPRESSIONS,
+        "spec.unhealthyConditions[].type": APPLIED, "spec.unhealthyConditions[].status": APPLIED,
+        "spec.unhealthyConditions[].timeout": APPLIED, "spec.maxUnhealthy": APPLIED,
+        "spec.nodeStartupTimeout": APPLIED,
+        "spec.remediationTemplate": warned("no external remediation serves libvirt machines: unhealthy machines "
+                                           "are remediated by the check itself (deleted, as without a template)")}),
+    "Secret": table(SECRET_FIELDS),
+}
+# health check option -> the document's field (the conditions' items are recorded per object)
+CHECK_PATHS = {"selector": "spec.selector", "selector.match_labels": "spec.selector.matchLabels",
+               "max_unhealthy": "spec.maxUnhealthy", "node_startup_timeout": "spec.nodeStartupTimeout",
+               "unhealthy_conditions": "spec.unhealthyConditions", "name": "metadata.name"}
+
+
+def where_of(path):
+    """machine option -> its field under the providerSpec.value at ``path``."""
+    found = {option: "%s.%s" % (path, key) for key, option in PROVIDER_KEYS.items()}
+    found.update(labels="metadata.labels", name="metadata.name", volumes=path + ".volumes",
+                 network_interfaces=path + ".networkInterfaces", ssh_authorized_keys=path + ".sshAuthorizedKeys",
+                 ignition=path + ".userDataSecret", cloud_init=path + ".userDataSecret")
+    return found
 
 
 def provider_spec(fields, value, path, labels):
@@ -62,6 +126,10 @@ def provider_spec(fields, value, path, labels):
         fields.string(params["image"], path + ".image")
     if "firmware" in params:
         fields.string(params["firmware"], path + ".firmware", choices=options.FIRMWARES)
+    if params.get("tolerations") is not None:
+        from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import (
+            normalize_tolerations)
+        params["tolerations"] = fields.run(normalize_tolerations, params["tolerations"], path + ".tolerations")
     if "machine_pool_selector" in params:
         fields.run(check.labels, params["machine_pool_selector"], path + ".machinePoolSelector")
     volumes = []
@@ -73,7 +141,7 @@ def provider_spec(fields, value, path, labels):
             fields.error(where, "give exactly one of size, volume or image")
         if item.get("size") is not None:
             kube_quantity(fields, item["size"], where + ".size")
-        volumes.append({VOLUME_KEYS[key]: item[key] for key in item})
+        volumes.append({VOLUME_KEYS[key]: item[key] for key in item if key in VOLUME_KEYS})
     if "volumes" in value:
         params["volumes"] = volumes
     nics = []
@@ -85,7 +153,7 @@ def provider_spec(fields, value, path, labels):
             fields.error(where, "give exactly one of network or bridge")
         if item.get("mac"):
             fields.run(check.mac_address, item["mac"], where + ".mac")
-        nics.append({NIC_KEYS[key]: item[key] for key in item})
+        nics.append({NIC_KEYS[key]: item[key] for key in item if key in NIC_KEYS})
     if "networkInterfaces" in value:
         params["network_interfaces"] = nics
     secret = fields.mapping(value.get("userDataSecret"), path + ".userDataSecret")
@@ -104,6 +172,7 @@ def read(obj, fields):
     doc = obj.doc
     if obj.kind == "Secret":
         fields.known(doc, ("apiVersion", "kind", "metadata", "data", "stringData", "type", "immutable"), "")
+        fields.string(doc.get("type"), "type")  # shown in the table
         obj.role = "secret"
         return
     fields.known(doc, ("apiVersion", "kind", "metadata", "spec"), "", ("status",))
@@ -114,22 +183,21 @@ def read(obj, fields):
         provider = fields.mapping(spec.get("providerSpec"), "spec.providerSpec", required=True) or {}
         params, refs = provider_spec(fields, provider.get("value"), "spec.providerSpec.value", obj.labels)
         params["name"] = obj.name
-        for key in ("taints", "lifecycleHooks"):
-            if spec.get(key):
-                fields.warn("spec." + key, "node taints and lifecycle hooks have no meaning on libvirt pools")
+        obj.where.update(where_of("spec.providerSpec.value"))
         machine_object(obj, params, refs)
     elif obj.kind == "MachineSet":
         fields.known(spec, ("replicas", "selector", "template", "deletePolicy", "minReadySeconds",
                             "authoritativeAPI"), "spec")
         replicas = fields.integer(spec.get("replicas", 1), "spec.replicas", minimum=0)
         selector = fields.mapping(spec.get("selector"), "spec.selector", required=True) or {}
-        fields.known(selector, ("matchLabels",), "spec.selector")
+        fields.known(selector, ("matchLabels", "matchExpressions"), "spec.selector")
         match = fields.run(check.labels, selector.get("matchLabels") or {}, "spec.selector.matchLabels")
         if selector and not match:
             fields.error("spec.selector.matchLabels", "needs at least one label")
         template = fields.mapping(spec.get("template"), "spec.template", required=True) or {}
         fields.known(template, ("metadata", "spec"), "spec.template")
         meta = fields.mapping(template.get("metadata"), "spec.template.metadata") or {}
+        fields.known(meta, ("labels", "annotations"), "spec.template.metadata")
         labels = fields.run(check.labels, meta.get("labels") or {}, "spec.template.metadata.labels") or {}
         if match and labels is not None and any(labels.get(k) != v for k, v in match.items()):
             fields.error("spec.selector", "selector does not match the template's labels")
@@ -139,16 +207,20 @@ def read(obj, fields):
         provider = fields.mapping(tspec.get("providerSpec"), "spec.template.spec.providerSpec", required=True) or {}
         params, refs = provider_spec(fields, provider.get("value"), "spec.template.spec.providerSpec.value", labels)
         policy = fields.string(spec.get("deletePolicy"), "spec.deletePolicy", choices=options.DELETE_POLICIES)
+        obj.where.update(where_of("spec.template.spec.providerSpec.value"))
+        obj.where.update(labels="spec.template.metadata.labels")
         machine_object(obj, {"name": obj.name, "replicas": replicas, "selector": {"match_labels": match or {}},
                              "template": params, "delete_policy": policy or "Random"}, refs, role="set")
     else:
         fields.known(spec, ("selector", "unhealthyConditions", "maxUnhealthy", "nodeStartupTimeout",
                             "remediationTemplate"), "spec")
         selector = fields.mapping(spec.get("selector"), "spec.selector", required=True) or {}
+        fields.known(selector, ("matchLabels", "matchExpressions"), "spec.selector")
         match = fields.run(check.labels, selector.get("matchLabels") or {}, "spec.selector.matchLabels")
         if selector and not match:
             fields.error("spec.selector.matchLabels", "needs at least one label")
         conditions = []
+        obj.where.update(CHECK_PATHS)
         for index, item in fields.items(spec.get("unhealthyConditions"), "spec.unhealthyConditions"):
             where = "spec.unhealthyConditions[%d]" % index
             fields.known(item, ("type", "status", "timeout"), where)
@@ -158,7 +230,15 @@ def read(obj, fields):
             if timeout:
                 from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import seconds
                 fields.run(seconds, timeout, where + ".timeout")
-            conditions.append({"type": item.get("type"), "status": item.get("status"), "timeout": timeout})
+            rule = {"type": item.get("type"), "status": _known_status(item.get("status")), "timeout": timeout}
+            same = next((found for found in conditions if (found["type"], found["status"]) ==
+                         (rule["type"], rule["status"])), None)
+            if same is None:
+                obj.where["unhealthy_conditions[%d]" % len(conditions)] = where
+                conditions.append(rule)
+            elif timeout and _shorter(timeout, same["timeout"]):
+                obj.where["unhealthy_conditions[%d]" % conditions.index(same)] = where
+                same["timeout"] = timeout
         params = {"name": obj.name, "selector": {"match_labels": match or {}}}
         if conditions:
             params["unhealthy_conditions"] = conditions
@@ -167,6 +247,23 @@ def read(obj, fields):
         if spec.get("nodeStartupTimeout") is not None:
             params["node_startup_timeout"] = spec["nodeStartupTimeout"]
         machine_object(obj, params, {}, role="check")
+
+
+def _known_status(status):
+    """A rule's condition status as the collection's conditions know it. Kubernetes reports a Node condition
+    Unknown when its kubelet stops reporting; the collection's conditions are read from libvirt and are True or
+    False whenever the pool answers, a machine whose state cannot be confirmed being reported False. So an
+    ``Unknown`` rule is the ``False`` rule of its type (the shorter timeout wins when both are given)."""
+    return "False" if status == "Unknown" else status
+
+
+def _shorter(timeout, than):
+    from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import seconds
+    from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
+    try:
+        return seconds(timeout, "timeout") < seconds(than, "timeout")
+    except MachineryError:  # a bad timeout is reported by the reader
+        return False
 
 
 def link(obj, objects, fields, _pools=None):
