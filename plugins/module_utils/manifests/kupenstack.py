@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import APPLIED, table
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import kube_quantity
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import machine_object
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.pending import refuse_pending
@@ -21,6 +22,41 @@ API = "kupenstack.io/v1alpha1"
 KINDS = {API: ("VirtualMachine",)}
 CLASS_PATH = "spec"
 POOL_PATH = "spec"
+# a VirtualMachine's namespace, kept as a label of its machine (the record keeps labels): exported back, and the
+# same name from another namespace is refused rather than taking over this one's machine
+NAMESPACE_LABEL = "kupenstack.io/namespace"
+DEFAULT_NAMESPACE = "default"
+FIELDS = {"VirtualMachine": table({
+    "metadata.namespace": APPLIED, "spec.running": APPLIED, "spec.vcpu": APPLIED, "spec.memory": APPLIED,
+    "spec.swap": APPLIED, "spec.publicKey": APPLIED, "spec.virtualNetworks": APPLIED,
+    "spec.diskAttachments[].name": APPLIED})}
+OPTION_PATHS = {"cpu": "spec.vcpu", "memory": "spec.memory", "swap": "spec.swap", "state": "spec.running",
+                "ssh_authorized_keys": "spec.publicKey", "ssh_authorized_keys[0]": "spec.publicKey",
+                "network_interfaces": "spec.virtualNetworks", "volumes": "spec.diskAttachments",
+                "labels": "metadata.labels", "name": "metadata.name", "machine_pool": "spec.diskAttachments[0].name"}
+SSH_KEY_TYPES = ("ssh-rsa", "ssh-dss", "ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384",
+                 "ecdsa-sha2-nistp521", "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com")
+
+
+def ssh_public_key(value, field):
+    """An OpenSSH public key line: a known key type, then its base64 blob, which names the same type."""
+    import base64
+    import binascii
+    import struct
+    from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+    parts = str(value).split()
+    if len(parts) < 2 or parts[0] not in SSH_KEY_TYPES:
+        raise ValidationError("is not an SSH public key (\"<type> <base64> [comment]\", type one of %s)"
+                              % ", ".join(SSH_KEY_TYPES[:3]), field)
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+        length = struct.unpack(">I", blob[:4])[0]
+        named = blob[4:4 + length].decode()
+    except (binascii.Error, ValueError, struct.error, UnicodeDecodeError):
+        raise ValidationError("the key's base64 part is not an SSH public key blob", field) from None
+    if named != parts[0]:
+        raise ValidationError("the key says %s but its blob is %s" % (parts[0], named), field)
+    return str(value).strip()
 
 
 def read(obj, fields):
@@ -30,7 +66,12 @@ def read(obj, fields):
     fields.known(spec, ("running", "vcpu", "memory", "swap", "publicKey", "virtualNetworks", "diskAttachments"),
                  "spec")
     running = fields.boolean(spec.get("running", True), "spec.running")
-    params = {"name": obj.name, "labels": obj.labels, "state": "stopped" if running is False else "running"}
+    namespace = obj.doc["metadata"].get("namespace") or DEFAULT_NAMESPACE
+    labels = dict(obj.labels)
+    if fields.run(check.label_value, namespace, "metadata.namespace"):
+        labels[NAMESPACE_LABEL] = namespace
+    obj.data["namespace"] = namespace
+    params = {"name": obj.name, "labels": labels, "state": "stopped" if running is False else "running"}
     if "vcpu" not in spec:
         fields.error("spec.vcpu", "required value")
     else:
@@ -45,14 +86,15 @@ def read(obj, fields):
         params["swap"] = kube_quantity(fields, spec["swap"], "spec.swap")
     if spec.get("publicKey") is not None:
         key = fields.string(spec["publicKey"], "spec.publicKey")
-        if key:
-            params["ssh_authorized_keys"] = [key]
+        if key and fields.run(ssh_public_key, key, "spec.publicKey"):
+            params["ssh_authorized_keys"] = [key.strip()]
     networks = fields.strings(spec.get("virtualNetworks"), "spec.virtualNetworks")
     nics = []
     for index, network in enumerate(networks):
         name = fields.name(network, "spec.virtualNetworks[%d]" % index)
         if name in [nic["name"] for nic in nics]:
             fields.error("spec.virtualNetworks[%d]" % index, "network %r is listed twice" % name)
+        obj.where["network_interfaces[%d]" % len(nics)] = "spec.virtualNetworks[%d]" % index
         nics.append({"name": name, "network": network, "ephemeral": True})
     params["network_interfaces"] = nics
     volumes, refs = [], {"volumes": []}
@@ -65,15 +107,23 @@ def read(obj, fields):
         name = fields.name(item.get("name"), where + ".name")
         if name in [vol["name"] for vol in volumes]:
             fields.error(where + ".name", "volume %r is attached twice" % name)
+        obj.where["volumes[%d]" % len(volumes)] = where
         volumes.append({"name": name, "volume": name, "ephemeral": False})
         refs["volumes"].append((where + ".name", name))
     params["volumes"] = volumes
     refuse_pending(fields, params, {("swap",): "spec.swap"})
+    obj.where.update(OPTION_PATHS)
     machine_object(obj, params, refs)
 
 
-def link(obj, objects, fields, _pools=None):  # every reference is checked by the engine
-    return None
+def link(obj, objects, fields, pools=None):
+    """The same name from a second namespace is refused: it would take over the first namespace's machine."""
+    for machine in (getattr(pools, "machines", None) or []):
+        theirs = (machine.get("labels") or {}).get(NAMESPACE_LABEL)
+        if machine.get("name") == obj.name and theirs and theirs != obj.data["namespace"]:
+            fields.error("metadata.namespace", "VirtualMachine %s exists in namespace %r (on pool %s); names are "
+                         "unique per pool, so %r cannot have one of the same name"
+                         % (obj.name, theirs, machine.get("pool"), obj.data["namespace"]))
 
 
 def status(obj, observed):
@@ -104,7 +154,8 @@ def export(machine, record_spec):
                                 if vol.get("source") == "volume"]}
     if record_spec.get("swap"):
         spec["swap"] = format_quantity(record_spec["swap"])
-    metadata = {"name": machine["name"]}
-    if machine.get("labels"):
-        metadata["labels"] = dict(machine["labels"])
+    labels = dict(machine.get("labels") or {})
+    metadata = {"name": machine["name"], "namespace": labels.pop(NAMESPACE_LABEL, DEFAULT_NAMESPACE)}
+    if labels:
+        metadata["labels"] = labels
     return {"apiVersion": API, "kind": "VirtualMachine", "metadata": metadata, "spec": spec}
