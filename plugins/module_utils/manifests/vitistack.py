@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import APPLIED, table, warned
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import columns, machine_object
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.pending import refuse_pending
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import parse_quantity
@@ -37,6 +38,35 @@ SPEC = ("name", "instanceType", "os", "providerConfig", "cpu", "memory", "disks"
         "tags", "securityGroups", "monitoring", "backup")
 CLASS_PATH = "spec.instanceType"
 POOL_PATH = "spec.providerConfig.region"
+NO_PUBLIC = warned("libvirt networks have no public addresses: not applied")
+ONE_SUBNET = warned("a libvirt network is one subnet (spec.network.vpc): not applied")
+FIELDS = {"Machine": table({
+    "spec.name": APPLIED, "spec.instanceType": APPLIED, "spec.os.family": APPLIED, "spec.os.distribution": APPLIED,
+    "spec.os.version": APPLIED, "spec.os.architecture": APPLIED, "spec.os.imageID": APPLIED,
+    "spec.os.imageFamily": warned("marketplace image families have no meaning on libvirt pools; the image is "
+                                  "chosen by imageID or by family, distribution and version"),
+    "spec.providerConfig.name": APPLIED, "spec.providerConfig.region": APPLIED, "spec.providerConfig.zone": APPLIED,
+    "spec.providerConfig.config.*": warned("has no meaning for the libvirt provider and is ignored"),
+    "spec.providerConfig.credentialsRef": warned("the pools are reached by their libvirt URIs, with the run's "
+                                                 "credentials: not applied"),
+    "spec.cpu.cores": APPLIED, "spec.cpu.threadsPerCore": APPLIED, "spec.cpu.sockets": APPLIED,
+    "spec.memory": APPLIED,
+    "spec.disks[].name": APPLIED, "spec.disks[].sizeGB": APPLIED, "spec.disks[].boot": APPLIED,
+    "spec.disks[].encrypted": APPLIED, "spec.disks[].iops": APPLIED, "spec.disks[].throughput": APPLIED,
+    "spec.disks[].type": warned("disk types are provider-specific; libvirt volumes are qcow2"),
+    "spec.network.vpc": APPLIED, "spec.network.privateIP": APPLIED, "spec.network.subnet": ONE_SUBNET,
+    "spec.network.assignPublicIP": NO_PUBLIC, "spec.network.publicIP": NO_PUBLIC,
+    "spec.network.interfaces[].name": APPLIED, "spec.network.interfaces[].primary": APPLIED,
+    "spec.network.interfaces[].securityGroups": APPLIED, "spec.network.interfaces[].subnet": ONE_SUBNET,
+    "spec.sshKeys": APPLIED, "spec.userData": APPLIED, "spec.tags.*": APPLIED, "spec.securityGroups": APPLIED,
+    "spec.monitoring": warned("has no meaning on libvirt pools and is ignored"),
+    "spec.backup": warned("backups run on a schedule outside the pools: see docs/manifests.md for the AWX/cron "
+                          "recipe and machinery.compute.machine_backup for the retention")})}
+OPTION_PATHS = {"machine_class": "spec.instanceType", "image": "spec.os", "cpu": "spec.cpu", "topology": "spec.cpu",
+                "memory": "spec.memory", "root_size": "spec.disks", "volumes": "spec.disks",
+                "network_interfaces": "spec.network", "ssh_authorized_keys": "spec.sshKeys",
+                "cloud_init": "spec.userData", "labels": "spec.tags", "machine_pool_selector": "spec.providerConfig",
+                "name": "metadata.name"}
 _CRON_FIELD = re.compile(r"^(\*|\d+(-\d+)?)(/\d+)?(,(\*|\d+(-\d+)?)(/\d+)?)*$")
 
 
@@ -85,8 +115,7 @@ def read(obj, fields):
     if tags:
         labels.update(fields.run(check.labels, tags, "spec.tags") or {})
     params["labels"] = labels
-    if fields.boolean(spec.get("monitoring"), "spec.monitoring"):
-        fields.warn("spec.monitoring", "has no meaning on libvirt pools and is ignored")
+    fields.boolean(spec.get("monitoring"), "spec.monitoring")
     _backup(fields, spec.get("backup"))
     refuse_pending(fields, params, {
         ("topology",): "spec.cpu (sockets or threadsPerCore above 1)",
@@ -94,6 +123,11 @@ def read(obj, fields):
         ("volumes", "encrypted"): "spec.disks[].encrypted",
         ("network_interfaces", "ip_address"): "spec.network.privateIP",
         ("network_interfaces", "security_groups"): "spec.securityGroups / spec.network.interfaces[].securityGroups"})
+    obj.where.update(OPTION_PATHS)
+    for index, volume in enumerate(params.get("volumes") or []):
+        obj.where["volumes[%d]" % index] = volume.pop("at")
+    for index, nic in enumerate(params.get("network_interfaces") or []):
+        obj.where["network_interfaces[%d]" % index] = nic.pop("at")
     machine_object(obj, params, refs)
 
 
@@ -109,9 +143,6 @@ def _os(fields, value):
         wanted["architecture"] = fields.string(value["architecture"], "spec.os.architecture", choices=ARCHITECTURES)
     if value.get("imageID") is not None:
         wanted["imageID"] = fields.name(value["imageID"], "spec.os.imageID")
-    if value.get("imageFamily") is not None:
-        fields.warn("spec.os.imageFamily", "marketplace image families have no meaning on libvirt pools; the image "
-                                           "is chosen by imageID or by family, distribution and version")
     return wanted
 
 
@@ -140,9 +171,6 @@ def _provider(fields, value, params):
         selector[ZONE_LABEL] = fields.run(check.label_value, zone, "spec.providerConfig.zone")
     if selector:
         params["machine_pool_selector"] = selector
-    for key in ("config", "credentialsRef"):
-        if value.get(key):
-            fields.warn("spec.providerConfig." + key, "has no meaning for the libvirt provider and is ignored")
 
 
 def _disks(fields, value, params):
@@ -162,7 +190,6 @@ def _disks(fields, value, params):
         encrypted = fields.boolean(item.get("encrypted"), where + ".encrypted")
         if item.get("type") is not None:
             fields.string(item.get("type"), where + ".type")
-            fields.warn(where + ".type", "disk types are provider-specific; libvirt volumes are qcow2")
         if boot:
             if boot_seen:
                 fields.error(where + ".boot", "only one disk can be the boot disk")
@@ -174,10 +201,15 @@ def _disks(fields, value, params):
                     fields.error(where + "." + key, "the boot disk is the image's overlay; give %s on another disk"
                                  % key)
             continue
-        entry = {"name": name, "size": size * GIB if size else None}
+        entry = {"name": name, "size": size * GIB if size else None, "at": where}
         for key, option in (("iops", iops), ("throughput", throughput), ("encrypted", encrypted)):
             if option is not None and option is not False:
                 entry[key] = option
+        if encrypted:
+            # the CRD has no passphrase: a random key per volume, kept only in the pool's private libvirt secret
+            # (machine.py); the record never holds it, so a later apply's new key changes nothing
+            import secrets
+            entry["passphrase"] = secrets.token_urlsafe(32)
         volumes.append(entry)
     if volumes:
         params["volumes"] = volumes
@@ -192,11 +224,6 @@ def _network(fields, value, groups, params):
         return
     fields.known(value, ("vpc", "subnet", "assignPublicIP", "privateIP", "publicIP", "interfaces"), "spec.network")
     vpc = fields.name(value.get("vpc"), "spec.network.vpc", required=True)
-    for key in ("assignPublicIP", "publicIP"):
-        if value.get(key) not in (None, False, ""):
-            fields.warn("spec.network." + key, "libvirt networks have no public addresses; ignored")
-    if value.get("subnet") is not None:
-        fields.warn("spec.network.subnet", "a libvirt network is one subnet; ignored")
     private = None
     if value.get("privateIP") is not None:
         private = fields.run(_ipv4, value["privateIP"], "spec.network.privateIP")
@@ -205,13 +232,13 @@ def _network(fields, value, groups, params):
         where = "spec.network.interfaces[%d]" % index
         fields.known(item, ("name", "primary", "subnet", "securityGroups"), where)
         nic = {"name": fields.name(item.get("name"), where + ".name"), "network": vpc,
-               "primary": fields.boolean(item.get("primary"), where + ".primary")}
+               "primary": fields.boolean(item.get("primary"), where + ".primary"), "at": where}
         own = fields.strings(item.get("securityGroups"), where + ".securityGroups")
         if own or groups:
             nic["security_groups"] = list(dict.fromkeys(list(groups) + list(own)))
         nics.append(nic)
     if not nics:
-        nics = [{"name": "eth0", "network": vpc, "primary": True}]
+        nics = [{"name": "eth0", "network": vpc, "primary": True, "at": "spec.network.vpc"}]
         if groups:
             nics[0]["security_groups"] = list(groups)
     primaries = [nic for nic in nics if nic.get("primary")]
@@ -238,14 +265,11 @@ def _backup(fields, value):
     if value is None:
         return
     fields.known(value, ("enabled", "schedule", "retentionDays"), "spec.backup")
-    enabled = fields.boolean(value.get("enabled"), "spec.backup.enabled")
+    fields.boolean(value.get("enabled"), "spec.backup.enabled")
     schedule = fields.string(value.get("schedule"), "spec.backup.schedule")
     if schedule and (len(schedule.split()) != 5 or not all(_CRON_FIELD.match(part) for part in schedule.split())):
         fields.error("spec.backup.schedule", "%r is not a cron schedule of 5 fields such as '0 2 * * *'" % schedule)
     fields.integer(value.get("retentionDays"), "spec.backup.retentionDays", minimum=1)
-    if enabled:
-        fields.warn("spec.backup", "backups run on a schedule outside the pools: see docs/manifests.md for the "
-                                   "AWX/cron recipe and machinery.compute.machine_backup for the retention")
 
 
 def link(obj, objects, fields, pools=None):
