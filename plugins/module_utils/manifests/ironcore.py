@@ -113,6 +113,7 @@ def read(obj, fields):
         obj.role = "pool"
     elif obj.kind == "Secret":
         fields.known(doc, ("apiVersion", "kind", "metadata", "data", "stringData", "type", "immutable"), "")
+        fields.string(doc.get("type"), "type")  # shown in the table
         fields.mapping(doc.get("data"), "data")
         fields.mapping(doc.get("stringData"), "stringData")
         obj.role = "secret"
@@ -225,7 +226,10 @@ def _machine(obj, fields):
         params["machine_pool_selector"] = fields.run(check.labels, selector, "spec.machinePoolSelector")
     tolerations = fields.items(spec.get("tolerations"), "spec.tolerations")
     if tolerations:
-        params["tolerations"] = [item for _index, item in tolerations]
+        from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import (
+            normalize_tolerations)
+        params["tolerations"] = fields.run(normalize_tolerations, [item for _index, item in tolerations],
+                                           "spec.tolerations")
     refs = {"class": params["machine_class"], "volumes": [], "nics": [], "secret": None}
     params["volumes"] = []
     seen = set()

@@ -12,6 +12,7 @@ IC = "compute.ironcore.dev/v1alpha1"
 OS = "machine.openshift.io/v1beta1"
 KS = "kupenstack.io/v1alpha1"
 VS = "vitistack.io/v1alpha1"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAABAgMEBQYHCAkKCwwNDg8QERITFBUWFxgZGhscHR4f test@example"
 
 
 class FakePools:
@@ -29,6 +30,9 @@ class FakePools:
 
     def volume_on(self, name):
         return sorted(pool for pool, names in self.volumes.items() if name in names)
+
+    def networks_of(self, pool):
+        return {"machinery", "default", "net-db", "net-backend"}
 
 
 def problems_of(*documents):
@@ -71,7 +75,7 @@ OS_MHC = {"apiVersion": OS, "kind": "MachineHealthCheck", "metadata": {"name": "
                    "unhealthyConditions": [{"type": "Ready", "status": "False", "timeout": "300s"}],
                    "maxUnhealthy": "40%"}}
 KS_VM = {"apiVersion": KS, "kind": "VirtualMachine", "metadata": {"name": "sample-vm"},
-         "spec": {"running": True, "vcpu": 3, "memory": "500Mi", "publicKey": "ssh-ed25519 AAAA test@example",
+         "spec": {"running": True, "vcpu": 3, "memory": "500Mi", "publicKey": KEY,
                   "virtualNetworks": ["net-db", "net-backend"], "diskAttachments": [{"name": "boot-vol"}]}}
 VS_MACHINE = {"apiVersion": VS, "kind": "Machine", "metadata": {"name": "vm-1"},
               "spec": {"name": "vm-1", "instanceType": "small",
@@ -123,7 +127,7 @@ def test_kupenstack_vm_boots_from_its_first_volume():
     assert "image" not in vm and vm["volumes"] == [{"name": "boot-vol", "volume": "boot-vol", "ephemeral": False}]
     assert vm["cpu"] == 3 and vm["memory"] == 500 * 2 ** 20 and vm["machine_pool"] == "pool1"
     assert [nic["network"] for nic in vm["network_interfaces"]] == ["net-db", "net-backend"]
-    assert vm["ssh_authorized_keys"] == ["ssh-ed25519 AAAA test@example"]
+    assert vm["ssh_authorized_keys"] == [KEY]
 
 
 def test_vitistack_machine_resolves_its_os_and_warns_of_what_libvirt_lacks():

@@ -1,0 +1,274 @@
+"""Conformance (issue #22): every field a dialect's schema allows is applied, refused naming it, or warned about
+naming it; never silently ignored.
+
+The schemas are written here, apart from the dialects' tables, as maximal documents: every field the seeds
+(IronCore's compute API and its storage and networking kinds, OpenShift's Machine API, KupenStack's
+VirtualMachine, vitistack's Machine CRD) allow, set. The tests fail when a field of a schema is in none of the
+table's three verdicts, when a reader reads a field its table does not list, when an applied field is never
+read, and when a warned or refused field is not reported under its own path.
+"""
+
+import copy
+
+import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import (
+    conformance, engine, ironcore, kupenstack, openshift, vitistack)
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import documents as docs
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAABAgMEBQYHCAkKCwwNDg8QERITFBUWFxgZGhscHR4f test@example"
+SERVER_META = {"namespace": "default", "annotations": {"note": "x"}, "uid": "u-1", "resourceVersion": "1",
+               "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z", "managedFields": [{"manager": "x"}]}
+
+
+def meta(name, **extra):
+    return dict(SERVER_META, name=name, labels={"app": "web"}, **extra)
+
+
+VOLUME_SPEC = {"volumeClassRef": {"name": "fast"}, "volumePoolSelector": {"zone": "a"},
+               "imagePullSecretRef": {"name": "pull"}, "tolerations": [{"key": "k", "operator": "Exists"}],
+               "resources": {"storage": "1Gi"}, "image": "my-image", "dataSource": {"osImage": {"image": "my-image"}}}
+NIC_SPEC = {"networkRef": {"name": "machinery"}, "ips": [{"value": "10.0.0.5"}, {"ephemeral": {"prefixTemplate": {}}}],
+            "virtualIP": {"virtualIPRef": {"name": "vip"}}, "prefixes": [{"value": "10.1.0.0/24"}],
+            "ipFamilies": ["IPv4"]}
+IC = "compute.ironcore.dev/v1alpha1"
+IRONCORE = {
+    "MachineClass": {"apiVersion": IC, "kind": "MachineClass", "metadata": meta("small"),
+                     "capabilities": {"cpu": 1, "memory": "1Gi"}, "status": {}},
+    "MachinePool": {"apiVersion": IC, "kind": "MachinePool", "metadata": meta("pool1"),
+                    "spec": {"providerID": "ironcore://shared", "taints": [{"key": "k", "effect": "NoSchedule"}]},
+                    "status": {"state": "Ready"}},
+    "Volume": {"apiVersion": "storage.ironcore.dev/v1alpha1", "kind": "Volume", "metadata": meta("vol-1"),
+               "spec": dict(VOLUME_SPEC, volumePoolRef={"name": "pool1"}), "status": {"state": "Available"}},
+    "NetworkInterface": {"apiVersion": "networking.ironcore.dev/v1alpha1", "kind": "NetworkInterface",
+                         "metadata": meta("nic-1"), "spec": dict(NIC_SPEC, machineRef={"name": "web-1"}),
+                         "status": {"state": "Available"}},
+    "Secret": {"apiVersion": "v1", "kind": "Secret", "metadata": meta("ign"), "type": "Opaque", "immutable": True,
+               "data": {"ignition": "eyJpZ25pdGlvbiI6IHsidmVyc2lvbiI6ICIzLjQuMCJ9fQ=="},
+               "stringData": {"other": "x"}},
+    "Machine": {"apiVersion": IC, "kind": "Machine", "metadata": meta("web-1"), "status": {"state": "Running"},
+                "spec": {
+                    "machineClassRef": {"name": "small"}, "machinePoolRef": {"name": "pool1"},
+                    "machinePoolSelector": {"zone": "a"},
+                    "tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule"}],
+                    "image": "my-image", "imagePullSecretRef": {"name": "pull"},
+                    "volumes": [{"name": "rootdisk", "device": "a", "volumeRef": {"name": "vol-1"}},
+                                {"name": "scratch", "emptyDisk": {"sizeLimit": "1Gi"}},
+                                {"name": "eph", "ephemeral": {"volumeTemplate": {
+                                    "metadata": {"labels": {"a": "b"}}, "spec": VOLUME_SPEC}}}],
+                    "networkInterfaces": [{"name": "primary", "networkInterfaceRef": {"name": "nic-1"}},
+                                          {"name": "eph", "ephemeral": {"networkInterfaceTemplate": {
+                                              "metadata": {"labels": {"a": "b"}}, "spec": NIC_SPEC}}}],
+                    "ignitionRef": {"name": "ign", "key": "ignition"}, "power": "On",
+                    "efiVars": [{"name": "v", "uuid": "u", "value": "x"}], "hostname": "web-1"}},
+}
+
+OS = "machine.openshift.io/v1beta1"
+PROVIDER = {"apiVersion": "machinery.compute/v1alpha1", "kind": "LibvirtMachineProviderSpec",
+            "machineClass": "small", "cpu": 1, "memory": "1Gi", "image": "my-image", "imageChecksum": "sha256:" + "0" * 64,
+            "rootSize": "2Gi", "firmware": "bios", "swap": "1Gi", "state": "running",
+            "volumes": [{"name": "data", "size": "1Gi", "device": "vdb", "bus": "virtio", "ephemeral": True},
+                        {"name": "shared", "volume": "vol-1"}, {"name": "copy", "image": "my-image"}],
+            "networkInterfaces": [{"name": "eth0", "network": "machinery", "mac": "52:54:00:00:00:01",
+                                  "model": "virtio"}, {"name": "eth1", "bridge": "br0"}],
+            "sshAuthorizedKeys": [KEY], "userDataSecret": {"name": "user-data", "key": "userData"},
+            "machinePool": "pool1", "machinePoolSelector": {"zone": "a"},
+            "tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": "NoSchedule"}]}
+
+
+def machine_spec():
+    return {"providerSpec": {"value": copy.deepcopy(PROVIDER)}, "providerID": "libvirt:///pool1/u",
+            "taints": [{"key": "k", "effect": "NoSchedule"}], "metadata": {"labels": {"node": "x"}},
+            "lifecycleHooks": {"preDrain": [{"name": "h", "owner": "o"}]}}
+
+
+AUTOSCALER = {"machine.openshift.io/cluster-api-autoscaler-node-group-min-size": "1",
+              "machine.openshift.io/cluster-api-autoscaler-node-group-max-size": "3"}
+OPENSHIFT = {
+    "Machine": {"apiVersion": OS, "kind": "Machine", "metadata": meta("os-1"),
+                "spec": dict(machine_spec(), authoritativeAPI="MachineAPI"), "status": {"phase": "Running"}},
+    "MachineSet": {"apiVersion": OS, "kind": "MachineSet",
+                   "metadata": dict(meta("workers"), annotations=dict(AUTOSCALER)),
+                   "spec": {"replicas": 2, "selector": {"matchLabels": {"set": "workers"}},
+                            "deletePolicy": "Oldest", "minReadySeconds": 30, "authoritativeAPI": "MachineAPI",
+                            "template": {"metadata": {"labels": {"set": "workers"}, "annotations": {"a": "b"}},
+                                         "spec": machine_spec()}}},
+    "MachineHealthCheck": {"apiVersion": OS, "kind": "MachineHealthCheck", "metadata": meta("workers"),
+                           "spec": {"selector": {"matchLabels": {"set": "workers"}},
+                                    "unhealthyConditions": [{"type": "Ready", "status": "Unknown", "timeout": "300s"},
+                                                            {"type": "Ready", "status": "False", "timeout": "300s"}],
+                                    "maxUnhealthy": "40%", "nodeStartupTimeout": "10m",
+                                    "remediationTemplate": {"kind": "Metal3RemediationTemplate", "name": "r"}}},
+    "Secret": {"apiVersion": "v1", "kind": "Secret", "metadata": meta("user-data"), "type": "Opaque",
+               "immutable": True, "stringData": {"userData": "#cloud-config\n"}, "data": {"other": "eA=="}},
+}
+
+KUPENSTACK = {"VirtualMachine": {
+    "apiVersion": "kupenstack.io/v1alpha1", "kind": "VirtualMachine", "metadata": meta("sample-vm"),
+    "spec": {"running": True, "vcpu": 3, "memory": "500Mi", "swap": "1Gi", "publicKey": KEY,
+             "virtualNetworks": ["net-db", "net-backend"], "diskAttachments": [{"name": "boot-vol"}]},
+    "status": {"id": "x", "phase": "Running", "node": "node1", "ip": "", "restartCount": 0}}}
+
+VITISTACK = {"Machine": {
+    "apiVersion": "vitistack.io/v1alpha1", "kind": "Machine", "metadata": meta("vm-1"),
+    "spec": {"name": "vm-1", "instanceType": "small",
+             "os": {"family": "linux", "distribution": "debian", "version": "12", "architecture": "amd64",
+                    "imageID": "debian-12", "imageFamily": "debian-12"},
+             "providerConfig": {"name": "libvirt", "region": "west", "zone": "a", "config": {"k": "v"},
+                                "credentialsRef": {"name": "creds"}},
+             "cpu": {"cores": 2, "threadsPerCore": 1, "sockets": 1}, "memory": 536870912,
+             "disks": [{"name": "root", "sizeGB": 20, "boot": True, "type": "gp3"},
+                       {"name": "data", "sizeGB": 1, "encrypted": True, "iops": 3000, "throughput": 125}],
+             "network": {"vpc": "machinery", "subnet": "subnet-1", "assignPublicIP": True, "privateIP": "10.0.1.100",
+                         "publicIP": "eip-1", "interfaces": [{"name": "eth0", "primary": True, "subnet": "subnet-1",
+                                                              "securityGroups": ["sg-web"]}]},
+             "sshKeys": [KEY], "userData": "#cloud-config\n", "tags": {"team": "platform"},
+             "securityGroups": ["sg-mon"], "monitoring": True,
+             "backup": {"enabled": True, "schedule": "0 2 * * *", "retentionDays": 30}},
+    "status": {"phase": "Running", "lastUpdated": "2026-01-01T00:00:00Z"}}}
+
+SCHEMAS = [(ironcore, IRONCORE), (openshift, OPENSHIFT), (kupenstack, KUPENSTACK), (vitistack, VITISTACK)]
+CASES = [(dialect, kind, doc) for dialect, kinds in SCHEMAS for kind, doc in kinds.items()]
+IDS = ["%s-%s" % (dialect.__name__.rsplit(".", 1)[1], kind) for dialect, kind, _doc in CASES]
+
+
+class FakePools:
+    def __init__(self):
+        self.snapshots = [{"name": "pool1", "classes": {"small": {}}}]
+        self.by_name = {"pool1": self.snapshots[0]}
+        self.volumes = {"pool1": {"vol-1", "boot-vol"}}
+        self.images = {"pool1": {"my-image": {}, "debian-12": {
+            "os": {"family": "linux", "distribution": "debian", "version": "12"}}}}
+        self.machines = []
+
+    def class_on(self, name):
+        return ["pool1"] if name == "small" else []
+
+    def volume_on(self, name):
+        return ["pool1"] if name in self.volumes["pool1"] else []
+
+    def networks_of(self, pool):
+        return {"machinery", "net-db", "net-backend"}
+
+
+class Read(dict):
+    """A mapping of a document that records the path of every key a reader asks for."""
+
+    def __init__(self, value, path, seen):
+        super().__init__({key: _track(item, "%s.%s" % (path, key) if path else key, seen)
+                          for key, item in value.items()})
+        self.path, self.seen = path, seen
+
+    def _note(self, key):
+        self.seen.add(("%s.%s" % (self.path, key) if self.path else str(key), self.path or None))
+
+    def get(self, key, default=None):
+        self._note(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self._note(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self._note(key)
+        return super().__contains__(key)
+
+
+def _track(value, path, seen):
+    if isinstance(value, dict):
+        return Read(value, path, seen)
+    if isinstance(value, list):
+        return [_track(item, "%s[%d]" % (path, index), seen) for index, item in enumerate(value)]
+    return value
+
+
+def _companions(dialect, kind):
+    """The documents a kind's references need, so that its reader runs to the end."""
+    if dialect is ironcore and kind == "Machine":
+        return [IRONCORE[name] for name in ("Volume", "NetworkInterface", "Secret")]
+    if dialect is openshift and kind in ("Machine", "MachineSet"):
+        return [OPENSHIFT["Secret"]]
+    return []
+
+
+def _run(documents):
+    problems = docs.Problems()
+    objects = engine.parse([("definition[%d]" % index, doc) for index, doc in enumerate(documents)], problems)
+    pools = FakePools()
+    engine.link(objects, problems, pools)
+    for obj in objects:
+        if not problems.of(obj.ref):
+            engine.core_checks(obj, docs.Fields(problems, obj.ref), pools)
+    return problems
+
+
+def _leaves(doc):
+    for where, parent, value in conformance.walk(doc):
+        if not isinstance(value, (dict, list)) or value in ({}, []) or (
+                isinstance(value, list) and not any(isinstance(item, (dict, list)) for item in value)):
+            if value not in (None, False, "", [], {}):
+                yield where, parent
+
+
+def _is_container(fields_table, path):
+    return any(key.startswith(path + ".") or key.startswith(path + "[]") for key in fields_table)
+
+
+@pytest.mark.parametrize("dialect, kind, doc", CASES, ids=IDS)
+def test_every_field_of_the_schema_is_applied_warned_or_refused(dialect, kind, doc):
+    fields_table = dialect.FIELDS[kind]
+    missing = [where for where, parent in _leaves(doc) if conformance.lookup(fields_table, where, parent) is None
+               and not any(conformance.lookup(fields_table, head, None) not in (None, conformance.APPLIED)
+                           for head in _heads(where))]
+    assert missing == []
+    assert all(verdict == conformance.APPLIED or (verdict[0] in ("warned", "refused") and verdict[1])
+               for verdict in fields_table.values())
+
+
+def _heads(where):
+    """The paths of the containers of ``where`` (spec, spec.volumes[0], ...)."""
+    heads, current = [], ""
+    for part in where.replace("[", ".[").split("."):
+        current = current + part if part.startswith("[") else (current + "." + part if current else part)
+        heads.append(current)
+    return heads[:-1]
+
+
+@pytest.mark.parametrize("dialect, kind, doc", CASES, ids=IDS)
+def test_readers_read_only_the_fields_their_table_lists_and_every_applied_one(dialect, kind, doc):
+    fields_table = dialect.FIELDS[kind]
+    seen = set()
+    _run(_companions(dialect, kind) + [_track(copy.deepcopy(doc), "", seen)])
+    read = {(conformance.generic(where), parent and conformance.generic(parent)) for where, parent in seen}
+    unlisted = sorted(where for where, parent in read if conformance.lookup(fields_table, where, parent) is None
+                      and not _is_container(fields_table, where)
+                      and not any(conformance.lookup(fields_table, head, None) for head in _heads(where)))
+    assert unlisted == [], "read but not in the table"
+    read_paths = {where for where, _parent in read}
+    unread = sorted(path for path, verdict in fields_table.items() if verdict == conformance.APPLIED
+                    and path.rstrip(".*") not in read_paths and path[:-2] not in read_paths
+                    and not path.startswith("metadata.") and path not in ("apiVersion", "kind"))
+    assert unread == [], "applied but never read"
+
+
+@pytest.mark.parametrize("dialect, kind, doc", CASES, ids=IDS)
+def test_warned_and_refused_fields_are_reported_under_their_own_path(dialect, kind, doc):
+    fields_table = dialect.FIELDS[kind]
+    problems = _run(_companions(dialect, kind) + [copy.deepcopy(doc)])
+    ref = "%s/%s: " % (kind, doc["metadata"]["name"])
+    said = [line[len(ref):] for line in problems.warnings + problems.errors if line.startswith(ref)]
+    for where, parent in _leaves(doc):
+        verdict = conformance.lookup(fields_table, where, parent)
+        heads = [head for head in _heads(where) + [where]
+                 if conformance.lookup(fields_table, head, None) not in (None, conformance.APPLIED)]
+        if verdict is None or verdict == conformance.APPLIED:
+            if not heads:
+                continue
+        shown = heads[0] if heads else where
+        if (verdict or conformance.lookup(fields_table, shown, None)) in (None, conformance.APPLIED):
+            continue
+        assert any(line.startswith(shown + ": ") for line in said), (shown, said)
+    applied_errors = [line for line in problems.errors if line.startswith(ref)
+                      and conformance.lookup(fields_table, line[len(ref):].split(": ")[0], None) == conformance.APPLIED]
+    assert applied_errors == []
