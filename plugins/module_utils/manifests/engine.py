@@ -217,12 +217,22 @@ def core_problem(obj, fields, exc, prefix=""):
     """A core's problem under the document's own path: ``spec.volumes[0].emptyDisk.sizeLimit``, never the core's
     ``volumes[0].size`` (an unmapped field keeps its option name after the nearest path the dialect knows)."""
     field = exc.field or ""
+    if field == "machine":  # the option table's own check of the whole machine: the message names the option
+        field = ""
     if prefix and field.startswith(prefix):
         field = field[len(prefix):].lstrip(".")
     shown = document_path(obj, field)
     if shown is None:
         shown = "spec" if not field else "spec (%s)" % field
     fields.error(shown, exc.message)
+
+
+def spoken(obj, field, text):
+    """A core's failure text (``field: message``) with the field in the document's language."""
+    shown = document_path(obj, field) if field else None
+    if shown and text.startswith(field + ": "):
+        return "%s: %s" % (shown, text[len(field) + 2:])
+    return text
 
 
 def core_checks(obj, fields, pools):
@@ -258,8 +268,8 @@ def _networks_exist(obj, params, fields, pools):
             continue
         where = [pinned] if pinned else sorted(pools.by_name)
         if not any(network in pools.networks_of(pool) for pool in where):
-            shown = document_path(obj, "network_interfaces[%d].network" % index) or \
-                document_path(obj, "network_interfaces[%d]" % index) or "spec"
+            shown = obj.where.get("network_interfaces[%d].network" % index) or \
+                obj.where.get("network_interfaces[%d]" % index) or "spec"
             fields.error(shown, "no libvirt network %r on %s" % (
                 network, "pool %s" % pinned if pinned else "any pool of this run (%s)" % ", ".join(where)))
 
@@ -386,9 +396,15 @@ class Run:
             self.after[by_name[name].ref] = outcome.after[name]
         self.warnings.extend(outcome.warnings)
         for failure in outcome.failures:
-            self.failures.append("%s: %s" % (by_name[failure["name"]].ref, failure["msg"]))
+            obj = by_name[failure["name"]]
+            self.failures.append("%s: %s" % (obj.ref, spoken(obj, failure.get("field"), failure["msg"])))
         for name, machine in outcome.machines.items():
             self.observed[by_name[name].key]["machine"] = machine if machine.get("phase") != "Terminated" else None
+        if state == "absent":
+            # the dialects report their own deletion: the run that deletes a machine, then "gone"
+            for obj in objs:
+                self.observed[obj.key].update(machine=None, deletion="deleting" if outcome.actions.get(obj.name)
+                                              else "gone")
 
     def _ready_for_check(self, obj, pools):
         cls = obj.params.get("machine_class")
@@ -408,7 +424,7 @@ class Run:
             try:
                 plan, observed = converge(resource, self.check_mode)
             except MachineryError as exc:
-                self.failures.append("%s: %s" % (obj.ref, exc))
+                self.failures.append("%s: %s" % (obj.ref, spoken(obj, exc.field, str(exc))))
                 continue
             self.note(obj.ref, plan)
             self.observed[obj.key]["set"] = set_status(resource.desired, observed, plan)
@@ -421,7 +437,7 @@ class Run:
             try:
                 plan, _observed = converge(resource, self.check_mode)
             except MachineryError as exc:
-                self.failures.append("%s: %s" % (obj.ref, exc))
+                self.failures.append("%s: %s" % (obj.ref, spoken(obj, exc.field, str(exc))))
                 continue
             self.note(obj.ref, plan)
             self.observed[obj.key]["check"] = resource.plan_facts

@@ -365,6 +365,9 @@ def status(obj, observed):
     """The status an IronCore object shows, from what the run observed."""
     machine = observed.get("machine")
     if obj.kind == "Machine":
+        if observed.get("deletion"):
+            # IronCore: a deleted Machine is Terminating, then gone (an empty status)
+            return {"state": "Terminating"} if observed["deletion"] == "deleting" else {}
         if machine is None:
             return {"state": "Pending"}
         wanted_volumes = {entry["name"] for entry in obj.params.get("volumes") or []}
@@ -402,7 +405,7 @@ def row(obj, shown, observed):
     machine = observed.get("machine") or {}
     if obj.kind == "Machine":
         return (obj.name, obj.params.get("machine_class") or "-", obj.params.get("image") or "-",
-                shown.get("machinePoolRef", {}).get("name") or "-", shown.get("state", "Pending"),
+                shown.get("machinePoolRef", {}).get("name") or "-", shown.get("state") or "-",
                 machine.get("age") or "-")
     if obj.kind == "MachineClass":
         return (obj.name, str(obj.data.get("cpu")), format_quantity(obj.data.get("memory") or 0))

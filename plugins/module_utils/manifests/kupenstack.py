@@ -128,6 +128,9 @@ def link(obj, objects, fields, pools=None):
 
 def status(obj, observed):
     machine = observed.get("machine")
+    if observed.get("deletion"):
+        # deleted (its volumes and networks stay): Terminating, then gone
+        return {"phase": "Terminating"} if observed["deletion"] == "deleting" else {}
     if machine is None:
         return {"phase": "Pending"}
     shown = ["%s(%s)" % (nic.get("network"), address) for nic in machine.get("network_interfaces") or []
@@ -141,7 +144,7 @@ TABLES = {"VirtualMachine": ("NAME", "STATUS", "RESTARTS", "AGE", "NODE", "NETWO
 
 def row(obj, shown, observed):
     machine = observed.get("machine") or {}
-    return (obj.name, shown.get("phase"), str(shown.get("restartCount", 0)), machine.get("age") or "-",
+    return (obj.name, shown.get("phase") or "-", str(shown.get("restartCount", 0)), machine.get("age") or "-",
             shown.get("node") or "-", shown.get("ip") or "<none>")
 
 

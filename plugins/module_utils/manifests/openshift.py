@@ -141,6 +141,9 @@ def provider_spec(fields, value, path, labels):
             fields.error(where, "give exactly one of size, volume or image")
         if item.get("size") is not None:
             kube_quantity(fields, item["size"], where + ".size")
+        if item.get("bus") is not None:
+            fields.string(item["bus"], where + ".bus", choices=options.DISK_BUSES)
+        fields.boolean(item.get("ephemeral"), where + ".ephemeral")
         volumes.append({VOLUME_KEYS[key]: item[key] for key in item if key in VOLUME_KEYS})
     if "volumes" in value:
         params["volumes"] = volumes
@@ -153,6 +156,8 @@ def provider_spec(fields, value, path, labels):
             fields.error(where, "give exactly one of network or bridge")
         if item.get("mac"):
             fields.run(check.mac_address, item["mac"], where + ".mac")
+        if item.get("model") is not None:
+            fields.string(item["model"], where + ".model", choices=options.NIC_MODELS)
         nics.append({NIC_KEYS[key]: item[key] for key in item if key in NIC_KEYS})
     if "networkInterfaces" in value:
         params["network_interfaces"] = nics
@@ -296,9 +301,12 @@ PHASES = {"Pending": "Provisioned", "Running": "Running", "Shutdown": "Provision
 def status(obj, observed):
     if obj.kind == "Machine":
         machine = observed.get("machine")
+        if observed.get("deletion"):
+            return {"phase": "Deleting"} if observed["deletion"] == "deleting" else {}
         if machine is None:
             return {"phase": "Provisioning"}
-        return {"phase": PHASES.get(machine["phase"], "Provisioning"),
+        pool_uuid = "%s/%s" % (machine.get("pool"), machine.get("uuid"))
+        return {"phase": PHASES.get(machine["phase"], "Provisioning"), "providerID": "libvirt:///" + pool_uuid,
                 "providerStatus": {"kind": "LibvirtMachineProviderStatus", "instanceState": machine["phase"],
                                    "pool": machine.get("pool")},
                 "addresses": [{"type": "InternalIP", "address": address}
@@ -331,7 +339,7 @@ TABLES = {
 def row(obj, shown, observed):
     if obj.kind == "Machine":
         machine = observed.get("machine") or {}
-        return (obj.name, shown.get("phase"), obj.params.get("machine_class") or "-", machine.get("pool") or "-",
+        return (obj.name, shown.get("phase") or "-", obj.params.get("machine_class") or "-", machine.get("pool") or "-",
                 "", machine.get("age") or "-")
     if obj.kind == "MachineSet":
         return (obj.name, str(obj.params.get("replicas")), str(shown.get("replicas")), str(shown.get("readyReplicas")),

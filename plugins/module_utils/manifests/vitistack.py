@@ -328,6 +328,10 @@ def conditions(machine):
 
 def status(obj, observed):
     machine = observed.get("machine")
+    if observed.get("deletion"):
+        # vitistack keeps the phase of a deleted machine: Terminating while this run deletes it, then Terminated
+        phase = "Terminating" if observed["deletion"] == "deleting" else "Terminated"
+        return {"phase": phase, "state": phase, "lastUpdated": _now()}
     if machine is None:
         return {"phase": "Pending"}
     addresses = machine.get("ip_addresses") or []
@@ -348,7 +352,12 @@ def status(obj, observed):
             "hostname": guest.get("hostname") or machine["name"],
             "operatingSystem": system.get("name"), "operatingSystemVersion": system.get("version"),
             "kernelVersion": (guest.get("kernel") or {}).get("release"), "bootTime": guest.get("boot_time"),
-            "creationTime": machine.get("created"), "conditions": conditions(machine)}
+            "creationTime": machine.get("created"), "lastUpdated": _now(), "conditions": conditions(machine)}
+
+
+def _now():
+    import datetime
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
 
 
 TABLES = {"Machine": ("NAME", "PHASE", "INSTANCETYPE", "PROVIDER", "POOL", "AGE")}

@@ -422,3 +422,66 @@ def test_vitistack_status_speaks_vitistack():
     assert (shown["hostname"], shown["operatingSystem"], shown["operatingSystemVersion"], shown["kernelVersion"]) == (
         "vm-1.lab", "Debian GNU/Linux", "12", "6.1.0-26-amd64")
     assert vitistack.status(None, {"machine": dict(machine, phase="Terminating")})["phase"] == "Stopping"
+
+
+# --- errors speak the document's language; deletion phases; Unknown conditions ---------------------------------
+
+def test_core_problems_name_the_documents_own_path():
+    ironcore = copy.deepcopy(IC_MACHINE)
+    ironcore["spec"]["volumes"][1]["emptyDisk"]["sizeLimit"] = "1Ki"
+    openshift = copy.deepcopy(OS_SET)
+    openshift["spec"]["template"]["spec"]["providerSpec"]["value"]["volumes"] = [
+        {"name": "d", "size": "1Gi", "device": "vdb"}, {"name": "e", "size": "1Gi", "device": "vdb"}]
+    found = problems_of(IC_CLASS, IC_VOLUME, IC_NIC, IC_SECRET, ironcore, openshift)
+    assert any(line.startswith("Machine/machine-sample: spec.volumes[1].emptyDisk.sizeLimit: ") for line in found)
+    assert any(line.startswith("MachineSet/workers: spec.template.spec.providerSpec.value.volumes[0].device: ")
+               for line in found), found
+    assert not any("machines[" in line or ": volumes[" in line for line in found)
+
+
+def test_health_check_problems_and_unknown_conditions():
+    bad = copy.deepcopy(OS_MHC)
+    bad["spec"]["maxUnhealthy"] = "140%"
+    assert problems_of(bad) == ["MachineHealthCheck/workers: spec.maxUnhealthy: must be between 0% and 100%, got 140%"]
+    unknown = copy.deepcopy(OS_MHC)
+    unknown["spec"]["unhealthyConditions"] = [{"type": "Ready", "status": "False", "timeout": "300s"},
+                                              {"type": "Ready", "status": "Unknown", "timeout": "60s"}]
+    objects, warnings = objects_of(unknown)
+    assert objects["MachineHealthCheck/workers"].params["unhealthy_conditions"] == [
+        {"type": "Ready", "status": "False", "timeout": "60s"}] and warnings == []
+
+
+def test_a_nic_on_a_network_no_pool_has_is_refused_before_anything_is_written():
+    vm = copy.deepcopy(KS_VM)
+    vm["spec"]["virtualNetworks"] = ["net-db", "no-such-net"]
+    assert problems_of(vm) == ["VirtualMachine/sample-vm: spec.virtualNetworks[1]: no libvirt network 'no-such-net' "
+                               "on pool pool1"]
+
+
+def test_kupenstack_namespace_is_kept_and_a_second_namespace_is_refused():
+    objects, _warnings = objects_of(KS_VM)
+    assert objects["VirtualMachine/sample-vm"].params["labels"] == {"kupenstack.io/namespace": "default"}
+    pools = FakePools()
+    pools.machines = [{"name": "sample-vm", "pool": "pool1", "labels": {"kupenstack.io/namespace": "team-a"}}]
+    with pytest.raises(docs.ManifestError) as info:
+        engine.check_documents([("definition[0]", KS_VM)], pools)
+    assert info.value.problems[0].startswith("VirtualMachine/sample-vm: metadata.namespace: VirtualMachine sample-vm "
+                                             "exists in namespace 'team-a'")
+    bad_key = _set(KS_VM, "spec.publicKey", "ssh-rsa not-base64!")
+    assert problems_of(bad_key)[0].startswith("VirtualMachine/sample-vm: spec.publicKey: ")
+
+
+@pytest.mark.parametrize("dialect, kind, deleting, gone", [
+    ("ironcore", "Machine", {"state": "Terminating"}, {}),
+    ("openshift", "Machine", {"phase": "Deleting"}, {}),
+    ("kupenstack", "VirtualMachine", {"phase": "Terminating"}, {}),
+    ("vitistack", "Machine", "Terminating", "Terminated")])
+def test_deletion_reports_the_dialects_own_phases(dialect, kind, deleting, gone):
+    module = getattr(engine, dialect)
+    obj = docs and type("Obj", (), {"kind": kind, "params": {}})()
+    shown = module.status(obj, {"machine": None, "deletion": "deleting"})
+    after = module.status(obj, {"machine": None, "deletion": "gone"})
+    if dialect == "vitistack":
+        assert (shown["phase"], after["phase"]) == (deleting, gone)
+    else:
+        assert (shown, after) == (deleting, gone)
