@@ -39,7 +39,8 @@ def export_machines(entries, dialect, names=None, labels=None):
                 continue
             dom = lv.lookup_domain(by_uri[machine["uri"]].conn, machine["name"])
             record = dx.read_record(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))) or {}
-            documents.append(module.export(machine, record.get("spec") or {}))
+            exported = module.export(machine, record.get("spec") or {})
+            documents.extend(exported if isinstance(exported, list) else [exported])
         offline = ["pool %s is offline: %s" % (uri, why) for uri, why in fleet.offline.items()]
     finally:
         fleet.close()

@@ -28,6 +28,10 @@ KINDS = {COMPUTE: ("Machine", "MachineClass", "MachinePool"), STORAGE: ("Volume"
          "v1": ("Secret",)}
 POWER = {"On": "running", "Off": "stopped"}
 DEFAULT_IGNITION_KEY = "ignition"
+# labels that keep how a Machine was written, so its export is written the same way: the NetworkInterface a NIC
+# refers to, and a sized volume given as an ephemeral volumeTemplate rather than an emptyDisk
+NIC_MARK = "nic.ironcore.machinery.compute/"
+VOLUME_MARK = "volume.ironcore.machinery.compute/"
 MACHINE_SPEC = ("machineClassRef", "machinePoolRef", "machinePoolSelector", "tolerations", "image", "volumes",
                 "networkInterfaces", "ignitionRef", "power", "imagePullSecretRef", "efiVars", "hostname")
 
@@ -211,7 +215,7 @@ def _machine(obj, fields):
     fields.known(doc, ("apiVersion", "kind", "metadata", "spec"), "", ("status",))
     spec = fields.mapping(doc.get("spec"), "spec", required=True) or {}
     fields.known(spec, MACHINE_SPEC, "spec")
-    params = {"name": obj.name, "labels": obj.labels}
+    params = {"name": obj.name, "labels": dict(obj.labels)}
     cls = fields.mapping(spec.get("machineClassRef"), "spec.machineClassRef", required=True) or {}
     params["machine_class"] = fields.name(cls.get("name"), "spec.machineClassRef.name") if cls else None
     if spec.get("image") is not None:
@@ -275,6 +279,8 @@ def _machine(obj, fields):
                                 "(its root disk grows with root_size); not applied")
             else:
                 entry["size"] = kube_quantity(fields, resources.get("storage"), at + ".spec.resources.storage")
+                if name:
+                    params["labels"][VOLUME_MARK + name] = "template"
                 obj.where["volumes[%d].size" % len(params["volumes"])] = at + ".spec.resources.storage"
             entry["ephemeral"] = True
         obj.where["volumes[%d]" % len(params["volumes"])] = where
@@ -293,6 +299,8 @@ def _machine(obj, fields):
             target = fields.name(ref.get("name"), where + ".networkInterfaceRef.name")
             refs["nics"].append((where + ".networkInterfaceRef.name", target, name))
             params["network_interfaces"].append({"name": name, "ref": target})
+            if name and target:
+                params["labels"][NIC_MARK + name] = target
         else:
             at = where + ".ephemeral.networkInterfaceTemplate"
             template = fields.mapping(item["ephemeral"], where + ".ephemeral", required=True) or {}
@@ -421,10 +429,17 @@ def row(obj, shown, observed):
 
 
 def export(machine, record_spec):
-    """A Machine document of an existing machine (its class, image, volumes, NICs, labels and power)."""
+    """The documents of an existing machine: a Machine (its class, image, volumes, NICs, labels and power) and
+    the NetworkInterfaces it refers to, written as the applied documents were (the markers keep how)."""
+    labels = dict(machine.get("labels") or {})
+    refs = {key[len(NIC_MARK):]: labels.pop(key) for key in list(labels) if key.startswith(NIC_MARK)}
+    templates = {key[len(VOLUME_MARK):] for key in list(labels) if key.startswith(VOLUME_MARK)
+                 and labels.pop(key) == "template"}
     spec = {"machineClassRef": {"name": machine.get("machine_class")}, "image": machine.get("image"),
             "machinePoolRef": {"name": machine.get("pool")},
             "power": "On" if machine.get("phase") in ("Running", "Pending") else "Off"}
+    if not spec["image"]:
+        del spec["image"]  # a machine that boots from its first volume
     volumes = []
     for vol in record_spec.get("volumes") or []:
         if vol.get("source") == "volume":
@@ -432,19 +447,33 @@ def export(machine, record_spec):
         elif vol.get("source") == "image":
             volumes.append({"name": vol["name"], "ephemeral": {"volumeTemplate": {"spec": {
                 "image": (vol.get("image") or {}).get("source")}}}})
+        elif vol["name"] in templates:
+            volumes.append({"name": vol["name"], "ephemeral": {"volumeTemplate": {"spec": {
+                "resources": {"storage": _quantity(vol.get("size"))}}}}})
         else:
             volumes.append({"name": vol["name"], "emptyDisk": {"sizeLimit": _quantity(vol.get("size"))}})
     if volumes:
         spec["volumes"] = volumes
-    spec["networkInterfaces"] = [{"name": nic["name"], "ephemeral": {"networkInterfaceTemplate": {"spec": {
-        "networkRef": {"name": nic.get("network")}}}}} for nic in record_spec.get("network_interfaces") or []
-        if nic.get("network")]
+    nics, interfaces = [], []
+    for nic in record_spec.get("network_interfaces") or []:
+        if not nic.get("network"):
+            continue
+        nic_spec = {"networkRef": {"name": nic["network"]}}
+        if nic.get("ip_address"):
+            nic_spec["ips"] = [{"value": nic["ip_address"]}]
+        if nic["name"] in refs:
+            nics.append({"name": nic["name"], "networkInterfaceRef": {"name": refs[nic["name"]]}})
+            interfaces.append({"apiVersion": NETWORKING, "kind": "NetworkInterface",
+                               "metadata": {"name": refs[nic["name"]]}, "spec": nic_spec})
+        else:
+            nics.append({"name": nic["name"], "ephemeral": {"networkInterfaceTemplate": {"spec": nic_spec}}})
+    spec["networkInterfaces"] = nics
     if not machine.get("machine_class"):
         del spec["machineClassRef"]
     metadata = {"name": machine["name"]}
-    if machine.get("labels"):
-        metadata["labels"] = dict(machine["labels"])
-    return {"apiVersion": COMPUTE, "kind": "Machine", "metadata": metadata, "spec": spec}
+    if labels:
+        metadata["labels"] = labels
+    return [{"apiVersion": COMPUTE, "kind": "Machine", "metadata": metadata, "spec": spec}] + interfaces
 
 
 def _quantity(value):
