@@ -79,7 +79,7 @@ def read(obj, fields):
     name = fields.string(spec.get("name"), "spec.name", required=True)
     if name and name != obj.name:
         fields.error("spec.name", "must equal metadata.name (%s)" % obj.name)
-    params["machine_class"] = fields.name(spec.get("instanceType"), "spec.instanceType")
+    params["machine_class"] = instance_class(fields, spec.get("instanceType"))
     refs = {"class": params["machine_class"], "volumes": [], "os": _os(fields, spec.get("os"))}
     _provider(fields, spec.get("providerConfig"), params)
     cpu = fields.mapping(spec.get("cpu"), "spec.cpu")
@@ -110,6 +110,10 @@ def read(obj, fields):
     if spec.get("userData") is not None:
         if fields.string(spec.get("userData"), "spec.userData"):
             params["cloud_init"] = {"user_data": spec["userData"]}
+            if keys and not spec["userData"].lstrip().startswith("#cloud-config"):
+                # a script and keys: cloud-init takes both as a MIME multipart (keys in a cloud-config part)
+                params["cloud_init"] = {"user_data": multipart(keys, spec["userData"])}
+                del params["ssh_authorized_keys"]
     tags = fields.mapping(spec.get("tags"), "spec.tags")
     labels = dict(obj.labels)
     if tags:
@@ -129,6 +133,37 @@ def read(obj, fields):
     for index, nic in enumerate(params.get("network_interfaces") or []):
         obj.where["network_interfaces[%d]" % index] = nic.pop("at")
     machine_object(obj, params, refs)
+
+
+def instance_class(fields, value):
+    """The machine class of an ``instanceType``. Cloud instance types (``t3.medium``, ``Standard_B2s``) are no
+    DNS labels, which class names are; so the type maps onto one deterministically: lower case, every ``.`` and
+    ``_`` a ``-`` (``t3.medium`` is the class ``t3-medium``). Anything else that is no DNS label is refused."""
+    text = fields.string(value, "spec.instanceType", required=True)
+    if text is None:
+        return None
+    mapped = re.sub(r"[._]", "-", text.lower())
+    if fields.run(check.dns_label, mapped, "spec.instanceType") is None:
+        return None
+    return mapped
+
+
+def multipart(keys, script):
+    """A MIME multipart user-data of a cloud-config part with the SSH keys and the script, as cloud-init reads
+    it. The boundary is derived from the content, so the same document gives the same text (the machine's boot
+    configuration hash stays the same on every apply)."""
+    import hashlib
+    import json
+    config = "#cloud-config\nssh_authorized_keys:\n" + "".join("  - %s\n" % json.dumps(key) for key in keys)
+    boundary = "==machinery-%s==" % hashlib.sha256((config + script).encode()).hexdigest()[:24]
+    parts = []
+    for kind, name, text in (("text/cloud-config", "keys.cfg", config), ("text/x-shellscript", "user-data.sh",
+                                                                           script)):
+        parts.append("--%s\nContent-Type: %s; charset=\"utf-8\"\nMIME-Version: 1.0\n"
+                     "Content-Transfer-Encoding: 7bit\nContent-Disposition: attachment; filename=\"%s\"\n\n%s"
+                     % (boundary, kind, name, text + "\n"))  # the last line break is the boundary's
+    return ("Content-Type: multipart/mixed; boundary=\"%s\"\nMIME-Version: 1.0\n\n" % boundary
+            + "".join(parts) + "--%s--\n" % boundary)
 
 
 def _os(fields, value):

@@ -485,3 +485,22 @@ def test_deletion_reports_the_dialects_own_phases(dialect, kind, deleting, gone)
         assert (shown["phase"], after["phase"]) == (deleting, gone)
     else:
         assert (shown, after) == (deleting, gone)
+
+
+def test_vitistack_instance_types_keys_with_a_script_and_encrypted_disks():
+    import email
+    doc = copy.deepcopy(VS_MACHINE)
+    doc["spec"].update(instanceType="t3.medium", sshKeys=[KEY], userData="#!/bin/sh\necho hi\n")
+    doc["spec"]["disks"][1]["encrypted"] = True
+    vm = engine.parse([("d", doc)], docs.Problems())[0].params
+    assert vm["machine_class"] == "t3-medium" and "ssh_authorized_keys" not in vm
+    message = email.message_from_string(vm["cloud_init"]["user_data"])
+    parts = [(part.get_content_type(), part.get_payload()) for part in message.walk() if not part.is_multipart()]
+    assert parts[0][0] == "text/cloud-config" and KEY in parts[0][1]
+    assert parts[1] == ("text/x-shellscript", "#!/bin/sh\necho hi\n")
+    again = engine.parse([("d", copy.deepcopy(doc))], docs.Problems())[0].params
+    assert again["cloud_init"] == vm["cloud_init"]  # the same text on every apply
+    assert vm["volumes"][0]["encrypted"] is True and len(vm["volumes"][0]["passphrase"]) >= 32
+    assert again["volumes"][0]["passphrase"] != vm["volumes"][0]["passphrase"]
+    bad = _set(VS_MACHINE, "spec.instanceType", "t3 medium!")
+    assert problems_of(bad)[0].startswith("Machine/vm-1: spec.instanceType: ")
