@@ -17,6 +17,8 @@ description:
     docs/manifests.md has every field.
   - Every document is checked before anything is written, and every problem is reported at once, each with
     its object (C(Kind/name)) and field path, as kubectl prints them.
+  - Every field a dialect's schema allows is applied, warned about or refused, naming its path; none is silently
+    ignored (docs/manifests.md lists the verdicts). Deleting reports each dialect's own phases.
   - Each object is handed to the core its kind maps onto (M(machinery.compute.machine),
     M(machinery.compute.machine_class), M(machinery.compute.machine_set), M(machinery.compute.machine_health_check)),
     so the same rules, idempotency and check mode apply.

@@ -35,7 +35,7 @@ options:
   dialect:
     description: The dialect of the documents.
     type: str
-    choices: [ironcore, openshift, kupenstack]
+    choices: [ironcore, openshift, kupenstack, vitistack]
     default: ironcore
   name:
     description: Only these machines.

@@ -396,7 +396,7 @@ MANIFEST = (
 )
 
 MANIFEST_INFO = (
-    Option("dialect", choices=("ironcore", "openshift", "kupenstack"), default="ironcore"),
+    Option("dialect", choices=MANIFEST_DIALECTS, default="ironcore"),
     Option("name", "list", elements="str"),
     Option("labels", "dict"),
 )

@@ -237,8 +237,7 @@ def spoken(obj, field, text):
 
 def core_checks(obj, fields, pools):
     """Each object's parameters through its core's own checks, before anything is written: a machine's (and a
-    set's template) through machine_spec.params, a health check's through normalize_check; and every libvirt
-    network a NIC names exists on the pools it may go to."""
+    set's template) through machine_spec.params, a health check's through normalize_check."""
     from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import normalize_check
     try:
         if obj.role == "machine":
@@ -252,16 +251,14 @@ def core_checks(obj, fields, pools):
             normalize_check(obj.params)
     except MachineryError as exc:
         core_problem(obj, fields, exc)
-        return
-    if obj.role in ("machine", "set"):
-        params = obj.params["template"] if obj.role == "set" else obj.params
-        _networks_exist(obj, params, fields, pools)
 
 
 def _networks_exist(obj, params, fields, pools):
     """A NIC's libvirt network exists on the machine's pool (or, unplaced, on some pool of the run): what the
     apply would refuse, refused by check mode too."""
     pinned = params.get("machine_pool")
+    if pinned and pinned not in pools.by_name:
+        return  # reported as no such pool
     for index, nic in enumerate(params.get("network_interfaces") or []):
         network = nic.get("network") if isinstance(nic, dict) else None
         if not network:
@@ -282,6 +279,9 @@ def check_documents(documents, pools, load_problems=()):
     if pools is not None:
         link(objects, problems, pools)
         for obj in objects:
+            if obj.role in ("machine", "set"):
+                _networks_exist(obj, obj.params["template"] if obj.role == "set" else obj.params,
+                                Fields(problems, obj.ref), pools)
             if not problems.of(obj.ref):
                 core_checks(obj, Fields(problems, obj.ref), pools)
     problems.raise_if_any()

@@ -11,9 +11,10 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import Fleet
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import read_fleet
-from ansible_collections.machinery.compute.plugins.module_utils.manifests import ironcore, kupenstack, openshift
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import (
+    ironcore, kupenstack, openshift, vitistack)
 
-EXPORTERS = {"ironcore": ironcore, "openshift": openshift, "kupenstack": kupenstack}
+EXPORTERS = {"ironcore": ironcore, "openshift": openshift, "kupenstack": kupenstack, "vitistack": vitistack}
 
 
 def exporter(dialect):
@@ -29,7 +30,8 @@ def export_machines(entries, dialect, names=None, labels=None):
     module = exporter(dialect)
     fleet = Fleet(entries)
     try:
-        _snapshots, contexts, machines = read_fleet(fleet)
+        snapshots, contexts, machines = read_fleet(fleet)
+        pool_labels = {snapshot["name"]: snapshot.get("labels") or {} for snapshot in snapshots}
         by_uri = {ctx.uri: ctx for ctx in contexts}
         documents = []
         for machine in sorted(machines, key=lambda item: item["name"]):
@@ -39,7 +41,13 @@ def export_machines(entries, dialect, names=None, labels=None):
                 continue
             dom = lv.lookup_domain(by_uri[machine["uri"]].conn, machine["name"])
             record = dx.read_record(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))) or {}
-            exported = module.export(machine, record.get("spec") or {})
+            if getattr(module, "EXPORT_NEEDS_POOL", False):  # the image's os, the pool's region and zone
+                ctx = by_uri[machine["uri"]]
+                image = ctx.registry.get("image-%s" % machine.get("image")) if machine.get("image") else None
+                exported = module.export(machine, record.get("spec") or {}, image or {},
+                                         pool_labels.get(machine.get("pool")) or {})
+            else:
+                exported = module.export(machine, record.get("spec") or {})
             documents.extend(exported if isinstance(exported, list) else [exported])
         offline = ["pool %s is offline: %s" % (uri, why) for uri, why in fleet.offline.items()]
     finally:

@@ -404,4 +404,58 @@ def row(obj, shown, observed):
             machine.get("pool") or "-", machine.get("age") or "-")
 
 
+EXPORT_NEEDS_POOL = True
+
+
+def export(machine, record_spec, image, pool_labels):
+    """A Machine document of an existing machine: its class, image (imageID and the published os), the pool's
+    region and zone, cpu, memory, disks, network and tags. Applying it to the same pools changes nothing; the
+    boot configuration (sshKeys, userData) is never kept on the pools, so it is not exported."""
+    system = dict(image.get("os") or {})
+    spec = {"name": machine["name"],
+            "os": dict({key: str(system[key]) for key in ("family", "distribution", "version", "architecture")
+                        if system.get(key)}, imageID=machine.get("image")),
+            "providerConfig": {"name": "libvirt", "region": pool_labels.get(REGION_LABEL) or machine.get("pool")}}
+    if machine.get("machine_class"):
+        spec["instanceType"] = machine["machine_class"]
+    if pool_labels.get(ZONE_LABEL):
+        spec["providerConfig"]["zone"] = pool_labels[ZONE_LABEL]
+    topology = record_spec.get("topology") or {}
+    if topology and (topology.get("sockets", 1) > 1 or topology.get("threads", 1) > 1):
+        spec["cpu"] = {"cores": topology.get("cores", 1), "threadsPerCore": topology.get("threads", 1),
+                       "sockets": topology.get("sockets", 1)}
+    elif record_spec.get("cpu"):
+        spec["cpu"] = {"cores": record_spec["cpu"]}
+    if record_spec.get("memory"):
+        spec["memory"] = int(record_spec["memory"])
+    disks = []
+    if record_spec.get("root_size"):
+        disks.append({"name": "root", "boot": True, "sizeGB": int(record_spec["root_size"]) // GIB})
+    for vol in record_spec.get("volumes") or []:
+        if vol.get("source") != "empty":
+            continue
+        disk = {"name": vol["name"], "sizeGB": int(vol.get("size") or 0) // GIB}
+        for key in ("iops", "throughput", "encrypted"):
+            if vol.get(key):
+                disk[key] = vol[key]
+        disks.append(disk)
+    if disks:
+        spec["disks"] = disks
+    nics = [nic for nic in record_spec.get("network_interfaces") or [] if nic.get("network")]
+    if nics:
+        network = {"vpc": nics[0]["network"],
+                   "interfaces": [dict({"name": nic["name"]}, primary=True) if index == 0 else {"name": nic["name"]}
+                                  for index, nic in enumerate(nics)]}
+        for item, nic in zip(network["interfaces"], nics):
+            if nic.get("security_groups"):
+                item["securityGroups"] = list(nic["security_groups"])
+        if nics[0].get("ip_address"):
+            network["privateIP"] = nics[0]["ip_address"]
+        spec["network"] = network
+    metadata = {"name": machine["name"]}
+    if machine.get("labels"):
+        spec["tags"] = dict(machine["labels"])
+    return {"apiVersion": API, "kind": "Machine", "metadata": metadata, "spec": spec}
+
+
 __all__ = ["KINDS", "read", "link", "status", "TABLES", "row", "columns"]
