@@ -157,8 +157,8 @@ def multipart(keys, script):
     config = "#cloud-config\nssh_authorized_keys:\n" + "".join("  - %s\n" % json.dumps(key) for key in keys)
     boundary = "==machinery-%s==" % hashlib.sha256((config + script).encode()).hexdigest()[:24]
     parts = []
-    for kind, name, text in (("text/cloud-config", "keys.cfg", config), ("text/x-shellscript", "user-data.sh",
-                                                                           script)):
+    sections = (("text/cloud-config", "keys.cfg", config), ("text/x-shellscript", "user-data.sh", script))
+    for kind, name, text in sections:
         parts.append("--%s\nContent-Type: %s; charset=\"utf-8\"\nMIME-Version: 1.0\n"
                      "Content-Transfer-Encoding: 7bit\nContent-Disposition: attachment; filename=\"%s\"\n\n%s"
                      % (boundary, kind, name, text + "\n"))  # the last line break is the boundary's
