@@ -7,14 +7,15 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import (
     conditions_of, normalize_check, plan_check, transitions)
 
+from conftest import pool_snapshot
+
 GIB = 2 ** 30
 TEMPLATE = {"machine_class": "small", "image": "/images/test.qcow2", "labels": {"app": "web"}}
 
 
 def pool(name, members=0):
-    return {"name": name, "uri": "qemu+unix:///%s" % name, "state": "Ready", "labels": {}, "taints": [],
-            "classes": {"small": {"cpu": 1, "memory": GIB}}, "machines": [],
-            "allocated": {"cpu": members, "memory": members * GIB}, "allocatable": {"cpu": 64, "memory": 64 * GIB}}
+    return pool_snapshot(name, "qemu+unix:///%s" % name, cpu=64, memory=64 * GIB, used_cpu=members,
+                         used_memory=members * GIB)
 
 
 def desired(**changes):

@@ -14,6 +14,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets import mo
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import Unschedulable
 
+from conftest import pool_snapshot
+
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 GI = 2 ** 30
 UNIX = "qemu+unix:///system?socket=/lab/%s/run/libvirt-sock"
@@ -238,11 +240,8 @@ def test_a_live_move_prepares_the_disks_and_migrates():
     assert not any(item[1] == "web-1-console.log" and item[2] == "b" for item in steps)
 
 
-def snapshot(name, cpu=8, used_cpu=0, taints=None, classes=None, state="Ready"):
-    return {"name": name, "uri": UNIX % name, "state": state, "labels": {}, "taints": taints or [],
-            "classes": {"small": {"cpu": 1, "memory": GI}} if classes is None else classes,
-            "allocatable": {"cpu": cpu, "memory": 16 * GI}, "allocated": {"cpu": used_cpu, "memory": 0},
-            "machines": []}
+def snapshot(name, **given):
+    return pool_snapshot(name, UNIX % name, **given)
 
 
 def machine(machine_class="small"):

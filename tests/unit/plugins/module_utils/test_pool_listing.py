@@ -20,6 +20,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext, read_domains
 
+from conftest import FakeDomain
+
 MIB = 2 ** 20
 
 
@@ -36,27 +38,6 @@ def domain_xml(name, cpu, memory, managed=True):
     if not managed:
         tree.remove(tree.find("metadata"))
     return dx.tostring(tree)
-
-
-class FakeDomain:
-    def __init__(self, name, xml, state=libvirt.VIR_DOMAIN_SHUTOFF):
-        self._name = name
-        self.xml = xml
-        self.state_value = state
-        self.reads = 0
-
-    def name(self):
-        return self._name
-
-    def UUIDString(self):  # noqa: N802 (libvirt's name)
-        return "uuid-" + self._name
-
-    def XMLDesc(self, _flags=0):  # noqa: N802
-        self.reads += 1
-        return self.xml
-
-    def state(self):
-        return [self.state_value, 0]
 
 
 class FakeConn:

@@ -19,9 +19,10 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.machine
 from ansible_collections.machinery.compute.plugins.module_utils.pools import pool_registration
 from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import plan_pool
 
+from conftest import pool_seen
+
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 GIB = 2 ** 30
-READY = {"active": True, "autostart": True}
 
 
 def volume_params(raw):
@@ -31,13 +32,6 @@ def volume_params(raw):
 
 def nic_params(raw):
     return options.defaulted(options.NIC_ATTACH, raw)
-
-
-def pool_seen(registration=None, storage="ready", networks=None, machines=()):
-    storage = dict(READY) if storage == "ready" else storage
-    return {"registration": registration, "documents": ["pool"] if registration else [],
-            "storage_pools": {"machinery-registry": storage, "machinery": storage},
-            "networks": networks or {}, "capacity": {"cpu": 8, "memory": 16 * GIB}, "machines": list(machines)}
 
 
 REGISTERED = {"name": "hv1", "labels": {}, "taints": [], "overcommit": {"cpu": 1.0, "memory": 1.0, "storage": 1.0},

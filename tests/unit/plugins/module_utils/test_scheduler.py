@@ -7,18 +7,18 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import sch
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import (
     Unschedulable, must_leave, normalize_tolerations, tolerates)
 
+from conftest import pool_snapshot
+
 GI = 2 ** 30
 SMALL = {"cpu": 1, "memory": 1 * GI}
 LARGE = {"cpu": 4, "memory": 8 * GI}
 
 
-def pool(name, cpu=8, memory=16, used_cpu=0, used_memory=0, labels=None, taints=None, classes=None,
-         state="Ready", machines=()):
-    return {"name": name, "uri": "qemu+unix:///system?socket=/%s" % name, "state": state,
-            "labels": labels or {}, "taints": taints or [],
-            "classes": classes if classes is not None else {"small": SMALL, "large": LARGE},
-            "allocatable": {"cpu": cpu, "memory": memory * GI},
-            "allocated": {"cpu": used_cpu, "memory": used_memory * GI}, "machines": list(machines)}
+def pool(name, memory=16, used_memory=0, classes=None, **given):
+    """A pool snapshot, memory in GiB, publishing classes small and large unless told."""
+    return pool_snapshot(name, "qemu+unix:///system?socket=/%s" % name, memory=memory * GI,
+                         used_memory=used_memory * GI,
+                         classes={"small": SMALL, "large": LARGE} if classes is None else classes, **given)
 
 
 def spec(name, machine_class="small", **extra):

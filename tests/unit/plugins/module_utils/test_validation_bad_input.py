@@ -25,6 +25,8 @@ def normalize_machine(term, keys=True):
     return validated([term])[0]
 
 
+from conftest import pool_seen
+
 GIB = 2 ** 30
 
 
@@ -154,18 +156,10 @@ def test_networks_of_one_request_do_not_overlap_each_other_or_the_host():
                         {"machinery": "192.168.100.0/24"})
 
 
-def pool_seen(registration, machines=(), host_networks=None):
-    ready = {"active": True, "autostart": True}
-    return {"registration": registration, "documents": ["pool"], "networks": {},
-            "storage_pools": {"machinery-registry": ready, "machinery": ready},
-            "capacity": {"cpu": 8, "memory": 16 * GIB}, "machines": list(machines),
-            "host_networks": host_networks or {}}
-
-
 def test_a_pool_with_machines_keeps_its_name():
     registration = {"name": "hv1", "labels": {}, "taints": [], "networks": []}
     with pytest.raises(ConflictError) as info:
-        plan_pool({"name": "hv2"}, pool_seen(registration, ["web-1"]))
+        plan_pool({"name": "hv2"}, pool_seen(registration, machines=["web-1"]))
     assert info.value.field == "name" and "web-1" in info.value.message
     assert plan_pool({"name": "hv2"}, pool_seen(registration)).summaries() == ["register"]
 
