@@ -7,6 +7,8 @@ from libvirt itself.
 import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +37,24 @@ def lab_pid(pool):
         return int(handle.read().strip())
 
 
+def stop_daemon(pool, timeout=30):
+    """Stop a lab pool's libvirtd and wait until its process is gone."""
+    pid = lab_pid(pool)
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while os.path.exists("/proc/%d" % pid):
+        assert time.monotonic() < deadline, "libvirtd of %s (pid %d) did not stop" % (pool.name, pid)
+        time.sleep(0.1)
+
+
+def start_daemons(pools):
+    """Start the lab's stopped daemons again (lab.py up leaves running ones alone) and reconnect to every pool."""
+    subprocess.run(["python3", os.path.join(REPO, "lab", "lab.py"), "up", "--pools", str(len(pools)),
+                    "--dir", os.path.dirname(lab_file())], check=True, capture_output=True, timeout=300)
+    for pool in pools:
+        pool.reconnect()
+
+
 def load_lab():
     with open(lab_file()) as handle:
         return json.load(handle)
@@ -53,22 +73,71 @@ def image(lab):
     return lab["image"]
 
 
-def run_module(module_name, check=False, diff=True, **args):
-    """Run machinery.compute.<name> in its own process, as Ansible does on a host; returns its JSON result."""
-    args = dict(args, _ansible_check_mode=check, _ansible_diff=diff, _ansible_no_log=False)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
-    try:
+class ModuleRun:
+    """machinery.compute.<name> started in a process (and process group) of its own, its arguments as JSON in a
+    file, as Ansible runs a module on a host. Its output goes to files, so a run nobody reads never blocks."""
+
+    def __init__(self, module_name, check=False, diff=True, **args):
+        self.module_name = module_name
+        self.work = tempfile.mkdtemp(prefix="machinery-module-")
+        args_file = os.path.join(self.work, "args.json")
+        with open(args_file, "w") as handle:
+            json.dump({"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check, _ansible_diff=diff,
+                                                   _ansible_no_log=False)}, handle)
+        self.stdout = open(os.path.join(self.work, "stdout"), "w+")
+        self.stderr = open(os.path.join(self.work, "stderr"), "w+")
         command = [sys.executable, "-m", "ansible_collections.machinery.compute.plugins.modules." + module_name,
-                   handle.name]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
-    finally:
-        os.unlink(handle.name)
-    try:
-        return json.loads(proc.stdout[proc.stdout.index("{"):])
-    except ValueError:
-        raise AssertionError("module %s printed no JSON (rc %d): %s %s"
-                             % (module_name, proc.returncode, proc.stdout, proc.stderr)) from None
+                   args_file]
+        self.proc = subprocess.Popen(command, stdout=self.stdout, stderr=self.stderr, start_new_session=True)
+
+    def running(self):
+        return self.proc.poll() is None
+
+    def wait(self, timeout):
+        """True when the run ended within ``timeout`` seconds."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def kill(self, sig=signal.SIGKILL, group=True):
+        """Send ``sig`` to the run's whole process group (or its module process alone) and reap it; True only when
+        the run was still running then and died of that signal (a run that ended just before was not killed)."""
+        was_running = self.running()
+        if was_running:
+            with contextlib.suppress(ProcessLookupError):
+                (os.killpg if group else os.kill)(self.proc.pid, sig)
+        self.proc.wait()
+        self.close()
+        return was_running and self.proc.returncode == -sig
+
+    def close(self):
+        for handle in (self.stdout, self.stderr):
+            handle.close()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def finish(self, timeout=900):
+        """Wait for the run's end; its JSON result."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.stdout.seek(0)
+        self.stderr.seek(0)
+        out, err = self.stdout.read(), self.stderr.read()
+        self.close()
+        try:
+            return json.loads(out[out.index("{"):])
+        except ValueError:
+            raise AssertionError("module %s printed no JSON (rc %s): %s %s"
+                                 % (self.module_name, self.proc.returncode, out, err)) from None
+
+
+def run_module(module_name, check=False, diff=True, **args):
+    """Run machinery.compute.<name> to its end (see ModuleRun); returns its JSON result."""
+    return ModuleRun(module_name, check=check, diff=diff, **args).finish()
 
 
 @pytest.fixture(scope="session")
