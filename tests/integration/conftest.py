@@ -7,6 +7,7 @@ from libvirt itself.
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 
 NS = "https://machinery.compute/xmlns/machine/1"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.dirname(sys.executable)
 CLASS_SMALL = {"name": "small", "cpu": 1, "memory": "128Mi"}
 # The lab's hosts have few CPUs and its TCG test guests sit idle: overcommit CPUs so tests are not capped at 2.
 OVERCOMMIT = {"cpu": 16.0, "memory": 1.0}
@@ -270,6 +272,27 @@ def warnings_of(result):
     for warning in result.get("warnings") or []:
         texts.append(warning["event"]["msg"] if isinstance(warning, dict) else str(warning))
     return texts
+
+
+# --- the ansible command line ---------------------------------------------------------------------------------
+
+def ansible(tool, *args, env=None, timeout=300):
+    """Run ansible's ``tool`` (ansible-inventory, ansible-playbook, ansible) of this Python; the finished process."""
+    environment = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    environment.update(env or {})
+    return subprocess.run([os.path.join(BIN, tool)] + [str(arg) for arg in args], capture_output=True, text=True,
+                          env=environment, check=False, timeout=timeout)
+
+
+def run_playbook(playbook, variables_file, variables, env=None, timeout=1200):
+    """ansible-playbook PLAYBOOK -e @VARIABLES_FILE (``variables`` written to it as JSON), on localhost; the
+    process and the counts of its recap (ok, changed, unreachable, failed)."""
+    variables_file.write_text(json.dumps(variables))
+    env = dict({"ANSIBLE_LOCALHOST_WARNING": "false", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false"}, **(env or {}))
+    proc = ansible("ansible-playbook", playbook, "-e", "@%s" % variables_file, env=env, timeout=timeout)
+    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
+    assert recap, proc.stdout + proc.stderr
+    return proc, dict(zip(("ok", "changed", "unreachable", "failed"), map(int, recap.groups())))
 
 
 def assert_failed(result, field, *words):

@@ -3,19 +3,16 @@ resumed, a live move, draining a pool of three machines, bad input. Every effect
 
 import hashlib
 import json
-import os
 import random
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import libvirt
 
-from conftest import ModuleRun, assert_failed, register, run_module
+from conftest import ModuleRun, assert_failed, register, run_module, run_playbook
 
-ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 MIB = 2 ** 20
 SEED = 1311
 
@@ -303,14 +300,7 @@ def play(tmp_path, tag, **variables):
       ansible.builtin.include_role:
         name: machinery.compute.drain
 """)
-    (tmp_path / ("vars-%s.json" % tag)).write_text(json.dumps(variables))
-    env = dict(os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run([ANSIBLE_PLAYBOOK, str(playbook), "-e", "@%s" % (tmp_path / ("vars-%s.json" % tag))],
-                          capture_output=True, text=True, env=env, timeout=1200, check=False)
-    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
-    assert recap, proc.stdout + proc.stderr
-    return proc, {"changed": int(recap.group(2)), "failed": int(recap.group(4))}
+    return run_playbook(playbook, tmp_path / ("vars-%s.json" % tag), variables)
 
 
 def test_drain_moves_every_machine_off_a_pool_with_its_data(registered, image, tmp_path):
