@@ -295,6 +295,46 @@ def run_playbook(playbook, variables_file, variables, env=None, timeout=1200):
     return proc, dict(zip(("ok", "changed", "unreachable", "failed"), map(int, recap.groups())))
 
 
+def write_source(directory, pools, name="fleet", **options):
+    """An inventory source of the machines plugin, ``<name>.machinery.yml`` in ``directory``; ``pools`` are lab
+    pools, or entries as the source takes them (URIs or name and URI)."""
+    entries = [{"name": pool.name, "uri": pool.uri} if isinstance(pool, Pool) else pool for pool in pools]
+    source = directory / ("%s.machinery.yml" % name)
+    source.write_text(json.dumps(dict({"plugin": "machinery.compute.machines", "pools": entries}, **options)))
+    return source  # JSON is YAML
+
+
+def inventory(source, *args, env=None):
+    return ansible("ansible-inventory", "-i", source, *args, env=env)
+
+
+def listing(source, env=None, raw=False):
+    """ansible-inventory --list of a source: its inventory (strings marked unsafe shown as such when ``raw``)
+    and its warnings on one line (ansible-core before 2.19 wraps them at the terminal width)."""
+    proc = inventory(source, "--list", env=env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    return (data if raw else plain(data)), " ".join(proc.stderr.split())
+
+
+def hostvars(source, raw=False):
+    return listing(source, raw=raw)[0]["_meta"]["hostvars"]
+
+
+def adhoc(source, host, module_name, args, timeout=900):
+    """``ansible HOST -m MODULE -a ARGS`` through the guest_agent connection plugin, with nothing but the inventory
+    source: it sets the pool's URI and the domain for the plugin. (rc, the host's result as --tree wrote it)."""
+    tree = source.parent / "tree"
+    result_file = tree / host
+    if result_file.exists():
+        result_file.unlink()
+    proc = ansible("ansible", host, "-i", source, "-c", "machinery.compute.guest_agent", "-m", module_name,
+                   "-a", args, "--tree", tree, env={"ANSIBLE_LOCALHOST_WARNING": "false"}, timeout=timeout)
+    assert result_file.exists(), "no result (rc %d): %s %s" % (proc.returncode, proc.stdout[-3000:],
+                                                               proc.stderr[-3000:])
+    return proc.returncode, json.loads(result_file.read_text())
+
+
 def assert_failed(result, field, *words):
     assert result.get("failed"), result
     assert result.get("field") == field, result
