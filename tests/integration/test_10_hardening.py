@@ -1,18 +1,17 @@
 """Hardening, as an adversary would try it: runs racing for one name, runs killed at random points, a pool daemon
 restarted under a batch, a detach right after boot, the pool's own volumes offered as disks.
 
-Every effect is checked from libvirt itself. The kill points are drawn from a seeded generator
-(MACHINERY_HARDENING_SEED) and the counts are written to tests/output/hardening.json.
+Every effect is checked from libvirt itself. A run is killed once it has begun its work (it opened its first
+socket: its imports and argument checks are behind it), after a delay drawn from a seeded generator
+(MACHINERY_HARDENING_SEED); only a run still running then that died of the signal counts as killed, and each kind
+of kill test needs a least number of those. The counts are written to tests/output/hardening.json.
 """
 
 import hashlib
 import json
 import os
 import random
-import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 
@@ -22,55 +21,51 @@ from lxml import etree
 
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 
-from conftest import REPO, assert_failed, lab_file, lab_pid
+from conftest import REPO, ModuleRun, assert_failed, run_module, start_daemons, stop_daemon
 
 SEED = int(os.environ.get("MACHINERY_HARDENING_SEED", "20261122"))
-REPORT = {"seed": SEED, "kills": {}, "orphans_found": 0, "race_rounds": 0, "max_rerun_seconds": 0.0}
+REPORT = {"seed": SEED, "kills": {}, "kill_attempts": {}, "orphans_found": 0, "race_rounds": 0,
+          "max_rerun_seconds": 0.0}
 STORAGE = "machinery"
 REGISTRY = "machinery-registry"
-
-
-def module_process(module_name, args):
-    """Start machinery.compute.<name> as Ansible runs it on a host, in a process group of its own."""
-    args = dict({"_ansible_check_mode": False, "_ansible_diff": True, "_ansible_no_log": False}, **args)
-    handle = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-    with handle:
-        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
-    command = [sys.executable, "-m", "ansible_collections.machinery.compute.plugins.modules." + module_name,
-               handle.name]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    return proc, handle.name
-
-
-def finish(proc, path, timeout=600):
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        os.unlink(path)
-    try:
-        return json.loads(out[out.index("{"):])
-    except ValueError:
-        raise AssertionError("no JSON from the module (rc %s): %s %s" % (proc.returncode, out, err)) from None
+# How long a run of each kind works once it has begun (on the lab: creates, attachments, batches and
+# registrations some 40 to 120 ms, a delete of a running machine seconds, its guest given 2 s to shut down); a
+# kill is drawn from within it, so that most kills land mid-run.
+WORK_SECONDS = {"create": 0.04, "delete": 2.0, "attach": 0.04, "batch": 0.06, "registration": 0.035}
+# The least number of runs of each kind a test must really kill, three in four of its attempts (of 12 creates,
+# 4 deletes, 6 attachments, 4 batches and 4 registrations; on the lab every attempt kills): fewer, and the test
+# would prove little about a run killed midway.
+LEAST_KILLS = {"create": 9, "delete": 3, "attach": 4, "batch": 3, "registration": 3}
 
 
 def run(module_name, **args):
     """Run a module to its end; returns (result, seconds)."""
     started = time.monotonic()
-    result = finish(*module_process(module_name, args))
+    result = run_module(module_name, **args)
     return result, time.monotonic() - started
 
 
-def killed(module_name, delay, **args):
-    """Run a module and kill its whole process tree ``delay`` seconds in (if it is still running)."""
-    proc, path = module_process(module_name, args)
+def has_begun(run_):
+    """The run has opened a socket (its libvirt connection, or the log before it): it is past its imports and
+    argument checks, at work. A run that has ended, or whose /proc entry is gone, has not."""
     try:
-        proc.wait(timeout=delay)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    proc.communicate()
-    os.unlink(path)
+        fds = os.listdir("/proc/%d/fd" % run_.proc.pid)
+        return run_.running() and any(os.readlink("/proc/%d/fd/%s" % (run_.proc.pid, fd)).startswith("socket:")
+                                      for fd in fds)
+    except OSError:
+        return False
+
+
+def killed(module_name, kind, rng, **args):
+    """Run a module and SIGKILL its whole process group at a point drawn from the kind's working time after it
+    has begun; records the attempt and returns whether the run was really killed mid-run."""
+    run_ = ModuleRun(module_name, **args)
+    deadline = time.monotonic() + 60
+    while run_.running() and not has_begun(run_):
+        assert time.monotonic() < deadline, "%s never began" % module_name
+        time.sleep(0.002)
+    run_.wait(rng.uniform(0.0, WORK_SECONDS[kind]))
+    return count(kind, run_.kill())
 
 
 def rerun(module_name, **args):
@@ -110,8 +105,18 @@ def registry_leftovers(pool):
     return sorted(name for name in registry.listVolumes() if name.startswith(("admission.", "pending-")))
 
 
-def count(kind):
-    REPORT["kills"][kind] = REPORT["kills"].get(kind, 0) + 1
+def count(kind, was_killed):
+    """Record an attempt to kill a run of ``kind``: a kill only when the run really died of it mid-run."""
+    REPORT["kill_attempts"][kind] = REPORT["kill_attempts"].get(kind, 0) + 1
+    REPORT["kills"][kind] = REPORT["kills"].get(kind, 0) + int(was_killed)
+    return was_killed
+
+
+def assert_killed_enough(*kinds):
+    for kind in kinds:
+        assert REPORT["kills"].get(kind, 0) >= LEAST_KILLS[kind], \
+            "only %d of %d %s runs were killed mid-run (at least %d must be)" % (
+                REPORT["kills"].get(kind, 0), REPORT["kill_attempts"].get(kind, 0), kind, LEAST_KILLS[kind])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -250,12 +255,10 @@ def test_killed_creates_and_deletes_leave_nothing_behind(pool, image):
         run("machine", uri=pool.uri, name=name, state="absent")
         if index % 4 == 3:  # a delete killed midway
             assert not run("machine", **machine_args(pool, image, name, state="running"))[0].get("failed")
-            killed("machine", rng.uniform(0.3, 2.5), uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
-            count("delete")
+            killed("machine", "delete", rng, uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
             rerun("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
         else:  # a create killed midway, then converged or deleted
-            killed("machine", rng.uniform(0.2, 2.0), **machine_args(pool, image, name))
-            count("create")
+            killed("machine", "create", rng, **machine_args(pool, image, name))
             if index % 2:
                 rerun("machine", **machine_args(pool, image, name))
                 assert pool.domain(name) is not None
@@ -263,6 +266,7 @@ def test_killed_creates_and_deletes_leave_nothing_behind(pool, image):
         assert pool.domain(name) is None
         assert orphans(pool, name + "-") == [], name
         assert registry_leftovers(pool) == []
+    assert_killed_enough("create", "delete")
 
 
 def test_killed_attachments_converge(pool, image):
@@ -272,14 +276,14 @@ def test_killed_attachments_converge(pool, image):
     assert not run("machine", **machine_args(pool, image, name, volumes=[]))[0].get("failed")
     for index in range(6):
         volume = "%s-extra%d.qcow2" % (name, index)
-        killed("volume_attach", rng.uniform(0.2, 1.5), uri=pool.uri, machine=name, volume=volume, size="16Mi",
+        killed("volume_attach", "attach", rng, uri=pool.uri, machine=name, volume=volume, size="16Mi",
                ephemeral=True)
-        count("attach")
         result = rerun("volume_attach", uri=pool.uri, machine=name, volume=volume, size="16Mi", ephemeral=True)
         assert result["volume"]["state"] in ("Attached", "Pending")
         assert registry_leftovers(pool) == []
     rerun("machine", uri=pool.uri, name=name, state="absent")
     assert orphans(pool, name + "-") == []
+    assert_killed_enough("attach")
 
 
 def test_killed_batches_and_registrations_converge(registered, image):
@@ -290,8 +294,7 @@ def test_killed_batches_and_registrations_converge(registered, image):
              for n in names]
     for _round in range(4):
         run("machine_batch", pools=[p.uri for p in pools], machines=[{"name": n, "state": "absent"} for n in names])
-        killed("machine_batch", rng.uniform(0.3, 2.5), pools=[p.uri for p in pools], machines=specs)
-        count("batch")
+        killed("machine_batch", "batch", rng, pools=[p.uri for p in pools], machines=specs)
         rerun("machine_batch", pools=[p.uri for p in pools], machines=specs)
         for name in names:
             assert sum(1 for p in pools if p.domain(name) is not None) == 1
@@ -302,29 +305,17 @@ def test_killed_batches_and_registrations_converge(registered, image):
     registration = dict(uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}],
                         overcommit={"cpu": 16.0, "memory": 1.0})
     for round_ in range(4):
-        killed("machine_pool", rng.uniform(0.2, 1.5), **dict(registration, labels={"round": str(round_)}))
-        count("registration")
+        killed("machine_pool", "registration", rng, **dict(registration, labels={"round": str(round_)}))
         again = rerun("machine_pool", **registration)
         assert again["pool"]["state"] == "Ready" and again["pool"]["labels"] == {}
         assert registry_leftovers(pool) == []
         registry = pool.conn.storagePoolLookupByName(REGISTRY)
         registry.refresh(0)
         assert len([v for v in registry.listVolumes() if v.startswith("pool.")]) == 1
+    assert_killed_enough("batch", "registration")
 
 
 # --- a daemon restarted under a run -------------------------------------------------------------------------
-
-def restart_daemon(pools, pool):
-    pid = lab_pid(pool)
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while os.path.exists("/proc/%d" % pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    subprocess.run(["python3", os.path.join(REPO, "lab", "lab.py"), "up", "--pools", str(len(pools)),
-                    "--dir", os.path.dirname(lab_file())], check=True, capture_output=True, timeout=300)
-    for each in pools:
-        each.reconnect()
-
 
 def test_daemon_restart_under_a_batch(registered, image):
     pools = registered
@@ -332,10 +323,11 @@ def test_daemon_restart_under_a_batch(registered, image):
     specs = [{"name": n, "machine_class": "small", "image": image, "state": "present", "network_interfaces": []}
              for n in names]
     run("machine_batch", pools=[p.uri for p in pools], machines=[{"name": n, "state": "absent"} for n in names])
-    proc, path = module_process("machine_batch", {"pools": [p.uri for p in pools], "machines": specs})
+    batch = ModuleRun("machine_batch", pools=[p.uri for p in pools], machines=specs)
     time.sleep(1.0)
-    restart_daemon(pools, pools[1])
-    result = finish(proc, path)
+    stop_daemon(pools[1])
+    start_daemons(pools)
+    result = batch.finish()
     if result.get("failed"):  # the pool whose daemon went away is named, with the cause
         assert pools[1].name in result["msg"] or pools[1].uri in result["msg"], result
     again = rerun("machine_batch", pools=[p.uri for p in pools], machines=specs)
@@ -406,10 +398,10 @@ def test_unused_image_caches_are_pruned(pool, image, tmp_path):
 
     def pruned(result):
         return [action["target"] for action in result["plan"] if action["action"] == "prune_image"]
-    in_use = finish(*module_process("machine_pool", dict(registration, _ansible_check_mode=True)))
+    in_use = run_module("machine_pool", check=True, **registration)
     assert cache not in pruned(in_use)
     run("machine", uri=pool.uri, name=name, state="absent")
-    planned = finish(*module_process("machine_pool", dict(registration, _ansible_check_mode=True)))
+    planned = run_module("machine_pool", check=True, **registration)
     assert cache in pruned(planned) and cache in pool.volumes()
     used = {v for v in pool.volumes() if v.startswith("image-") and not v.endswith(".complete")} - \
         set(pruned(planned))
