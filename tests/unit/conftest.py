@@ -10,9 +10,20 @@ Test files import these by name (``from conftest import FakeDomain``); each file
 from __future__ import annotations
 
 import libvirt
+import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 
 GIB = 2 ** 30
 READY = {"active": True, "autostart": True}
+
+
+def refused(expected, function, *args, **kwargs):
+    """``function(*args, **kwargs)`` refuses its input naming the field ``expected``; its message."""
+    with pytest.raises(ValidationError) as info:
+        function(*args, **kwargs)
+    assert info.value.field == expected, info.value
+    return info.value.message
 
 
 class FakeDomain:

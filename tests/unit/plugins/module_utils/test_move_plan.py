@@ -11,10 +11,10 @@ import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import move_plan
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import Unschedulable
 
-from conftest import pool_snapshot
+from conftest import pool_snapshot, refused
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 GI = 2 ** 30
@@ -136,12 +136,8 @@ def test_choose_mode(mode, active, source, target, chosen):
 
 
 def test_live_needs_a_running_machine_and_a_known_mode():
-    with pytest.raises(ValidationError) as info:
-        move_plan.choose_mode("live", False, UNIX % "a", UNIX % "b")
-    assert info.value.field == "mode" and "stopped" in info.value.message
-    with pytest.raises(ValidationError) as info:
-        move_plan.choose_mode("warm", True, UNIX % "a", UNIX % "b")
-    assert info.value.field == "mode"
+    assert "stopped" in refused("mode", move_plan.choose_mode, "live", False, UNIX % "a", UNIX % "b")
+    refused("mode", move_plan.choose_mode, "warm", True, UNIX % "a", UNIX % "b")
 
 
 def test_live_transport():

@@ -10,12 +10,14 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.batch import converge as batch_converge
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
-    ConflictError, NotFoundError, ValidationError)
+    ConflictError, NotFoundError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import host_bridge
 from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import (
     check_host_overlaps, normalize_networks, normalize_taints, plan_pool)
 from ansible_collections.machinery.compute.plugins.lookup.scheduler import validated
+
+from conftest import pool_seen, refused
 
 
 def normalize_machine(term, keys=True):
@@ -25,16 +27,7 @@ def normalize_machine(term, keys=True):
     return validated([term])[0]
 
 
-from conftest import pool_seen
-
 GIB = 2 ** 30
-
-
-def refused(field, function, *args, **kwargs):
-    with pytest.raises(ValidationError) as info:
-        function(*args, **kwargs)
-    assert info.value.field == field, info.value
-    return info.value.message
 
 
 # --- labels, taints, numbers -----------------------------------------------------------------------------------------
