@@ -321,6 +321,18 @@ def test_killed_attachments_converge(pool, image):
     assert_killed_enough("attach")
 
 
+def batch_converges_then_goes(pools, specs, prefix):
+    """A re-run of the batch makes each machine once, on one pool; a batch deleting them leaves nothing named
+    ``prefix``... on any pool, and no lock or journal."""
+    rerun("machine_batch", pools=[p.uri for p in pools], machines=specs)
+    for spec in specs:
+        assert sum(1 for p in pools if p.domain(spec["name"]) is not None) == 1, spec["name"]
+    rerun("machine_batch", pools=[p.uri for p in pools],
+          machines=[{"name": spec["name"], "state": "absent"} for spec in specs])
+    for p in pools:
+        assert orphans(p, prefix) == [] and registry_leftovers(p) == []
+
+
 def test_killed_batches_and_registrations_converge(registered, image):
     pools = registered
     rng = random.Random(SEED + 2)
@@ -330,12 +342,7 @@ def test_killed_batches_and_registrations_converge(registered, image):
     for _round in range(4):
         run("machine_batch", pools=[p.uri for p in pools], machines=[{"name": n, "state": "absent"} for n in names])
         killed("machine_batch", "batch", rng, pools=[p.uri for p in pools], machines=specs)
-        rerun("machine_batch", pools=[p.uri for p in pools], machines=specs)
-        for name in names:
-            assert sum(1 for p in pools if p.domain(name) is not None) == 1
-        rerun("machine_batch", pools=[p.uri for p in pools], machines=[{"name": n, "state": "absent"} for n in names])
-        for p in pools:
-            assert orphans(p, "kill-batch-") == [] and registry_leftovers(p) == []
+        batch_converges_then_goes(pools, specs, "kill-batch-")
     pool = pools[1]
     registration = dict(uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}],
                         overcommit={"cpu": 16.0, "memory": 1.0})
@@ -398,13 +405,7 @@ def test_daemon_restart_under_a_batch(registered, image):
     REPORT["restarted_batch"] = restart_outcome(result, pools[1])
     # where it failed, the pool whose daemon went away is named, with the cause
     assert restart_outcome(result, pools[1]) in ("converged", "failed naming the pool"), result
-    again = rerun("machine_batch", pools=[p.uri for p in pools], machines=specs)
-    assert not again.get("failed")
-    for name in names:
-        assert sum(1 for p in pools if p.domain(name) is not None) == 1
-    rerun("machine_batch", pools=[p.uri for p in pools], machines=[{"name": n, "state": "absent"} for n in names])
-    for p in pools:
-        assert orphans(p, "restart-") == [] and registry_leftovers(p) == []
+    batch_converges_then_goes(pools, specs, "restart-")
 
 
 # --- detach right after boot --------------------------------------------------------------------------------
