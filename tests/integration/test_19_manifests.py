@@ -281,8 +281,8 @@ def test_manifests_role_applies_a_directory(lab2, tmp_path):
     playbook = os.path.join(HERE, "playbooks", "manifests.yml")
     recaps = []
     for state in ("present", "present", "absent"):
-        proc, recap = run_playbook(playbook, tmp_path / "vars.json", {"lab_file": lab_file(), "manifests_dir": CLASSES,
-                                                                     "manifests_state": state}, timeout=900)
+        variables = {"lab_file": lab_file(), "manifests_dir": CLASSES, "manifests_state": state}
+        proc, recap = run_playbook(playbook, tmp_path / "vars.json", variables, timeout=900)
         assert recap["failed"] == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
         recaps.append((recap["changed"], proc.stdout))
         if state == "present":

@@ -209,6 +209,9 @@ HOLDER_PREFIX = "admission.holder."
 # controller that is no longer running is known dead at once and its lock is broken without waiting.
 LOCK_STALE_SECONDS = 60
 LOCK_WAIT_SECONDS = 90
+# A holder names itself (its marker) right after it created the lock: a lock with no marker for this long belongs
+# to a run killed between the two, and is broken without waiting for it to go stale.
+MARKERLESS_SECONDS = 10
 
 
 def _boot_id():
@@ -296,27 +299,38 @@ class AdmissionLock:
         self.marker = None
 
     def _current(self):
-        """(age in seconds, holder marker or None) of the lock as it is now, or None when it is free."""
+        """(age in seconds, holder markers) of the lock as it is now, or None when it is free. One marker is the
+        holder's; none means its holder was killed before it named itself (or is naming itself right now); more
+        than one, leftovers of dead holders beside the live one."""
         vol = lv.lookup_volume(self.pool, self.name)
         if vol is None:
             return None
         try:
             mtime = elements.read_volume(elements.parse(vol.XMLDesc(0)))["mtime"]
-            markers = [name for name in self.pool.listVolumes() if name.startswith(self.holder_prefix)]
+            markers = sorted(name for name in self.pool.listVolumes() if name.startswith(self.holder_prefix))
         except lv.libvirt.libvirtError:
             return None  # released meanwhile: try again
-        return max(0.0, time.time() - mtime) if mtime else 0.0, markers[0] if len(markers) == 1 else None
+        return max(0.0, time.time() - mtime) if mtime else 0.0, markers
 
-    def _break(self, marker):
-        """Delete the lock when it still belongs to ``marker``. Waiters on this controller break one at a time
-        (a file lock), so none deletes a lock another waiter has just taken."""
+    def _abandoned(self, age, markers):
+        """Whether a lock of this age and these markers has no live holder: its one holder is known dead, it has
+        had no holder for MARKERLESS_SECONDS, or it is older than the stale limit."""
+        if age > self.stale:
+            return True
+        if not markers:
+            return age > MARKERLESS_SECONDS
+        return all(holder_is_dead(marker, self.holder_prefix) for marker in markers)
+
+    def _break(self, markers):
+        """Delete the lock when it still has ``markers``, and those markers. Waiters on this controller break one
+        at a time (a file lock), so none deletes a lock another waiter has just taken."""
         path = os.path.join(tempfile.gettempdir(), "machinery-compute-%s.lock" % self.pool.UUIDString())
         with open(path, "a") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
             current = self._current()
-            if current is not None and current[1] == marker:
+            if current is not None and current[1] == markers:
                 _delete_quietly(self.pool, self.name)
-                if marker:
+                for marker in markers:
                     _delete_quietly(self.pool, marker)
 
     def acquire(self):
@@ -336,17 +350,23 @@ class AdmissionLock:
                 except BaseException:
                     self.release()
                     raise
-                return self
+                current = self._current()
+                if current is not None and [marker for marker in current[1]
+                                            if not holder_is_dead(marker, self.holder_prefix)] == [self.marker]:
+                    return self
+                # broken as holder-less before this run named itself (it stalled longer than MARKERLESS_SECONDS):
+                # the lock there now is not this run's
+                _delete_quietly(self.pool, self.marker)
+                self.marker = self.volume = None
+                continue
             current = self._current()
-            if current is not None:
-                age, marker = current
-                if holder_is_dead(marker, self.holder_prefix) or age > self.stale:
-                    self._break(marker)
-                    continue
+            if current is not None and self._abandoned(*current):
+                self._break(current[1])
+                continue
             if time.monotonic() > deadline:
                 who = ""
-                if current is not None and current[1]:
-                    who = " (%s)" % current[1][len(self.holder_prefix):]
+                if current is not None and len(current[1]) == 1:
+                    who = " (%s)" % current[1][0][len(self.holder_prefix):]
                 raise ConflictError("%s has been held for over %ds by another run%s; a lock is taken as abandoned "
                                     "after %ds" % (self.what, self.timeout, who, self.stale), "uri")
             time.sleep(0.05 + random.random() * 0.1)
@@ -355,7 +375,7 @@ class AdmissionLock:
         """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), so
         a converged run that writes nothing does not leave it for the next writer to find."""
         current = self._current()
-        if current is not None and holder_is_dead(current[1], self.holder_prefix):
+        if current is not None and current[1] and self._abandoned(*current):
             self._break(current[1])
 
     def release(self):

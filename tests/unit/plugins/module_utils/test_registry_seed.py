@@ -86,3 +86,17 @@ def test_table():
     assert lines[1].split() == ["web-1", "pool1", "small", "Running", "0", "5m", "192.168.101.10"]
     assert lines[2].split() == ["db", "pool2", "-", "Pending", "2", "3s", "<none>"]
     assert lines[0].index("POOL") == lines[1].index("pool1")
+
+
+def test_a_lock_is_abandoned_by_a_dead_or_missing_holder_and_never_by_a_live_one():
+    """A run killed between taking the lock and naming itself left a lock with no holder: it is broken after
+    MARKERLESS_SECONDS instead of the stale limit; a live holder's lock never is, whatever lies beside it."""
+    lock = reg.AdmissionLock(None, None)
+    alive = reg.holder_marker()
+    dead = "%s%s.%d.%s" % (reg.HOLDER_PREFIX, reg._controller(), 2 ** 22 + 7, "1")  # no such pid
+    assert lock._abandoned(reg.MARKERLESS_SECONDS + 1, []) is True
+    assert lock._abandoned(1, []) is False
+    assert lock._abandoned(1, [dead]) is True
+    assert lock._abandoned(1, [alive]) is False
+    assert lock._abandoned(1, [alive, dead]) is False
+    assert lock._abandoned(reg.LOCK_STALE_SECONDS + 1, [alive]) is True

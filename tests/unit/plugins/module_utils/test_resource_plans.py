@@ -9,6 +9,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.machines.attach import plan_nic, plan_volume
 from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import plan_class
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
@@ -171,6 +172,22 @@ def test_volume_attach_create_and_grow():
     assert grow.summaries() == ["grow"] and grow.diff() == ({"size": "1Gi"}, {"size": "2Gi"})
     shrink = plan_volume(volume_params({"volume": "extra", "size": "512Mi"}), attached(target()), existing)
     assert shrink.actions == [] and "never shrunk" in shrink.warnings[0]
+
+
+def test_an_attach_killed_before_its_record_is_finished_not_refused():
+    """The disk is defined with this module's alias but the record was never written (a run killed between the
+    two): the re-run records it; a disk of that volume under another alias is still refused."""
+    seen = target()
+    devices = seen.tree.find("devices")
+    devices.append(elements.disk("/p/extra", "qcow2", "vdx", "virtio", dx.volume_alias("extra")))
+    existing = {"format": "qcow2", "capacity": GIB, "users": ["web-1"], "path": "/p/extra"}
+    plan = plan_volume(volume_params({"volume": "extra"}), seen, existing)
+    assert plan.summaries() == ["attach"] and plan.actions[0].handler == "record_disk"
+    assert [s["action"] for s in plan.as_list()[0]["steps"]] == ["write_record"]
+    other = target()
+    other.tree.find("devices").append(elements.disk("/p/extra", "qcow2", "vdx", "virtio", "ua-vol-other"))
+    with pytest.raises(ConflictError):
+        plan_volume(volume_params({"volume": "extra"}), other, existing)
 
 
 def test_volume_attach_refusals():
