@@ -78,8 +78,8 @@ def snapshot_disks(disks):
         elif disk["secret"]:
             refused.append((disk["device"], "an encrypted (LUKS) volume"))
         elif disk["format"] != "qcow2":
-            refused.append((disk["device"], "a %s%s volume" % ("shareable " if disk["shareable"] else "",
-                                                                disk["format"] or "raw")))
+            kind = "shareable " if disk["shareable"] else ""
+            refused.append((disk["device"], "a %s%s volume" % (kind, disk["format"] or "raw")))
         else:
             internal.append(disk["device"])
     return internal, skipped, refused
@@ -179,8 +179,8 @@ class SnapshotResource(Resource):
         self.params["name"] = check.dns_label(params["name"], "name") if params.get("name") else None
         if self.params["name"] is None:
             if self.params["state"] != "present":
-                raise ValidationError("name the snapshot to %s" % ("delete" if self.params["state"] == "absent"
-                                                                    else "revert to"), "name")
+                what = "delete" if self.params["state"] == "absent" else "revert to"
+                raise ValidationError("name the snapshot to %s" % what, "name")
             self.params["name"] = default_name(moment)
         check_retention(params.get("retention"))
         self.reverted = None
@@ -231,16 +231,16 @@ class SnapshotResource(Resource):
             except lv.libvirt.libvirtError as exc:
                 if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_DOMAIN_SNAPSHOT:
                     continue
-                raise LibvirtFailure("cannot delete snapshot %s of %s: %s" % (name, self.machine,
-                                                                             lv.describe(exc))) from None
+                raise LibvirtFailure("cannot delete snapshot %s of %s: %s"
+                                     % (name, self.machine, lv.describe(exc))) from None
 
     def _revert(self, action, seen):
         dom = seen["dom"]
         try:
             dom.revertToSnapshot(dom.snapshotLookupByName(action.target, 0), 0)
         except lv.libvirt.libvirtError as exc:
-            raise LibvirtFailure("cannot revert %s to snapshot %s: %s" % (self.machine, action.target,
-                                                                         lv.describe(exc))) from None
+            raise LibvirtFailure("cannot revert %s to snapshot %s: %s"
+                                 % (self.machine, action.target, lv.describe(exc))) from None
         self.reverted = action.target
 
         def note(record):  # the definition came back with the snapshot: note the revert in that record

@@ -96,14 +96,12 @@ def test_a_snapshot_with_memory_is_reverted_to_on_every_run_but_once_per_run():
 def test_a_disk_only_revert_is_no_change_until_the_machine_boots_again():
     snapshot = entry("s", 5, memory=False)
     last = {"snapshot": "s", "boots": 3}
-    plan = sn.plan_snapshots(params(state="reverted"), seen([snapshot], active=False, boots=3))
+    revert = params(state="reverted")
+    plan = sn.plan_snapshots(revert, seen([snapshot], active=False, boots=3))
     assert plan.kinds() == ["revert"] and plan.diff()[1] == {"reverted": "s", "state": "shutoff"}
-    assert not sn.plan_snapshots(params(state="reverted"), seen([snapshot], active=False, boots=3,
-                                                                 last_revert=last)).changed
-    assert sn.plan_snapshots(params(state="reverted"), seen([snapshot], active=False, boots=4,
-                                                             last_revert=last)).changed
-    assert sn.plan_snapshots(params(state="reverted"), seen([snapshot], active=True, boots=3,
-                                                             last_revert=last)).changed
+    assert not sn.plan_snapshots(revert, seen([snapshot], active=False, boots=3, last_revert=last)).changed
+    assert sn.plan_snapshots(revert, seen([snapshot], active=False, boots=4, last_revert=last)).changed
+    assert sn.plan_snapshots(revert, seen([snapshot], active=True, boots=3, last_revert=last)).changed
 
 
 def test_retention_prunes_the_oldest_of_ours_and_keeps_the_new_one():
