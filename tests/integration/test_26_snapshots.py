@@ -15,6 +15,7 @@ from conftest import assert_failed, first_pool, load_lab, register, run_module
 
 MACHINE = "sn-guest"
 MARKER = "MACHINERY-SNAPSHOT-MARKER"
+SHARED = "sn-shared.raw"
 # the guest's shell reads the first bytes of its data disk
 READ_DISK = "dd if=/dev/vdb bs=64 count=1 2>/dev/null | tr -d '\\000'"
 
@@ -28,6 +29,12 @@ def sn_pool():
 def clean(pool):
     if pool.domain(MACHINE) is not None:
         run_module("machine", uri=pool.uri, name=MACHINE, state="absent", shutdown_timeout=0)
+    drop_shared(pool)
+
+
+def drop_shared(pool):
+    if SHARED in pool.volumes():
+        pool.conn.storagePoolLookupByName("machinery").storageVolLookupByName(SHARED).delete(0)
 
 
 def machine(module, pool, state):
@@ -123,6 +130,15 @@ def test_snapshot_revert_retention_delete(sn_pool, module, capsys):
     refused = module("machine_snapshot", name="s2", memory=True, **args)
     assert_failed(refused, "memory", "not running")
     assert libvirt_snapshots(pool) == ["s1"]
+    # a shareable raw volume cannot hold an internal snapshot: the machine is refused, naming the disk
+    shared = dict(uri=pool.uri, machine=MACHINE, volume=SHARED)
+    attached = module("volume_attach", size="1Mi", format="raw", shareable=True, **shared)
+    assert not attached.get("failed"), attached
+    refused = module("machine_snapshot", name="s2", **args)
+    assert_failed(refused, "machine", "is a shareable raw volume")
+    assert libvirt_snapshots(pool) == ["s1"]
+    assert not module("volume_attach", state="detached", **shared).get("failed")
+    drop_shared(pool)
     started = time.monotonic()
     cold = module("machine_snapshot", name="s2", **args)
     took_cold = time.monotonic() - started
