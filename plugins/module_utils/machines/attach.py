@@ -264,7 +264,7 @@ class VolumeAttachment(Attachment):
         target, volume = observed
         plan = plan_volume(dict(self.params, storage_pool=self.ctx.storage.name()), target, volume)
         attach, grow = plan.find("attach"), plan.find("grow")
-        if attach is not None and attach.data["created"]:  # refused in check mode too
+        if attach is not None and attach.data.get("created"):  # refused in check mode too
             check_storage(self.ctx, [("size", attach.data["size"])])
         elif grow is not None:
             check_storage(self.ctx, [("size", grow.data["size"] - volume["capacity"])])

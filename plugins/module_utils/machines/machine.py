@@ -760,6 +760,8 @@ class MachineService:
         """Converge the machine of ``params`` (machine_spec.params); ``prepared`` is a preflight's Prepared."""
         resource = MachineResource(self.ctx, params, self.check_mode, prepared)
         plan, observed = converge(resource, self.check_mode)
+        if not self.check_mode:
+            self.ctx.clear_abandoned_lock()
         spec = resource.spec or {"name": resource.name, "state": resource.state}
         if resource.state == "absent":
             machine = {"name": resource.name, "pool": self.ctx.name, "uri": self.ctx.uri, "phase": "Terminated"}

@@ -209,8 +209,9 @@ HOLDER_PREFIX = "admission.holder."
 # controller that is no longer running is known dead at once and its lock is broken without waiting.
 LOCK_STALE_SECONDS = 60
 LOCK_WAIT_SECONDS = 90
-# A holder names itself (its marker) right after it created the lock: a lock with no marker for this long belongs
-# to a run killed between the two, and is broken without waiting for it to go stale.
+# A run names itself (its marker) before it tries to create the lock, and deletes the lock before its marker, so a
+# lock always has its holder's marker beside it; one with no marker for this long was left by an older version or
+# by hand, and is broken without waiting for it to go stale.
 MARKERLESS_SECONDS = 10
 
 
@@ -238,16 +239,18 @@ def _controller():
 
 
 def holder_marker(prefix=HOLDER_PREFIX):
-    """The name of the volume that says who holds the lock: this controller and this process (pid and start
-    time). A name, not content: it is read with a listing, never with a stream that would keep the lock busy."""
-    return "%s%s.%d.%s" % (prefix, _controller(), os.getpid(), _process_start(os.getpid()))
+    """The name of the volume that says who holds the lock: this controller, this process (pid and start time)
+    and its thread (threads of one run take a pool's lock in turn). A name, not content: it is read with a
+    listing, never with a stream that would keep the lock busy."""
+    return "%s%s.%d.%s.%d" % (prefix, _controller(), os.getpid(), _process_start(os.getpid()),
+                              threading.get_ident() % 10 ** 9)
 
 
 def holder_is_dead(marker, prefix=HOLDER_PREFIX):
     """True when the holder ``marker`` names ran on this controller and that process is gone; None when it
     cannot be told (another controller, or no marker)."""
     try:
-        controller, pid, start = marker[len(prefix):].split(".")
+        controller, pid, start = marker[len(prefix):].split(".")[:3]
     except (TypeError, ValueError):
         return None
     if controller != _controller():
@@ -335,30 +338,23 @@ class AdmissionLock:
 
     def acquire(self):
         deadline = time.monotonic() + self.timeout
+        marker = holder_marker(self.holder_prefix)
         while True:
+            # named first: a run killed at any point leaves no lock without its (dead, so breakable) holder
+            storage.create_volume(self.pool, marker, 1, "raw", mode="0600", replace=True)
             try:
                 volume = self.pool.createXML(storage.volume_xml(self.name, 1, "raw", mode="0600"), 0)
             except lv.libvirt.libvirtError as exc:
+                _delete_quietly(self.pool, marker)  # a waiter leaves no marker to be taken for the holder's
                 if exc.get_error_code() not in (lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST, lv.libvirt.VIR_ERR_INTERNAL_ERROR,
                                                 lv.libvirt.VIR_ERR_OPERATION_FAILED):
                     raise LibvirtFailure("cannot take %s: %s" % (self.what, lv.describe(exc))) from None
+            except BaseException:
+                _delete_quietly(self.pool, marker)
+                raise
             else:
-                self.volume = volume
-                self.marker = holder_marker(self.holder_prefix)
-                try:
-                    storage.create_volume(self.pool, self.marker, 1, "raw", mode="0600")
-                except BaseException:
-                    self.release()
-                    raise
-                current = self._current()
-                if current is not None and [marker for marker in current[1]
-                                            if not holder_is_dead(marker, self.holder_prefix)] == [self.marker]:
-                    return self
-                # broken as holder-less before this run named itself (it stalled longer than MARKERLESS_SECONDS):
-                # the lock there now is not this run's
-                _delete_quietly(self.pool, self.marker)
-                self.marker = self.volume = None
-                continue
+                self.volume, self.marker = volume, marker
+                return self
             current = self._current()
             if current is not None and self._abandoned(*current):
                 self._break(current[1])
@@ -372,19 +368,30 @@ class AdmissionLock:
             time.sleep(0.05 + random.random() * 0.1)
 
     def clear_abandoned(self):
-        """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), so
-        a converged run that writes nothing does not leave it for the next writer to find."""
+        """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), and
+        delete the markers of dead runs beside no lock, so a converged run that writes nothing does not leave them
+        for the next writer to find."""
         current = self._current()
-        if current is not None and current[1] and self._abandoned(*current):
-            self._break(current[1])
+        if current is not None:
+            if current[1] and self._abandoned(*current):
+                self._break(current[1])
+            return
+        try:
+            markers = [name for name in self.pool.listVolumes() if name.startswith(self.holder_prefix)]
+        except lv.libvirt.libvirtError:
+            return
+        for marker in markers:
+            if holder_is_dead(marker, self.holder_prefix):
+                _delete_quietly(self.pool, marker)
 
     def release(self):
-        if self.marker is not None:
-            _delete_quietly(self.pool, self.marker)
-            self.marker = None
+        # the lock before its marker: a run killed between the two leaves a dead marker, never a nameless lock
         if self.volume is not None:
             _delete_quietly(self.pool, self.name)
             self.volume = None
+        if self.marker is not None:
+            _delete_quietly(self.pool, self.marker)
+            self.marker = None
 
     def __enter__(self):
         return self.acquire()
