@@ -139,6 +139,8 @@ class Registry:
                 data = storage.download_bytes(self.conn, vol, limit=1024 * 1024) if vol is not None else None
             except storage.VolumeBeingWritten:
                 continue  # another run is still writing it: not there yet, an older generation is the current one
+            except storage.VolumeTooLarge:
+                continue  # no document is that large: not one of ours
             except LibvirtFailure:
                 if lv.lookup_volume(self.pool, name) is not None:
                     raise

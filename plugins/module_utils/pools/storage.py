@@ -103,6 +103,10 @@ class VolumeExists(LibvirtFailure):
     """The volume to create is there already (another run made it, or a listing missed it)."""
 
 
+class VolumeTooLarge(LibvirtFailure):
+    """A volume read whole is larger than the caller's limit."""
+
+
 class VolumeBeingWritten(LibvirtFailure):
     """libvirt refuses to read a volume that another run is still creating ("still being allocated")."""
 
@@ -208,13 +212,15 @@ def download_bytes(conn, vol, limit=64 * 1024 * 1024, offset=0):
             received.append(data)
             total += len(data)
             if total > limit:
-                raise LibvirtFailure("volume %s is larger than %d bytes" % (vol.name(), limit))
+                raise VolumeTooLarge("volume %s is larger than %d bytes" % (vol.name(), limit))
         stream.finish()
-    except lv.libvirt.libvirtError as exc:
+    except (lv.libvirt.libvirtError, VolumeTooLarge) as exc:
         try:
             stream.abort()
         except Exception:  # already closed by the daemon
             pass
+        if isinstance(exc, VolumeTooLarge):
+            raise
         kind = VolumeBeingWritten if being_written(exc) else LibvirtFailure
         raise kind("download of volume %s failed: %s" % (vol.name(), lv.describe(exc))) from None
     return b"".join(received)
