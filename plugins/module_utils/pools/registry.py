@@ -42,6 +42,11 @@ def class_key(name):
     return "class-%s" % name
 
 
+def move_key(machine):
+    """The journal of a move of ``machine``, in the registries of both pools (fleets/migrate.py)."""
+    return "move-%s" % machine
+
+
 def pending_key(machine):
     """The journal of a machine being created or deleted: the volumes the run makes or removes. A run that dies
     midway leaves it, so the next run for that name knows exactly which volumes were left behind."""
@@ -132,6 +137,10 @@ class Registry:
             vol = lv.lookup_volume(self.pool, name)
             try:
                 data = storage.download_bytes(self.conn, vol, limit=1024 * 1024) if vol is not None else None
+            except storage.VolumeBeingWritten:
+                continue  # another run is still writing it: not there yet, an older generation is the current one
+            except storage.VolumeTooLarge:
+                continue  # no document is that large: not one of ours
             except LibvirtFailure:
                 if lv.lookup_volume(self.pool, name) is not None:
                     raise
@@ -147,6 +156,25 @@ class Registry:
             self._index = None
             return self._read(key, relisted=True)
         return None
+
+    def _complete_listing(self, key):
+        """The index, confirmed when it looks short. Once a pool is registered its registry always holds its
+        registration: a listing without it (or without any document) was taken while libvirt refreshed the pool
+        after another run's upload, and may miss the current generation of ``key`` too. The pool is refreshed
+        and listed again, for up to EXPECTED_RETRY_SECONDS, as ``get(expected=True)`` does. (A listing that holds
+        the registration but misses ``key`` cannot be told from a new key; the write then collides on the volume
+        name, and ``put`` lists again.)"""
+        index = self._generations()
+        deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
+        while key != POOL_KEY and POOL_KEY not in index and key not in index and time.monotonic() < deadline:
+            time.sleep(0.05 + random.random() * 0.1)
+            try:
+                self.pool.refresh(0)
+            except lv.libvirt.libvirtError:
+                pass  # an upload is running there: its own refresh follows it
+            self._index = None
+            index = self._generations()
+        return index
 
     def _relist(self, epoch):
         """Forget the index unless it was listed while this process held the admission lock in ``epoch`` (the
@@ -164,11 +192,23 @@ class Registry:
         # the host's lock first, then this object's guard: a thread holding the lock may need the guard
         with _held(self.conn, self.pool, locked), self._guard:
             self._relist(epoch if locked else None)
-            versions = self._generations().get(key, [])
-            generation = versions[0][0] + 1 if versions else 1
-            name = "%s.%d.json" % (key, generation)
-            data = encode(key, generation, body)
-            vol = storage.create_volume(self.pool, name, len(data), "raw", mode="0600")
+            for attempt in range(3):
+                versions = self._complete_listing(key).get(key, [])
+                generation = versions[0][0] + 1 if versions else 1
+                name = "%s.%d.json" % (key, generation)
+                data = encode(key, generation, body)
+                try:
+                    vol = storage.create_volume(self.pool, name, len(data), "raw", mode="0600")
+                    break
+                except storage.VolumeExists:
+                    if attempt == 2:
+                        raise
+                    # the listing missed that generation: list again, refreshed
+                    self._index = None
+                    try:
+                        self.pool.refresh(0)
+                    except lv.libvirt.libvirtError:
+                        pass
             storage.upload_bytes(self.conn, vol, data)
             # superseded generations are pruned; one that another run is opening for a read stays until the
             # next put (readers take the newest valid generation, so it is never read again)
@@ -290,7 +330,7 @@ class AdmissionLock:
     run; one older than LOCK_STALE_SECONDS is broken by anyone. Works over any URI, across hosts and processes."""
 
     def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS, name=LOCK_VOLUME, holder_prefix=HOLDER_PREFIX,
-                 stale=LOCK_STALE_SECONDS, what="the admission lock of this pool"):
+                 stale=LOCK_STALE_SECONDS, what="the admission lock of this pool", refuse=None, field="uri"):
         self.conn = conn
         self.pool = pool
         self.timeout = timeout
@@ -298,6 +338,8 @@ class AdmissionLock:
         self.holder_prefix = holder_prefix
         self.stale = stale
         self.what = what
+        self.refuse = refuse  # refuse(holder marker): why not to wait for that holder, or None to wait
+        self.field = field
         self.volume = None
         self.marker = None
 
@@ -356,15 +398,20 @@ class AdmissionLock:
                 self.volume, self.marker = volume, marker
                 return self
             current = self._current()
-            if current is not None and self._abandoned(*current):
-                self._break(current[1])
-                continue
+            if current is not None:
+                if self._abandoned(*current):
+                    self._break(current[1])
+                    continue
+                holders = [marker for marker in current[1] if not holder_is_dead(marker, self.holder_prefix)]
+                refusal = self.refuse(holders[0]) if self.refuse is not None and len(holders) == 1 else None
+                if refusal:
+                    raise ConflictError(refusal, self.field)
             if time.monotonic() > deadline:
                 who = ""
                 if current is not None and len(current[1]) == 1:
                     who = " (%s)" % current[1][0][len(self.holder_prefix):]
                 raise ConflictError("%s has been held for over %ds by another run%s; a lock is taken as abandoned "
-                                    "after %ds" % (self.what, self.timeout, who, self.stale), "uri")
+                                    "after %ds" % (self.what, self.timeout, who, self.stale), self.field)
             time.sleep(0.05 + random.random() * 0.1)
 
     def clear_abandoned(self):
@@ -401,7 +448,46 @@ class AdmissionLock:
         return False
 
 
+# A run that changes a machine holds it on its pool (``machine_hold``): the machine module while it applies, a
+# move on both pools from before it observes the machine until its journal is cleared. A move is long (its disks
+# are copied), so its hold is taken as abandoned only after MOVE_STALE_SECONDS when its holder cannot be checked,
+# and a second move of the machine waits for the first up to MOVE_WAIT_SECONDS.
+MOVE_STALE_SECONDS = UPLOAD_STALE_SECONDS
+MOVE_WAIT_SECONDS = UPLOAD_WAIT_SECONDS
+
+
+def hold_prefix(machine):
+    return "hold-%s.holder." % machine
+
+
+def holder_description(marker, prefix):
+    """A holder marker as a reader can use it: "pid 123 on this controller", or "on another controller"."""
+    try:
+        controller, pid, _start = marker[len(prefix):].split(".")[:3]
+    except (TypeError, ValueError):
+        return "unknown"
+    return "pid %s on this controller" % pid if controller == _controller() else "on controller %s" % controller
+
+
+def machine_hold(conn, machine, timeout, refuse=None, field="name"):
+    """The hold on ``machine`` in the registry of the pool behind ``conn`` (nothing when the pool has no
+    registry): one run at a time changes the machine there. ``refuse(marker)`` says why not to wait for the
+    run holding it (a move, for the machine module), or None to wait up to ``timeout``."""
+    pool = lv.lookup_storage_pool(conn, REGISTRY_POOL)
+    if pool is None:
+        return _Held()
+    if not pool.isActive():
+        pool.create(0)
+    return AdmissionLock(conn, pool, timeout, "hold-%s.lock" % machine, hold_prefix(machine), MOVE_STALE_SECONDS,
+                         "the hold on machine %s" % machine, refuse, field)
+
+
 class _Held:
+    marker = None
+
+    def release(self):
+        pass
+
     def __enter__(self):
         return self
 
