@@ -137,7 +137,7 @@ class Attachment(Resource):
 
     def apply(self, action, observed):
         """Both kinds observe (the target machine, what else they need): their methods take the target."""
-        self.applier(action.kind)(self, action, observed[0])
+        self.applier(action.handler)(self, action, observed[0])
 
 
 # --- volumes ----------------------------------------------------------------------------------------------------
