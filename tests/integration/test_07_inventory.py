@@ -137,7 +137,16 @@ def test_address_sources(registered, fleet, tmp_path):
     pool = next(p for p in registered if p.name == running["pool"])
     pools = [{"name": p.name, "uri": p.uri} for p in registered]
     # the test image runs the guest agent: asked only for the agent, the machine has the address its lease gave
-    # (test_18 proves the agent alone on a machine with no lease at all)
+    # (test_18 proves the agent alone on a machine with no lease at all). The guest's agent connects a while after
+    # its lease (later still on a loaded machine): wait until libvirt can reach it before asking the inventory
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            pool.domain("inv-a").interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT, 0)
+            break
+        except libvirt.libvirtError:
+            assert time.monotonic() < deadline, "the guest agent of inv-a never answered"
+            time.sleep(0.5)
     data, _warnings = listing(write_source(tmp_path, pools, address_source=["agent"]))
     assert data["_meta"]["hostvars"]["inv-a"]["ansible_host"] == address
     assert data["_meta"]["hostvars"]["inv-a"]["machinery"]["guest"]["os"]["id"] == "machinery-test"
