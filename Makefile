@@ -116,7 +116,7 @@ integration: venv core-venv image image-real
 	python3 lab/lab.py up --pools 3 --dir $(TEST_LAB) --image $(IMAGE_DIR)/machinery-test.qcow2
 	set -o pipefail; export MACHINERY_LAB=$(TEST_LAB)/lab.json \
 		MACHINERY_REAL_IMAGE=$(IMAGE_DIR)/machinery-real.qcow2; \
-		$(VENV)/bin/pytest -q -p no:cacheprovider tests/integration && \
+		$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 tests/integration && \
 		echo "-- the inventory tests under ansible-core $(MIN_CORE)" && \
 		$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py; \
 		status=$$?; python3 lab/lab.py down --dir $(TEST_LAB); exit $$status

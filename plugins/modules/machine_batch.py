@@ -180,10 +180,10 @@ class MachineBatchModule(MachineryModule):
         if outcome.failures:
             shown = outcome.failures[:FAILURES_SHOWN]
             more = len(outcome.failures) - len(shown)
-            result["msg"] = "%d of %d machines failed: %s%s" % (
-                len(outcome.failures), len(specs), "; ".join("%s: %s" % (failure["name"], failure["msg"])
-                                                             for failure in shown),
-                "; and %d more (see failures)" % more if more else "")
+            named = ["%s%s: %s" % (failure["name"], " on pool %s" % failure["pool"] if failure.get("pool") else "",
+                                   failure["msg"]) for failure in shown]
+            tail = "; and %d more (see failures)" % more if more else ""
+            result["msg"] = "%d of %d machines failed: %s%s" % (len(outcome.failures), len(specs), "; ".join(named), tail)
             result["failed"] = True
         return result
 

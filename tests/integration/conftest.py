@@ -7,6 +7,9 @@ from libvirt itself.
 import contextlib
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,6 +20,7 @@ import pytest
 
 NS = "https://machinery.compute/xmlns/machine/1"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.dirname(sys.executable)
 CLASS_SMALL = {"name": "small", "cpu": 1, "memory": "128Mi"}
 # The lab's hosts have few CPUs and its TCG test guests sit idle: overcommit CPUs so tests are not capped at 2.
 OVERCOMMIT = {"cpu": 16.0, "memory": 1.0}
@@ -33,6 +37,24 @@ def lab_pid(pool):
     """The pid of a lab pool's libvirtd (its network namespace is the pool host's network)."""
     with open(os.path.join(os.path.dirname(lab_file()), pool.name, "libvirtd.pid")) as handle:
         return int(handle.read().strip())
+
+
+def stop_daemon(pool, timeout=30):
+    """Stop a lab pool's libvirtd and wait until its process is gone."""
+    pid = lab_pid(pool)
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while os.path.exists("/proc/%d" % pid):
+        assert time.monotonic() < deadline, "libvirtd of %s (pid %d) did not stop" % (pool.name, pid)
+        time.sleep(0.1)
+
+
+def start_daemons(pools):
+    """Start the lab's stopped daemons again (lab.py up leaves running ones alone) and reconnect to every pool."""
+    subprocess.run(["python3", os.path.join(REPO, "lab", "lab.py"), "up", "--pools", str(len(pools)),
+                    "--dir", os.path.dirname(lab_file())], check=True, capture_output=True, timeout=300)
+    for pool in pools:
+        pool.reconnect()
 
 
 def load_lab():
@@ -53,22 +75,71 @@ def image(lab):
     return lab["image"]
 
 
-def run_module(module_name, check=False, diff=True, **args):
-    """Run machinery.compute.<name> in its own process, as Ansible does on a host; returns its JSON result."""
-    args = dict(args, _ansible_check_mode=check, _ansible_diff=diff, _ansible_no_log=False)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
-    try:
+class ModuleRun:
+    """machinery.compute.<name> started in a process (and process group) of its own, its arguments as JSON in a
+    file, as Ansible runs a module on a host. Its output goes to files, so a run nobody reads never blocks."""
+
+    def __init__(self, module_name, check=False, diff=True, **args):
+        self.module_name = module_name
+        self.work = tempfile.mkdtemp(prefix="machinery-module-")
+        args_file = os.path.join(self.work, "args.json")
+        with open(args_file, "w") as handle:
+            json.dump({"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check, _ansible_diff=diff,
+                                                   _ansible_no_log=False)}, handle)
+        self.stdout = open(os.path.join(self.work, "stdout"), "w+")
+        self.stderr = open(os.path.join(self.work, "stderr"), "w+")
         command = [sys.executable, "-m", "ansible_collections.machinery.compute.plugins.modules." + module_name,
-                   handle.name]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
-    finally:
-        os.unlink(handle.name)
-    try:
-        return json.loads(proc.stdout[proc.stdout.index("{"):])
-    except ValueError:
-        raise AssertionError("module %s printed no JSON (rc %d): %s %s"
-                             % (module_name, proc.returncode, proc.stdout, proc.stderr)) from None
+                   args_file]
+        self.proc = subprocess.Popen(command, stdout=self.stdout, stderr=self.stderr, start_new_session=True)
+
+    def running(self):
+        return self.proc.poll() is None
+
+    def wait(self, timeout):
+        """True when the run ended within ``timeout`` seconds."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def kill(self, sig=signal.SIGKILL, group=True):
+        """Send ``sig`` to the run's whole process group (or its module process alone) and reap it; True only when
+        the run was still running then and died of that signal (a run that ended just before was not killed)."""
+        was_running = self.running()
+        if was_running:
+            with contextlib.suppress(ProcessLookupError):
+                (os.killpg if group else os.kill)(self.proc.pid, sig)
+        self.proc.wait()
+        self.close()
+        return was_running and self.proc.returncode == -sig
+
+    def close(self):
+        for handle in (self.stdout, self.stderr):
+            handle.close()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def finish(self, timeout=900):
+        """Wait for the run's end; its JSON result."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.stdout.seek(0)
+        self.stderr.seek(0)
+        out, err = self.stdout.read(), self.stderr.read()
+        self.close()
+        try:
+            return json.loads(out[out.index("{"):])
+        except ValueError:
+            raise AssertionError("module %s printed no JSON (rc %s): %s %s"
+                                 % (self.module_name, self.proc.returncode, out, err)) from None
+
+
+def run_module(module_name, check=False, diff=True, **args):
+    """Run machinery.compute.<name> to its end (see ModuleRun); returns its JSON result."""
+    return ModuleRun(module_name, check=check, diff=diff, **args).finish()
 
 
 @pytest.fixture(scope="session")
@@ -201,6 +272,67 @@ def warnings_of(result):
     for warning in result.get("warnings") or []:
         texts.append(warning["event"]["msg"] if isinstance(warning, dict) else str(warning))
     return texts
+
+
+# --- the ansible command line ---------------------------------------------------------------------------------
+
+def ansible(tool, *args, env=None, timeout=300):
+    """Run ansible's ``tool`` (ansible-inventory, ansible-playbook, ansible) of this Python; the finished process."""
+    environment = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    environment.update(env or {})
+    return subprocess.run([os.path.join(BIN, tool)] + [str(arg) for arg in args], capture_output=True, text=True,
+                          env=environment, check=False, timeout=timeout)
+
+
+def run_playbook(playbook, variables_file, variables, env=None, timeout=1200):
+    """ansible-playbook PLAYBOOK -e @VARIABLES_FILE (``variables`` written to it as JSON), on localhost; the
+    process and the counts of its recap (ok, changed, unreachable, failed)."""
+    variables_file.write_text(json.dumps(variables))
+    env = dict({"ANSIBLE_LOCALHOST_WARNING": "false", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false"}, **(env or {}))
+    proc = ansible("ansible-playbook", playbook, "-e", "@%s" % variables_file, env=env, timeout=timeout)
+    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
+    assert recap, proc.stdout + proc.stderr
+    return proc, dict(zip(("ok", "changed", "unreachable", "failed"), map(int, recap.groups())))
+
+
+def write_source(directory, pools, name="fleet", **options):
+    """An inventory source of the machines plugin, ``<name>.machinery.yml`` in ``directory``; ``pools`` are lab
+    pools, or entries as the source takes them (URIs or name and URI)."""
+    entries = [{"name": pool.name, "uri": pool.uri} if isinstance(pool, Pool) else pool for pool in pools]
+    source = directory / ("%s.machinery.yml" % name)
+    source.write_text(json.dumps(dict({"plugin": "machinery.compute.machines", "pools": entries}, **options)))
+    return source  # JSON is YAML
+
+
+def inventory(source, *args, env=None):
+    return ansible("ansible-inventory", "-i", source, *args, env=env)
+
+
+def listing(source, env=None, raw=False):
+    """ansible-inventory --list of a source: its inventory (strings marked unsafe shown as such when ``raw``)
+    and its warnings on one line (ansible-core before 2.19 wraps them at the terminal width)."""
+    proc = inventory(source, "--list", env=env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    return (data if raw else plain(data)), " ".join(proc.stderr.split())
+
+
+def hostvars(source, raw=False):
+    return listing(source, raw=raw)[0]["_meta"]["hostvars"]
+
+
+def adhoc(source, host, module_name, args, timeout=900):
+    """``ansible HOST -m MODULE -a ARGS`` through the guest_agent connection plugin, with nothing but the inventory
+    source: it sets the pool's URI and the domain for the plugin. (rc, the host's result as --tree wrote it)."""
+    tree = source.parent / "tree"
+    result_file = tree / host
+    if result_file.exists():
+        result_file.unlink()
+    proc = ansible("ansible", host, "-i", source, "-c", "machinery.compute.guest_agent", "-m", module_name,
+                   "-a", args, "--tree", tree, env={"ANSIBLE_LOCALHOST_WARNING": "false"}, timeout=timeout)
+    assert result_file.exists(), "no result (rc %d): %s %s" % (proc.returncode, proc.stdout[-3000:],
+                                                               proc.stderr[-3000:])
+    return proc.returncode, json.loads(result_file.read_text())
 
 
 def assert_failed(result, field, *words):

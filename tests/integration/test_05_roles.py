@@ -1,28 +1,15 @@
 """The pools and machines roles through ansible-playbook: converge, idempotence, deletion, concurrency."""
 
-import json
 import os
-import re
-import subprocess
-import sys
 import threading
 
-from conftest import REPO, lab_file
+from conftest import REPO, lab_file, run_playbook
 
 PLAYBOOK = os.path.join(REPO, "tests", "integration", "playbooks", "roles.yml")
-ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 
 
 def play(lab_file, tmp_path, tag, **extra):
-    variables = tmp_path / ("vars-%s.json" % tag)
-    variables.write_text(json.dumps(dict(extra, lab_file=lab_file)))
-    env = dict(os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run([ANSIBLE_PLAYBOOK, PLAYBOOK, "-e", "@%s" % variables], capture_output=True, text=True,
-                          env=env, timeout=1200, check=False)
-    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
-    assert recap, proc.stdout + proc.stderr
-    return proc, {"ok": int(recap.group(1)), "changed": int(recap.group(2)), "failed": int(recap.group(4))}
+    return run_playbook(PLAYBOOK, tmp_path / ("vars-%s.json" % tag), dict(extra, lab_file=lab_file))
 
 
 def where(pools, names):

@@ -1,8 +1,6 @@
 """The machines inventory plugin through ansible-inventory and ansible-playbook, against the lab."""
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,32 +9,9 @@ import libvirt
 import pytest
 from lxml import etree
 
-from conftest import NS, REPO, lab_file, lab_pid, plain
+from conftest import NS, ansible, inventory, lab_pid, listing, start_daemons, stop_daemon, write_source
 
-BIN = os.path.dirname(sys.executable)
 INJECTION = "{{ lookup('pipe', 'echo INJECTED') }}"
-
-
-def write_source(directory, pools, **options):
-    source = directory / "fleet.machinery.yml"
-    config = dict({"plugin": "machinery.compute.machines", "pools": pools}, **options)
-    source.write_text(json.dumps(config))  # JSON is YAML
-    return source
-
-
-def inventory(source, *args, env=None):
-    proc = subprocess.run([os.path.join(BIN, "ansible-inventory"), "-i", str(source)] + list(args),
-                          capture_output=True, text=True, env=dict(os.environ, ANSIBLE_NOCOLOR="1", **(env or {})),
-                          check=False, timeout=300)
-    return proc
-
-
-def listing(source, env=None, raw=False):
-    proc = inventory(source, "--list", env=env)
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout)
-    # ansible-core before 2.19 wraps warnings at the terminal width
-    return (data if raw else plain(data)), " ".join(proc.stderr.split())
 
 
 def members(data, group):
@@ -122,9 +97,7 @@ def test_labels_are_never_templated(registered, module, fleet, tmp_path):
                                           "ansible.builtin.debug": {"msg": "{{ machinery.labels.note }} on "
                                                                            "{{ hostvars[inventory_hostname]"
                                                                            "['machinery']['pool'] }}"}}]}]))
-    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", str(source), str(playbook)],
-                          capture_output=True, text=True, check=False, timeout=300,
-                          env=dict(os.environ, ANSIBLE_NOCOLOR="1"))
+    proc = ansible("ansible-playbook", "-i", source, playbook)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "inv-a" in proc.stdout and "lookup('pipe'" in proc.stdout
     assert "INJECTED on" not in proc.stdout
@@ -140,12 +113,8 @@ def test_cache_is_used_on_the_second_run(registered, fleet, tmp_path, lab):
     assert "inv-c" in cold["_meta"]["hostvars"]
     assert list(cache_dir.iterdir())
     # stop the daemon of the pool that holds inv-c: a run that called libvirt could not list it any more
-    pid = lab_pid(pools[2])
-    os.kill(pid, signal.SIGTERM)
     try:
-        deadline = time.monotonic() + 30
-        while os.path.exists("/proc/%d" % pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        stop_daemon(pools[2])
         uncached, warnings = listing(write_source(tmp_path / "..", [{"name": p.name, "uri": p.uri}
                                                                     for p in pools]))
         assert "inv-c" not in uncached["_meta"]["hostvars"] and "was not read" in warnings
@@ -158,10 +127,7 @@ def test_cache_is_used_on_the_second_run(registered, fleet, tmp_path, lab):
         assert machine["uri"] == {"__ansible_unsafe": pools[2].uri}
         assert machine["pool"] == {"__ansible_unsafe": pools[2].name}
     finally:
-        subprocess.run(["python3", os.path.join(REPO, "lab", "lab.py"), "up", "--pools", str(len(pools)),
-                        "--dir", os.path.dirname(lab_file())], check=True, capture_output=True, timeout=300)
-        for pool in pools:
-            pool.reconnect()
+        start_daemons(pools)
     assert "inv-c" in pools[2].domain_names()
 
 
@@ -171,7 +137,16 @@ def test_address_sources(registered, fleet, tmp_path):
     pool = next(p for p in registered if p.name == running["pool"])
     pools = [{"name": p.name, "uri": p.uri} for p in registered]
     # the test image runs the guest agent: asked only for the agent, the machine has the address its lease gave
-    # (test_18 proves the agent alone on a machine with no lease at all)
+    # (test_18 proves the agent alone on a machine with no lease at all). The guest's agent connects a while after
+    # its lease (later still on a loaded machine): wait until libvirt can reach it before asking the inventory
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            pool.domain("inv-a").interfaceAddresses(libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT, 0)
+            break
+        except libvirt.libvirtError:
+            assert time.monotonic() < deadline, "the guest agent of inv-a never answered"
+            time.sleep(0.5)
     data, _warnings = listing(write_source(tmp_path, pools, address_source=["agent"]))
     assert data["_meta"]["hostvars"]["inv-a"]["ansible_host"] == address
     assert data["_meta"]["hostvars"]["inv-a"]["machinery"]["guest"]["os"]["id"] == "machinery-test"

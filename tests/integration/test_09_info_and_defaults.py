@@ -1,16 +1,11 @@
 """machine_pool_info and machine_class_info (read-only, filters, empty lists, offline pools) and module_defaults
 of the action group reaching every module of it in a real play."""
 
-import json
 import os
-import re
-import subprocess
-import sys
 
-from conftest import OVERCOMMIT, REPO, assert_failed, lab_file, register, warnings_of
+from conftest import OVERCOMMIT, REPO, assert_failed, lab_file, register, run_playbook, warnings_of
 
 PLAYBOOK = os.path.join(REPO, "tests", "integration", "playbooks", "module_defaults.yml")
-ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 UNREACHABLE = "qemu+unix:///system?socket=/nonexistent/sock"
 POOL_KEYS = {"name", "uri", "labels", "taints", "state", "problems", "virt_type", "capacity", "allocated",
              "allocatable", "storage", "available_machine_classes", "machine_count", "must_leave",
@@ -155,15 +150,8 @@ def test_multi_pool_modules_need_pools_or_uri(registered, module):
 
 
 def play(tmp_path, phase, run=1):
-    variables = tmp_path / ("vars-%s-%d.json" % (phase, run))
-    variables.write_text(json.dumps({"lab_file": lab_file(), "dflt_phase": phase}))
-    env = dict(os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run([ANSIBLE_PLAYBOOK, PLAYBOOK, "-e", "@%s" % variables], capture_output=True, text=True,
-                          env=env, timeout=900, check=False)
-    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
-    assert recap, proc.stdout + proc.stderr
-    return proc, {"ok": int(recap.group(1)), "changed": int(recap.group(2)), "failed": int(recap.group(4))}
+    return run_playbook(PLAYBOOK, tmp_path / ("vars-%s-%d.json" % (phase, run)),
+                        {"lab_file": lab_file(), "dflt_phase": phase}, timeout=900)
 
 
 def test_module_defaults_reach_every_module(registered, module, tmp_path):

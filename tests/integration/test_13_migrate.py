@@ -3,20 +3,16 @@ resumed, a live move, draining a pool of three machines, bad input. Every effect
 
 import hashlib
 import json
-import os
 import random
 import re
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 
 import libvirt
 
-from conftest import assert_failed, register, run_module
+from conftest import ModuleRun, assert_failed, register, run_module, run_playbook
 
-ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 MIB = 2 ** 20
 SEED = 1311
 
@@ -212,15 +208,6 @@ def seen_at(moment, name, source, target):
             continue
 
 
-def start_module(module_name, **args):
-    args = dict(args, _ansible_check_mode=False, _ansible_diff=False, _ansible_no_log=False)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
-    command = [sys.executable, "-m", "ansible_collections.machinery.compute.plugins.modules." + module_name,
-               handle.name]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), handle.name
-
-
 def whole(pool, name):
     """The pool has the machine's domain and every file its domain names."""
     dom = pool.domain(name)
@@ -240,23 +227,21 @@ def test_moves_killed_midway_are_finished_or_rolled_back_by_a_rerun(registered, 
         for round_number, moment in enumerate(rng.sample(sorted(MOMENTS), len(MOMENTS))):
             source = homes(pools, name)[0]
             target = pools[2] if source is pools[1] else pools[1]
-            proc, args_file = start_module("machine_migrate", pools=fleet(pools), machine=name, target=target.name,
-                                           mode="cold", shutdown_timeout=1)
+            move = ModuleRun("machine_migrate", diff=False, pools=fleet(pools), machine=name, target=target.name,
+                             mode="cold", shutdown_timeout=1)
             try:
                 deadline = time.monotonic() + 60
-                while proc.poll() is None and not seen_at(moment, name, source, target):
+                while move.running() and not seen_at(moment, name, source, target):
                     assert time.monotonic() < deadline, "never saw %s" % moment
                     time.sleep(0.003)
                 time.sleep(rng.uniform(0, 0.02))
-                frozen = proc.poll() is None
+                frozen = move.running()
                 if frozen:
-                    proc.send_signal(signal.SIGSTOP)
+                    move.proc.send_signal(signal.SIGSTOP)
                     killed += 1
                 seen = [key for key in MOMENTS if seen_at(key, name, source, target)]
-                proc.kill()
-                proc.wait()
             finally:
-                os.unlink(args_file)
+                move.kill(group=False)
             # whatever the moment, the machine is whole on a pool
             assert any(whole(pool, name) for pool in (source, target)), (moment, seen)
 
@@ -315,14 +300,7 @@ def play(tmp_path, tag, **variables):
       ansible.builtin.include_role:
         name: machinery.compute.drain
 """)
-    (tmp_path / ("vars-%s.json" % tag)).write_text(json.dumps(variables))
-    env = dict(os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run([ANSIBLE_PLAYBOOK, str(playbook), "-e", "@%s" % (tmp_path / ("vars-%s.json" % tag))],
-                          capture_output=True, text=True, env=env, timeout=1200, check=False)
-    recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
-    assert recap, proc.stdout + proc.stderr
-    return proc, {"changed": int(recap.group(2)), "failed": int(recap.group(4))}
+    return run_playbook(playbook, tmp_path / ("vars-%s.json" % tag), variables)
 
 
 def test_drain_moves_every_machine_off_a_pool_with_its_data(registered, image, tmp_path):

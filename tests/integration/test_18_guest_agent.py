@@ -7,18 +7,14 @@ Modules and a file copy through the plugin need Python in the guest: test_12 run
 (test_tasks_through_the_guest_agent), which saves booting another real guest here.
 """
 
-import json
-import os
 import subprocess
-import sys
 import time
 
 import libvirt
 import pytest
 
-from conftest import first_pool, lab_pid, load_lab, plain
+from conftest import adhoc, first_pool, hostvars, lab_pid, load_lab, write_source
 
-BIN = os.path.dirname(sys.executable)
 BRIDGE = "mgabr0"
 STATIC = "10.77.0.5"
 BRIDGED = "ga-bridged"
@@ -34,36 +30,6 @@ ip -4 -o addr show dev eth0
 def in_pool(pool, *command):
     return subprocess.run(["nsenter", "--net=/proc/%d/ns/net" % lab_pid(pool)] + list(command),
                           capture_output=True, text=True, check=False, timeout=60)
-
-
-def write_source(directory, pools, **options):
-    source = directory / ("%s.machinery.yml" % "-".join(sorted(options)) if options else "all.machinery.yml")
-    source.write_text(json.dumps(dict({"plugin": "machinery.compute.machines",
-                                       "pools": [{"name": p.name, "uri": p.uri} for p in pools]}, **options)))
-    return source
-
-
-def hostvars(source):
-    proc = subprocess.run([os.path.join(BIN, "ansible-inventory"), "-i", str(source), "--list"],
-                          capture_output=True, text=True, env=dict(os.environ, ANSIBLE_NOCOLOR="1"), check=False,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return plain(json.loads(proc.stdout)["_meta"]["hostvars"])
-
-
-def adhoc(source, host, module_name, args):
-    """``ansible HOST -m MODULE -a ARGS`` through the guest agent; (rc, the host's result as --tree wrote it)."""
-    tree = source.parent / "tree"
-    result_file = tree / host
-    if result_file.exists():
-        result_file.unlink()
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="false")
-    proc = subprocess.run([os.path.join(BIN, "ansible"), host, "-i", str(source), "-c",
-                           "machinery.compute.guest_agent", "-m", module_name, "-a", args, "--tree", str(tree)],
-                          capture_output=True, text=True, env=env, check=False, timeout=600)
-    assert result_file.exists(), "no result (rc %d): %s %s" % (proc.returncode, proc.stdout[-3000:],
-                                                               proc.stderr[-3000:])
-    return proc.returncode, json.loads(result_file.read_text())
 
 
 def info(module, pool, name):

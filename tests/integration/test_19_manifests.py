@@ -7,12 +7,11 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 import yaml
 
-from conftest import NS, Pool, lab_file, load_lab, register, run_module, warnings_of
+from conftest import NS, Pool, lab_file, load_lab, register, run_module, run_playbook, warnings_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 IRONCORE = os.path.join(HERE, "manifests", "ironcore")
@@ -452,19 +451,13 @@ def test_vitistack_machine_applied_exported_and_deleted(lab2):
 
 def test_manifests_role_applies_a_directory(lab2, tmp_path):
     pools, entries, _image = lab2
-    variables = tmp_path / "vars.json"
-    env = dict(os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
-               ANSIBLE_NOCOLOR="1")
     playbook = os.path.join(HERE, "playbooks", "manifests.yml")
-    command = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), playbook, "-e", "@%s" % variables]
     recaps = []
     for state in ("present", "present", "absent"):
-        variables.write_text(json.dumps({"lab_file": lab_file(), "manifests_dir": CLASSES, "manifests_state": state}))
-        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900, check=False)
-        recap = re.search(r"localhost\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)",
-                          proc.stdout)
-        assert recap and recap.group(4) == "0", proc.stdout[-4000:] + proc.stderr[-2000:]
-        recaps.append((int(recap.group(2)), proc.stdout))
+        variables = {"lab_file": lab_file(), "manifests_dir": CLASSES, "manifests_state": state}
+        proc, recap = run_playbook(playbook, tmp_path / "vars.json", variables, timeout=900)
+        assert recap["failed"] == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        recaps.append((recap["changed"], proc.stdout))
         if state == "present":
             assert all({"class-role-tiny", "class-role-small"} <= set(registry_keys(p)) for p in pools)
     assert recaps[0][0] > 0 and "role-tiny" in recaps[0][1] and "MEMORY" in recaps[0][1]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import abc
 
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, MachineryError
 
 
 class ConvergenceError(MachineryError):
@@ -153,6 +153,11 @@ class Resource(abc.ABC):
         """Carry out one action of the plan."""
         self.applier(action.handler)(self, action, observed)
 
+    def interference(self, plan, leftover):
+        """Why the object differs after ``plan`` was applied when another run changed it meanwhile, or None when
+        nothing shows another run (then the difference left is a bug). See ``interference``."""
+        return interference(plan, leftover)
+
     def apply_plan(self, plan, observed):
         """Carry out the plan's actions in order (a resource over many objects applies in waves of its own)."""
         for action in plan.actions:
@@ -169,6 +174,29 @@ def converge(resource, check_mode=False):
     observed = resource.observe()
     leftover = resource.plan(observed)
     if leftover.actions:
+        other = resource.interference(plan, leftover)
+        if other is not None:
+            raise ConflictError("%s was changed by another run while this run converged it: %s; this run's changes "
+                                "were made, the other run's are in force now (%s left to do): run again once the "
+                                "other run is done" % (resource.describe(), other, ", ".join(leftover.summaries())))
         raise ConvergenceError("%s still differs after it was converged (%s): this is a bug in machinery.compute, "
                                "please report it" % (resource.describe(), ", ".join(leftover.summaries())))
     return plan, observed
+
+
+def interference(plan, leftover):
+    """How another run changed the object between this run's apply and its re-read, or None: a field the re-read
+    shows with a value that is neither what this run found nor what it set (this run's write landed, then
+    another one's). A field back at the value this run found cannot be told from this run's write not landing:
+    that stays a bug."""
+    found, written = plan.diff()
+    changed = []
+    for action in leftover.actions:
+        for key, value in sorted(action.before.items()):
+            if key in written and value != written[key] and value != found.get(key, written[key]):
+                changed.append("%s is %s, this run set %s" % (key, _shown(value), _shown(written[key])))
+    return "; ".join(changed) if changed else None
+
+
+def _shown(value):
+    return value if isinstance(value, (str, int, float, bool)) or value is None else repr(value)

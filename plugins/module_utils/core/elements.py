@@ -338,6 +338,34 @@ def domain_backup(targets, skipped=()):
     return node
 
 
+# --- snapshot -------------------------------------------------------------------------------------------------
+
+def domain_snapshot(name, description, internal, skipped=(), memory=False):
+    """An internal snapshot: the disks named in ``internal`` get a snapshot inside their qcow2 file, those in
+    ``skipped`` (cdroms) none; with ``memory`` the running guest's memory and device state are saved too."""
+    node = _element("domainsnapshot")
+    _sub(node, "name", name)
+    _sub(node, "description", description)
+    if memory:
+        _sub(node, "memory", snapshot="internal")
+    disks = _sub(node, "disks")
+    for device in internal:
+        _sub(disks, "disk", name=device, snapshot="internal")
+    for device in skipped:
+        _sub(disks, "disk", name=device, snapshot="no")
+    return node
+
+
+def read_snapshot(node):
+    """{name, description, state, created (epoch seconds), memory, disks} of one <domainsnapshot>; ``disks``
+    are the devices with a snapshot of their own."""
+    created = node.findtext("creationTime")
+    return {"name": node.findtext("name"), "description": node.findtext("description") or "",
+            "state": node.findtext("state"), "created": int(created) if created else None,
+            "memory": _attr(node, "memory", "snapshot") not in (None, "no"),
+            "disks": [disk.get("name") for disk in node.findall("disks/disk") if disk.get("snapshot") != "no"]}
+
+
 # --- the KVM probe --------------------------------------------------------------------------------------------
 
 def probe_domain(name, kernel, log_path, memory_mib=128):

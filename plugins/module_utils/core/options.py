@@ -535,6 +535,16 @@ MACHINE_BACKUP = (
     Option("timeout", "int", default=600),
 )
 
+SNAPSHOT_STATES = ("present", "absent", "reverted")
+
+MACHINE_SNAPSHOT = (
+    Option("machine", required=True),
+    Option("name"),
+    Option("memory", "bool"),
+    Option("state", choices=SNAPSHOT_STATES, default="present"),
+    Option("retention", "dict", options=(Option("count", "int"),)),
+)
+
 
 # --- moving a machine -------------------------------------------------------------------------------------------
 

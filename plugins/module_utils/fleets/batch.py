@@ -17,6 +17,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet imp
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     MachineryError, NameTaken, PoolFull, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
@@ -126,6 +127,18 @@ MAX_WORKERS = 256
 MAX_RETRIES = 100
 
 
+def journaled_names(fleet, snapshots):
+    """{uri: names} of the machines whose journal a pool's registry holds: a create killed before its domain was
+    defined left its volumes there, and a deletion of that name must clean them up, as the machine module does."""
+    found = {}
+    for snapshot in snapshots:
+        ctx = fleet.contexts.get(snapshot["uri"])
+        if ctx is not None and snapshot["state"] == "Ready":
+            prefix = reg.pending_key("")
+            found[snapshot["uri"]] = {key[len(prefix):] for key in ctx.registry.keys(prefix)}
+    return found
+
+
 def pool_problems(snapshots):
     """Why pools were left out, for a machine placed nowhere: '; pool3 unreachable: <cause>' per pool."""
     return "".join("; %s %s: %s" % (snapshot["name"], "unreachable" if snapshot["state"] == "Offline" else "not ready",
@@ -146,8 +159,10 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
         snapshots = fleet.snapshots()
         absent = [spec for spec in specs if spec.get("state") == "absent"]
         pending = [spec for spec in specs if spec.get("state") != "absent"]
+        journaled = journaled_names(fleet, snapshots) if absent else {}
         deletions = [(spec, fleet.contexts[snapshot["uri"]]) for spec in absent for snapshot in snapshots
-                     if snapshot["uri"] in fleet.contexts and spec["name"] in snapshot["machines"]]
+                     if snapshot["uri"] in fleet.contexts and (spec["name"] in snapshot["machines"] or
+                                                               spec["name"] in journaled.get(snapshot["uri"], ()))]
         for (spec, ctx), outcome in _run(deletions, workers, lambda job: MachineService(job[1], check_mode)
                                          .ensure(machine_params(job[0], []))):
             if isinstance(outcome, MachineryError):

@@ -35,8 +35,9 @@ def snapshot_of(ctx, given_name=None):
     registration = ctx.registration
     sizes = capacity.machine_sizes(ctx.conn, ctx.listing())
     snapshot = {"name": (registration or {}).get("name") or given_name or ctx.uri, "uri": ctx.uri,
-                "labels": {}, "taints": [], "classes": {}, "machines": [size[0] for size in sizes],
-                "allocated": {"cpu": sum(s[1] or 0 for s in sizes), "memory": sum(s[2] or 0 for s in sizes)},
+                "labels": {}, "taints": [], "classes": {}, "machines": [size.name for size in sizes],
+                "allocated": {"cpu": sum(size.cpu or 0 for size in sizes),
+                              "memory": sum(size.memory or 0 for size in sizes)},
                 "allocatable": {"cpu": 0, "memory": 0}, "state": "Error", "problem": None}
     if not registration:
         snapshot["problem"] = "not registered (run machinery.compute.machine_pool)"

@@ -382,7 +382,7 @@ class MachineSetResource(Resource):
         """Records and adoptions first; then each wave's creates and deletes, in parallel within a step (a
         rollout's creates run, and wait for Running, before its deletes)."""
         for action in plan.actions:
-            self.applier(action.kind)  # a kind without a method is a bug: found before anything is done
+            self.applier(action.handler)  # a kind without a method is a bug: found before anything is done
         steps = [[a for a in plan.actions if a.kind in ("record", "forget")],
                  [a for a in plan.actions if a.kind == "adopt"]]
         waves = sorted({a.data.get("wave", 0) for a in plan.actions if a.kind in ("create", "delete")})
@@ -409,7 +409,7 @@ class MachineSetResource(Resource):
     def apply_one(self, action, observed):
         """Apply one action on its pool: the failure (a MachineryError) or None, so that a wave runs whole."""
         ctx = self.fleet.contexts[action.data["uri"]]
-        method = self.applier(action.kind)
+        method = self.applier(action.handler)
         try:
             method(self, action, observed)
         except MachineryError as exc:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
@@ -132,6 +133,37 @@ class MoveResource(Resource):
         self.report = Report()
         self.observer = MoveObserver(pools, self.request, self.report.warnings)
         self.executor = MoveExecutor(self.machine, self.report)
+        self.holds = {}  # uri: this run's hold on the machine there
+
+    def hold(self, uri):
+        """Hold the machine on pool ``uri`` for the rest of the run: a second move of it waits for this one, and
+        the machine module refuses to change it meanwhile (it reads the holder in the journal)."""
+        if uri not in self.holds:
+            hold = reg.machine_hold(self.pools.get(uri).conn, self.machine, reg.MOVE_WAIT_SECONDS, field="machine")
+            self.holds[uri] = hold.__enter__()
+        return self.holds[uri]
+
+    def hold_home(self):
+        """Hold the machine where it is before anything is observed: the pool to move it off (``uri``), or the
+        first pool of the run that has it."""
+        if self.request.source_uri:
+            self.hold(self.request.source_uri)
+            return
+        for uri in [entry["uri"] for entry in self.pools.entries] + [self.request.target_uri]:
+            try:
+                if uri and lv.lookup_domain(self.pools.get(uri).conn, self.machine) is not None:
+                    self.hold(uri)
+                    return
+            except MachineryError:
+                continue  # unreachable: the observation warns about it
+
+    def release(self):
+        for hold in self.holds.values():
+            hold.release()
+        self.holds = {}
+
+    def holder(self):
+        return next((hold.marker for hold in self.holds.values() if hold.marker), None)
 
     @property
     def warnings(self):
@@ -151,12 +183,17 @@ class MoveResource(Resource):
         return plan_move(observed, self.machine, self.request.shutdown_timeout, self.report.warnings)
 
     def _move(self, action, obs):
-        self.executor.move(action.steps, Run(obs.source, obs.target, action.data["journal"], obs.facts))
+        self.hold(obs.source.uri)
+        self.hold(obs.target.uri)
+        journal = dict(action.data["journal"], holder=self.holder())
+        self.executor.move(action.steps, Run(obs.source, obs.target, journal, obs.facts))
 
     def _resolve(self, action, obs):
         """An interrupted move finished, discarded or rolled back; a new move that cannot be made is refused
         once that is done."""
         _kind, source, target, _present = obs.recovery
+        self.hold(source.uri)
+        self.hold(target.uri)
         self.executor.execute(action.steps, Run(source, target, obs.journal))
         if obs.problem is not None:
             what = "finished" if action.kind == "finish" else "rolled back"
@@ -174,8 +211,11 @@ def run(entries, params, check_mode=False, opener=None):
     """Move one machine as ``params`` say: (plan, the module's return beyond what the plan gives)."""
     pools = Pools(entries, opener)
     params = options.defaulted(options.MACHINE_MIGRATE, params)
+    resource = None
     try:
         resource = MoveResource(pools, params, check_mode)
+        if not check_mode:
+            resource.hold_home()
         plan, obs = converge(resource, check_mode)
         side = obs.done or obs.source  # after a move its target; in check mode where the machine is now
         machine = machine_status(side.dom, side.ctx) if side is not None and side.exists else None
@@ -194,4 +234,6 @@ def run(entries, params, check_mode=False, opener=None):
                       "downtime": resource.downtime,
                       "warnings": sorted(set(resource.warnings))}
     finally:
+        if resource is not None:
+            resource.release()
         pools.close()

@@ -78,6 +78,19 @@ def check_room_locked(machine, source, target):
         raise PoolFull(exc.message, "target") from None
 
 
+def replace_unused(side, name, machine):
+    """Make room for a copy of volume ``name`` on ``side``: a volume of that name that no domain uses (a partial
+    copy a dead run journaled) goes; one that a domain uses is never touched, and the move stops."""
+    vol = lv.lookup_volume(side.ctx.storage, name)
+    if vol is None:
+        return
+    users = storage.users_of(side.ctx.conn, vol.path(), None)
+    if users:
+        raise ConflictError("pool %s already has a volume %s, used by %s: the move of %s stopped there"
+                            % (side.pool, name, ", ".join(users), machine), "target")
+    storage.delete_volume(side.ctx.storage, name)
+
+
 # --- the steps --------------------------------------------------------------------------------------------------
 
 class JournalSteps(Steps):
@@ -113,14 +126,14 @@ class CopySteps(Steps):
         storage.create_volume(there, image["volume"] + ".complete", 1, "raw", mode="0644")
 
     def copy_volume(self, entry, _side, run):
-        run.made.append(entry["target"])
         source, target, item = run.source, run.target, run.files[entry["target"]]
         there = target.ctx.storage
         original = source.ctx.storage.storageVolLookupByName(item["volume"])
         now_there = volume_facts(original)  # read again: a console log grows until the guest is off
-        storage.delete_volume(there, item["volume"])  # a partial copy of a run that died (journaled)
+        replace_unused(target, item["volume"], self.machine)  # a partial copy of a run that died (journaled)
         vol = storage.create_volume(there, item["volume"], max(now_there["bytes"], 1), "raw",
                                     mode=now_there["mode"] or "0600")
+        run.made.append(entry["target"])
         stream_volume(source.ctx.conn, original, target.ctx.conn, vol,
                       backing=item["backing"] if item.get("rebase") else None)
         refresh(there)
@@ -177,16 +190,15 @@ class LiveSteps(Steps):
     def prepare_volume(self, entry, _side, run):
         """The empty disk a live move copies the guest's writes into: an overlay on the target's image cache, or
         a blank volume of the same format and size."""
-        run.made.append(entry["target"])
         item = run.files[entry["target"]]
         there = run.target.ctx.storage
-        storage.delete_volume(there, item["volume"])
+        replace_unused(run.target, item["volume"], self.machine)
         backing = (item["backing"], item["image_format"]) if item.get("backing") else None
         storage.create_volume(there, item["volume"], item["capacity"], item["format"], mode=item["mode"] or "0600",
                               backing=backing)
+        run.made.append(entry["target"])
 
     def migrate(self, _entry, _side, run):
-        run.defined = True  # from here the target may hold the guest: a failure makes sure it does not
         source, target = run.source, run.target
         params = {lv.libvirt.VIR_MIGRATE_PARAM_PERSIST_XML:
                   domain_xml(source, target, lv.libvirt.VIR_DOMAIN_XML_INACTIVE),
@@ -203,6 +215,7 @@ class LiveSteps(Steps):
                  lv.libvirt.VIR_MIGRATE_NON_SHARED_INC | lv.libvirt.VIR_MIGRATE_PERSIST_DEST)
         with Admission(target.ctx, []):
             check_room_locked(self.machine, source, target)
+        run.defined = True  # from here the target may hold the guest: a failure makes sure it does not
         try:
             source.dom.migrateToURI3(target.uri, params, flags)
         except lv.libvirt.libvirtError as exc:
@@ -244,7 +257,9 @@ class Rollback(Steps):
                         dom.destroy()
                     undefine(dom, self.machine)
             for name in run.made:
-                storage.delete_volume(target.ctx.storage, name)
+                vol = lv.lookup_volume(target.ctx.storage, name)
+                if vol is not None and not storage.users_of(target.ctx.conn, vol.path(), None):
+                    storage.delete_volume(target.ctx.storage, name)
             dom = lv.lookup_domain(source.ctx.conn, self.machine)
             if journal["was_running"] and dom is not None and not dom.isActive():
                 dom.create()

@@ -19,6 +19,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet imp
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import host_bridge
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import is_active
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
+from ansible_collections.machinery.compute.plugins.module_utils.machines.snapshots import snapshot_names
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import (
     choose_mode, image_of, machine_files, move_key, ours, pick_target, resolve_interrupted, scheduling_spec,
     unmovable)
@@ -222,7 +223,7 @@ class NewMove:
         if home.record is None:
             raise ConflictError("%s on %s was not created by machinery.compute (adopt it with the machine module "
                                 "first)" % (self.machine, home.pool), "machine")
-        unmovable(self.machine, home.record)
+        unmovable(self.machine, home.record, snapshot_names(home.dom))
         spec = scheduling_spec(self.machine, home.record, dx.read_cpu(home.tree), dx.read_memory(home.tree))
         uris = [entry["uri"] for entry in self.pools.entries if entry["uri"] != home.uri]
         if target_uri and target_uri not in uris:

@@ -17,6 +17,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vali
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import Ledger, Unschedulable, place_one
 
 MODES = options.MIGRATION_MODES
@@ -27,7 +28,7 @@ _IMAGE_CACHE = re.compile(r"^image-(?P<prefix>[0-9a-f]{32})\.(?P<format>qcow2|ra
 
 def move_key(machine):
     """The journal of a move in both pools' registries."""
-    return "move-%s" % machine
+    return registry.move_key(machine)
 
 
 # --- pure pieces ------------------------------------------------------------------------------------------------
@@ -199,10 +200,16 @@ def scheduling_spec(name, record, cpu, memory):
             "tolerations": spec.get("tolerations") or [], "machine_pool": None}
 
 
-def unmovable(machine, record):
+def unmovable(machine, record, snapshots=()):
     """A LUKS volume's passphrase secret and a fixed address live on the source pool only (issue 13): a move does
-    not carry them yet, so such a machine is refused before anything is written."""
+    not carry them yet, so such a machine is refused before anything is written. So is one with snapshots: their
+    list lives in the source libvirtd, not in the disk files a move copies (and a live move of a domain with
+    snapshots is refused by libvirt itself)."""
     spec = (record or {}).get("spec", {})
+    if snapshots:
+        raise ConflictError("%s has snapshots (%s) that libvirt keeps on its pool; delete them "
+                            "(machine_snapshot state: absent) before moving it" % (machine, ", ".join(snapshots)),
+                            "machine")
     encrypted = [vol["name"] for vol in spec.get("volumes") or [] if vol.get("encrypted")]
     if encrypted:
         raise ConflictError("%s has encrypted volumes (%s) whose passphrase secret stays on its pool; moving it is "

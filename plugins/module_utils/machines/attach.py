@@ -137,7 +137,7 @@ class Attachment(Resource):
 
     def apply(self, action, observed):
         """Both kinds observe (the target machine, what else they need): their methods take the target."""
-        self.applier(action.kind)(self, action, observed[0])
+        self.applier(action.handler)(self, action, observed[0])
 
 
 # --- volumes ----------------------------------------------------------------------------------------------------
@@ -178,9 +178,18 @@ def plan_volume(params, observed, volume):
         raise ValidationError("a shareable volume must be raw (qcow2 cannot be written by two guests)", "shareable")
     if bus == "sata" and observed.active and entry is None:
         raise ValidationError("SATA disks cannot be hot-plugged; use virtio or scsi, or stop the machine", "bus")
-    if volume is not None and entry is None and volume["path"] in {disk["path"] for disk in
-                                                                   elements.read_disks(observed.tree)}:
-        raise ConflictError("volume %s is already a disk of %s" % (name, observed.name), "volume")
+    disk = next((disk for disk in elements.read_disks(observed.tree)
+                 if volume is not None and disk["path"] == volume["path"]), None)
+    if entry is None and disk is not None:
+        if disk["alias"] != alias:
+            raise ConflictError("volume %s is already a disk of %s" % (name, observed.name), "volume")
+        # an attach of this name killed after its disk was defined, before the record was written: finish it
+        after = {"volume": name, "device": disk["device"], "bus": disk["bus"],
+                 "size": format_quantity(volume["capacity"])}
+        return Plan([Action("attach", name, {}, after, [step("write_record", observed.name)], handler="record_disk",
+                            device=disk["device"], bus=disk["bus"], ephemeral=bool(params.get("ephemeral")))],
+                    volume_state=dict(after, name=name, ephemeral=bool(params.get("ephemeral")),
+                                      state="Attached" if alias in aliases(observed.live) else "Pending"))
     if volume is not None and entry is None and volume["users"] and not shareable:
         raise ConflictError("volume %s is attached to %s; set shareable: true (raw volumes only) to attach it to "
                             "more than one machine" % (name, ", ".join(volume["users"])), "volume")
@@ -255,7 +264,7 @@ class VolumeAttachment(Attachment):
         target, volume = observed
         plan = plan_volume(dict(self.params, storage_pool=self.ctx.storage.name()), target, volume)
         attach, grow = plan.find("attach"), plan.find("grow")
-        if attach is not None and attach.data["created"]:  # refused in check mode too
+        if attach is not None and attach.data.get("created"):  # refused in check mode too
             check_storage(self.ctx, [("size", attach.data["size"])])
         elif grow is not None:
             check_storage(self.ctx, [("size", grow.data["size"] - volume["capacity"])])
@@ -277,6 +286,11 @@ class VolumeAttachment(Attachment):
             if data["created"] and not storage.users_of(self.conn, vol.path(), ""):
                 storage.delete_volume(pool, action.target)  # only a volume this run created
             raise
+        self._record_disk(action, target)
+
+    def _record_disk(self, action, target):
+        data = action.data
+        vol = lv.lookup_volume(self.ctx.storage, action.target)
         entry = {"name": action.target, "volume": action.target, "device": data["device"], "bus": data["bus"],
                  "size": vol.info()[1], "ephemeral": data["ephemeral"], "source": "attached"}
         self.save_entries(target, lambda entries: entries + [entry])
@@ -308,7 +322,8 @@ class VolumeAttachment(Attachment):
             # an ephemeral volume has no life apart from its machine: once detached, nothing would delete it
             storage.delete_volume(self.ctx.storage, entry["volume"])
 
-    APPLY = {"attach": _attach, "grow": _grow, "set_ephemeral": _set_ephemeral, "detach": _detach}
+    APPLY = {"attach": _attach, "record_disk": _record_disk, "grow": _grow, "set_ephemeral": _set_ephemeral,
+             "detach": _detach}
 
     def ensure(self):
         result = self.converge()

@@ -341,6 +341,32 @@ class MachineResource(Resource):
     def describe(self):
         return "machine %s on pool %s" % (self.name, self.ctx.name or self.ctx.uri)
 
+    def apply_plan(self, plan, observed):
+        """Apply while holding the machine on its pool: another run changing it waits its turn, and a move of it
+        (which holds it from before it stops the guest until the copy has taken over) refuses this run."""
+        with reg.machine_hold(self.conn, self.name, reg.LOCK_WAIT_SECONDS, refuse=self._being_moved):
+            super().apply_plan(plan, observed)
+
+    def _being_moved(self, marker):
+        """Why this run must not wait for ``marker``: it is a move of the machine (its journal names it)."""
+        journal = reg.Registry.open(self.conn).get(reg.move_key(self.name))
+        if not journal or journal.get("holder") != marker:
+            return None
+        return ("machine %s is being moved from %s to %s by another run (%s): nothing was changed; run again once "
+                "the move is done" % (self.name, journal["source"]["pool"], journal["target"]["pool"],
+                                      reg.holder_description(marker, reg.hold_prefix(self.name))))
+
+    def interference(self, plan, leftover):
+        """Who changed the machine after this run applied ``plan`` (see convergence.converge)."""
+        found = super().interference(plan, leftover)
+        if found is None:
+            return None
+        journal = reg.Registry.open(self.conn).get(reg.move_key(self.name))
+        if journal:
+            return "%s; a move of it from %s to %s is under way" % (found, journal["source"]["pool"],
+                                                                    journal["target"]["pool"])
+        return found
+
     def observe(self):
         # the first observation may come from the pool's listing of this run; the one after apply is fresh
         listing = self.ctx.listed() if not self.observations else None
@@ -760,6 +786,8 @@ class MachineService:
         """Converge the machine of ``params`` (machine_spec.params); ``prepared`` is a preflight's Prepared."""
         resource = MachineResource(self.ctx, params, self.check_mode, prepared)
         plan, observed = converge(resource, self.check_mode)
+        if not self.check_mode:
+            self.ctx.clear_abandoned_lock()
         spec = resource.spec or {"name": resource.name, "state": resource.state}
         if resource.state == "absent":
             machine = {"name": resource.name, "pool": self.ctx.name, "uri": self.ctx.uri, "phase": "Terminated"}

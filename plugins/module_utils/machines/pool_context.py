@@ -67,6 +67,7 @@ class PoolContext:
         self.peer_connections = {}  # uri -> open connection of other pools, shared by a batch run
         self._listing = None
         self._view = None
+        self._lock_cleared = False
         self.records = {}  # uuid -> record (or None) of the domains seen by capacity.current_sizes
         self.locked_sizes = (None, [])  # (admission epoch, machine sizes) for the checks under a held lock
         self._host_capacity = None
@@ -125,6 +126,16 @@ class PoolContext:
         if self._registry is None:
             self._registry = reg.Registry.open(self.conn)
         return self._registry
+
+    def clear_abandoned_lock(self):
+        """Once per pool and run: break the admission lock a killed run of this controller left, and its dead
+        markers, even when this run writes nothing (so nothing a kill left outlives the next run)."""
+        if self._lock_cleared:
+            return
+        self._lock_cleared = True
+        pool = self.registry.pool if self.registration else None
+        if pool is not None:
+            reg.AdmissionLock(self.conn, pool).clear_abandoned()
 
     @property
     def registration(self):

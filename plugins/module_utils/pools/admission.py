@@ -232,9 +232,9 @@ def check_room(ctx, spec, disks=None, locked=False, epoch=None):
     else:
         sizes = capacity.machine_sizes(ctx.conn, ctx.listed())
     allocatable = capacity.allocatable_for(ctx.host_capacity(), registration)
-    others = [size for size in sizes if size[0] != spec["name"]]
-    used_cpu = sum(size[1] or 0 for size in others)
-    used_memory = sum(size[2] or 0 for size in others)
+    others = [size for size in sizes if size.name != spec["name"]]
+    used_cpu = sum(size.cpu or 0 for size in others)
+    used_memory = sum(size.memory or 0 for size in others)
     if used_cpu + spec["cpu"] > allocatable["cpu"] or used_memory + spec["memory"] > allocatable["memory"]:
         raise PoolFull("pool %s is full: %d/%d cpu and %s/%s memory are allocated, %s needs %d cpu and %s"
                        % (ctx.name, used_cpu, allocatable["cpu"], format_quantity(used_memory),
@@ -247,8 +247,9 @@ def admitted(ctx, epoch, record):
     """Count a machine just created under the lock in ``epoch`` in the sizes the next check of the epoch uses."""
     if epoch is not None and ctx.locked_sizes[0] == epoch:
         spec = record["spec"]
-        ctx.locked_sizes[1].append((spec["name"], spec["cpu"], spec["memory"], spec.get("machine_class"),
-                                    capacity.machine_disks(record), spec.get("tolerations") or []))
+        ctx.locked_sizes[1].append(capacity.MachineSize(spec["name"], spec["cpu"], spec["memory"],
+                                                        spec.get("machine_class"), capacity.machine_disks(record),
+                                                        spec.get("tolerations") or []))
 
 
 def check_storage(ctx, disks, sizes=None):

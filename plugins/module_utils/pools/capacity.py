@@ -7,6 +7,7 @@ on the pool."""
 
 from __future__ import annotations
 
+import collections
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
@@ -29,9 +30,13 @@ def machine_disks(record):
     return disks
 
 
+# What the capacity of a pool counts of one machine on it.
+MachineSize = collections.namedtuple("MachineSize", "name cpu memory machine_class disks tolerations")
+
+
 def machine_sizes(conn, listing=None):
-    """[(name, cpu, memory bytes, machine_class, {volume: bytes}, tolerations)] of the machines (domains with our
-    record) on the host; from ``listing`` (pool_context.read_domains) when the run has read one."""
+    """[MachineSize(name, cpu, memory bytes, machine_class, {volume: bytes}, tolerations)] of the machines (domains
+    with our record) on the host; from ``listing`` (pool_context.read_domains) when the run has read one."""
     if listing is None:
         readings = []
         for dom in conn.listAllDomains(0):
@@ -43,8 +48,8 @@ def machine_sizes(conn, listing=None):
     for name, tree, record in readings:
         if record is None:
             continue
-        sizes.append((name, dx.read_cpu(tree), dx.read_memory(tree), record["spec"].get("machine_class"),
-                      machine_disks(record), record["spec"].get("tolerations") or []))
+        sizes.append(MachineSize(name, dx.read_cpu(tree), dx.read_memory(tree), record["spec"].get("machine_class"),
+                                 machine_disks(record), record["spec"].get("tolerations") or []))
     return sizes
 
 
@@ -69,8 +74,8 @@ def current_sizes(conn, known):
         record = known[uuid]
         if record is None:
             continue
-        sizes.append((dom.name(), cpu, memory * 1024, record["spec"].get("machine_class"), machine_disks(record),
-                      record["spec"].get("tolerations") or []))
+        sizes.append(MachineSize(dom.name(), cpu, memory * 1024, record["spec"].get("machine_class"),
+                                 machine_disks(record), record["spec"].get("tolerations") or []))
     return sizes
 
 
@@ -78,8 +83,8 @@ def disks_allocated(sizes, except_machine=None):
     """The virtual size of every machine disk on the pool, a volume shared by several machines counted once."""
     disks = {}
     for size in sizes:
-        if size[0] != except_machine:
-            disks.update(size[4])
+        if size.name != except_machine:
+            disks.update(size.disks)
     return sum(disks.values())
 
 
@@ -128,7 +133,7 @@ def pool_status(ctx, registration=None, sizes=None, capacity=None):
         sizes = machine_sizes(conn, ctx.listed())
     capacity = capacity_of(conn) if capacity is None else capacity
     allocatable = allocatable_for(capacity, registration)
-    allocated = {"cpu": sum(size[1] or 0 for size in sizes), "memory": sum(size[2] or 0 for size in sizes)}
+    allocated = {"cpu": sum(size.cpu or 0 for size in sizes), "memory": sum(size.memory or 0 for size in sizes)}
     free = {"cpu": allocatable["cpu"] - allocated["cpu"], "memory": allocatable["memory"] - allocated["memory"]}
     problems = []
     storage_pool = lv.lookup_storage_pool(conn, reg.STORAGE_POOL)
@@ -175,8 +180,8 @@ def pool_status(ctx, registration=None, sizes=None, capacity=None):
         "available_machine_classes": classes,
         "machine_count": len(sizes),
         # machines that tolerate no NoExecute taint of the pool: the drain role moves exactly these
-        "must_leave": sorted(size[0] for size in sizes
-                             if scheduler.must_leave(registration.get("taints"), size[5])),
+        "must_leave": sorted(size.name for size in sizes
+                             if scheduler.must_leave(registration.get("taints"), size.tolerations)),
         "hypervisor": {"libvirt": _version(conn.getLibVersion()), "qemu": _version(conn.getVersion()),
                        "hostname": conn.getHostname()},
     }

@@ -301,7 +301,7 @@ class PoolResource(Resource):
             "networks": {name: seen(lv.lookup_network(conn, name)) for name in names if isinstance(name, str)},
             "host_networks": host_network_cidrs(conn),
             "capacity": capacity.capacity_of(conn),
-            "machines": [size[0] for size in capacity.machine_sizes(conn)],
+            "machines": [size.name for size in capacity.machine_sizes(conn)],
             "unused_images": unused_images(conn) if self.params.get("prune_images") else [],
         }
 

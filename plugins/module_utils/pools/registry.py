@@ -42,6 +42,11 @@ def class_key(name):
     return "class-%s" % name
 
 
+def move_key(machine):
+    """The journal of a move of ``machine``, in the registries of both pools (fleets/migrate.py)."""
+    return "move-%s" % machine
+
+
 def pending_key(machine):
     """The journal of a machine being created or deleted: the volumes the run makes or removes. A run that dies
     midway leaves it, so the next run for that name knows exactly which volumes were left behind."""
@@ -132,6 +137,10 @@ class Registry:
             vol = lv.lookup_volume(self.pool, name)
             try:
                 data = storage.download_bytes(self.conn, vol, limit=1024 * 1024) if vol is not None else None
+            except storage.VolumeBeingWritten:
+                continue  # another run is still writing it: not there yet, an older generation is the current one
+            except storage.VolumeTooLarge:
+                continue  # no document is that large: not one of ours
             except LibvirtFailure:
                 if lv.lookup_volume(self.pool, name) is not None:
                     raise
@@ -147,6 +156,25 @@ class Registry:
             self._index = None
             return self._read(key, relisted=True)
         return None
+
+    def _complete_listing(self, key):
+        """The index, confirmed when it looks short. Once a pool is registered its registry always holds its
+        registration: a listing without it (or without any document) was taken while libvirt refreshed the pool
+        after another run's upload, and may miss the current generation of ``key`` too. The pool is refreshed
+        and listed again, for up to EXPECTED_RETRY_SECONDS, as ``get(expected=True)`` does. (A listing that holds
+        the registration but misses ``key`` cannot be told from a new key; the write then collides on the volume
+        name, and ``put`` lists again.)"""
+        index = self._generations()
+        deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
+        while key != POOL_KEY and POOL_KEY not in index and key not in index and time.monotonic() < deadline:
+            time.sleep(0.05 + random.random() * 0.1)
+            try:
+                self.pool.refresh(0)
+            except lv.libvirt.libvirtError:
+                pass  # an upload is running there: its own refresh follows it
+            self._index = None
+            index = self._generations()
+        return index
 
     def _relist(self, epoch):
         """Forget the index unless it was listed while this process held the admission lock in ``epoch`` (the
@@ -164,11 +192,23 @@ class Registry:
         # the host's lock first, then this object's guard: a thread holding the lock may need the guard
         with _held(self.conn, self.pool, locked), self._guard:
             self._relist(epoch if locked else None)
-            versions = self._generations().get(key, [])
-            generation = versions[0][0] + 1 if versions else 1
-            name = "%s.%d.json" % (key, generation)
-            data = encode(key, generation, body)
-            vol = storage.create_volume(self.pool, name, len(data), "raw", mode="0600")
+            for attempt in range(3):
+                versions = self._complete_listing(key).get(key, [])
+                generation = versions[0][0] + 1 if versions else 1
+                name = "%s.%d.json" % (key, generation)
+                data = encode(key, generation, body)
+                try:
+                    vol = storage.create_volume(self.pool, name, len(data), "raw", mode="0600")
+                    break
+                except storage.VolumeExists:
+                    if attempt == 2:
+                        raise
+                    # the listing missed that generation: list again, refreshed
+                    self._index = None
+                    try:
+                        self.pool.refresh(0)
+                    except lv.libvirt.libvirtError:
+                        pass
             storage.upload_bytes(self.conn, vol, data)
             # superseded generations are pruned; one that another run is opening for a read stays until the
             # next put (readers take the newest valid generation, so it is never read again)
@@ -209,6 +249,10 @@ HOLDER_PREFIX = "admission.holder."
 # controller that is no longer running is known dead at once and its lock is broken without waiting.
 LOCK_STALE_SECONDS = 60
 LOCK_WAIT_SECONDS = 90
+# A run names itself (its marker) before it tries to create the lock, and deletes the lock before its marker, so a
+# lock always has its holder's marker beside it; one with no marker for this long was left by an older version or
+# by hand, and is broken without waiting for it to go stale.
+MARKERLESS_SECONDS = 10
 
 
 def _boot_id():
@@ -235,16 +279,18 @@ def _controller():
 
 
 def holder_marker(prefix=HOLDER_PREFIX):
-    """The name of the volume that says who holds the lock: this controller and this process (pid and start
-    time). A name, not content: it is read with a listing, never with a stream that would keep the lock busy."""
-    return "%s%s.%d.%s" % (prefix, _controller(), os.getpid(), _process_start(os.getpid()))
+    """The name of the volume that says who holds the lock: this controller, this process (pid and start time)
+    and its thread (threads of one run take a pool's lock in turn). A name, not content: it is read with a
+    listing, never with a stream that would keep the lock busy."""
+    return "%s%s.%d.%s.%d" % (prefix, _controller(), os.getpid(), _process_start(os.getpid()),
+                              threading.get_ident() % 10 ** 9)
 
 
 def holder_is_dead(marker, prefix=HOLDER_PREFIX):
     """True when the holder ``marker`` names ran on this controller and that process is gone; None when it
     cannot be told (another controller, or no marker)."""
     try:
-        controller, pid, start = marker[len(prefix):].split(".")
+        controller, pid, start = marker[len(prefix):].split(".")[:3]
     except (TypeError, ValueError):
         return None
     if controller != _controller():
@@ -284,7 +330,7 @@ class AdmissionLock:
     run; one older than LOCK_STALE_SECONDS is broken by anyone. Works over any URI, across hosts and processes."""
 
     def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS, name=LOCK_VOLUME, holder_prefix=HOLDER_PREFIX,
-                 stale=LOCK_STALE_SECONDS, what="the admission lock of this pool"):
+                 stale=LOCK_STALE_SECONDS, what="the admission lock of this pool", refuse=None, field="uri"):
         self.conn = conn
         self.pool = pool
         self.timeout = timeout
@@ -292,79 +338,107 @@ class AdmissionLock:
         self.holder_prefix = holder_prefix
         self.stale = stale
         self.what = what
+        self.refuse = refuse  # refuse(holder marker): why not to wait for that holder, or None to wait
+        self.field = field
         self.volume = None
         self.marker = None
 
     def _current(self):
-        """(age in seconds, holder marker or None) of the lock as it is now, or None when it is free."""
+        """(age in seconds, holder markers) of the lock as it is now, or None when it is free. One marker is the
+        holder's; none means its holder was killed before it named itself (or is naming itself right now); more
+        than one, leftovers of dead holders beside the live one."""
         vol = lv.lookup_volume(self.pool, self.name)
         if vol is None:
             return None
         try:
             mtime = elements.read_volume(elements.parse(vol.XMLDesc(0)))["mtime"]
-            markers = [name for name in self.pool.listVolumes() if name.startswith(self.holder_prefix)]
+            markers = sorted(name for name in self.pool.listVolumes() if name.startswith(self.holder_prefix))
         except lv.libvirt.libvirtError:
             return None  # released meanwhile: try again
-        return max(0.0, time.time() - mtime) if mtime else 0.0, markers[0] if len(markers) == 1 else None
+        return max(0.0, time.time() - mtime) if mtime else 0.0, markers
 
-    def _break(self, marker):
-        """Delete the lock when it still belongs to ``marker``. Waiters on this controller break one at a time
-        (a file lock), so none deletes a lock another waiter has just taken."""
+    def _abandoned(self, age, markers):
+        """Whether a lock of this age and these markers has no live holder: its one holder is known dead, it has
+        had no holder for MARKERLESS_SECONDS, or it is older than the stale limit."""
+        if age > self.stale:
+            return True
+        if not markers:
+            return age > MARKERLESS_SECONDS
+        return all(holder_is_dead(marker, self.holder_prefix) for marker in markers)
+
+    def _break(self, markers):
+        """Delete the lock when it still has ``markers``, and those markers. Waiters on this controller break one
+        at a time (a file lock), so none deletes a lock another waiter has just taken."""
         path = os.path.join(tempfile.gettempdir(), "machinery-compute-%s.lock" % self.pool.UUIDString())
         with open(path, "a") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
             current = self._current()
-            if current is not None and current[1] == marker:
+            if current is not None and current[1] == markers:
                 _delete_quietly(self.pool, self.name)
-                if marker:
+                for marker in markers:
                     _delete_quietly(self.pool, marker)
 
     def acquire(self):
         deadline = time.monotonic() + self.timeout
+        marker = holder_marker(self.holder_prefix)
         while True:
+            # named first: a run killed at any point leaves no lock without its (dead, so breakable) holder
+            storage.create_volume(self.pool, marker, 1, "raw", mode="0600", replace=True)
             try:
                 volume = self.pool.createXML(storage.volume_xml(self.name, 1, "raw", mode="0600"), 0)
             except lv.libvirt.libvirtError as exc:
+                _delete_quietly(self.pool, marker)  # a waiter leaves no marker to be taken for the holder's
                 if exc.get_error_code() not in (lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST, lv.libvirt.VIR_ERR_INTERNAL_ERROR,
                                                 lv.libvirt.VIR_ERR_OPERATION_FAILED):
                     raise LibvirtFailure("cannot take %s: %s" % (self.what, lv.describe(exc))) from None
+            except BaseException:
+                _delete_quietly(self.pool, marker)
+                raise
             else:
-                self.volume = volume
-                self.marker = holder_marker(self.holder_prefix)
-                try:
-                    storage.create_volume(self.pool, self.marker, 1, "raw", mode="0600")
-                except BaseException:
-                    self.release()
-                    raise
+                self.volume, self.marker = volume, marker
                 return self
             current = self._current()
             if current is not None:
-                age, marker = current
-                if holder_is_dead(marker, self.holder_prefix) or age > self.stale:
-                    self._break(marker)
+                if self._abandoned(*current):
+                    self._break(current[1])
                     continue
+                holders = [marker for marker in current[1] if not holder_is_dead(marker, self.holder_prefix)]
+                refusal = self.refuse(holders[0]) if self.refuse is not None and len(holders) == 1 else None
+                if refusal:
+                    raise ConflictError(refusal, self.field)
             if time.monotonic() > deadline:
                 who = ""
-                if current is not None and current[1]:
-                    who = " (%s)" % current[1][len(self.holder_prefix):]
+                if current is not None and len(current[1]) == 1:
+                    who = " (%s)" % current[1][0][len(self.holder_prefix):]
                 raise ConflictError("%s has been held for over %ds by another run%s; a lock is taken as abandoned "
-                                    "after %ds" % (self.what, self.timeout, who, self.stale), "uri")
+                                    "after %ds" % (self.what, self.timeout, who, self.stale), self.field)
             time.sleep(0.05 + random.random() * 0.1)
 
     def clear_abandoned(self):
-        """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), so
-        a converged run that writes nothing does not leave it for the next writer to find."""
+        """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), and
+        delete the markers of dead runs beside no lock, so a converged run that writes nothing does not leave them
+        for the next writer to find."""
         current = self._current()
-        if current is not None and holder_is_dead(current[1], self.holder_prefix):
-            self._break(current[1])
+        if current is not None:
+            if current[1] and self._abandoned(*current):
+                self._break(current[1])
+            return
+        try:
+            markers = [name for name in self.pool.listVolumes() if name.startswith(self.holder_prefix)]
+        except lv.libvirt.libvirtError:
+            return
+        for marker in markers:
+            if holder_is_dead(marker, self.holder_prefix):
+                _delete_quietly(self.pool, marker)
 
     def release(self):
-        if self.marker is not None:
-            _delete_quietly(self.pool, self.marker)
-            self.marker = None
+        # the lock before its marker: a run killed between the two leaves a dead marker, never a nameless lock
         if self.volume is not None:
             _delete_quietly(self.pool, self.name)
             self.volume = None
+        if self.marker is not None:
+            _delete_quietly(self.pool, self.marker)
+            self.marker = None
 
     def __enter__(self):
         return self.acquire()
@@ -374,7 +448,46 @@ class AdmissionLock:
         return False
 
 
+# A run that changes a machine holds it on its pool (``machine_hold``): the machine module while it applies, a
+# move on both pools from before it observes the machine until its journal is cleared. A move is long (its disks
+# are copied), so its hold is taken as abandoned only after MOVE_STALE_SECONDS when its holder cannot be checked,
+# and a second move of the machine waits for the first up to MOVE_WAIT_SECONDS.
+MOVE_STALE_SECONDS = UPLOAD_STALE_SECONDS
+MOVE_WAIT_SECONDS = UPLOAD_WAIT_SECONDS
+
+
+def hold_prefix(machine):
+    return "hold-%s.holder." % machine
+
+
+def holder_description(marker, prefix):
+    """A holder marker as a reader can use it: "pid 123 on this controller", or "on another controller"."""
+    try:
+        controller, pid, _start = marker[len(prefix):].split(".")[:3]
+    except (TypeError, ValueError):
+        return "unknown"
+    return "pid %s on this controller" % pid if controller == _controller() else "on controller %s" % controller
+
+
+def machine_hold(conn, machine, timeout, refuse=None, field="name"):
+    """The hold on ``machine`` in the registry of the pool behind ``conn`` (nothing when the pool has no
+    registry): one run at a time changes the machine there. ``refuse(marker)`` says why not to wait for the
+    run holding it (a move, for the machine module), or None to wait up to ``timeout``."""
+    pool = lv.lookup_storage_pool(conn, REGISTRY_POOL)
+    if pool is None:
+        return _Held()
+    if not pool.isActive():
+        pool.create(0)
+    return AdmissionLock(conn, pool, timeout, "hold-%s.lock" % machine, hold_prefix(machine), MOVE_STALE_SECONDS,
+                         "the hold on machine %s" % machine, refuse, field)
+
+
 class _Held:
+    marker = None
+
+    def release(self):
+        pass
+
     def __enter__(self):
         return self
 

@@ -99,6 +99,18 @@ def volume_xml(name, capacity, fmt="raw", mode=None, backing=None, secret=None):
     return elements.to_string(elements.volume(name, capacity, fmt, mode=mode, backing=backing, secret=secret))
 
 
+class VolumeExists(LibvirtFailure):
+    """The volume to create is there already (another run made it, or a listing missed it)."""
+
+
+class VolumeTooLarge(LibvirtFailure):
+    """A volume read whole is larger than the caller's limit."""
+
+
+class VolumeBeingWritten(LibvirtFailure):
+    """libvirt refuses to read a volume that another run is still creating ("still being allocated")."""
+
+
 def create_volume(pool, name, capacity, fmt="raw", mode=None, backing=None, secret=None, replace=False):
     """Create the volume ``name``; with ``replace``, one of that name already there is deleted first (found by
     the create failing, so the usual case costs no lookup)."""
@@ -107,7 +119,8 @@ def create_volume(pool, name, capacity, fmt="raw", mode=None, backing=None, secr
         return pool.createXML(xml, 0)
     except lv.libvirt.libvirtError as exc:
         if not (replace and exc.get_error_code() == lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST):
-            raise LibvirtFailure("cannot create volume %s: %s" % (name, lv.describe(exc))) from None
+            kind = VolumeExists if exc.get_error_code() == lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST else LibvirtFailure
+            raise kind("cannot create volume %s: %s" % (name, lv.describe(exc))) from None
     delete_volume(pool, name)
     return create_volume(pool, name, capacity, fmt, mode, backing, secret)
 
@@ -199,15 +212,24 @@ def download_bytes(conn, vol, limit=64 * 1024 * 1024, offset=0):
             received.append(data)
             total += len(data)
             if total > limit:
-                raise LibvirtFailure("volume %s is larger than %d bytes" % (vol.name(), limit))
+                raise VolumeTooLarge("volume %s is larger than %d bytes" % (vol.name(), limit))
         stream.finish()
-    except lv.libvirt.libvirtError as exc:
+    except (lv.libvirt.libvirtError, VolumeTooLarge) as exc:
         try:
             stream.abort()
         except Exception:  # already closed by the daemon
             pass
-        raise LibvirtFailure("download of volume %s failed: %s" % (vol.name(), lv.describe(exc))) from None
+        if isinstance(exc, VolumeTooLarge):
+            raise
+        kind = VolumeBeingWritten if being_written(exc) else LibvirtFailure
+        raise kind("download of volume %s failed: %s" % (vol.name(), lv.describe(exc))) from None
     return b"".join(received)
+
+
+def being_written(exc):
+    """True for libvirt's refusal to read a volume another run is still creating."""
+    return exc.get_error_code() == lv.libvirt.VIR_ERR_OPERATION_INVALID and \
+        "still being allocated" in (exc.get_error_message() or "")
 
 
 def write_secret_volume(conn, pool, name, data):

@@ -86,7 +86,7 @@ RESOURCES = [
     ("pools.classes", "ClassResource"), ("pools.pool_registration", "PoolResource"),
     ("pools.security_groups", "SecurityGroupResource"), ("fleets.health_check", "HealthCheckResource"),
     ("fleets.machine_set", "MachineSetResource"), ("fleets.migrate", "MoveResource"),
-    ("machines.volumes", "VolumeResource"),
+    ("machines.volumes", "VolumeResource"), ("machines.snapshots", "SnapshotResource"),
 ]
 
 

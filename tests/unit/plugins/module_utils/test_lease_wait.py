@@ -6,11 +6,14 @@ from its name) must wait for its own guest's lease, not return at once with its 
 
 from __future__ import annotations
 
+import libvirt
 import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.machines import addresses
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import PoolView
+
+from conftest import FakeDomain
 
 MAC = "52:54:00:9a:5d:38"
 
@@ -38,9 +41,8 @@ class FakeContext:
         return self.net if name == "machinery" else None
 
 
-class FakeDomain:
-    def isActive(self):  # noqa: N802
-        return True
+def running():
+    return FakeDomain("inv-a", state=libvirt.VIR_DOMAIN_RUNNING)
 
 
 def lease(expiry, address="192.168.101.71", mac=MAC):
@@ -76,21 +78,21 @@ def test_the_wait_passes_over_the_earlier_guests_lease_until_it_is_renewed(monke
     monkeypatch.setattr(addresses, "POLL", 0)
     # the lease the earlier guest left, read twice more while the new guest boots, then renewed by it
     net = FakeNetwork([lease(1000)], [lease(1000)], [lease(1000)], [lease(1500)])
-    addresses.wait_for_address(FakeContext(net), FakeDomain(), "inv-a", [NIC], 30, {("machinery", MAC): 1000})
+    addresses.wait_for_address(FakeContext(net), running(), "inv-a", [NIC], 30, {("machinery", MAC): 1000})
     assert net.reads == 4
 
 
 def test_without_earlier_leases_any_lease_counts(monkeypatch):
     monkeypatch.setattr(addresses, "POLL", 0)
     net = FakeNetwork([lease(1000)])
-    addresses.wait_for_address(FakeContext(net), FakeDomain(), "inv-a", [NIC], 30)
+    addresses.wait_for_address(FakeContext(net), running(), "inv-a", [NIC], 30)
     assert net.reads == 1
 
 
 def test_a_lease_never_renewed_times_out(monkeypatch):
     monkeypatch.setattr(addresses, "POLL", 0)
     with pytest.raises(MachineryError, match="inv-a got no DHCP address within 0.01s"):
-        addresses.wait_for_address(FakeContext(FakeNetwork([lease(1000)])), FakeDomain(), "inv-a", [NIC], 0.01,
+        addresses.wait_for_address(FakeContext(FakeNetwork([lease(1000)])), running(), "inv-a", [NIC], 0.01,
                                    {("machinery", MAC): 1000})
 
 
@@ -98,5 +100,5 @@ def test_a_fixed_address_counts_only_once_renewed_to_it(monkeypatch):
     monkeypatch.setattr(addresses, "POLL", 0)
     fixed = dict(NIC, ip_address="192.168.101.20")
     net = FakeNetwork([lease(1000)], [lease(1500)], [lease(1600, "192.168.101.20")])
-    addresses.wait_for_address(FakeContext(net), FakeDomain(), "inv-a", [fixed], 30, {("machinery", MAC): 1000})
+    addresses.wait_for_address(FakeContext(net), running(), "inv-a", [fixed], 30, {("machinery", MAC): 1000})
     assert net.reads == 3

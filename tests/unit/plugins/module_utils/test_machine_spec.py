@@ -14,6 +14,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.frozen impo
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import Facts, normalize, params
 
+from conftest import refused
+
 MIB, GIB = 2 ** 20, 2 ** 30
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 IMAGE = {"image": {"source": "/images/test.qcow2", "checksum": "0" * 64, "path": "/images/test.qcow2"},
@@ -76,17 +78,13 @@ def test_params_check_values_once_and_name_the_field():
     ({"name": "a", "state": "gone"}, "machines[2]"),
 ])
 def test_params_refuse_bad_input_naming_the_field(raw, field):
-    with pytest.raises(ValidationError) as info:
-        params(raw, "machines[2]", scheduling=True)
-    assert info.value.field == field
+    refused(field, params, raw, "machines[2]", scheduling=True)
 
 
 def test_defaults_fill_what_a_machine_leaves_out_and_are_checked_themselves():
     prm = params({"name": "a"}, defaults={"wait": "address", "labels": {"tier": "web"}})
     assert prm["wait"] == "address" and prm["labels"] == {"tier": "web"}
-    with pytest.raises(ValidationError) as info:
-        params({"name": "a"}, defaults={"nme": "x"})
-    assert info.value.field == "defaults"
+    refused("defaults", params, {"name": "a"}, defaults={"nme": "x"})
 
 
 # --- normalize (pure) ------------------------------------------------------------------------------------------
@@ -264,9 +262,7 @@ def test_no_literal_default_repeats_a_declared_one():
 # --- an option added by its declaration: hostname ------------------------------------------------------------------
 
 def test_hostname_is_checked_by_its_declaration_and_reaches_both_boot_configurations():
-    with pytest.raises(ValidationError) as info:
-        params({"name": "a", "hostname": "not a host"}, "machines[0]")
-    assert info.value.field == "machines[0].hostname"
+    refused("machines[0].hostname", params, {"name": "a", "hostname": "not a host"}, "machines[0]")
     spec = created(hostname="web.lab", ignition={"ignition": {"version": "3.4.0"}}, cloud_init={"user_data": {}})
     assert b'"path":"/etc/hostname"' in spec["ignition_data"] and b"data:,web.lab" in spec["ignition_data"]
     assert b"local-hostname: web.lab" in spec["seed_files"]["meta-data"]

@@ -11,8 +11,10 @@ import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import move_plan
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import Unschedulable
+
+from conftest import pool_snapshot, refused
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 GI = 2 ** 30
@@ -134,12 +136,8 @@ def test_choose_mode(mode, active, source, target, chosen):
 
 
 def test_live_needs_a_running_machine_and_a_known_mode():
-    with pytest.raises(ValidationError) as info:
-        move_plan.choose_mode("live", False, UNIX % "a", UNIX % "b")
-    assert info.value.field == "mode" and "stopped" in info.value.message
-    with pytest.raises(ValidationError) as info:
-        move_plan.choose_mode("warm", True, UNIX % "a", UNIX % "b")
-    assert info.value.field == "mode"
+    assert "stopped" in refused("mode", move_plan.choose_mode, "live", False, UNIX % "a", UNIX % "b")
+    refused("mode", move_plan.choose_mode, "warm", True, UNIX % "a", UNIX % "b")
 
 
 def test_live_transport():
@@ -238,11 +236,8 @@ def test_a_live_move_prepares_the_disks_and_migrates():
     assert not any(item[1] == "web-1-console.log" and item[2] == "b" for item in steps)
 
 
-def snapshot(name, cpu=8, used_cpu=0, taints=None, classes=None, state="Ready"):
-    return {"name": name, "uri": UNIX % name, "state": state, "labels": {}, "taints": taints or [],
-            "classes": {"small": {"cpu": 1, "memory": GI}} if classes is None else classes,
-            "allocatable": {"cpu": cpu, "memory": 16 * GI}, "allocated": {"cpu": used_cpu, "memory": 0},
-            "machines": []}
+def snapshot(name, **given):
+    return pool_snapshot(name, UNIX % name, **given)
 
 
 def machine(machine_class="small"):

@@ -20,6 +20,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext, read_domains
 
+from conftest import FakeDomain
+
 MIB = 2 ** 20
 
 
@@ -36,27 +38,6 @@ def domain_xml(name, cpu, memory, managed=True):
     if not managed:
         tree.remove(tree.find("metadata"))
     return dx.tostring(tree)
-
-
-class FakeDomain:
-    def __init__(self, name, xml, state=libvirt.VIR_DOMAIN_SHUTOFF):
-        self._name = name
-        self.xml = xml
-        self.state_value = state
-        self.reads = 0
-
-    def name(self):
-        return self._name
-
-    def UUIDString(self):  # noqa: N802 (libvirt's name)
-        return "uuid-" + self._name
-
-    def XMLDesc(self, _flags=0):  # noqa: N802
-        self.reads += 1
-        return self.xml
-
-    def state(self):
-        return [self.state_value, 0]
 
 
 class FakeConn:
@@ -143,12 +124,56 @@ class FakeLock:
         FakeLock.released.append(self.conn)
 
 
-def reset_admission(monkeypatch):
+class WatchedCondition(threading.Condition):
+    """The admissions' condition; ``waits`` counts the waits begun since the last notify_all (both run under its
+    lock), so a thread found waiting after a notify_all has really gone back to waiting."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits = 0
+
+    def wait(self, timeout=None):
+        self.waits += 1
+        return super().wait(timeout)
+
+    def notify_all(self):
+        self.waits = 0
+        super().notify_all()
+
+
+class WatchedLock:
+    """A pool's lock within the process; ``blocked`` counts the threads that found it taken and wait for it."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.blocked = 0
+
+    def acquire(self):
+        if not self.lock.acquire(blocking=False):
+            self.blocked += 1
+            self.lock.acquire()
+            self.blocked -= 1
+        return True
+
+    def release(self):
+        self.lock.release()
+
+
+def wait_for(condition, what, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "never " + what
+        time.sleep(0.005)
+
+
+def reset_admission(monkeypatch, *uris):
+    """Fake registry locks, and the admission state of the process fresh, with ``uris``' locks watched."""
     monkeypatch.setattr(admission.reg, "AdmissionLock", FakeLock)
     monkeypatch.setattr(admission.lv, "lookup_storage_pool", lambda conn, name: "registry")
     monkeypatch.setattr(admission.Admission, "_holds", {})
-    monkeypatch.setattr(admission.Admission, "_targets", {})
+    monkeypatch.setattr(admission.Admission, "_targets", {uri: WatchedLock() for uri in uris})
     monkeypatch.setattr(admission.Admission, "_names", set())
+    monkeypatch.setattr(admission.Admission, "_guard", WatchedCondition())
     FakeLock.taken, FakeLock.released = [], []
 
 
@@ -172,7 +197,7 @@ def test_admission_locks_are_handed_over_within_a_run(monkeypatch):
 def test_admissions_onto_different_pools_share_the_peer_locks(monkeypatch):
     """Two threads admit onto x and y with names unique across both: both are inside at once, each pool's lock
     taken from libvirt once; a third onto x waits for the first, and so does a second admission of one name."""
-    reset_admission(monkeypatch)
+    reset_admission(monkeypatch, "test:///x", "test:///y")
     x, y = PoolContext(NamedConn("conn-x"), "test:///x"), PoolContext(NamedConn("conn-y"), "test:///y")
     for ctx, peer in ((x, y), (y, x)):
         ctx.peer_connections = {peer.uri: peer.conn}
@@ -187,16 +212,21 @@ def test_admissions_onto_different_pools_share_the_peer_locks(monkeypatch):
         with admission.Admission(ctx, [x.uri, y.uri], name):
             entered.append(name)
     waiting = [threading.Thread(target=admit, args=(x, "c")), threading.Thread(target=admit, args=(y, "a"))]
+    guard, onto_x_lock = admission.Admission._guard, admission.Admission._targets[x.uri]
+
+    def both_wait():  # c for x's lock, a for its name
+        return onto_x_lock.blocked == 1 and guard.waits == 1
     for thread in waiting:
         thread.start()
-    time.sleep(0.2)
+    wait_for(both_wait, "saw both admissions wait")
     assert entered == []  # x is being admitted onto, and machine a is being admitted
     onto_y.__exit__()
-    time.sleep(0.2)
+    wait_for(both_wait, "saw both admissions wait again once y was left")
     assert entered == []
     onto_x.__exit__()
     for thread in waiting:
         thread.join(5)
+    assert not any(thread.is_alive() for thread in waiting)
     assert sorted(entered) == ["a", "c"]
     assert sorted(FakeLock.released) == ["conn-x", "conn-y"] and admission.Admission._inside == 0
 

@@ -7,18 +7,18 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import sch
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import (
     Unschedulable, must_leave, normalize_tolerations, tolerates)
 
+from conftest import pool_snapshot, refused
+
 GI = 2 ** 30
 SMALL = {"cpu": 1, "memory": 1 * GI}
 LARGE = {"cpu": 4, "memory": 8 * GI}
 
 
-def pool(name, cpu=8, memory=16, used_cpu=0, used_memory=0, labels=None, taints=None, classes=None,
-         state="Ready", machines=()):
-    return {"name": name, "uri": "qemu+unix:///system?socket=/%s" % name, "state": state,
-            "labels": labels or {}, "taints": taints or [],
-            "classes": classes if classes is not None else {"small": SMALL, "large": LARGE},
-            "allocatable": {"cpu": cpu, "memory": memory * GI},
-            "allocated": {"cpu": used_cpu, "memory": used_memory * GI}, "machines": list(machines)}
+def pool(name, memory=16, used_memory=0, classes=None, **given):
+    """A pool snapshot, memory in GiB, publishing classes small and large unless told."""
+    return pool_snapshot(name, "qemu+unix:///system?socket=/%s" % name, memory=memory * GI,
+                         used_memory=used_memory * GI,
+                         classes={"small": SMALL, "large": LARGE} if classes is None else classes, **given)
 
 
 def spec(name, machine_class="small", **extra):
@@ -85,9 +85,7 @@ def test_normalize_tolerations_names_the_field():
     assert normalize_tolerations([], "tolerations") is None  # as a record without any
     assert normalize_tolerations([{"key": "a", "operator": "Exists"}], "tolerations") == [
         {"key": "a", "operator": "Exists", "value": "", "effect": ""}]
-    with pytest.raises(ValidationError) as info:
-        normalize_tolerations("gpu", "tolerations")
-    assert info.value.field == "tolerations"
+    refused("tolerations", normalize_tolerations, "gpu", "tolerations")
     with pytest.raises(ValidationError) as info:
         normalize_tolerations([{"key": "a", "operator": "Exists"}, {"key": "b", "effect": "Sometimes"}],
                               "template.tolerations")
@@ -177,12 +175,8 @@ def test_tie_breaker_is_stable_but_not_always_the_first_pool():
 
 
 def test_bad_specs():
-    with pytest.raises(ValidationError) as info:
-        schedule([spec("Bad Name")], [pool("a")])
-    assert info.value.field == "terms[0].name"
-    with pytest.raises(ValidationError) as info:
-        schedule([spec("m"), spec("m")], [pool("a")])
-    assert info.value.field == "terms[1].name"
+    refused("terms[0].name", schedule, [spec("Bad Name")], [pool("a")])
+    refused("terms[1].name", schedule, [spec("m"), spec("m")], [pool("a")])
     with pytest.raises(ValidationError):
         schedule([spec("m", tolerations=[{"operator": "Sometimes"}])], [pool("a")])
     with pytest.raises(ValidationError):

@@ -10,12 +10,14 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.batch import converge as batch_converge
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
-    ConflictError, NotFoundError, ValidationError)
+    ConflictError, NotFoundError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import host_bridge
 from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import (
     check_host_overlaps, normalize_networks, normalize_taints, plan_pool)
 from ansible_collections.machinery.compute.plugins.lookup.scheduler import validated
+
+from conftest import pool_seen, refused
 
 
 def normalize_machine(term, keys=True):
@@ -26,13 +28,6 @@ def normalize_machine(term, keys=True):
 
 
 GIB = 2 ** 30
-
-
-def refused(field, function, *args, **kwargs):
-    with pytest.raises(ValidationError) as info:
-        function(*args, **kwargs)
-    assert info.value.field == field, info.value
-    return info.value.message
 
 
 # --- labels, taints, numbers -----------------------------------------------------------------------------------------
@@ -154,18 +149,10 @@ def test_networks_of_one_request_do_not_overlap_each_other_or_the_host():
                         {"machinery": "192.168.100.0/24"})
 
 
-def pool_seen(registration, machines=(), host_networks=None):
-    ready = {"active": True, "autostart": True}
-    return {"registration": registration, "documents": ["pool"], "networks": {},
-            "storage_pools": {"machinery-registry": ready, "machinery": ready},
-            "capacity": {"cpu": 8, "memory": 16 * GIB}, "machines": list(machines),
-            "host_networks": host_networks or {}}
-
-
 def test_a_pool_with_machines_keeps_its_name():
     registration = {"name": "hv1", "labels": {}, "taints": [], "networks": []}
     with pytest.raises(ConflictError) as info:
-        plan_pool({"name": "hv2"}, pool_seen(registration, ["web-1"]))
+        plan_pool({"name": "hv2"}, pool_seen(registration, machines=["web-1"]))
     assert info.value.field == "name" and "web-1" in info.value.message
     assert plan_pool({"name": "hv2"}, pool_seen(registration)).summaries() == ["register"]
 
