@@ -154,9 +154,17 @@ class Resource(abc.ABC):
         self.applier(action.handler)(self, action, observed)
 
     def apply_plan(self, plan, observed):
-        """Carry out the plan's actions in order (a resource over many objects applies in waves of its own)."""
+        """Carry out the plan's actions in order (a resource over many objects applies in waves of its own),
+        noting each one done in ``self.done`` (which ``converge`` sets)."""
         for action in plan.actions:
             self.apply(action, observed)
+            self.note_done(action)
+
+    def note_done(self, action):
+        """Note ``action`` as carried out, for the report of a run that fails later."""
+        done = getattr(self, "done", None)
+        if done is not None:
+            done.append(action)
 
 
 def converge(resource, check_mode=False):
@@ -165,10 +173,30 @@ def converge(resource, check_mode=False):
     plan = resource.plan(observed)
     if check_mode or not plan.actions:
         return plan, observed
-    resource.apply_plan(plan, observed)
+    resource.done = []
+    try:
+        resource.apply_plan(plan, observed)
+    except Exception as exc:  # a libvirtError too: the module reports it with what was done before it
+        exc.done = [done_summary(action) for action in resource.done] + list(getattr(exc, "done", None) or [])
+        raise
     observed = resource.observe()
     leftover = resource.plan(observed)
     if leftover.actions:
-        raise ConvergenceError("%s still differs after it was converged (%s): this is a bug in machinery.compute, "
+        exc = ConvergenceError("%s still differs after it was converged (%s): this is a bug in machinery.compute, "
                                "please report it" % (resource.describe(), ", ".join(leftover.summaries())))
+        exc.done = [done_summary(action) for action in plan.actions]
+        raise exc
     return plan, observed
+
+
+def done_summary(action):
+    """An action carried out, as a failure reports it: ``delete web-1 on pool2``."""
+    pool = action.data.get("pool")
+    return "%s %s%s" % (action.summary, action.target, " on %s" % pool if pool else "")
+
+
+def with_done(message, done):
+    """``message`` followed by what was done before the failure, if anything was."""
+    if not done:
+        return message
+    return "%s (done before the failure, the rest is left to a re-run: %s)" % (message, "; ".join(done))

@@ -439,10 +439,16 @@ class MachineSetResource(Resource):
             for action, outcome in zip(group, outcomes):
                 if isinstance(outcome, MachineryError):
                     self.failures.append({"action": action.kind, "target": action.target,
-                                          "pool": action.data.get("pool"), "msg": str(outcome)})
+                                          "pool": action.data.get("pool"), "msg": str(outcome),
+                                          "done": list(outcome.done)})
+                else:
+                    self.note_done(action)
             if self.failures:
-                raise MachineryError("%d action(s) of the set failed: %s" % (len(self.failures), "; ".join(
+                failure = MachineryError("%d action(s) of the set failed: %s" % (len(self.failures), "; ".join(
                     "%s %s on %s: %s" % (f["action"], f["target"], f["pool"], f["msg"]) for f in self.failures)))
+                # a failed member's own steps done before its failure (a domain defined, a volume deleted)
+                failure.done = ["%s: %s" % (f["target"], step) for f in self.failures for step in f["done"]]
+                raise failure
 
     def apply(self, action, observed):
         failure = self.apply_one(action, observed)
