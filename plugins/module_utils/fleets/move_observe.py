@@ -311,7 +311,10 @@ class NewMove:
                 raise ConflictError("volume %s of %s is also attached to %s on %s; a shared volume cannot move with "
                                     "one of its machines" % (item["volume"], self.machine, ", ".join(users), home.pool),
                                     "machine")
-            if item["volume"] not in reuse and lv.lookup_volume(there.storage, item["volume"]) is not None:
+            found = lv.lookup_volume(there.storage, item["volume"]) if item["volume"] not in reuse else None
+            if found is not None and not (item["kind"] == "log" and not storage.users_of(there.conn, found.path(),
+                                                                                           None)):
+                # a console log no domain uses is the collection's own leftover: the move replaces it
                 raise ConflictError("pool %s already has a volume %s" % (target.pool, item["volume"]), "target")
             files.append(item)
         return files, images
