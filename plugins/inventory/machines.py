@@ -245,15 +245,23 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     def private_cache_file(self):
         """The reading names every machine, address and label of the fleet: a file cache plugin writes it mode
-        0644, so it is made readable by its owner alone."""
+        0644, so it is made readable by its owner alone. (ansible-core 2.19 puts a profile tag before the key
+        in the file's name, so the file is the one of the plugin's directory whose name ends with the key.)"""
         name_of = getattr(getattr(self._cache, "_plugin", None), "_get_cache_file_name", None)
         key = getattr(self, "_cache_key", None)
         if name_of is None or key is None:
             return
+        directory = os.path.dirname(name_of(key))
         try:
-            os.chmod(name_of(key), 0o600)
+            names = os.listdir(directory)
         except FileNotFoundError:
-            pass
+            return
+        for name in names:
+            if name.endswith(key):
+                try:
+                    os.chmod(os.path.join(directory, name), 0o600)
+                except FileNotFoundError:
+                    pass
 
     @staticmethod
     def from_cache(entry):
