@@ -165,8 +165,9 @@ def test_an_orphan_console_log_is_replaced_by_a_move_and_removed_by_absent(regis
     name = "lf-mover"
     try:
         made = run_module("machine", uri=source.uri, name=name, machine_class="small", image=image,
-                          network_interfaces=[], state="present")
+                          network_interfaces=[])  # running: it has a console log the move takes along
         assert not made.get("failed"), made
+        assert "%s-console.log" % name in source.volumes()
         make_volume(target, "%s-console.log" % name)  # listed by no journal, used by no domain
         moved = run_module("machine_migrate", uri=source.uri, pools=entries(registered), machine=name,
                            target=target.name, mode="cold", shutdown_timeout=2)
@@ -182,6 +183,8 @@ def test_an_orphan_console_log_is_replaced_by_a_move_and_removed_by_absent(regis
     finally:
         for pool in (source, target):
             run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
+            if "lf-ghost-console.log" in pool.volumes():
+                pool.conn.storagePoolLookupByName("machinery").storageVolLookupByName("lf-ghost-console.log").delete(0)
 
 
 def volume_secrets(pool, machine):
