@@ -322,16 +322,8 @@ def rollout_waves(desired, members, stale, snapshots, taken, counter, coming=0):
     while queue or fresh < replicas:
         wave += 1
         deletes, creates = [], []
-
-        def leave():
-            nonlocal running
-            while queue and (queue[0].get("phase") != "Running" or running - 1 >= floor):
-                member = queue.pop(0)
-                running -= member.get("phase") == "Running"
-                deletes.append(_delete(member, wave, "rollout"))
-
         if not surge:
-            leave()
+            running = _leave(queue, running, floor, wave, deletes)
         making = max(0, min(replicas + surge - fresh - len(queue), replicas - fresh))
         names = []
         for _index in range(making):
@@ -347,13 +339,23 @@ def rollout_waves(desired, members, stale, snapshots, taken, counter, coming=0):
         fresh += len(creates)
         running += len(creates)
         if surge:
-            leave()
+            running = _leave(queue, running, floor, wave, deletes)
         if not deletes and not creates:
             warnings.append("the rollout stops at wave %d: %d member(s) running, the floor is %d (replicas - "
                             "max_unavailable), and no new member can be made" % (wave, running, floor))
             break
         actions += creates + deletes if surge else deletes + creates
     return actions, warnings
+
+
+def _leave(queue, running, floor, wave, deletes):
+    """Take from ``queue`` the old members that can go now: those not running, and running ones while
+    ``running`` stays at least ``floor``; their deletes go to ``deletes``. Returns the members left running."""
+    while queue and (queue[0].get("phase") != "Running" or running - 1 >= floor):
+        member = queue.pop(0)
+        running -= member.get("phase") == "Running"
+        deletes.append(_delete(member, wave, "rollout"))
+    return running
 
 
 def member_spec(desired, name, wait, wait_timeout, unique_across=()):
