@@ -119,7 +119,12 @@ def test_a_killed_tls_run_leaves_nothing_to_orphan(lab, tmp_path):
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
     accepted = []
-    threading.Thread(target=lambda: [accepted.append(listener.accept()[0]) for _ in range(3)], daemon=True).start()
+
+    def accept():
+        while len(accepted) < 3:
+            accepted.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
     uri = "qemu+tls://127.0.0.1:%d/system" % listener.getsockname()[1]
     env = dict(files, TMPDIR=str(temp), MACHINERY_CONNECT_TIMEOUT="600")
     try:
