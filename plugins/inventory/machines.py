@@ -104,6 +104,7 @@ cache_connection: ~/.cache/machinery-inventory
 """
 
 import json
+import os
 import re
 
 from ansible.errors import AnsibleError, AnsibleParserError
@@ -185,7 +186,13 @@ def read_pool(ctx, entry, include_unmanaged, include_pools, sources, guest_facts
 def addresses_of(machine, sources, ask, routable, facts_read):
     """A machine's addresses from the first of ``sources`` that knows one: the DHCP leases of its NICs, the guest
     agent's facts already in its status (asked again through ``ask`` only when the status was read without
-    them), or ``ask(source)`` for the other sources of a running machine."""
+    them), or ``ask(source)`` for the other sources of a running machine.
+
+    A machine without a network interface has no address any source could find: none is asked. (The lab's
+    libvirt 9.0 cannot read its hosts' ARP tables at all, "wrong nlmsg len": asking for such a machine made every
+    run warn about a source nothing needed.)"""
+    if not machine.get("network_interfaces"):
+        return []
     running = machine["phase"] == "Running"
     for source in sources:
         if source == "lease":
@@ -209,7 +216,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     def parse(self, inventory, loader, path, cache=True):
         super().parse(inventory, loader, path, cache)
         self._read_config_data(path)
-        cache_key = self.get_cache_key(path)
+        cache_key = self._cache_key = self.get_cache_key(path)
         use_cache = self.get_option("cache") and cache
         update_cache = self.get_option("cache") and not cache
         data = None
@@ -227,6 +234,34 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             if update_cache:
                 self._cache[cache_key] = {"format": CACHE_FORMAT, "pools": text}
         self.populate(data)
+
+    def update_cache_if_changed(self):
+        super().update_cache_if_changed()
+        self.private_cache_file()
+
+    def set_cache_plugin(self):
+        super().set_cache_plugin()
+        self.private_cache_file()
+
+    def private_cache_file(self):
+        """The reading names every machine, address and label of the fleet: a file cache plugin writes it mode
+        0644, so it is made readable by its owner alone. (ansible-core 2.19 puts a profile tag before the key
+        in the file's name, so the file is the one of the plugin's directory whose name ends with the key.)"""
+        name_of = getattr(getattr(self._cache, "_plugin", None), "_get_cache_file_name", None)
+        key = getattr(self, "_cache_key", None)
+        if name_of is None or key is None:
+            return
+        directory = os.path.dirname(name_of(key))
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name.endswith(key):
+                try:
+                    os.chmod(os.path.join(directory, name), 0o600)
+                except FileNotFoundError:
+                    pass
 
     @staticmethod
     def from_cache(entry):

@@ -160,6 +160,7 @@ attempts:
 
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import batch
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import with_done
 from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 FAILURES_SHOWN = 10  # in msg; every failure is in the failures return
@@ -184,6 +185,9 @@ class MachineBatchModule(MachineryModule):
                                    failure["msg"]) for failure in shown]
             tail = "; and %d more (see failures)" % more if more else ""
             result["msg"] = "%d of %d machines failed: %s%s" % (len(outcome.failures), len(specs), "; ".join(named), tail)
+            if not self.check_mode:
+                result["done"] = outcome.done()
+                result["msg"] = with_done(result["msg"], result["done"])
             result["failed"] = True
         return result
 

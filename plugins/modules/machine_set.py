@@ -92,7 +92,9 @@ options:
         type: raw
         default: 1
       max_unavailable:
-        description: Members that may be missing below O(replicas) during a wave.
+        description:
+          - Members that may be missing below O(replicas) during a wave. Running members never drop below
+            O(replicas) - O(rollout.max_unavailable); members that are not running are replaced first.
         type: raw
         default: 0
   wait:

@@ -9,12 +9,18 @@ import time
 
 import libvirt
 
-from conftest import run_module
-from test_13_migrate import fleet, homes, journals, listed, make, owned_volumes, play, remove, start_module
+from conftest import ModuleRun, run_module
+from test_13_migrate import fleet, homes, journals, listed, make, owned_volumes, play, remove
 
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 
 FILES = ("cidata.iso", "data.qcow2", "root.qcow2")
+
+
+def start_module(module_name, **args):
+    """A module run in a process of its own (conftest.ModuleRun): its process, and the file of its arguments."""
+    run = ModuleRun(module_name, diff=False, **args)
+    return run.proc, os.path.join(run.work, "args.json")
 
 
 def wait_for(what, timeout=120):

@@ -5,10 +5,11 @@
 
 from __future__ import annotations
 
-import atexit
+import hashlib
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 from urllib.parse import parse_qs, urlsplit
@@ -98,16 +99,21 @@ def describe(exc):
 
 
 # A TLS client identity given as three files of any name (what AWX's credential injectors write), made the
-# directory of fixed names that libvirt's pkipath= wants.
+# directory of fixed names that libvirt's pkipath= wants. The directories live in one private directory per
+# controller user (machinery-pki-<uid> in the temp dir), one per identity, named after the three paths: a run reuses
+# the one an earlier run made, a new one appears whole (made aside, then renamed), and nothing is removed when a run
+# ends, so a killed run orphans nothing. Each run removes the identities whose files are gone (an AWX job's
+# credential files are removed after the job) and what a killed run left half made.
 TLS_FILES = (("MACHINERY_TLS_CACERT", "cacert.pem"), ("MACHINERY_TLS_CLIENTCERT", "clientcert.pem"),
              ("MACHINERY_TLS_CLIENTKEY", "clientkey.pem"))
 _PKI_DIRS = {}
+_MAKING = ".making-"
 
 
 def with_tls_identity(uri, environ=None):
     """``uri`` with ``pkipath=`` added when it is a qemu+tls URI that names none and MACHINERY_TLS_CACERT,
-    _CLIENTCERT and _CLIENTKEY name the files: a private directory (mode 0700, removed when the process ends)
-    links them under libvirt's names. Any other URI comes back as it is."""
+    _CLIENTCERT and _CLIENTKEY name the files: a private directory (mode 0700) links them under libvirt's names.
+    Any other URI comes back as it is."""
     environ = os.environ if environ is None else environ
     parts = urlsplit(uri or "")
     if parts.scheme != "qemu+tls" or "pkipath" in parse_qs(parts.query):
@@ -119,12 +125,62 @@ def with_tls_identity(uri, environ=None):
         for (variable, _name), path in zip(TLS_FILES, files):
             if not os.path.isfile(path):
                 raise ValidationError("%s names %s, which is not a file" % (variable, path), "uri")
-        directory = tempfile.mkdtemp(prefix="machinery-pki-")
-        atexit.register(shutil.rmtree, directory, True)
-        for (_variable, name), path in zip(TLS_FILES, files):
-            os.symlink(os.path.abspath(path), os.path.join(directory, name))
-        _PKI_DIRS[files] = directory
+        _PKI_DIRS[files] = pki_directory(tuple(os.path.abspath(path) for path in files))
     return "%s%spkipath=%s" % (uri, "&" if parts.query else "?", _PKI_DIRS[files])
+
+
+def pki_root(temp=None):
+    """The controller user's private directory of TLS identities; refused when someone else could write it."""
+    root = os.path.join(temp or tempfile.gettempdir(), "machinery-pki-%d" % os.getuid())
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    status = os.lstat(root)
+    if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.getuid() or status.st_mode & 0o077:
+        raise ValidationError("%s must be a directory of this user that no one else can read or write (mode 0700); "
+                              "remove it and run again" % root, "uri")
+    return root
+
+
+def pki_directory(paths, temp=None):
+    """The directory linking ``paths`` (absolute: CA, client certificate, client key) under libvirt's names."""
+    root = pki_root(temp)
+    prune_pki(root)
+    name = hashlib.sha256("\0".join(paths).encode()).hexdigest()[:20]
+    directory = os.path.join(root, name)
+    if os.path.isdir(directory):
+        return directory
+    making = tempfile.mkdtemp(prefix="%s%d-" % (_MAKING, os.getpid()), dir=root)
+    for (_variable, link), path in zip(TLS_FILES, paths):
+        os.symlink(path, os.path.join(making, link))
+    try:
+        os.rename(making, directory)
+    except OSError:  # a concurrent run made the same one first: it links the same files
+        shutil.rmtree(making, True)
+    return directory
+
+
+def prune_pki(root):
+    """Remove the identities whose files are gone and what runs that died left half made."""
+    for entry in os.listdir(root):
+        path = os.path.join(root, entry)
+        if entry.startswith(_MAKING):
+            owner = entry[len(_MAKING):].split("-", 1)[0]
+            if owner.isdigit() and not _alive(int(owner)):
+                shutil.rmtree(path, True)
+        elif os.path.isdir(path) and not all(os.path.exists(os.path.join(path, link)) for _v, link in TLS_FILES):
+            shutil.rmtree(path, True)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # A host that accepts the connection and never answers (a daemon stopped with SIGSTOP, a listener that hangs)

@@ -159,9 +159,17 @@ class Resource(abc.ABC):
         return interference(plan, leftover)
 
     def apply_plan(self, plan, observed):
-        """Carry out the plan's actions in order (a resource over many objects applies in waves of its own)."""
+        """Carry out the plan's actions in order (a resource over many objects applies in waves of its own),
+        noting each one done in ``self.done`` (which ``converge`` sets)."""
         for action in plan.actions:
             self.apply(action, observed)
+            self.note_done(action)
+
+    def note_done(self, action):
+        """Note ``action`` as carried out, for the report of a run that fails later."""
+        done = getattr(self, "done", None)
+        if done is not None:
+            done.append(action)
 
 
 def converge(resource, check_mode=False):
@@ -170,17 +178,26 @@ def converge(resource, check_mode=False):
     plan = resource.plan(observed)
     if check_mode or not plan.actions:
         return plan, observed
-    resource.apply_plan(plan, observed)
+    resource.done = []
+    try:
+        resource.apply_plan(plan, observed)
+    except Exception as exc:  # a libvirtError too: the module reports it with what was done before it
+        exc.done = [done_summary(action) for action in resource.done] + list(getattr(exc, "done", None) or [])
+        raise
     observed = resource.observe()
     leftover = resource.plan(observed)
     if leftover.actions:
         other = resource.interference(plan, leftover)
         if other is not None:
-            raise ConflictError("%s was changed by another run while this run converged it: %s; this run's changes "
+            exc = ConflictError("%s was changed by another run while this run converged it: %s; this run's changes "
                                 "were made, the other run's are in force now (%s left to do): run again once the "
                                 "other run is done" % (resource.describe(), other, ", ".join(leftover.summaries())))
-        raise ConvergenceError("%s still differs after it was converged (%s): this is a bug in machinery.compute, "
+            exc.done = [done_summary(action) for action in plan.actions]
+            raise exc
+        exc = ConvergenceError("%s still differs after it was converged (%s): this is a bug in machinery.compute, "
                                "please report it" % (resource.describe(), ", ".join(leftover.summaries())))
+        exc.done = [done_summary(action) for action in plan.actions]
+        raise exc
     return plan, observed
 
 
@@ -200,3 +217,16 @@ def interference(plan, leftover):
 
 def _shown(value):
     return value if isinstance(value, (str, int, float, bool)) or value is None else repr(value)
+
+
+def done_summary(action):
+    """An action carried out, as a failure reports it: ``delete web-1 on pool2``."""
+    pool = action.data.get("pool")
+    return "%s %s%s" % (action.summary, action.target, " on %s" % pool if pool else "")
+
+
+def with_done(message, done):
+    """``message`` followed by what was done before the failure, if anything was."""
+    if not done:
+        return message
+    return "%s (done before the failure, the rest is left to a re-run: %s)" % (message, "; ".join(done))

@@ -15,6 +15,9 @@ class MachineryError(Exception):
         super().__init__(message)
         self.message = message
         self.field = field
+        # what the failed run had done before it failed (short forms of its actions, each with its target), so
+        # the module can say it and report changed: converge fills it in
+        self.done = []
 
     def __str__(self):
         if self.field:

@@ -51,8 +51,17 @@ class BatchOutcome:
         self.warnings.extend("%s: %s" % (name, warning) for warning in outcome.warnings)
 
     def fail(self, spec, pool, exc):
+        done = list(getattr(exc, "done", None) or [])
         self.failures.append({"name": spec["name"], "pool": pool, "reason": getattr(exc, "reason", "Error"),
-                              "field": getattr(exc, "field", None), "msg": str(exc)})
+                              "field": getattr(exc, "field", None), "msg": str(exc), "done": done})
+        if done:  # the machine's steps before its failure changed the pool
+            self.changed = True
+
+    def done(self):
+        """What the run did, machine by machine, including the steps of failed machines before they failed."""
+        return (["%s: %s" % (name, summary) for name, summaries in sorted(self.actions.items())
+                 for summary in summaries]
+                + ["%s: %s" % (failure["name"], step) for failure in self.failures for step in failure["done"]])
 
 
 def validated(machines, defaults=None):

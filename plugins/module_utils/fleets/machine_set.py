@@ -70,14 +70,28 @@ def template_hash(template):
 
 
 def public_template(template):
-    """The template as the pools' registries keep it: the secrets (Ignition, cloud-init user-data) replaced by
-    the hash of the whole template, never stored."""
+    """The template as the pools' registries keep it: every secret of the machine's options (Ignition,
+    cloud-init user-data, an encrypted volume's passphrase: the no_log options of ``options.MACHINE``) replaced by
+    ``<secret>``; the template's hash tells a changed secret, the secret itself is never stored."""
     kept = copy.deepcopy(template)
-    if kept.get("ignition") is not None:
-        kept["ignition"] = "<secret>"
-    if (kept.get("cloud_init") or {}).get("user_data") is not None:
-        kept["cloud_init"]["user_data"] = "<secret>"
+    for path in options.secret_paths(options.MACHINE):
+        _mask(kept, path)
     return kept
+
+
+def _mask(value, path):
+    """Replace what ``path`` (option names; a list on the way is walked item by item) names inside ``value``."""
+    if isinstance(value, list):
+        for item in value:
+            _mask(item, path)
+        return
+    if not isinstance(value, dict) or path[0] not in value:
+        return
+    if len(path) == 1:
+        if value[path[0]] is not None:
+            value[path[0]] = "<secret>"
+        return
+    _mask(value[path[0]], path[1:])
 
 
 def normalize_set(params):
@@ -280,37 +294,68 @@ def plan_set(desired, observed):
     stale = [member for member in everyone
              if (member.get("labels") or {}).get(HASH_LABEL) != desired["template_hash"]]
     if stale and desired.get("rollout"):
-        actions += rollout_waves(desired, everyone, stale, observed["snapshots"], taken, counter)
+        coming = sum(1 for action in actions if action.kind == "create")
+        waves, stopped = rollout_waves(desired, everyone, stale, observed["snapshots"], taken, counter, coming)
+        actions += waves
+        warnings += stopped
     elif stale:
         warnings.append("%d member(s) were made from another template (%s); they are replaced only with rollout"
                         % (len(stale), ", ".join(sorted(member["name"] for member in stale))))
     return Plan(actions, warnings, stale=sorted(member["name"] for member in stale))
 
 
-def rollout_waves(desired, members, stale, snapshots, taken, counter):
-    """Replace ``stale`` members in waves: with surge s and unavailable u, each wave makes up to s new members
-    (and waits for them to run) before deleting up to s + u old ones, or, with s = 0, deletes u first."""
+def rollout_waves(desired, members, stale, snapshots, taken, counter, coming=0):
+    """Replace ``stale`` members in waves that never leave fewer than ``replicas - max_unavailable`` members
+    running (the floor) nor more than ``replicas + max_surge`` members in all. With a surge each wave first makes
+    new members (and waits for them to run), then deletes the old ones the floor allows; without, it deletes
+    first, then makes as many as replicas allow. A member not running costs the floor nothing to delete.
+    ``coming`` new members are made before the first wave (a scale up). Returns (actions, warnings)."""
+    replicas = desired["replicas"]
     surge, unavailable = desired["rollout"]["max_surge"], desired["rollout"]["max_unavailable"]
-    running = [member for member in members if member not in stale]
+    floor = max(replicas - unavailable, 0)
+    present = [member for member in members if member not in stale]
+    fresh = len(present) + coming
+    running = sum(1 for member in members if member.get("phase") == "Running") + coming
     queue = sorted(stale, key=lambda member: (member.get("phase") == "Running", member["name"]))
-    actions = []
+    actions, warnings = [], []
     wave = 0
-    while queue:
+    while queue or fresh < replicas:
         wave += 1
-        making = min(surge, len(queue)) if surge else min(unavailable, len(queue))
+        deletes, creates = [], []
+        if not surge:
+            running = _leave(queue, running, floor, wave, deletes)
+        making = max(0, min(replicas + surge - fresh - len(queue), replicas - fresh))
         names = []
         for _index in range(making):
             new, counter = member_name(desired["name"], taken, counter)
             taken.add(new)
             names.append(new)
-        leaving = queue[:min(len(queue), making + unavailable if surge else making)]
-        creates = [_create(desired, new, pool, wave) for new, pool, _reason in
-                   place(desired, names, snapshots, running + queue) if pool is not None]
-        deletes = [_delete(member, wave, "rollout") for member in leaving]
+        for new, pool, reason in place(desired, names, snapshots, present + queue):
+            if pool is None:
+                warnings.append("%s: %s" % (new, reason))
+                continue
+            creates.append(_create(desired, new, pool, wave))
+            present.append({"name": new, "pool": pool["name"], "phase": "Running"})
+        fresh += len(creates)
+        running += len(creates)
+        if surge:
+            running = _leave(queue, running, floor, wave, deletes)
+        if not deletes and not creates:
+            warnings.append("the rollout stops at wave %d: %d member(s) running, the floor is %d (replicas - "
+                            "max_unavailable), and no new member can be made" % (wave, running, floor))
+            break
         actions += creates + deletes if surge else deletes + creates
-        queue = queue[len(leaving):]
-        running += [{"name": action.target, "pool": action.data["pool"]} for action in creates]
-    return actions
+    return actions, warnings
+
+
+def _leave(queue, running, floor, wave, deletes):
+    """Take from ``queue`` the old members that can go now: those not running, and running ones while
+    ``running`` stays at least ``floor``; their deletes go to ``deletes``. Returns the members left running."""
+    while queue and (queue[0].get("phase") != "Running" or running - 1 >= floor):
+        member = queue.pop(0)
+        running -= member.get("phase") == "Running"
+        deletes.append(_delete(member, wave, "rollout"))
+    return running
 
 
 def member_spec(desired, name, wait, wait_timeout, unique_across=()):
@@ -396,10 +441,16 @@ class MachineSetResource(Resource):
             for action, outcome in zip(group, outcomes):
                 if isinstance(outcome, MachineryError):
                     self.failures.append({"action": action.kind, "target": action.target,
-                                          "pool": action.data.get("pool"), "msg": str(outcome)})
+                                          "pool": action.data.get("pool"), "msg": str(outcome),
+                                          "done": list(outcome.done)})
+                else:
+                    self.note_done(action)
             if self.failures:
-                raise MachineryError("%d action(s) of the set failed: %s" % (len(self.failures), "; ".join(
+                failure = MachineryError("%d action(s) of the set failed: %s" % (len(self.failures), "; ".join(
                     "%s %s on %s: %s" % (f["action"], f["target"], f["pool"], f["msg"]) for f in self.failures)))
+                # a failed member's own steps done before its failure (a domain defined, a volume deleted)
+                failure.done = ["%s: %s" % (f["target"], step) for f in self.failures for step in f["done"]]
+                raise failure
 
     def apply(self, action, observed):
         failure = self.apply_one(action, observed)

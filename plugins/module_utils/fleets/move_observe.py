@@ -312,7 +312,11 @@ class NewMove:
                 raise ConflictError("volume %s of %s is also attached to %s on %s; a shared volume cannot move with "
                                     "one of its machines" % (item["volume"], self.machine, ", ".join(users), home.pool),
                                     "machine")
-            if item["volume"] not in reuse and lv.lookup_volume(there.storage, item["volume"]) is not None:
+            found = lv.lookup_volume(there.storage, item["volume"]) if item["volume"] not in reuse else None
+            # a console log no domain uses is the collection's own leftover: the move replaces it
+            leftover_log = found is not None and item["kind"] == "log" and not storage.users_of(
+                there.conn, found.path(), None)
+            if found is not None and not leftover_log:
                 raise ConflictError("pool %s already has a volume %s" % (target.pool, item["volume"]), "target")
             files.append(item)
         return files, images

@@ -13,6 +13,7 @@ from ansible.module_utils.urls import open_url
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import with_done
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
@@ -21,6 +22,12 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet imp
 # module_defaults of the group gives them to every member and a module fails on an option it does not know.
 COMMON_ARGS = options.argument_spec(options.COMMON)
 MULTI_POOL_ARGS = options.argument_spec(options.MULTI_POOL)
+
+
+def done_before(exc):
+    """The return keys of a failure that had changed things first: ``changed`` and ``done`` (what it did)."""
+    done = list(getattr(exc, "done", None) or [])
+    return {"changed": True, "done": done} if done else {}
 
 
 class MachineryModule:
@@ -74,10 +81,12 @@ class MachineryModule:
                     ctx.url_opener = open_url
                     result = self.run(ctx)
         except MachineryError as exc:
-            self.module.fail_json(msg=str(exc), field=exc.field, reason=exc.reason)
+            self.module.fail_json(msg=with_done(str(exc), exc.done), field=exc.field, reason=exc.reason,
+                                  **done_before(exc))
         except lv.libvirt.libvirtError as exc:
-            self.module.fail_json(msg="libvirt error on %s: %s" % (where, lv.describe(exc)),
-                                  reason="LibvirtError", exception=traceback.format_exc())
+            self.module.fail_json(msg=with_done("libvirt error on %s: %s" % (where, lv.describe(exc)),
+                                                getattr(exc, "done", None)),
+                                  reason="LibvirtError", exception=traceback.format_exc(), **done_before(exc))
         if result.get("diff") is None:
             result.pop("diff", None)
         for warning in result.pop("warnings", []):

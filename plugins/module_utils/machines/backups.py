@@ -204,7 +204,11 @@ class BackupResource(Resource):
         name = action.target
         pool = self.ctx.storage
         targets = {disk["device"]: volume_name(self.machine, name, disk["device"]) for disk in seen["disks"]}
-        for volume in targets.values():  # a copy a dead run left
+        if action.data["method"] == "push":
+            self._end_dead_job(seen["dom"])
+        # a copy a dead run left: QEMU made its stores behind the storage pool's back, so it is read again first
+        pool.refresh(0)
+        for volume in targets.values():
             storage.delete_volume(pool, volume)
         try:
             if action.data["method"] == "push":
@@ -235,6 +239,27 @@ class BackupResource(Resource):
                  "quiesced": quiesced, "reason": reason, "disks": disks}
         self.report = entry
         self._save(lambda backups: [item for item in backups if item["name"] != name] + [entry])
+
+    def _end_dead_job(self, dom):
+        """A backup job a killed run began is still running in libvirt: it is aborted and waited for, or the new
+        one could not begin."""
+        try:
+            dom.backupGetXMLDesc(0)
+        except lv.libvirt.libvirtError:
+            return  # no backup job
+        try:
+            dom.abortJob()
+        except lv.libvirt.libvirtError:
+            pass  # it ended meanwhile
+        deadline = time.monotonic() + float(self.params["timeout"])
+        while time.monotonic() < deadline:
+            try:
+                dom.backupGetXMLDesc(0)
+            except lv.libvirt.libvirtError:
+                return
+            time.sleep(POLL)
+        raise MachineryError("the backup job a dead run of %s began did not end within %ss"
+                             % (self.machine, int(float(self.params["timeout"]))), "timeout")
 
     def _freeze(self, dom):
         """(frozen, why not): freeze the guest's file systems through its agent, if it answers."""

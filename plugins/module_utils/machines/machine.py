@@ -371,8 +371,22 @@ class MachineResource(Resource):
         # the first observation may come from the pool's listing of this run; the one after apply is fresh
         listing = self.ctx.listed() if not self.observations else None
         self.observations += 1
-        return observe_machine(self.conn, self.name, journal=bool(self.ctx.registration), listing=listing,
-                               registry=self.ctx.registry if listing is not None else None)
+        observed = observe_machine(self.conn, self.name, journal=bool(self.ctx.registration), listing=listing,
+                                   registry=self.ctx.registry if listing is not None else None)
+        if not observed.exists and not observed.journal and self.ctx.registration:
+            observed.journal = self._orphan_log()
+        return observed
+
+    def _orphan_log(self):
+        """A journal for the console log of this name that no domain uses and no journal lists (a run that died
+        left it): the log is the collection's own file, so a create replaces it and ``absent`` removes it."""
+        log = "%s-console.log" % self.name
+        vol = lv.lookup_volume(self.ctx.storage, log)
+        if vol is None or storage.users_of(self.conn, vol.path(), None):
+            return None
+        if self.ctx.registry.get("move-%s" % self.name) is not None:
+            return None  # a move of that name is under way or was cut off: its own resolution owns the file
+        return {"machine": self.name, "volumes": [log]}
 
     def plan(self, observed):
         if observed.exists and not observed.managed and not self.params["adopt"]:
@@ -428,15 +442,20 @@ class MachineResource(Resource):
                 registry.delete(key, locked=True, epoch=admission.epoch)
 
     def _remove_orphans(self, journal):
-        """Delete the volumes a dead run of this name listed in its journal, unless a domain uses them."""
+        """Delete the volumes a dead run of this name listed in its journal, and the passphrase secret an
+        encrypted one got (defined before its volume, so it may be there without it), unless a domain uses them."""
         if not journal:
             return
         pool = self.ctx.storage
         pool.refresh(0)
         for volume_name in journal.get("volumes") or []:
             vol = lv.lookup_volume(pool, volume_name)
-            if vol is not None and not storage.users_of(self.conn, vol.path(), None):
+            path = vol.path() if vol is not None else self.ctx.storage_file(volume_name)
+            if storage.users_of(self.conn, path, None):
+                continue
+            if vol is not None:
                 storage.delete_volume(pool, volume_name)
+            storage.delete_volume_secret(self.conn, path)
 
     def _clean_up(self, action, _observed):
         with Admission(self.ctx, [], self.name) as admission:

@@ -19,7 +19,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import ensure_class
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import converge
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import converge, with_done
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
@@ -338,7 +338,11 @@ class Run:
         for obj in self.of("class"):
             published = []
             for ctx in pools.contexts:
-                plan, shown = ensure_class(ctx, dict(obj.data, state=state, force=False), self.check_mode)
+                try:
+                    plan, shown = ensure_class(ctx, dict(obj.data, state=state, force=False), self.check_mode)
+                except MachineryError as exc:  # the other pools still get theirs; the failure is reported
+                    self.failures.append("%s on %s: %s" % (obj.ref, ctx.name, exc))
+                    continue
                 self.note(obj.ref, plan, ctx.name)
                 if shown:
                     published.append(ctx.name)
@@ -398,6 +402,7 @@ class Run:
         for failure in outcome.failures:
             obj = by_name[failure["name"]]
             self.failures.append("%s: %s" % (obj.ref, spoken(obj, failure.get("field"), failure["msg"])))
+            self.actions.extend("%s: %s" % (obj.ref, step) for step in failure["done"])
         for name, machine in outcome.machines.items():
             self.observed[by_name[name].key]["machine"] = machine if machine.get("phase") != "Terminated" else None
         if state == "absent":
@@ -425,6 +430,7 @@ class Run:
                 plan, observed = converge(resource, self.check_mode)
             except MachineryError as exc:
                 self.failures.append("%s: %s" % (obj.ref, spoken(obj, exc.field, str(exc))))
+                self.actions.extend("%s: %s" % (obj.ref, step) for step in exc.done)
                 continue
             self.note(obj.ref, plan)
             self.observed[obj.key]["set"] = set_status(resource.desired, observed, plan)
@@ -539,5 +545,9 @@ def apply(entries, documents, params, check_mode=False, opener=None, load_proble
     result = {"changed": bool(run.actions), "actions": run.actions, "objects": shown, "tables": tables,
               "warnings": run.warnings, "before": run.before, "after": run.after}
     if run.failures:
-        result.update(failed=True, msg="%d object(s) failed: %s" % (len(run.failures), "; ".join(run.failures)))
+        message = "%d object(s) failed: %s" % (len(run.failures), "; ".join(run.failures))
+        if not check_mode:
+            result["done"] = list(run.actions)
+            message = with_done(message, run.actions)
+        result.update(failed=True, msg=message)
     return result

@@ -118,17 +118,10 @@ class Registry:
         EXPECTED_RETRY_SECONDS."""
         with self._guard:
             if key not in self._bodies:
-                body = self._read(key)
-                deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
-                while body is None and expected and self.pool is not None and time.monotonic() < deadline:
-                    time.sleep(0.05 + random.random() * 0.1)
-                    try:
-                        self.pool.refresh(0)
-                    except lv.libvirt.libvirtError:
-                        pass  # an upload is running there: its own refresh follows it
-                    self._index = None
-                    body = self._read(key)
-                self._bodies[key] = body
+                if expected and self.pool is not None:
+                    self._bodies[key] = self._confirmed(lambda: self._read(key), lambda found: found is not None)
+                else:
+                    self._bodies[key] = self._read(key)
             return self._bodies[key]
 
     def _read(self, key, relisted=False):
@@ -164,17 +157,25 @@ class Registry:
         and listed again, for up to EXPECTED_RETRY_SECONDS, as ``get(expected=True)`` does. (A listing that holds
         the registration but misses ``key`` cannot be told from a new key; the write then collides on the volume
         name, and ``put`` lists again.)"""
-        index = self._generations()
+        if key == POOL_KEY:
+            return self._generations()
+        return self._confirmed(self._generations, lambda index: POOL_KEY in index or key in index)
+
+    def _confirmed(self, read, believed):
+        """``read()`` until ``believed`` of what it returns, refreshing the pool and forgetting the index between
+        reads, for up to EXPECTED_RETRY_SECONDS: a listing taken while libvirt refreshes the pool after another
+        run's upload can miss volumes that are there. The last reading when none is believed."""
+        found = read()
         deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
-        while key != POOL_KEY and POOL_KEY not in index and key not in index and time.monotonic() < deadline:
+        while not believed(found) and time.monotonic() < deadline:
             time.sleep(0.05 + random.random() * 0.1)
             try:
                 self.pool.refresh(0)
             except lv.libvirt.libvirtError:
                 pass  # an upload is running there: its own refresh follows it
             self._index = None
-            index = self._generations()
-        return index
+            found = read()
+        return found
 
     def _relist(self, epoch):
         """Forget the index unless it was listed while this process held the admission lock in ``epoch`` (the
