@@ -411,12 +411,8 @@ def test_vitistack_machine_applied_exported_and_deleted(lab2):
     run_module("manifest", pools=entries, definition=[machine], state="absent", shutdown_timeout=1)
     planned = run_module("manifest", check=True, pools=entries, definition=[machine])
     assert planned["changed"] and not planned.get("failed") and "viti-1" not in machines(pools), planned
-    for _attempt in range(3):
-        made = run_module("manifest", pools=entries, definition=[machine])
-        # qemu-img's LUKS key-derivation benchmark fails now and then on a busy lab host ("Unable to get accurate
-        # CPU usage"): a failure of the host's qemu, not of the document; the machine is cleaned up, so retry
-        if "Unable to get accurate CPU usage" not in str(made.get("msg")):
-            break
+    # (qemu-img's LUKS key benchmark fails now and then on a busy host: storage.create_volume asks again)
+    made = run_module("manifest", pools=entries, definition=[machine])
     assert made["changed"] and not made.get("failed"), (made.get("msg"), warnings_of(made), made.get("actions"))
     where = next(p for p in pools if p.domain("viti-1"))
     spec = record(where, "viti-1")["spec"]

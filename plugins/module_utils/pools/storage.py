@@ -111,16 +111,26 @@ class VolumeBeingWritten(LibvirtFailure):
     """libvirt refuses to read a volume that another run is still creating ("still being allocated")."""
 
 
+LUKS_BENCHMARK = "Unable to get accurate CPU usage"
+LUKS_ATTEMPTS = 5
+
+
 def create_volume(pool, name, capacity, fmt="raw", mode=None, backing=None, secret=None, replace=False):
     """Create the volume ``name``; with ``replace``, one of that name already there is deleted first (found by
     the create failing, so the usual case costs no lookup)."""
     xml = volume_xml(name, capacity, fmt, mode, backing, secret)
-    try:
-        return pool.createXML(xml, 0)
-    except lv.libvirt.libvirtError as exc:
-        if not (replace and exc.get_error_code() == lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST):
-            kind = VolumeExists if exc.get_error_code() == lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST else LibvirtFailure
-            raise kind("cannot create volume %s: %s" % (name, lv.describe(exc))) from None
+    for attempt in range(LUKS_ATTEMPTS):
+        try:
+            return pool.createXML(xml, 0)
+        except lv.libvirt.libvirtError as exc:
+            # qemu-img times its LUKS key derivation on the host's CPU and gives up when a loaded host lets it
+            # measure nothing: the volume was not made, so it is asked for again
+            if secret and LUKS_BENCHMARK in lv.describe(exc) and attempt + 1 < LUKS_ATTEMPTS:
+                continue
+            if not (replace and exc.get_error_code() == lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST):
+                kind = VolumeExists if exc.get_error_code() == lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST else LibvirtFailure
+                raise kind("cannot create volume %s: %s" % (name, lv.describe(exc))) from None
+            break
     delete_volume(pool, name)
     return create_volume(pool, name, capacity, fmt, mode, backing, secret)
 
