@@ -61,7 +61,7 @@ class BatchOutcome:
         """What the run did, machine by machine, including the steps of failed machines before they failed."""
         return (["%s: %s" % (name, summary) for name, summaries in sorted(self.actions.items())
                  for summary in summaries]
-                + ["%s: %s" % (failure["name"], step) for failure in self.failures for step in failure["done"]])
+                + ["%s: %s" % (failure["name"], step) for failure in self.failures for step in failure.get("done") or []])
 
 
 def validated(machines, defaults=None):
