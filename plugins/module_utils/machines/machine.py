@@ -12,26 +12,27 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
-from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
-from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
-from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, admitted, check_room
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, converge, step
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
-    ConflictError, LibvirtFailure, MachineryError, NameTaken, ValidationError)
+from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import check_room
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
+    Action, Plan, Resource, converge, step)
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, LibvirtFailure
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import FrozenDict
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
+from ansible_collections.machinery.compute.plugins.module_utils.machines.changes import Changes, live_effects
+from ansible_collections.machinery.compute.plugins.module_utils.machines.creation import (
+    Creation, create_steps, new_disks)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import (
-    lease_expiries, observe_reservations, release_address, reserve_address, reserved_nics, wait_for_address)
-from ansible_collections.machinery.compute.plugins.module_utils.machines.power import bump_boots, shutdown, update_record
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import ephemeral_volumes, recorded_spec
+    lease_expiries, observe_reservations, release_address, reserved_nics, wait_for_address)
+from ansible_collections.machinery.compute.plugins.module_utils.machines.power import (
+    bump_boots, shutdown, update_record)
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import ephemeral_volumes
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import (
     PoolView, is_active, machine_status, now)
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
@@ -111,56 +112,6 @@ def adoption_record(observed, image, moment):
                      "network_interfaces": [], "root_size": None, "boot_config": None, "files": {}}}
 
 
-def create_steps(spec):
-    name = spec["name"]
-    steps = [step("cache_image", spec["image"]["source"]),
-             step("create_volume", "%s-root.qcow2" % name, size=spec.get("root_size"))] if spec.get("image") else []
-    for vol in spec.get("volumes") or []:
-        if vol["source"] == "volume":
-            steps.append(step("use_volume", vol["volume"]))
-        else:
-            if vol.get("encrypted"):
-                steps.append(step("define_secret", vol["volume"]))
-            steps.append(step("create_volume", vol["volume"], size=vol.get("size"),
-                              **({"encryption": "luks"} if vol.get("encrypted") else {})))
-    for nic in spec.get("network_interfaces") or []:
-        if nic.get("ip_address"):
-            steps.append(step("reserve_address", nic["network"], mac=nic["mac"], ip=nic["ip_address"]))
-    if "ignition_data" in spec:
-        steps.append(step("write_volume", "%s-ignition.json" % name))
-    if "seed_files" in spec:
-        steps.append(step("write_volume", "%s-cidata.iso" % name))
-    return steps + [step("define", name)]
-
-
-def planned_volumes(spec):
-    """Every volume a create of ``spec`` makes (what its journal lists)."""
-    name = spec["name"]
-    names = ["%s-root.qcow2" % name] if spec.get("image") else []
-    names += [vol["volume"] for vol in spec.get("volumes") or [] if vol["source"] != "volume"]
-    boot_files = (("ignition.json", "ignition_data"), ("cidata.iso", "seed_files"))
-    names += ["%s-%s" % (name, suffix) for suffix, key in boot_files if key in spec]
-    return names + ["%s-console.log" % name]
-
-
-def _image_size(image):
-    """The virtual size of a local image (its qcow2 header or file size); 0 for one still to be downloaded."""
-    if image.get("path"):
-        return storage.virtual_size(image["path"])
-    return image.get("virtual_size") or 0  # a published image knows its size; a URL is only read on download
-
-
-def new_disks(spec):
-    """[(field, virtual bytes)] of the disks a create of ``spec`` makes, for the storage check."""
-    disks = [("root_size", max(spec.get("root_size") or 0, _image_size(spec["image"])))] if spec.get("image") else []
-    for index, vol in enumerate(spec.get("volumes") or []):
-        if vol["source"] == "empty":
-            disks.append(("volumes[%d].size" % index, vol["size"]))
-        elif vol["source"] == "image":
-            disks.append(("volumes[%d].image" % index, max(vol.get("size") or 0, _image_size(vol["image"]))))
-    return disks
-
-
 def device_request_warnings(spec, record):
     """Volumes and NICs of an existing machine change through volume_attach and nic_attach, not here."""
     warnings = []
@@ -182,26 +133,6 @@ def boot_files_conflict(spec, record):
     if "seed_files" in spec and not files.get("seed"):
         raise ConflictError("%s was created without a cloud-init seed; the cdrom can only be added by recreating "
                             "the machine" % spec["name"], "cloud_init")
-
-
-def live_effects(names, spec, observed):
-    """(fields a running guest only takes at its next start, warnings) for an update of ``names``."""
-    pending, warnings = [], []
-    for name in names:
-        live = options.OWNED_BY_NAME[name].live
-        if live == "restart":
-            pending.append(name)
-        elif live == "balloon" and spec[name] > (observed.live_max_memory or 0):
-            pending.append(name)
-        elif live == "boot":
-            warnings.append("the new boot configuration is read by the guest at its next first boot")
-        elif live == "network":
-            # the reservation changes at once; the guest asks for an address again when it starts
-            pending.append(name)
-    if pending:
-        warnings.append("%s of the running machine %s take effect at its next restart"
-                        % (" and ".join(pending), spec["name"]))
-    return pending, warnings
 
 
 def security_group_changes(spec, observed):
@@ -288,17 +219,6 @@ def plan_machine(spec, observed, record=None):
 
 # --- apply ------------------------------------------------------------------------------------------------------
 
-class Created:
-    """What the creation of a machine learned that its spec could not say: the cached image's format, the
-    root disk's and image-backed volumes' sizes (an image given by URL is only read when it is downloaded) and
-    the secrets' uuids. The record is built from the spec plus this; the spec itself never changes."""
-
-    def __init__(self):
-        self.image_format = None
-        self.root_size = None
-        self.volume_sizes = {}
-        self.secrets = {}
-
 
 class Prepared:
     """A spec normalized against one observation (a batch's check-mode preflight), for the real run to reuse
@@ -318,7 +238,7 @@ def observation_key(observed):
                        sort_keys=True, default=str))
 
 
-class MachineResource(Resource):
+class MachineResource(Creation, Changes, Resource):
     """One machine on one pool, for ``converge``. ``params`` are machine_spec.params' (validated once, frozen)."""
 
     def __init__(self, ctx, params, check_mode=False, prepared=None):
@@ -416,292 +336,11 @@ class MachineResource(Resource):
 
     # the actions
 
-    def _create(self, _action, _observed):
-        spec = self.spec
-        pool = self.ctx.storage
-        # the image upload can take long: it happens before the pool's admission lock is taken
-        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener, self.ctx.images) \
-            if spec.get("image") else (None, None)
-        with Admission(self.ctx, self.params["unique_across"] or [], spec["name"]) as admission:
-            # under the lock: a domain of this name defined meanwhile belongs to another run, whose volumes
-            # (of the same names) must not be touched
-            if lv.lookup_domain(self.conn, spec["name"]) is not None:
-                raise NameTaken("another run created a machine named %s on this pool meanwhile" % spec["name"],
-                                "name")
-            admission.check_unique(spec["name"])
-            check_room(self.ctx, spec, new_disks(spec), locked=True, epoch=admission.epoch)
-            registry = self.ctx.registry
-            key = reg.pending_key(spec["name"])
-            self._remove_orphans(registry.get(key))
-            registry.put(key, {"machine": spec["name"], "volumes": planned_volumes(spec)}, locked=True,
-                         epoch=admission.epoch)
-            try:
-                record = self._create_locked(spec, pool, image_vol, fmt)
-                admitted(self.ctx, admission.epoch, record)
-            finally:
-                registry.delete(key, locked=True, epoch=admission.epoch)
-
-    def _remove_orphans(self, journal):
-        """Delete the volumes a dead run of this name listed in its journal, and the passphrase secret an
-        encrypted one got (defined before its volume, so it may be there without it), unless a domain uses them."""
-        if not journal:
-            return
-        pool = self.ctx.storage
-        pool.refresh(0)
-        for volume_name in journal.get("volumes") or []:
-            vol = lv.lookup_volume(pool, volume_name)
-            path = vol.path() if vol is not None else self.ctx.storage_file(volume_name)
-            if storage.users_of(self.conn, path, None):
-                continue
-            if vol is not None:
-                storage.delete_volume(pool, volume_name)
-            storage.delete_volume_secret(self.conn, path)
-
-    def _clean_up(self, action, _observed):
-        with Admission(self.ctx, [], self.name) as admission:
-            if lv.lookup_domain(self.conn, self.name) is not None:
-                return  # created meanwhile by another run: its volumes are in use
-            self._remove_orphans(action.data["journal"])
-            self.ctx.registry.delete(reg.pending_key(self.name), locked=True, epoch=admission.epoch)
-
-    def _create_locked(self, spec, pool, image_vol, fmt):
-        name = spec["name"]
-        created = []
-        filters = []
-        reserved = []
-        learned = Created()
-        try:
-            disks = []
-            if spec.get("image"):
-                learned.image_format = fmt
-                image_size = self._virtual_size(pool, image_vol, spec["image"])
-                root_size = spec["root_size"] or image_size
-                if root_size < image_size:
-                    raise ValidationError("%s is smaller than the image (%s)"
-                                          % (format_quantity(root_size), format_quantity(image_size)), "root_size")
-                learned.root_size = root_size
-                root = {"name": "root", "device": "vda", "boot": True}
-                disks.append(self._new_volume(pool, created, "%s-root.qcow2" % name, root_size,
-                                              (image_vol.path(), fmt), root))
-            for vol in spec["volumes"]:
-                disks.append(self._volume_disk(pool, created, vol, learned))
-            files = {"console": "%s-console.log" % name}
-            paths = {}
-            if "ignition_data" in spec:
-                files["ignition"] = "%s-ignition.json" % name
-                paths["ignition_path"] = self._secret(pool, created, files["ignition"], spec["ignition_data"])
-            if "seed_files" in spec:
-                files["seed"] = "%s-cidata.iso" % name
-                paths["seed_path"] = self._secret(pool, created, files["seed"], seed.nocloud_iso(spec["seed_files"]))
-            record = {"version": dx.RECORD_VERSION, "created": now().isoformat(), "boots": 0, "last_error": None,
-                      "spec": recorded_spec(spec, files, learned)}
-            nics = []
-            for nic in spec["network_interfaces"]:
-                if nic.get("security_groups"):
-                    filters.append(sgs.nic_filter(name, nic["name"]))
-                    sgs.define_nic_filter(self.conn, name, nic["name"], nic["security_groups"])
-                    nic = dict(nic, filter=filters[-1])
-                nics.append(nic)
-            inputs = dict(paths, name=name, virt_type=spec["virt_type"], record=record, disks=disks, nics=nics,
-                          console_path=self.ctx.storage_file(files["console"]))
-            self._define(options.build(inputs, spec), "define machine")
-            for nic in reserved_nics(record):
-                reserve_address(self.ctx, nic, name)
-                reserved.append(nic)
-            self.ctx.view().note_volumes(created)
-        except BaseException:
-            for filter_name in filters:
-                try:
-                    sgs.undefine_filter(self.conn, filter_name)
-                except MachineryError:
-                    pass
-            for volume_name in created:  # only what this run created
-                try:
-                    storage.delete_volume(pool, volume_name)
-                    storage.delete_volume_secret(self.conn, self.ctx.storage_file(volume_name))
-                except MachineryError:
-                    pass
-            for nic in reserved:
-                try:
-                    release_address(self.ctx, nic)
-                except MachineryError:
-                    pass
-            if reserved or any(vol.get("encrypted") for vol in spec["volumes"]):
-                # the domain may have been defined before the failure: it must not outlive what it uses
-                dom = lv.lookup_domain(self.conn, name)
-                if dom is not None:
-                    dom.undefineFlags(lv.libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
-            raise
-        return record
-
-    @staticmethod
-    def _new_volume(pool, created, volume_name, size, backing, disk):
-        # a volume of this name with no domain is an orphan of a run that died (the caller holds the lock and
-        # found no domain): it is replaced
-        new = storage.create_volume(pool, volume_name, size, "qcow2", backing=backing, replace=True)
-        created.append(volume_name)
-        return dict(disk, path=new.path(), format="qcow2")
-
-    def _volume_disk(self, pool, created, vol, learned):
-        disk = {"name": vol["name"], "device": vol["device"], "bus": vol["bus"], "boot": vol.get("boot", False),
-                "serial": vol.get("serial"), "iotune": cap.iotune_values(cap.qos_of(vol))}
-        if vol.get("encrypted"):
-            return self._encrypted_volume(pool, created, vol, disk, learned)
-        if vol["source"] == "volume":
-            existing = pool.storageVolLookupByName(vol["volume"])
-            return dict(disk, path=existing.path(), format=storage.volume_format(existing),
-                        shareable=vol.get("shareable", False))
-        backing = None
-        size = vol["size"]
-        if vol["source"] == "image":
-            backing_vol, backing_fmt = images.ensure_cached(self.conn, pool, vol["image"], self.ctx.url_opener,
-                                                            self.ctx.images)
-            size = learned.volume_sizes[vol["name"]] = max(self._virtual_size(pool, backing_vol, vol["image"]),
-                                                           vol.get("size") or 0)
-            backing = (backing_vol.path(), backing_fmt)
-        return self._new_volume(pool, created, vol["volume"], size, backing, disk)
-
-    def _encrypted_volume(self, pool, created, vol, disk, learned):
-        """A LUKS volume (raw inside): its passphrase goes into a private secret on the pool first, and only the
-        secret's uuid into the volume's and the domain's XML."""
-        path = self.ctx.storage_file(vol["volume"])
-        storage.delete_volume(pool, vol["volume"])
-        created.append(vol["volume"])  # from here on, a failure removes the secret too
-        uuid = learned.secrets[vol["name"]] = storage.define_volume_secret(self.conn, path, self.name,
-                                                                           vol["passphrase"])
-        new = storage.create_volume(pool, vol["volume"], vol["size"], "raw", secret=uuid)
-        return dict(disk, path=new.path(), format="raw", secret=uuid)
-
-    @staticmethod
-    def _virtual_size(pool, image_vol, image):
-        """The disk size a guest sees of a cached image. A volume just uploaded reports its file size until the
-        pool is refreshed (libvirt reads the qcow2 header then), so a local image's own header is read first."""
-        if image.get("path"):
-            return storage.virtual_size(image["path"])
-        if image.get("virtual_size"):
-            return image["virtual_size"]
-        pool.refresh(0)
-        return pool.storageVolLookupByName(image_vol.name()).info()[1]
-
-    def _secret(self, pool, created, volume_name, data):
-        path = storage.write_secret_volume(self.conn, pool, volume_name, data).path()
-        created.append(volume_name)
-        return path
-
-    def _adopt(self, action, observed):
-        tree = dx.parse(observed.dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
-        dx.write_record(tree, action.data["record"])
-        self._define(tree, "adopt")
-
-    def _update(self, action, observed):
-        spec = self.spec
-        dom = observed.dom
-        tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))  # fresh: an adopt may precede
-        record = dx.read_record(tree)
-        record["spec"] = dict(record["spec"])
-        if "boot_config" in action.fields:
-            self._rewrite_boot_files(record)
-        qos_before = cap.read_disk_qos(tree, record)
-        options.apply_fields(tree, record, spec, action.fields)
-        if "ip_reservations" in action.fields:
-            observe_reservations(self.conn, record)  # what the networks hold now
-            self._reserve(record, spec["ip_reservations"])
-        self._define(tree, "redefine")
-        if dom.isActive():
-            self._set_live(dom, record, action.fields, observed)
-            if "disk_qos" in action.fields:
-                self._set_iotune(dom, record, cap.changed_disks(qos_before, spec["disk_qos"]))
-
-    def _reserve(self, record, wanted):
-        """Make the networks hold exactly ``wanted`` ({nic: address}) for the machine's NICs."""
-        for nic in record["spec"].get("network_interfaces") or []:
-            if nic.get("network") and wanted.get(nic["name"]) != nic.get("ip_address"):
-                if nic.get("ip_address"):
-                    release_address(self.ctx, nic)
-                nic["ip_address"] = wanted.get(nic["name"])
-                if nic["ip_address"]:
-                    reserve_address(self.ctx, nic, self.name)
-
-    def _set_iotune(self, dom, record, names):
-        """QoS limits of a running machine's disks, live (the persistent XML was defined already)."""
-        devices = {vol["name"]: vol["device"] for vol in record["spec"].get("volumes") or []}
-        for name in names:
-            try:
-                dom.setBlockIoTune(devices[name], cap.iotune_values(self.spec["disk_qos"].get(name)),
-                                   lv.libvirt.VIR_DOMAIN_AFFECT_LIVE)
-            except lv.libvirt.libvirtError as exc:
-                raise LibvirtFailure("cannot set the QoS of volume %s of %s live: %s"
-                                     % (name, self.name, lv.describe(exc)), "volumes") from None
-
-    def _update_security_groups(self, action, observed):
-        """Groups change live: a NIC that keeps a filter gets it redefined (libvirt re-applies it to the running
-        guest); one that gains or loses its filter has its interface updated, live and persistent."""
-        dom = observed.dom
-        for nic, (before, after) in action.data["changes"].items():
-            filter_name = sgs.nic_filter(self.name, nic)
-            if after:
-                sgs.define_nic_filter(self.conn, self.name, nic, after)
-            if bool(before) != bool(after):
-                self._set_filterref(dom, nic, filter_name if after else None)
-            if not after:
-                sgs.undefine_filter(self.conn, filter_name)
-
-        def record_groups(record):
-            for entry in record["spec"].get("network_interfaces") or []:
-                if entry["name"] in action.data["changes"]:
-                    entry["security_groups"] = action.data["changes"][entry["name"]][1]
-        update_record(dom, record_groups)
-
-    def _set_filterref(self, dom, nic, filter_name):
-        alias = dx.nic_alias(nic)
-        views = [(lv.libvirt.VIR_DOMAIN_XML_INACTIVE, lv.libvirt.VIR_DOMAIN_AFFECT_CONFIG)]
-        if dom.isActive():
-            views.append((0, lv.libvirt.VIR_DOMAIN_AFFECT_LIVE))
-        for xml_flags, affect in views:
-            tree = dx.parse(dom.XMLDesc(xml_flags))
-            node = next((node for node in tree.findall("devices/interface")
-                         if node.find("alias") is not None and node.find("alias").get("name") == alias), None)
-            if node is None:
-                continue
-            elements.set_filterref(node, filter_name)
-            try:
-                dom.updateDeviceFlags(elements.to_string(node), affect)
-            except lv.libvirt.libvirtError as exc:
-                raise LibvirtFailure("cannot update the security groups of NIC %s of %s: %s"
-                                     % (nic, self.name, lv.describe(exc)),
-                                     "network_interfaces") from None
-
-    def _rewrite_boot_files(self, record):
-        files = record["spec"].get("files") or {}
-        pool = self.ctx.storage
-        if "ignition_data" in self.spec and files.get("ignition"):
-            storage.write_secret_volume(self.conn, pool, files["ignition"], self.spec["ignition_data"])
-        if "seed_files" in self.spec and files.get("seed"):
-            storage.write_secret_volume(self.conn, pool, files["seed"], seed.nocloud_iso(self.spec["seed_files"]))
-
     def _define(self, tree, what):
         try:
             return self.conn.defineXML(dx.tostring(tree))
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot %s %s: %s" % (what, tree.findtext("name"), lv.describe(exc))) from None
-
-    def _set_live(self, dom, record, names, observed):
-        """Carry the change into the running guest where libvirt can; the rest waits for a restart."""
-        live = lv.libvirt.VIR_DOMAIN_AFFECT_LIVE
-        try:
-            dom.setMetadata(lv.libvirt.VIR_DOMAIN_METADATA_ELEMENT, dx.record_xml(record), dx.PREFIX, dx.NAMESPACE,
-                            live)
-        except lv.libvirt.libvirtError:
-            pass
-        pending, _notes = live_effects(names, self.spec, observed)
-        if "memory" in names and "memory" not in pending:
-            try:
-                dom.setMemoryFlags(self.spec["memory"] // 1024, live)
-            except lv.libvirt.libvirtError:
-                pending.append("memory")
-                self.warnings.append("memory of the running machine %s takes effect at its next restart"
-                                     % self.name)
-        self.restart_required = self.restart_required or bool(pending)
 
     def _start(self, _action, _observed):
         dom = lv.lookup_domain(self.conn, self.name)
@@ -770,8 +409,9 @@ class MachineResource(Resource):
         except lv.libvirt.libvirtError:
             pass
 
-    APPLY = {"create": _create, "clean_up": _clean_up, "adopt": _adopt, "update": _update,
-             "update_security_groups": _update_security_groups, "start": _start, "stop": _stop, "delete": _delete}
+    APPLY = {"create": Creation._create, "clean_up": Creation._clean_up, "adopt": Changes._adopt,
+             "update": Changes._update, "update_security_groups": Changes._update_security_groups, "start": _start,
+             "stop": _stop, "delete": _delete}
 
 
 # --- the service the modules call -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@
    (the class, the image, existing volumes, networks, bridges, security groups), read and never written.
 3. ``normalize(params, facts, record, current)``: pure. The spec the plan converges to, every error naming its
    field; for an existing machine, options left out keep their current values. The result is frozen: applying
-   it never changes it, and what creation learns comes back beside it (machine.Created).
+   it never changes it, and what creation learns comes back beside it (creation.Created).
 """
 
 from __future__ import annotations
@@ -665,7 +665,7 @@ def ephemeral_volumes(record):
 
 def recorded_spec(spec, files, created=None):
     """The normalized spec as the record keeps it: sizes and references, no boot configuration content, never
-    a passphrase. ``created`` (machine.Created) is what the creation learned: the image's format, the root's
+    a passphrase. ``created`` (creation.Created) is what the creation learned: the image's format, the root's
     and image-backed volumes' sizes."""
     kept = {key: thaw(spec.get(key)) for key in options.RECORDED}
     if created is not None:
