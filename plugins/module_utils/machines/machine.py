@@ -84,7 +84,14 @@ def observe_machine(conn, name, journal=False, listing=None, registry=None):
         dom = lv.lookup_domain(conn, name)
     if dom is None:
         observed = Observed(name)
-        observed.journal = (registry or reg.Registry.open(conn)).get(reg.pending_key(name)) if journal else None
+        if journal:
+            registry = registry or reg.Registry.open(conn)
+            key = reg.pending_key(name)
+            observed.journal = registry.get(key)
+            if observed.journal is None and key in registry.keys(key):
+                # listed, not readable: a run killed while it wrote the journal, before it made anything (its
+                # volumes are made after the journal is written); the clean-up, under the lock, deletes it
+                observed.journal = {"machine": name, "volumes": [], "unreadable": True}
         return observed
     tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
     state = tuple(dom.state())
