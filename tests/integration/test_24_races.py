@@ -171,7 +171,10 @@ def test_a_document_still_being_written_is_not_there_yet(pool):
     """Issue #23, 5: a reader found a registry document another run was still creating and failed ("volume ...
     is still being allocated"). It must read as not there yet: the previous generation is the current one."""
     conn = libvirt.open(pool.uri)
+    # the reader is another run: a connection of its own (calls on the writer's connection wait for its clone)
+    reader = libvirt.open(pool.uri)
     registry_pool = conn.storagePoolLookupByName(reg.REGISTRY_POOL)
+    listed = reader.storagePoolLookupByName(reg.REGISTRY_POOL)
     storage = conn.storagePoolLookupByName("machinery")
     big = cloning = None
     try:
@@ -196,12 +199,12 @@ def test_a_document_still_being_written_is_not_there_yet(pool):
 
         def allocating():
             """race-doc.2.json being allocated"""
-            return "race-doc.2.json" in registry_pool.listVolumes() or done.is_set()  # no refresh: refused now
+            return "race-doc.2.json" in listed.listVolumes() or done.is_set()  # no refresh: refused now
         wait_for(allocating)
         reads = overlapped = 0
         while not done.is_set():
             overlapped += 1  # this read starts while the next generation is being created
-            body = reg.Registry.open(conn).get("race-doc")
+            body = reg.Registry.open(reader).get("race-doc")
             reads += 1
             assert body == {"generation": "first"}, body
         cloning.join()
