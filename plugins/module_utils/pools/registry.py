@@ -399,6 +399,13 @@ class AdmissionLock:
                 self.volume, self.marker = volume, marker
                 return self
             current = self._current()
+            if current is None:
+                try:
+                    # refused, yet not listed: a lock a killed run was making is on disk but not in libvirt's list
+                    self.pool.refresh(0)
+                except lv.libvirt.libvirtError:
+                    pass
+                current = self._current()
             if current is not None:
                 if self._abandoned(*current):
                     self._break(current[1])
@@ -419,6 +426,11 @@ class AdmissionLock:
         """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), and
         delete the markers of dead runs beside no lock, so a converged run that writes nothing does not leave them
         for the next writer to find."""
+        try:
+            # a lock or marker a killed run was making may be on disk but not in libvirt's list of the pool yet
+            self.pool.refresh(0)
+        except lv.libvirt.libvirtError:
+            pass  # an upload is running there: its own refresh follows it
         current = self._current()
         if current is not None:
             if current[1] and self._abandoned(*current):
