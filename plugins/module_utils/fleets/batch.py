@@ -217,6 +217,13 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
             pending = crowded
             if pending:
                 snapshots = fleet.snapshots()
+        if not check_mode:
+            # every pool of the run, not only those a machine was converged on: a killed batch may have left its
+            # lock on a pool this run had nothing to do on
+            for snapshot in snapshots:
+                ctx = fleet.contexts.get(snapshot["uri"])
+                if ctx is not None and snapshot["state"] == "Ready":
+                    ctx.clear_abandoned_lock()
     finally:
         fleet.close()
     return result
