@@ -223,7 +223,10 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
             for snapshot in snapshots:
                 ctx = fleet.contexts.get(snapshot["uri"])
                 if ctx is not None and snapshot["state"] == "Ready":
-                    ctx.clear_abandoned_lock()
+                    try:
+                        ctx.clear_abandoned_lock()
+                    except (MachineryError, lv.libvirt.libvirtError):
+                        pass  # housekeeping: a pool gone away meanwhile is reported by the run's own work
     finally:
         fleet.close()
     return result
