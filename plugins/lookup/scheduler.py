@@ -102,6 +102,7 @@ from ansible.utils.unsafe_proxy import wrap_var
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import fleet
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import thaw
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import (
     SPEC_KEYS, Unschedulable, schedule, unknown_keys)
@@ -156,5 +157,5 @@ class LookupModule(LookupBase):
             # a machine placed nowhere is often placed nowhere because pools were out: say why they were
             message = "; ".join([to_native(exc)] + (problems if isinstance(exc, Unschedulable) else []))
             raise AnsibleLookupError("machinery.compute.scheduler: %s" % message) from None
-        # pool names come from the hosts' registries: never let them be templated
-        return [wrap_var(placement) for placement in placements]
+        # pool names come from the hosts' registries: never let them be templated; what Ansible gets is plain
+        return [wrap_var(thaw(placement)) for placement in placements]

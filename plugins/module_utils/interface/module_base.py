@@ -15,6 +15,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import doma
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import with_done
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import thaw
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
 
@@ -87,6 +88,9 @@ class MachineryModule:
             self.module.fail_json(msg=with_done("libvirt error on %s: %s" % (where, lv.describe(exc)),
                                                 getattr(exc, "done", None)),
                                   reason="LibvirtError", exception=traceback.format_exc(), **done_before(exc))
+        # what leaves the module is plain: ansible-core before 2.17 rebuilds each container of the result as an
+        # empty one of its own type and fills it, which a frozen spec inside a status or plan refuses
+        result = outgoing(result)
         if result.get("diff") is None:
             result.pop("diff", None)
         for warning in result.pop("warnings", []):
@@ -145,3 +149,8 @@ def _strings(value):
             yield from _strings(item)
     elif value is not None:
         yield str(value)
+
+
+def outgoing(result):
+    """A module's result as Ansible takes it: plain dicts and lists all the way down, nothing frozen."""
+    return thaw(result)
