@@ -109,6 +109,19 @@ def registry_leftovers(pool):
     return sorted(name for name in registry.listVolumes() if name.startswith(("admission.", "pending-")))
 
 
+def leftover_story(pool):
+    """What a failure needs to say about a lock left in a pool's registry: each leftover, its age, and for a holder
+    marker whether its process is known dead (True), alive (False) or cannot be told (None)."""
+    registry = pool.conn.storagePoolLookupByName(REGISTRY)
+    story = []
+    for name in registry_leftovers(pool):
+        mtime = etree.fromstring(registry.storageVolLookupByName(name).XMLDesc(0).encode()).findtext("target/timestamps/mtime")
+        age = round(time.time() - float(mtime), 1) if mtime else None
+        dead = reg.holder_is_dead(name) if name.startswith(reg.HOLDER_PREFIX) else "-"
+        story.append("%s (age %ss, holder dead: %s)" % (name, age, dead))
+    return "; ".join(story)
+
+
 def count(kind, was_killed):
     """Record an attempt to kill a run of ``kind``: a kill only when the run really died of it mid-run."""
     REPORT["kill_attempts"][kind] = REPORT["kill_attempts"].get(kind, 0) + 1
@@ -330,7 +343,8 @@ def batch_converges_then_goes(pools, specs, prefix):
     rerun("machine_batch", pools=[p.uri for p in pools],
           machines=[{"name": spec["name"], "state": "absent"} for spec in specs])
     for p in pools:
-        assert orphans(p, prefix) == [] and registry_leftovers(p) == []
+        assert orphans(p, prefix) == [], p.name
+        assert registry_leftovers(p) == [], "%s: %s" % (p.name, leftover_story(p))
 
 
 def test_killed_batches_and_registrations_converge(registered, image):
