@@ -7,15 +7,18 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: machine_info
-short_description: List the machines of a pool
+short_description: List the machines of one pool or of many
 description:
-  - Read-only listing of the machines this collection created on a pool, in the same shape as the
-    M(machinery.compute.machine) return, plus a C(kubectl get machines -o wide) style table.
+  - Read-only listing of the machines this collection created on a pool, or on every pool of O(pools) read in
+    parallel, in the same shape as the M(machinery.compute.machine) return, plus one C(kubectl get machines -o wide)
+    style table for all of them.
   - A filter that matches nothing gives an empty list, not a failure.
+  - With O(pools), a pool that cannot be read is left out with a warning naming it, and the others are listed;
+    with O(uri) alone, a pool that cannot be read fails the task naming it.
 version_added: 0.1.0
 author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
-  - machinery.compute.connection
+  - machinery.compute.connection.pools
   - machinery.compute.action_group
 seealso:
   - module: machinery.compute.machine
@@ -71,12 +74,19 @@ EXAMPLES = r"""
 - name: Show the table
   ansible.builtin.debug:
     var: web.table
+
+- name: One table of every pool's machines
+  machinery.compute.machine_info:
+    pools:
+      - {name: hv1, uri: qemu+ssh://root@hv1/system}
+      - {name: hv2, uri: qemu+ssh://root@hv2/system}
+  register: fleet
 """
 
 RETURN = r"""
 machines:
   description:
-    - Each machine's status, sorted by name, in the shape of RV(machinery.compute.machine#module:machine). Every key
+    - Each machine's status, sorted by name (and by pool for one name on two pools), in the shape of RV(machinery.compute.machine#module:machine). Every key
       of it (phase, conditions, network interfaces, volumes, guest facts and the rest) is documented there, once
       for all the modules, in C(ansible-doc machinery.compute.machine).
   returned: always
@@ -97,7 +107,7 @@ machines:
       elements: str
       sample: ["MACHINERY-READY", "MACHINERY-BLOCK-ADDED vdc 65536"]
 table:
-  description: Lines NAME POOL CLASS PHASE RESTARTS AGE IPS.
+  description: Lines NAME POOL CLASS PHASE RESTARTS AGE IPS, one table for every pool read.
   returned: always
   type: list
   elements: str
@@ -108,6 +118,8 @@ table:
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConnectionFailed
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import read_each
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import console_tail, list_machines, table
 from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
@@ -124,19 +136,32 @@ MAX_CONSOLE_LINES = 10000
 
 
 class MachineInfoModule(MachineryModule):
+    multi_pool = True
     argument_spec = options.argument_spec(options.MACHINE_INFO)
 
-    def run(self, ctx):
+    def run_pools(self, entries):
         lines = check.whole_number(self.params["console_lines"], "console_lines", 0, MAX_CONSOLE_LINES)
-        # compared with labels as machines keep them: strings (a YAML true or 1 would silently never match)
         labels = check.labels(self.params["labels"], "labels")
-        machines = [machine for machine in list_machines(ctx, self.params["include_unmanaged"])
-                    if selected(machine, self.params["name"], labels, self.params["phase"])]
-        if lines > 0 and machines:
-            tails = console_tail(ctx, [machine["name"] for machine in machines], lines)
-            for machine in machines:
-                machine["console"] = tails[machine["name"]]
-        return {"changed": False, "machines": machines, "table": table(machines)}
+        warnings = []
+
+        def read(ctx, _entry):
+            machines = [machine for machine in list_machines(ctx, self.params["include_unmanaged"])
+                        if selected(machine, self.params["name"], labels, self.params["phase"])]
+            if lines > 0 and machines:
+                tails = console_tail(ctx, [machine["name"] for machine in machines], lines)
+                for machine in machines:
+                    machine["console"] = tails[machine["name"]]
+            return machines
+
+        def offline(entry, cause):
+            if self.params["pools"] is None:  # the one pool asked for: nothing to list is a failure
+                raise ConnectionFailed("cannot read the machines of %s: %s" % (entry["uri"], cause), "uri")
+            warnings.append("pool %s was not read, so its machines are not listed: %s"
+                            % (entry.get("name") or entry["uri"], cause))
+            return []
+        machines = [machine for listed in read_each(entries, read, offline) for machine in listed]
+        machines.sort(key=lambda machine: (machine["name"], machine.get("pool") or "", machine.get("uri") or ""))
+        return {"changed": False, "machines": machines, "table": table(machines), "warnings": warnings}
 
 
 def main():

@@ -149,6 +149,37 @@ def test_multi_pool_modules_need_pools_or_uri(registered, module):
     assert [entry["uri"] for entry in both["pools"]] == [registered[0].uri], both
 
 
+def test_machine_info_reads_many_pools_into_one_table(registered, module, image):
+    """machine_info takes pools as the other info modules do: read in parallel, one list and one table; a pool
+    that cannot be read is a warning naming it, not a failure (with uri alone it stays a failure)."""
+    pools = registered[:2]
+    names = ["info-many-%d" % index for index in range(2)]
+    for pool, name in zip(pools, names):
+        module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
+    try:
+        for pool, name in zip(pools, names):
+            assert module("machine", uri=pool.uri, name=name, machine_class="small", image=image,
+                          network_interfaces=[], state="present", labels={"info": "many"})["changed"] is True
+        before = footprint(registered)
+        listed = module("machine_info", pools=[pool.uri for pool in reversed(pools)], labels={"info": "many"})
+        assert footprint(registered) == before and listed["changed"] is False
+        assert [(m["name"], m["pool"], m["uri"]) for m in listed["machines"]] == \
+            [(name, pool.name, pool.uri) for pool, name in zip(pools, names)]
+        assert listed["table"][0].split()[:2] == ["NAME", "POOL"] and len(listed["table"]) == 3
+        assert [line.split()[:2] for line in listed["table"][1:]] == [[name, pool.name] for pool, name in zip(pools, names)]
+        assert not warnings_of(listed), listed
+
+        offline = module("machine_info", pools=[pools[0].uri, UNREACHABLE], labels={"info": "many"})
+        assert not offline.get("failed"), offline
+        assert [m["name"] for m in offline["machines"]] == [names[0]]
+        assert any(UNREACHABLE in text and "not read" in text for text in warnings_of(offline)), offline
+        assert_failed(module("machine_info", uri=UNREACHABLE), "uri", UNREACHABLE)
+    finally:
+        for pool, name in zip(pools, names):
+            module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
+    assert [pool.domain(name) for pool, name in zip(pools, names)] == [None, None]
+
+
 def play(tmp_path, phase, run=1):
     return run_playbook(PLAYBOOK, tmp_path / ("vars-%s-%d.json" % (phase, run)),
                         {"lab_file": lab_file(), "dflt_phase": phase}, timeout=900)
