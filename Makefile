@@ -18,7 +18,7 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt
 	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time libxml2-utils \
 	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils
 
-.PHONY: help deps venv core-venv image image-real lab-up lab-down lab-status demo demo-down test unit sanity lint \
+.PHONY: help deps venv core-venv image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
 	packaging integration molecule docs docs-lint benchmark benchmark-scale clean
 
 help:
@@ -121,14 +121,18 @@ integration: venv core-venv image image-real
 		$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py; \
 		status=$$?; python3 lab/lab.py down --dir $(TEST_LAB); exit $$status
 
-test: venv image
+# The checks that need no lab run beside the roles' molecule scenarios: they use the CPU while molecule's guests
+# boot and its plays wait on them. Each of the two shows its output whole when it ends (molecule first or second).
+test: venv core-venv image
 	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse checks molecule
+	$(MAKE) --no-print-directory integration
+
+checks: venv
 	$(MAKE) --no-print-directory sanity
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory docs-lint
 	$(MAKE) --no-print-directory packaging
-	$(MAKE) --no-print-directory integration
-	$(MAKE) --no-print-directory molecule
 
 # The roles' molecule scenarios (extensions/molecule/: create, converge, idempotence, verify, destroy) on a 2-pool
 # lab of their own. molecule runs ansible-config and ansible-playbook from PATH.
