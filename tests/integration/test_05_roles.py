@@ -1,6 +1,7 @@
 """The pools and machines roles through ansible-playbook: converge, idempotence, deletion, concurrency."""
 
 import os
+import re
 import threading
 
 from conftest import REPO, lab_file, run_playbook
@@ -40,6 +41,11 @@ def test_roles_converge_idempotent_and_delete(registered, image, tmp_path):
     per_pool = {pool.name: sum(1 for found in placed.values() if found == [pool.name]) for pool in pools}
     assert min(per_pool.values()) >= 1, per_pool
     assert "NAME" in proc.stdout and "role-0" in proc.stdout
+    # role-0 waits for its address (a guest booting under TCG): the batch showed how far it had got meanwhile,
+    # before its result
+    shown = re.findall(r"machinery\.compute\.machine_batch on localhost: (\d+) of 6 machines done", proc.stdout)
+    assert shown, proc.stdout[-4000:]
+    assert proc.stdout.index("of 6 machines done") < proc.stdout.index("NAME"), proc.stdout[-4000:]
     assert all(pool.domain(name).isActive() for pool in pools for name in names if pool.domain(name))
 
     proc, recap = play(lab_file(), tmp_path, "again", machines=machines)

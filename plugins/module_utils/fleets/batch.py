@@ -19,6 +19,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
+from ansible_collections.machinery.compute.plugins.module_utils.core.progress import Progress
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import table
@@ -93,9 +94,12 @@ def machine_params(spec, unique_across):
     return freeze(params)
 
 
-def _run(jobs, workers, work):
-    """[(job, result or exception)] of work(job) for every job, run on up to ``workers`` threads."""
+def _run(jobs, workers, work, progress=None):
+    """[(job, result or exception)] of work(job) for every job, run on up to ``workers`` threads; ``progress``
+    (a Progress) hears of each machine as it begins and ends."""
     def guarded(job):
+        if progress is not None:
+            progress.begin(job[0]["name"])
         try:
             return job, work(job)
         except MachineryError as exc:
@@ -104,6 +108,9 @@ def _run(jobs, workers, work):
             # the pool's daemon went away or refused: say which pool, and why
             return job, MachineryError("libvirt error on pool %s (%s): %s"
                                        % (job[1].name or job[1].uri, job[1].uri, lv.describe(exc)))
+        finally:
+            if progress is not None:
+                progress.end(job[0]["name"])
     return in_parallel(jobs, guarded, workers)
 
 
@@ -164,6 +171,7 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
     fleet = Fleet(entries, opener)
     result = BatchOutcome()
     prepared = {}
+    progress = Progress("machines", total=len({spec["name"] for spec in specs}))
     try:
         snapshots = fleet.snapshots()
         absent = [spec for spec in specs if spec.get("state") == "absent"]
@@ -173,13 +181,14 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
                      if snapshot["uri"] in fleet.contexts and (spec["name"] in snapshot["machines"] or
                                                                spec["name"] in journaled.get(snapshot["uri"], ()))]
         for (spec, ctx), outcome in _run(deletions, workers, lambda job: MachineService(job[1], check_mode)
-                                         .ensure(machine_params(job[0], []))):
+                                         .ensure(machine_params(job[0], [])), progress):
             if isinstance(outcome, MachineryError):
                 result.fail(spec, ctx.name, outcome)
             else:
                 result.record(spec, outcome)
         for spec in absent:
             result.machines.setdefault(spec["name"], {"name": spec["name"], "pool": None, "phase": "Terminated"})
+            progress.end(spec["name"])
         if absent:
             # a machine to delete may live on a pool that could not be read: say so, never claim it gone there
             result.warnings.extend("%s was not read, so machines to delete were not looked for there: %s"
@@ -196,6 +205,7 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
                     result.failures.append({"name": spec["name"], "pool": None, "reason": "Unschedulable",
                                             "field": "machine_pool",
                                             "msg": placement["reason"] + pool_problems(snapshots)})
+                    progress.end(spec["name"])
                 else:
                     jobs.append((spec, fleet.contexts[placement["uri"]]))
             if result.attempts == 1:
@@ -203,13 +213,15 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
                 for spec, _ctx in jobs:
                     if spec["name"] in converged:
                         result.record(spec, converged[spec["name"]])
+                        progress.end(spec["name"])
                 jobs = [job for job in jobs if job[0]["name"] not in converged]
             crowded = []
             for (spec, ctx), outcome in _run(jobs, workers, lambda job: MachineService(job[1], check_mode)
                                              .ensure(machine_params(job[0], fleet.uris),
-                                                     prepared.get(job[0]["name"]))):
+                                                     prepared.get(job[0]["name"])), progress):
                 if isinstance(outcome, (PoolFull, NameTaken)) and result.attempts <= retries:
                     crowded.append(spec)
+                    progress.undo(spec["name"])
                 elif isinstance(outcome, MachineryError):
                     result.fail(spec, by_uri[ctx.uri]["name"], outcome)
                 else:

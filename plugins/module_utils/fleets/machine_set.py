@@ -29,6 +29,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import opti
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
+from ansible_collections.machinery.compute.plugins.module_utils.core.progress import Progress
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
@@ -436,8 +437,18 @@ class MachineSetResource(Resource):
             creates = [a for a in plan.actions if a.kind == "create" and a.data.get("wave", 0) == wave]
             deletes = [a for a in plan.actions if a.kind == "delete" and a.data.get("wave", 0) == wave]
             steps += [creates, deletes] if surge_first or wave == 0 else [deletes, creates]
+        # what the one waiting sees: each member's create or delete as it ends ("4 of 6 actions done")
+        progress = Progress("actions", total=sum(len(group) for group in steps))
+
+        def one(action):
+            name = "%s %s" % (action.kind, action.target)
+            progress.begin(name)
+            try:
+                return self.apply_one(action, observed)
+            finally:
+                progress.end(name)
         for group in steps:
-            outcomes = in_parallel(group, lambda action: self.apply_one(action, observed), self.params["workers"])
+            outcomes = in_parallel(group, one, self.params["workers"])
             for action, outcome in zip(group, outcomes):
                 if isinstance(outcome, MachineryError):
                     self.failures.append({"action": action.kind, "target": action.target,

@@ -11,7 +11,7 @@ from ansible.module_utils.common.parameters import remove_values
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, NotFoundError, ValidationError)
-from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import FrozenDict
+from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import FrozenDict, FrozenList
 from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import outgoing
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import Facts, normalize, params
@@ -113,7 +113,7 @@ def test_a_module_result_holding_a_frozen_spec_passes_ansibles_secret_masking():
     result = outgoing({"changed": True, "machines": [{"name": "vm", "spec": spec}]})
     masked = remove_values(result, ["long enough secret"])
     assert masked["machines"][0]["spec"]["volumes"][0]["passphrase"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
-    assert type(masked["machines"][0]["spec"]) is dict and type(masked["machines"]) is list
+    assert not isinstance(masked["machines"][0]["spec"], FrozenDict) and not isinstance(masked["machines"], FrozenList)
 
 
 @pytest.mark.parametrize("image", [True, False])
