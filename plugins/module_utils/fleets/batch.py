@@ -231,12 +231,13 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
                 snapshots = fleet.snapshots()
         if not check_mode:
             # every pool of the run, not only those a machine was converged on: a killed batch may have left its
-            # lock on a pool this run had nothing to do on
+            # lock on a pool this run had nothing to do on; and again where a machine's run cleared it while
+            # other machines of this run still held the pool's lock
             for snapshot in snapshots:
                 ctx = fleet.contexts.get(snapshot["uri"])
                 if ctx is not None and snapshot["state"] == "Ready":
                     try:
-                        ctx.clear_abandoned_lock()
+                        ctx.clear_abandoned_lock(again=True)
                     except (MachineryError, lv.libvirt.libvirtError):
                         pass  # housekeeping: a pool gone away meanwhile is reported by the run's own work
     finally:

@@ -127,10 +127,11 @@ class PoolContext:
             self._registry = reg.Registry.open(self.conn)
         return self._registry
 
-    def clear_abandoned_lock(self):
-        """Once per pool and run: break the admission lock a killed run of this controller left, and its dead
-        markers, even when this run writes nothing (so nothing a kill left outlives the next run)."""
-        if self._lock_cleared:
+    def clear_abandoned_lock(self, again=False):
+        """Once per pool and run (or ``again``, when the run's work on the pool is over): break the admission lock
+        a killed run of this controller left, and its dead markers, even when this run writes nothing (so nothing
+        a kill left outlives the next run)."""
+        if self._lock_cleared and not again:
             return
         self._lock_cleared = True
         pool = self.registry.pool if self.registration else None
