@@ -7,6 +7,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import drivers
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import table
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity, parse_quantity
 
@@ -33,6 +34,13 @@ def pool_uri(pool):
     raise AnsibleFilterError("pool_uri expects a libvirt URI or a mapping with uri, got %r" % (pool,))
 
 
+def driven_by(machines, pool, pools):
+    try:
+        return drivers.driven_by(machines, pool, pools)
+    except MachineryError as exc:
+        raise AnsibleFilterError("driven_by: %s" % exc) from None
+
+
 def machine_table(machines):
     if not isinstance(machines, list):
         raise AnsibleFilterError("machine_table expects a list of machines")
@@ -42,4 +50,4 @@ def machine_table(machines):
 class FilterModule:
     def filters(self):
         return {"quantity": to_bytes_quantity, "to_quantity": to_quantity, "machine_table": machine_table,
-                "pool_uri": pool_uri}
+                "pool_uri": pool_uri, "driven_by": driven_by}

@@ -1,0 +1,56 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Which pool's task drives each machine, when the pools are the hosts of a play (scale-out over forks, AWX job
+slices and execution nodes).
+
+Every machine gets exactly one driver among all the pools, decided from the machine's name and the pools' URIs
+alone (rendezvous hashing): a slice of a sliced job sees only its own hosts, yet the slices agree, since each
+computes the same answer for every machine. A machine pinned to a pool by name (``machine_pool``) is driven by
+that pool. Adding a pool moves only the machines it now wins. The driver converges its machines over every pool
+(where they are placed, as the scheduler decides, is another matter), so drivers on several processes compete for
+the same pools, and the admission protocol keeps each pool from being over-admitted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
+
+
+def _identity(uri):
+    """A pool's URI without its query: the credential's keyfile= or pkipath= added on one controller and not on
+    another leaves the pool the same pool."""
+    return uri.split("?", 1)[0]
+
+
+def _weight(uri, name):
+    return hashlib.sha256(("%s\0%s" % (_identity(uri), name)).encode()).digest()
+
+
+def driver(machine, entries):
+    """The entry (of ``entries``, [{name, uri}]) whose task drives ``machine`` (a mapping with name)."""
+    pinned = machine.get("machine_pool")
+    if pinned:
+        for entry in entries:
+            if entry.get("name") == pinned:
+                return entry
+    return max(entries, key=lambda entry: _weight(entry["uri"], machine["name"]))
+
+
+def driven_by(machines, pool, pools, field="machines"):
+    """The machines of ``machines`` that the pool ``pool`` (its name or URI) drives, in the order given; ``pools``
+    every pool of the fleet, as URIs or mappings with name and uri."""
+    if not pools:
+        raise ValidationError("give every pool of the fleet, not only this host's", "pools")
+    entries = pool_entries(pools)
+    matching = [entry for entry in entries if pool == entry.get("name") or _identity(pool) == _identity(entry["uri"])]
+    if not matching:
+        raise ValidationError("%s is none of the pools given (%s)" % (pool, ", ".join(
+            entry.get("name") or entry["uri"] for entry in entries)), "pool")
+    for index, machine in enumerate(machines):
+        if not isinstance(machine, dict) or not machine.get("name"):
+            raise ValidationError("each machine needs a name", "%s[%d]" % (field, index))
+    return [machine for machine in machines if driver(machine, entries) is matching[0]]
