@@ -83,8 +83,8 @@ def test_slices_competing_for_the_same_pools_never_over_admit(two_cpus_each, ima
         assert all(name in output for name in missing), output[-6000:]
         assert sum(1 for _start, _end, proc in runs.values() if proc.returncode != 0) >= (1 if missing else 0)
         # each slice drove its own share, and the shares cover every machine once
-        shares = {pool.name: [m["name"] for m in driven_by(machines, pool.name, [{"name": p.name, "uri": p.uri}
-                                                                                for p in pools])] for pool in pools}
+        fleet = [{"name": p.name, "uri": p.uri} for p in pools]
+        shares = {pool.name: [m["name"] for m in driven_by(machines, pool.name, fleet)] for pool in pools}
         assert sorted(name for share in shares.values() for name in share) == sorted(NAMES)
         for pool in pools:
             assert all(name in runs[pool.name][2].stdout for name in shares[pool.name]), runs[pool.name][2].stdout[-4000:]
