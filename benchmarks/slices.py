@@ -20,6 +20,8 @@ import time
 
 import libvirt
 
+from common import run_module
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 BIN = os.path.dirname(sys.executable)
@@ -82,11 +84,18 @@ def main():
     parser.add_argument("--forks", type=int, default=5)
     parser.add_argument("--slices", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--register", action="store_true",
+                        help="register the lab's pools first (class small; cpu overcommit 32 so the fleet fits)")
     options = parser.parse_args()
     with open(options.lab) as handle:
         lab = json.load(handle)
     pools = [{"name": pool["name"], "uri": pool["uri"]} for pool in lab["pools"]]
     hosts = [pool["name"] for pool in pools]
+    if options.register:
+        for pool in pools:
+            run_module("machine_pool", {"uri": pool["uri"], "name": pool["name"], "networks": [{"name": "machinery"}],
+                                        "overcommit": {"cpu": 32.0, "memory": 1.0}})
+            run_module("machine_class", {"uri": pool["uri"], "name": "small", "cpu": 1, "memory": "128Mi"})
     names = ["bench-slice-%04d" % index for index in range(options.machines)]
     machines = [{"name": name, "machine_class": "small", "image": lab["image"], "network_interfaces": [],
                  "state": "present"} for name in names]
