@@ -13,6 +13,7 @@ pool's allocated cpu or memory over what it offers. Prints the wall times, the r
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -52,7 +53,10 @@ def finish(procs):
     outputs = [proc.communicate()[0] for proc in procs]
     for proc, output in zip(procs, outputs):
         if proc.returncode != 0:
-            raise SystemExit("a run failed:\n" + output[-3000:])
+            with tempfile.NamedTemporaryFile("w", prefix="machinery-bench-failed-", suffix=".log", delete=False) as log:
+                log.write(output)
+            found = re.findall(r'"msg": "((?:[^"\\]|\\.){0,400})', output)
+            raise SystemExit("a run failed (its output: %s):\n%s" % (log.name, "\n".join(found[:5])))
 
 
 def inventory_of(directory, tag, hosts):
