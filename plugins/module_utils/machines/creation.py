@@ -114,7 +114,7 @@ class Creation:
                 record = self._create_locked(spec, pool, image_vol, fmt)
                 admitted(self.ctx, admission.epoch, record)
             finally:
-                registry.delete(key, locked=True, epoch=admission.epoch)
+                registry.delete(key, locked=True, epoch=admission.epoch, expected=True)
 
     def _remove_orphans(self, journal):
         """Delete the volumes a dead run of this name listed in its journal, and the passphrase secret an
@@ -137,7 +137,7 @@ class Creation:
             if lv.lookup_domain(self.conn, self.name) is not None:
                 return  # created meanwhile by another run: its volumes are in use
             self._remove_orphans(action.data["journal"])
-            self.ctx.registry.delete(reg.pending_key(self.name), locked=True, epoch=admission.epoch)
+            self.ctx.registry.delete(reg.pending_key(self.name), locked=True, epoch=admission.epoch, expected=True)
 
     def _create_locked(self, spec, pool, image_vol, fmt):
         name = spec["name"]

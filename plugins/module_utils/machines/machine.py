@@ -401,7 +401,7 @@ class MachineResource(Creation, Changes, Resource):
         for nic in reserved_nics(observed.record):
             release_address(self.ctx, nic)
         if volumes:
-            self.ctx.registry.delete(reg.pending_key(self.name))
+            self.ctx.registry.delete(reg.pending_key(self.name), expected=True)
 
     # the record of a running machine
 

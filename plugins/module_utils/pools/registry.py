@@ -218,10 +218,16 @@ class Registry:
             self._index[key] = [(generation, name)]
             self._bodies[key] = body
 
-    def delete(self, key, locked=False, epoch=None):
+    def delete(self, key, locked=False, epoch=None, expected=False):
+        """Delete every generation of ``key``; whether there was one. With ``expected`` (a journal this run wrote
+        or found), a listing without the key is not believed at once: libvirt's refresh after another thread's
+        upload can hide volumes that are there, and a journal left behind that way made the next run's clean-up
+        look like a bug. The pool is refreshed and listed again, as ``get(expected=True)`` does."""
         with _held(self.conn, self.pool, locked), self._guard:
             self._bodies.pop(key, None)
             self._relist(epoch if locked else None)
+            if expected and self.pool is not None:
+                self._confirmed(self._generations, lambda index: key in index)
             versions = self._generations().pop(key, [])
             for _generation, name in versions:
                 storage.delete_volume(self.pool, name)

@@ -100,3 +100,34 @@ def test_a_lock_is_abandoned_by_a_dead_or_missing_holder_and_never_by_a_live_one
     assert lock._abandoned(1, [alive]) is False
     assert lock._abandoned(1, [alive, dead]) is False
     assert lock._abandoned(reg.LOCK_STALE_SECONDS + 1, [alive]) is True
+
+
+class HidingPool:
+    """A registry pool whose listing misses ``hidden`` volumes until it is refreshed, as libvirt's listing of a dir
+    pool does while it refreshes the pool after another thread's upload."""
+
+    def __init__(self, volumes, hidden):
+        self.volumes = set(volumes)
+        self.hidden = set(hidden)
+        self.deleted = []
+
+    def listVolumes(self):
+        return sorted(self.volumes - self.hidden)
+
+    def refresh(self, _flags):
+        self.hidden = set()
+
+
+def test_an_expected_journal_hidden_by_a_refresh_is_still_deleted(monkeypatch):
+    pool = HidingPool(["pool.1.json", "pending-vm-7.1.json"], hidden=["pending-vm-7.1.json"])
+    monkeypatch.setattr(reg.storage, "delete_volume", lambda _pool, name, **_kw: pool.deleted.append(name))
+    registry = reg.Registry(None, pool)
+    assert registry.delete("pending-vm-7", locked=True, expected=True) is True
+    assert pool.deleted == ["pending-vm-7.1.json"]
+
+
+def test_an_unexpected_key_is_believed_gone_at_once(monkeypatch):
+    pool = HidingPool(["pool.1.json", "pending-vm-7.1.json"], hidden=["pending-vm-7.1.json"])
+    monkeypatch.setattr(reg.storage, "delete_volume", lambda _pool, name, **_kw: pool.deleted.append(name))
+    assert reg.Registry(None, pool).delete("pending-vm-7", locked=True) is False
+    assert pool.deleted == []
