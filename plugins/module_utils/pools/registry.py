@@ -428,26 +428,49 @@ class AdmissionLock:
                                     "after %ds" % (self.what, self.timeout, who, self.stale), self.field)
             time.sleep(0.05 + random.random() * 0.1)
 
+    def _complete_names(self):
+        """The volume names of the pool, from a listing that is complete. libvirt refreshes a dir pool after every
+        upload into it, and a listing (or a lookup) taken meanwhile misses volumes that are there; a registry
+        always holds its pool's registration, so a listing of the registry without one is taken again, refreshed,
+        for up to EXPECTED_RETRY_SECONDS. (Other pools' listings are taken as they come.)"""
+        deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
+        while True:
+            try:
+                names = self.pool.listVolumes()
+            except lv.libvirt.libvirtError:
+                names = []
+            if self.pool.name() != REGISTRY_POOL or any(name.startswith(POOL_KEY + ".") for name in names) \
+                    or time.monotonic() > deadline:
+                return names
+            time.sleep(0.05)
+            try:
+                self.pool.refresh(0)
+            except lv.libvirt.libvirtError:
+                pass  # libvirt's own refresh is still running: list again after it
+
     def clear_abandoned(self):
         """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), and
         delete the markers of dead runs beside no lock, so a converged run that writes nothing does not leave them
-        for the next writer to find."""
+        for the next writer to find. Whether there is a lock is read from a complete listing: a run's last upload
+        (its journal cleared, a document written) starts a refresh in libvirt that hid a killed run's lock from
+        this clean-up, and the lock outlived the run meant to clear it."""
         try:
             # a lock or marker a killed run was making may be on disk but not in libvirt's list of the pool yet
             self.pool.refresh(0)
         except lv.libvirt.libvirtError:
             pass  # an upload is running there: its own refresh follows it
-        current = self._current()
-        if current is not None:
-            if current[1] and self._abandoned(*current):
-                self._break(current[1])
+        names = self._complete_names()
+        if self.name in names:
+            for _attempt in range(3):
+                current = self._current()
+                if current is not None:
+                    if current[1] and self._abandoned(*current):
+                        self._break(current[1])
+                    return
+                self._complete_names()  # listed a moment ago, looked up in a refresh's window: again
             return
-        try:
-            markers = [name for name in self.pool.listVolumes() if name.startswith(self.holder_prefix)]
-        except lv.libvirt.libvirtError:
-            return
-        for marker in markers:
-            if holder_is_dead(marker, self.holder_prefix):
+        for marker in names:
+            if marker.startswith(self.holder_prefix) and holder_is_dead(marker, self.holder_prefix):
                 _delete_quietly(self.pool, marker)
 
     def release(self):

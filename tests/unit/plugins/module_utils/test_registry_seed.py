@@ -1,5 +1,6 @@
 import io
 import json
+import time
 
 import pycdlib
 import pytest
@@ -131,3 +132,46 @@ def test_an_unexpected_key_is_believed_gone_at_once(monkeypatch):
     monkeypatch.setattr(reg.storage, "delete_volume", lambda _pool, name, **_kw: pool.deleted.append(name))
     assert reg.Registry(None, pool).delete("pending-vm-7", locked=True) is False
     assert pool.deleted == []
+
+
+class LaggingRegistry:
+    """A registry pool in libvirt's refresh window: its first ``lag`` listings (and its lookups meanwhile) show
+    nothing, whatever this process does; then everything."""
+
+    def __init__(self, volumes, lag):
+        self.volumes = set(volumes)
+        self.lag = lag
+
+    def name(self):
+        return reg.REGISTRY_POOL
+
+    def UUIDString(self):
+        return "5f0c3a4e-0000-4000-8000-000000000001"
+
+    def refresh(self, _flags):
+        pass  # libvirt's own refresh is not ended by ours
+
+    def listVolumes(self):
+        if self.lag > 0:
+            self.lag -= 1
+            return []
+        return sorted(self.volumes)
+
+
+class FakeVolume:
+    def XMLDesc(self, _flags):
+        return ("<volume><name>admission.lock</name><capacity>1</capacity><allocation>0</allocation><target>"
+                "<path>/x</path><format type='raw'/><timestamps><mtime>%f</mtime></timestamps></target></volume>"
+                % time.time())
+
+
+def test_a_dead_runs_lock_hidden_by_a_refresh_is_still_cleared(monkeypatch):
+    dead = "%s%s.999999.123.1" % (reg.HOLDER_PREFIX, reg._controller())
+    assert reg.holder_is_dead(dead) is True
+    pool = LaggingRegistry(["pool.1.json", reg.LOCK_VOLUME, dead], lag=2)
+    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if p.lag == 0 and name in p.volumes
+                        else None)
+    monkeypatch.setattr(reg.storage, "delete_volume", lambda p, name, **_kw: p.volumes.discard(name))
+    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
+    reg.AdmissionLock(None, pool).clear_abandoned()
+    assert pool.volumes == {"pool.1.json"}
