@@ -4,9 +4,10 @@
 """Which pool's task drives each machine, when the pools are the hosts of a play (scale-out over forks, AWX job
 slices and execution nodes).
 
-Every machine gets exactly one driver among all the pools, decided from the machine's name and the pools' URIs
-alone (rendezvous hashing): a slice of a sliced job sees only its own hosts, yet the slices agree, since each
-computes the same answer for every machine. A machine pinned to a pool by name (``machine_pool``) is driven by
+Every machine gets exactly one driver among all the pools, decided from the machine's name and the pools' names
+(or their URIs, when the pools are given as URIs alone) and nothing else (rendezvous hashing). A slice of a sliced
+job sees only its own hosts, yet the slices agree, since each computes the same answer for every machine (the
+slices of one job are given the same pools). A machine pinned to a pool by name (``machine_pool``) is driven by
 that pool. Adding a pool moves only the machines it now wins. The driver converges its machines over every pool
 (where they are placed, as the scheduler decides, is another matter), so drivers on several processes compete for
 the same pools, and the admission protocol keeps each pool from being over-admitted.
@@ -15,19 +16,34 @@ the same pools, and the admission protocol keeps each pool from being over-admit
 from __future__ import annotations
 
 import hashlib
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
 
 
+# What a controller adds to a pool's URI to reach it (its key, its certificates, how it checks the host): not part of
+# which pool it is. Everything else in the URI, the socket of a local daemon included, is.
+ACCESS_PARAMETERS = ("keyfile", "pkipath", "known_hosts", "known_hosts_verify", "no_verify", "no_tty", "sshauth",
+                     "command", "netcat", "proxy", "mode", "authfile")
+
+
 def _identity(uri):
-    """A pool's URI without its query: the credential's keyfile= or pkipath= added on one controller and not on
-    another leaves the pool the same pool."""
-    return uri.split("?", 1)[0]
+    """A pool's URI without the query parameters of access: the credential's keyfile= or pkipath= added on one
+    controller and not on another leaves the pool the same pool, while a socket= names another one."""
+    parts = urlsplit(uri)
+    kept = sorted((key, value) for key, value in parse_qsl(parts.query, keep_blank_values=True)
+                  if key not in ACCESS_PARAMETERS)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(kept), ""))
 
 
-def _weight(uri, name):
-    return hashlib.sha256(("%s\0%s" % (_identity(uri), name)).encode()).digest()
+def _key(entry):
+    """What a pool is known by for the hashing: its name when the pools are named, else its URI."""
+    return entry.get("name") or _identity(entry["uri"])
+
+
+def _weight(entry, name):
+    return hashlib.sha256(("%s\0%s" % (_key(entry), name)).encode()).digest()
 
 
 def driver(machine, entries):
@@ -37,7 +53,7 @@ def driver(machine, entries):
         for entry in entries:
             if entry.get("name") == pinned:
                 return entry
-    return max(entries, key=lambda entry: _weight(entry["uri"], machine["name"]))
+    return max(entries, key=lambda entry: _weight(entry, machine["name"]))
 
 
 def driven_by(machines, pool, pools, field="machines"):

@@ -19,13 +19,22 @@ def test_every_machine_has_one_driver_and_the_drivers_share_the_work():
 def test_slices_agree_without_seeing_each_others_hosts():
     """Each slice knows only its own hosts and the full pool list: the answer for a host depends on nothing else,
     so it is the same whether the host is asked by name or by URI, or in a list given in another order."""
+    uris = [entry["uri"] for entry in POOLS]
+    # the URIs of a credential, with its key added to them: still the same pools
+    keyed = [uri + "?keyfile=/runner/env/key" for uri in uris]
     for pool in POOLS:
         by_name = driven_by(MACHINES, pool["name"], POOLS)
         assert driven_by(MACHINES, pool["uri"], list(reversed(POOLS))) == by_name
-        assert driven_by(MACHINES, pool["uri"], [entry["uri"] for entry in POOLS]) == by_name
-        # the URIs of a credential, with its key added to them: still the same pools
-        keyed = [entry["uri"] + "?keyfile=/runner/env/key" for entry in POOLS]
-        assert driven_by(MACHINES, pool["uri"], keyed) == by_name
+        by_uri = driven_by(MACHINES, pool["uri"], uris)
+        assert driven_by(MACHINES, pool["uri"], list(reversed(keyed))) == by_uri
+        assert driven_by(MACHINES, pool["uri"] + "?no_verify=1", uris) == by_uri
+
+
+def test_local_daemons_told_apart_by_their_socket_share_the_work():
+    """Pools on one host (the lab's) differ only in socket=: each is a pool of its own."""
+    uris = ["qemu+unix:///system?socket=/run/lab/pool%d/libvirt-sock" % index for index in range(1, 4)]
+    shares = [driven_by(MACHINES, uri, uris) for uri in uris]
+    assert all(40 <= len(share) <= 95 for share in shares), [len(share) for share in shares]
 
 
 def test_a_pinned_machine_is_driven_by_its_pool():
