@@ -111,7 +111,18 @@ def _run(jobs, workers, work, progress=None):
         finally:
             if progress is not None:
                 progress.end(job[0]["name"])
-    return in_parallel(jobs, guarded, workers)
+    return in_parallel(interleaved(jobs), guarded, workers)
+
+
+def interleaved(jobs):
+    """The jobs taken from each pool in turn (each pool's in the order given): a pool changes at most
+    APPLYING_PER_POOL machines at once, so a run of jobs on one pool would hold threads the other pools could use."""
+    by_pool = {}
+    for job in jobs:
+        by_pool.setdefault(job[1].uri, []).append(job)
+    queues = list(by_pool.values())
+    return [queue[index] for index in range(max((len(queue) for queue in queues), default=0))
+            for queue in queues if index < len(queue)]
 
 
 def preflight(jobs, specs, workers):

@@ -451,7 +451,8 @@ class MachineService:
     def ensure(self, params, prepared=None):
         """Converge the machine of ``params`` (machine_spec.params); ``prepared`` is a preflight's Prepared."""
         resource = MachineResource(self.ctx, params, self.check_mode, prepared)
-        plan, observed = converge(resource, self.check_mode)
+        with self.ctx.applying:
+            plan, observed = converge(resource, self.check_mode)
         if not self.check_mode:
             self.ctx.clear_abandoned_lock()
         spec = resource.spec or {"name": resource.name, "state": resource.state}

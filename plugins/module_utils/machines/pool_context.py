@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
@@ -52,12 +54,22 @@ def read_domains(conn):
     return listing
 
 
+# libvirtd serves at most max_client_requests calls of one connection at once (5 unless the host says otherwise)
+# and stops reading the connection until one ends, keepalive answers included. A run's threads share one connection
+# per pool, so at most this many of them change machines on a pool at once: a batch of 300 on 10 pools with 16
+# threads hit the limit, and a connection was closed by keepalive while slow calls (volumes, refreshes) held it.
+# Threads that only wait (for an address, a shutdown) make one short call at a time and are not counted.
+APPLYING_PER_POOL = 4
+
+
 class PoolContext:
     """What one run needs from a pool host, each piece fetched at most once."""
 
     def __init__(self, conn, uri):
         self.conn = conn
         self.uri = uri
+        # the threads of a run that change machines on this pool at once (see APPLYING_PER_POOL)
+        self.applying = threading.BoundedSemaphore(APPLYING_PER_POOL)
         self._registry = None
         self._registration = None
         self._storage = None

@@ -197,3 +197,14 @@ def test_guest_signals_count_like_any_condition():
 ])
 def test_bad_checks_name_the_field(changes, field):
     refused(field, health, **changes)
+
+
+def test_a_batch_takes_its_jobs_from_each_pool_in_turn():
+    """At most APPLYING_PER_POOL machines of a pool change at once: a run of one pool's jobs would hold the
+    threads other pools could use, so the jobs come from each pool in turn, each pool's in order."""
+    from types import SimpleNamespace
+    from ansible_collections.machinery.compute.plugins.module_utils.fleets.batch import interleaved
+    one, two, three = (SimpleNamespace(uri="pool%d" % index) for index in (1, 2, 3))
+    jobs = [("a", one), ("b", one), ("c", one), ("d", two), ("e", one), ("f", three), ("g", two)]
+    assert [name for name, _ctx in interleaved(jobs)] == ["a", "d", "f", "b", "g", "c", "e"]
+    assert interleaved([]) == []
