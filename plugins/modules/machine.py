@@ -20,6 +20,11 @@ description:
   - On an existing machine, O(cpu), O(memory), O(machine_class), O(labels) and the boot configuration are
     changed in place (live where libvirt can, otherwise the return says C(restart_required)); a different image
     or firmware is refused.
+  - A resize (a new O(machine_class), O(cpu) or O(memory)) must fit the pool's free capacity, the machine's own
+    current size not counted; one that does not is refused naming the option, with nothing changed. A running
+    machine takes memory it can balloon to at once; more memory or another cpu count restarts it in place
+    (ACPI power button, forced off after O(shutdown_timeout), then started with its new size). A resize whose
+    restart fails puts the machine back as it was, running if it ran, and fails.
 version_added: 0.1.0
 author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
@@ -319,6 +324,14 @@ options:
         there first makes this one fail with a clear cause instead of creating a second machine of the name.
     type: list
     elements: str
+  allow_move:
+    description:
+      - Whether a resize that does not fit the machine's pool may move the machine to a pool that fits first.
+      - Moving is not done by this module yet; a resize that does not fit is refused either way, and the error
+        says to move the machine with M(machinery.compute.machine_migrate) first.
+      - An instruction for this run only; it is not recorded.
+    type: bool
+    default: false
 notes:
   - Creation re-checks capacity on the pool under its admission lock (a storage volume created atomically in
     the pool's registry); when a concurrent run took the room the module fails with RV(reason=PoolFull), which
@@ -590,12 +603,16 @@ machine:
       type: bool
       sample: true
 restart_required:
-  description: True when a change was recorded that the running guest only takes at its next start.
+  description:
+    - True when a change was recorded that the running guest only takes at its next start.
+    - A resize that restarts the machine in place leaves nothing to a next start (the action C(restart) is in
+      RV(actions)).
   returned: always
   type: bool
   sample: false
 actions:
-  description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory).
+  description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory),
+    C(restart) (a resize taken by a running machine).
   returned: always
   type: list
   elements: str

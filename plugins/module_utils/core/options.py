@@ -249,6 +249,8 @@ MACHINE = (
     Option("shutdown_timeout", "int", default=60),
     Option("adopt", "bool", default=False),
     Option("unique_across", "list", elements="str"),
+    # what this run may do to resize a machine its pool has no room for (a run's instruction, never recorded)
+    Option("allow_move", "bool", default=False),
 ) + MACHINE_CAPABILITIES
 
 # What each machine of a batch (and the template of a set) takes beyond the machine's own options (tolerations
