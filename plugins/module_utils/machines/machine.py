@@ -428,6 +428,7 @@ class MachineResource(Creation, Changes, Resource):
         restart that fails puts the machine back as it was, running."""
         dom = lv.lookup_domain(self.conn, self.name)
         timeout = self.params["shutdown_timeout"]
+        forced = False
         try:
             forced = shutdown(dom, timeout)
         except lv.libvirt.libvirtError as exc:
