@@ -13,7 +13,7 @@ import xml.etree.ElementTree as ET
 import libvirt
 import pytest
 
-from conftest import NS, OVERCOMMIT, first_pool, load_lab, register, run_module
+from conftest import NS, OVERCOMMIT, first_pool, load_lab, register, run_module, warnings_of
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import parse_quantity
 
@@ -168,3 +168,51 @@ def test_a_failed_restart_leaves_the_machine_as_it_was_and_running(resized):
     assert [info[key] for key in ("machine_class", "cpu", "memory")] == \
         [shown_before[key] for key in ("machine_class", "cpu", "memory")]
     assert info["phase"] == "Running" and "resize failed" in (info.get("last_error") or ""), info
+
+
+WIDE = {"name": "rs-wide", "cpu": 3, "memory": "256Mi"}
+
+
+def test_allow_move_moves_a_resize_that_does_not_fit_then_resizes_it(resized, registered):
+    home, target, other = registered[0], registered[1], registered[2]
+    assert home.uri == resized.uri
+    # the first pool now allocates 2 cpu in all: 3 cannot fit there; only the second pool publishes the class
+    register(home, overcommit={"cpu": 1.0, "memory": 1.0})
+    for pool in (home, target):
+        published = run_module("machine_class", uri=pool.uri, **WIDE)
+        assert not published.get("failed"), published
+    fleet = [{"name": pool.name, "uri": pool.uri} for pool in registered]
+    try:
+        refused = machine(home, machine_class="rs-wide")
+        assert refused.get("failed") and refused["field"] == "machine_class", refused
+        assert "allow_move: true" in refused["msg"]
+
+        before = home.domain(NAME).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+        planned = machine(home, check=True, machine_class="rs-wide", allow_move=True, pools=fleet)
+        assert not planned.get("failed") and planned["changed"] is True, planned
+        # memory changes too when this test runs alone (the machine is still small then)
+        assert [planned["actions"][0], planned["actions"][-1]] == ["move", "restart"], planned
+        assert planned["actions"][1].startswith("update machine_class, cpu") and len(planned["actions"]) == 3, planned
+        assert planned["diff"]["after"]["pool"] == target.name and planned["diff"]["after"]["cpu"] == 3
+        assert home.domain(NAME).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE) == before and home.domain(NAME).isActive()
+        assert target.domain(NAME) is None
+
+        moved = machine(home, machine_class="rs-wide", allow_move=True, pools=fleet)
+        assert not moved.get("failed") and moved["changed"] is True, moved
+        # memory changes too when this test runs alone (the machine is still small then)
+        assert [moved["actions"][0], moved["actions"][-1]] == ["move", "restart"], moved
+        assert moved["actions"][1].startswith("update machine_class, cpu") and len(moved["actions"]) == 3, moved
+        assert moved["machine"]["pool"] == target.name and moved["machine"]["cpu"] == 3, moved["machine"]
+        assert any("moved to %s" % target.name in text for text in warnings_of(moved)), moved
+        assert home.domain(NAME) is None and other.domain(NAME) is None
+        persistent, live = size_in_libvirt(target)
+        assert persistent == (3, 256 * 1024, "rs-wide") and live == (3, 256 * 1024)
+        assert guest_reports(target)[0] == 3
+
+        again = machine(target, machine_class="rs-wide", allow_move=True, pools=fleet)
+        assert again["changed"] is False, again
+    finally:
+        run_module("machine", uri=target.uri, name=NAME, state="absent")
+        for pool in (home, target):
+            run_module("machine_class", uri=pool.uri, name=WIDE["name"], state="absent", force=True)
+        register(home)

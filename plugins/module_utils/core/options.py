@@ -253,6 +253,12 @@ MACHINE = (
     Option("allow_move", "bool", default=False),
 ) + MACHINE_CAPABILITIES
 
+# What the machine module takes beyond a machine's own options: where allow_move may move it (as machine_migrate's
+# pools: libvirt URIs or {name, uri})
+MACHINE_MOVE = (
+    Option("pools", "list", elements="raw"),
+)
+
 # What each machine of a batch (and the template of a set) takes beyond the machine's own options (tolerations
 # are the machine's own: they are recorded).
 SCHEDULING = (

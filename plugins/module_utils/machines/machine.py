@@ -200,12 +200,15 @@ def resize_refusal(prm, spec, grows, pool, cause):
     asked for it and what ``allow_move`` would do."""
     size = "%d cpu and %s" % (spec["cpu"], format_quantity(spec["memory"]))
     if prm.get("allow_move"):
-        hint = ("allow_move cannot move it from this module yet: move it with machinery.compute.machine_migrate to "
-                "a pool that fits, then resize it there")
+        hint = "allow_move found no pool to move it to"
     else:
         hint = "with allow_move: true it would be moved to a pool that fits first"
-    return PoolFull("no room on pool %s to resize %s to %s (%s); nothing was changed; %s"
-                    % (pool, spec["name"], size, cause, hint), resize_field(prm, grows))
+    refusal = PoolFull("no room on pool %s to resize %s to %s (%s); nothing was changed; %s"
+                       % (pool, spec["name"], size, cause, hint), resize_field(prm, grows))
+    # what a move to a pool that fits needs to know (fleets/resize_move.py)
+    refusal.resize = {"name": spec["name"], "machine_class": spec.get("machine_class"), "cpu": spec["cpu"],
+                      "memory": spec["memory"], "tolerations": [dict(item) for item in spec.get("tolerations") or []]}
+    return refusal
 
 
 def plan_machine(spec, observed, record=None):
@@ -294,7 +297,7 @@ def observation_key(observed):
 class MachineResource(Creation, Changes, Resource):
     """One machine on one pool, for ``converge``. ``params`` are machine_spec.params' (validated once, frozen)."""
 
-    def __init__(self, ctx, params, check_mode=False, prepared=None):
+    def __init__(self, ctx, params, check_mode=False, prepared=None, room=True):
         if not isinstance(params, FrozenDict):
             raise TypeError("MachineResource takes machine_spec.params(), not raw options")
         self.ctx = ctx
@@ -304,6 +307,8 @@ class MachineResource(Creation, Changes, Resource):
         self.name = params["name"]
         self.state = params["state"]
         self.prepared = prepared
+        # False: a resize is planned without the room check (check mode of a resize that moves the machine first)
+        self.room = room
         self.spec = None
         self.warnings = []
         self.restart_required = False
@@ -384,7 +389,7 @@ class MachineResource(Creation, Changes, Resource):
         for action in plan.actions:
             if action.kind == "create":  # a plan that needs room is refused in check mode too
                 check_room(self.ctx, self.spec, new_disks(self.spec))
-            elif action.kind == "update" and action.data["grows"]:
+            elif action.kind == "update" and action.data["grows"] and self.room:
                 self.check_resize_room(action.data["grows"])
         return plan
 
@@ -541,9 +546,10 @@ class MachineService:
             return {"name": name, "pool": self.ctx.name, "uri": self.ctx.uri, "phase": "Terminated"}
         return machine_status(dom, self.ctx)
 
-    def ensure(self, params, prepared=None):
-        """Converge the machine of ``params`` (machine_spec.params); ``prepared`` is a preflight's Prepared."""
-        resource = MachineResource(self.ctx, params, self.check_mode, prepared)
+    def ensure(self, params, prepared=None, room=True):
+        """Converge the machine of ``params`` (machine_spec.params); ``prepared`` is a preflight's Prepared;
+        ``room`` False plans a resize without checking the pool's room (only in check mode)."""
+        resource = MachineResource(self.ctx, params, self.check_mode, prepared, room=room or not self.check_mode)
         with self.ctx.applying:
             plan, observed = converge(resource, self.check_mode)
         if not self.check_mode:

@@ -235,4 +235,6 @@ def test_the_refusal_says_what_allow_move_would_do():
     assert "web-1" in text and "4 cpu and 1Gi" in text and "nothing was changed" in text
     assert "allow_move: true" in text and "pool pool-1 is full" in text
     moving = resize_refusal({"machine_class": None, "cpu": 4, "allow_move": True}, wanted, ["cpu"], "pool-1", "full")
-    assert moving.field == "cpu" and "machine_migrate" in str(moving)
+    assert moving.field == "cpu" and "allow_move found no pool" in str(moving)
+    assert moving.resize == {"name": "web-1", "machine_class": "small", "cpu": 4, "memory": 1024 * MIB,
+                             "tolerations": []}
