@@ -21,7 +21,8 @@ description:
     changed in place (live where libvirt can, otherwise the return says C(restart_required)); a different image
     or firmware is refused.
   - A resize (a new O(machine_class), O(cpu) or O(memory)) must fit the pool's free capacity, the machine's own
-    current size not counted; one that does not is refused naming the option, with nothing changed. A running
+    current size not counted; one that does not is refused naming the option, with nothing changed, unless
+    O(allow_move) moves the machine to a pool of O(pools) that fits first. A running
     machine takes memory it can balloon to at once; more memory or another cpu count restarts it in place
     (ACPI power button, forced off after O(shutdown_timeout), then started with its new size). A resize whose
     restart fails puts the machine back as it was, running if it ran, and fails.
