@@ -340,8 +340,8 @@ options:
     default: false
   pools:
     description:
-      - The pools O(allow_move) may move the machine to, as libvirt URIs or mappings with O(pools[].name) and
-        O(pools[].uri) (the machine's own pool may be among them; it is skipped). Used by O(allow_move) only.
+      - The pools O(allow_move) may move the machine to, as libvirt URIs or mappings with C(uri) and an optional
+        C(name) (the machine's own pool may be among them; it is skipped). Used by O(allow_move) only.
     type: list
     elements: raw
 notes:
