@@ -20,6 +20,12 @@ description:
   - On an existing machine, O(cpu), O(memory), O(machine_class), O(labels) and the boot configuration are
     changed in place (live where libvirt can, otherwise the return says C(restart_required)); a different image
     or firmware is refused.
+  - A resize (a new O(machine_class), O(cpu) or O(memory)) must fit the pool's free capacity, the machine's own
+    current size not counted; one that does not is refused naming the option, with nothing changed, unless
+    O(allow_move) moves the machine to a pool of O(pools) that fits first. A running
+    machine takes memory it can balloon to at once; more memory or another cpu count restarts it in place
+    (ACPI power button, forced off after O(shutdown_timeout), then started with its new size). A resize whose
+    restart fails puts the machine back as it was, running if it ran, and fails.
 version_added: 0.1.0
 author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
@@ -319,6 +325,25 @@ options:
         there first makes this one fail with a clear cause instead of creating a second machine of the name.
     type: list
     elements: str
+  allow_move:
+    description:
+      - Whether a resize that does not fit the machine's pool moves the machine first. The move is cold, to the
+        pool of O(pools) that fits the new size best (the filters and the spread score of the scheduler, Ready, taints
+        the machine tolerates, the class published, room for the new size), as
+        M(machinery.compute.machine_migrate) makes it (journaled; a move that fails is rolled back and the
+        guest started again on its pool). The machine is then resized there; C(actions) holds the move and
+        the resize, and a warning names the pool.
+      - Without it, or when no pool of O(pools) fits, the resize is refused naming O(machine_class) (or
+        O(cpu), O(memory)) and nothing is changed.
+      - An instruction for this run only; it is not recorded.
+    type: bool
+    default: false
+  pools:
+    description:
+      - The pools O(allow_move) may move the machine to, as libvirt URIs or mappings with C(uri) and an optional
+        C(name) (the machine's own pool may be among them; it is skipped). Used by O(allow_move) only.
+    type: list
+    elements: raw
 notes:
   - Creation re-checks capacity on the pool under its admission lock (a storage volume created atomically in
     the pool's registry); when a concurrent run took the room the module fails with RV(reason=PoolFull), which
@@ -590,12 +615,16 @@ machine:
       type: bool
       sample: true
 restart_required:
-  description: True when a change was recorded that the running guest only takes at its next start.
+  description:
+    - True when a change was recorded that the running guest only takes at its next start.
+    - A resize that restarts the machine in place leaves nothing to a next start (the action C(restart) is in
+      RV(actions)).
   returned: always
   type: bool
   sample: false
 actions:
-  description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory).
+  description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory),
+    C(restart) (a resize taken by a running machine).
   returned: always
   type: list
   elements: str
@@ -647,17 +676,29 @@ plan:
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.resize_move import resize_elsewhere
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
 
 class MachineModule(MachineryModule):
-    argument_spec = options.argument_spec(options.MACHINE)
+    argument_spec = options.argument_spec(options.MACHINE + options.MACHINE_MOVE)
 
     def run(self, ctx):
-        outcome = MachineService(ctx, self.check_mode).ensure(machine_spec.machine_params(self.params))
-        return self.converged(outcome.plan, machine=outcome.machine, restart_required=outcome.restart_required,
-                              warnings=outcome.warnings)
+        params = machine_spec.machine_params(self.params)
+        plan = None
+        try:
+            outcome = MachineService(ctx, self.check_mode).ensure(params)
+        except PoolFull as exc:
+            if not (params["allow_move"] and getattr(exc, "resize", None)):
+                raise
+            entries = pool_entries(self.params["pools"]) if self.params["pools"] else []
+            plan, outcome = resize_elsewhere(ctx, params, exc, entries, self.check_mode, self.url_opener())
+        return self.converged(plan or outcome.plan, machine=outcome.machine,
+                              restart_required=outcome.restart_required,
+                              warnings=plan.warnings if plan is not None else outcome.warnings)
 
 
 def main():

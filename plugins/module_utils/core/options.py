@@ -249,7 +249,15 @@ MACHINE = (
     Option("shutdown_timeout", "int", default=60),
     Option("adopt", "bool", default=False),
     Option("unique_across", "list", elements="str"),
+    # what this run may do to resize a machine its pool has no room for (a run's instruction, never recorded)
+    Option("allow_move", "bool", default=False),
 ) + MACHINE_CAPABILITIES
+
+# What the machine module takes beyond a machine's own options: where allow_move may move it (as machine_migrate's
+# pools: libvirt URIs or {name, uri})
+MACHINE_MOVE = (
+    Option("pools", "list", elements="raw"),
+)
 
 # What each machine of a batch (and the template of a set) takes beyond the machine's own options (tolerations
 # are the machine's own: they are recorded).

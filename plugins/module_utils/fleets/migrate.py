@@ -54,6 +54,9 @@ class MoveRequest:
         self.shutdown_timeout = check.timeout_seconds(params["shutdown_timeout"], "shutdown_timeout", True)
         self.source_uri = lv.validate_uri(params["uri"], "uri") if params.get("uri") else None
         self.target_name = params.get("target")
+        # a move made to resize the machine (resize_move.py, never a module option): the target is checked for
+        # the class and size the machine is about to get, not the ones it has
+        self.resize_to = params.get("resize_to")
         self.target_uri = self._target(params.get("target"))
         if self.source_uri and self.source_uri == self.target_uri:
             raise ValidationError("%s is the pool the machine is moved off (uri); name another pool"

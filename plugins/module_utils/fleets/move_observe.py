@@ -225,6 +225,8 @@ class NewMove:
                                 "first)" % (self.machine, home.pool), "machine")
         unmovable(self.machine, home.record, snapshot_names(home.dom))
         spec = scheduling_spec(self.machine, home.record, dx.read_cpu(home.tree), dx.read_memory(home.tree))
+        if self.request.resize_to:
+            spec.update(self.request.resize_to)
         uris = [entry["uri"] for entry in self.pools.entries if entry["uri"] != home.uri]
         if target_uri and target_uri not in uris:
             uris.append(target_uri)

@@ -18,10 +18,12 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import (
     observe_reservations, release_address, reserve_address)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
+from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission
 
 
-def live_effects(names, spec, observed):
-    """(fields a running guest only takes at its next start, warnings) for an update of ``names``."""
+def live_effects(names, spec, observed, restarting=False):
+    """(fields a running guest only takes at its next start, warnings) for an update of ``names``; when the
+    update is ``restarting`` the machine (a resize), the restart takes them all and none is left pending."""
     pending, warnings = [], []
     for name in names:
         live = options.OWNED_BY_NAME[name].live
@@ -34,6 +36,8 @@ def live_effects(names, spec, observed):
         elif live == "network":
             # the reservation changes at once; the guest asks for an address again when it starts
             pending.append(name)
+    if restarting:
+        return [], [note for note in warnings if "next first boot" in note]
     if pending:
         warnings.append("%s of the running machine %s take effect at its next restart"
                         % (" and ".join(pending), spec["name"]))
@@ -41,7 +45,8 @@ def live_effects(names, spec, observed):
 
 
 class Changes:
-    """How MachineResource changes an existing machine. It uses the resource's ctx, conn, name, spec, warnings and _define."""
+    """How MachineResource changes an existing machine. It uses the resource's ctx, conn, name, spec, warnings,
+    _define and check_resize_room, and keeps what a resize replaced in its resize_backup."""
 
     def _adopt(self, action, observed):
         tree = dx.parse(observed.dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
@@ -51,7 +56,8 @@ class Changes:
     def _update(self, action, observed):
         spec = self.spec
         dom = observed.dom
-        tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))  # fresh: an adopt may precede
+        original = dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE)
+        tree = dx.parse(original)  # fresh: an adopt may precede
         record = dx.read_record(tree)
         record["spec"] = dict(record["spec"])
         if "boot_config" in action.fields:
@@ -61,7 +67,17 @@ class Changes:
         if "ip_reservations" in action.fields:
             observe_reservations(self.conn, record)  # what the networks hold now
             self._reserve(record, spec["ip_reservations"])
-        self._define(tree, "redefine")
+        if action.data.get("resize"):
+            # what a failed restart or start puts back (see MachineResource._undo_resize)
+            self.resize_backup = {"xml": original, "running": bool(dom.isActive()),
+                                  "fields": [key for key in action.fields if key in ("cpu", "memory")]}
+        if action.data.get("grows"):
+            # the room is checked again under the pool's admission lock: no concurrent run books it meanwhile
+            with Admission(self.ctx, [], self.name):
+                self.check_resize_room(action.data["grows"], locked=True)
+                self._define(tree, "redefine")
+        else:
+            self._define(tree, "redefine")
         if dom.isActive():
             self._set_live(dom, record, action.fields, observed)
             if "disk_qos" in action.fields:

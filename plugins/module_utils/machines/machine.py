@@ -22,7 +22,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import sto
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import check_room
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, LibvirtFailure
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
+    ConflictError, LibvirtFailure, PoolFull)
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import FrozenDict
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.changes import Changes, live_effects
@@ -168,6 +169,48 @@ def security_groups_action(name, changes, active):
                   fields=["security_groups"], handler="update_security_groups", changes=changes, grows=[])
 
 
+RESIZE_FIELDS = ("cpu", "memory")
+
+
+def restarts_to_resize(names, spec, observed):
+    """Whether an update of the running machine of ``observed`` restarts it in place: it is resized (cpu, or
+    memory beyond what its guest can balloon up to) and is to keep running (``stopped`` stops it anyway)."""
+    if not observed.active or spec["state"] == "stopped":
+        return False
+    pending, _notes = live_effects(names, spec, observed)
+    return any(key in pending for key in RESIZE_FIELDS)
+
+
+def restart_action(name, record):
+    """The graceful restart that carries a resize into the running guest (its restart count goes up by one)."""
+    restarts = max(0, int((record or {}).get("boots") or 0) - 1)
+    return Action("restart", name, {"restart_count": restarts}, {"restart_count": restarts + 1},
+                  [step("shutdown", name), step("start", name)], resize=True)
+
+
+def resize_field(prm, grows):
+    """The option a refused resize names: the class when the task gives one, else the first size it grows."""
+    if prm.get("machine_class"):
+        return "machine_class"
+    return next((key for key in grows if prm.get(key) is not None), grows[0] if grows else "machine_class")
+
+
+def resize_refusal(prm, spec, grows, pool, cause):
+    """The error of a resize the pool has no room for (``cause`` is the capacity check's): names the option that
+    asked for it and what ``allow_move`` would do."""
+    size = "%d cpu and %s" % (spec["cpu"], format_quantity(spec["memory"]))
+    if prm.get("allow_move"):
+        hint = "allow_move found no pool to move it to"
+    else:
+        hint = "with allow_move: true it would be moved to a pool that fits first"
+    refusal = PoolFull("no room on pool %s to resize %s to %s (%s); nothing was changed; %s"
+                       % (pool, spec["name"], size, cause, hint), resize_field(prm, grows))
+    # what a move to a pool that fits needs to know (fleets/resize_move.py)
+    refusal.resize = {"name": spec["name"], "machine_class": spec.get("machine_class"), "cpu": spec["cpu"],
+                      "memory": spec["memory"], "tolerations": [dict(item) for item in spec.get("tolerations") or []]}
+    return refusal
+
+
 def plan_machine(spec, observed, record=None):
     """The actions that take the machine from ``observed`` to ``spec``; ``record`` is the machine's record
     (the one about to be written when the plan adopts the domain)."""
@@ -203,20 +246,26 @@ def plan_machine(spec, observed, record=None):
     current = options.owned_values(observed.tree, record)
     names = options.changed_fields(current, spec)
     pending = []
+    restart = None
     if names:
         if "boot_config" in names:
             boot_files_conflict(spec, record)
         if observed.active:
-            pending, notes = live_effects(names, spec, observed)
+            restarting = restarts_to_resize(names, spec, observed)
+            pending, notes = live_effects(names, spec, observed, restarting)
             warnings.extend(notes)
-        grows = [key for key in ("cpu", "memory") if key in names and spec[key] > (current[key] or 0)]
+            if restarting:
+                restart = restart_action(name, record)
+        grows = [key for key in RESIZE_FIELDS if key in names and spec[key] > (current[key] or 0)]
         actions.append(Action("update", name, options.shown({key: current[key] for key in names}),
                               options.shown({key: spec[key] for key in names}),
                               [step("define", name)] + ([step("set_live", name)] if observed.active else []),
-                              fields=names, grows=grows))
+                              fields=names, grows=grows, resize=any(key in names for key in RESIZE_FIELDS)))
     changes = security_group_changes(spec, observed)
     if changes:
         actions.append(security_groups_action(name, changes, observed.active))
+    if restart is not None:
+        actions.append(restart)
     if spec["state"] == "running" and not observed.active:
         actions.append(Action("start", name, steps=[step("start", name)]))
     elif spec["state"] == "stopped" and observed.active:
@@ -248,7 +297,7 @@ def observation_key(observed):
 class MachineResource(Creation, Changes, Resource):
     """One machine on one pool, for ``converge``. ``params`` are machine_spec.params' (validated once, frozen)."""
 
-    def __init__(self, ctx, params, check_mode=False, prepared=None):
+    def __init__(self, ctx, params, check_mode=False, prepared=None, room=True):
         if not isinstance(params, FrozenDict):
             raise TypeError("MachineResource takes machine_spec.params(), not raw options")
         self.ctx = ctx
@@ -258,9 +307,12 @@ class MachineResource(Creation, Changes, Resource):
         self.name = params["name"]
         self.state = params["state"]
         self.prepared = prepared
+        # False: a resize is planned without the room check (check mode of a resize that moves the machine first)
+        self.room = room
         self.spec = None
         self.warnings = []
         self.restart_required = False
+        self.resize_backup = None  # {xml, running, fields}: the definition a resize replaced (Changes._update)
         self.observations = 0
         # the leases listed for the machine's NICs when this run booted it (lease_expiries)
         self.earlier_leases = None
@@ -337,9 +389,18 @@ class MachineResource(Creation, Changes, Resource):
         for action in plan.actions:
             if action.kind == "create":  # a plan that needs room is refused in check mode too
                 check_room(self.ctx, self.spec, new_disks(self.spec))
-            elif action.kind == "update" and action.data["grows"]:
-                check_room(self.ctx, self.spec)
+            elif action.kind == "update" and action.data["grows"] and self.room:
+                self.check_resize_room(action.data["grows"])
         return plan
+
+    def check_resize_room(self, grows, locked=False):
+        """Refuse a resize the pool has no room for, naming the option that asked for it (the machine's own
+        current size is not counted against it)."""
+        try:
+            check_room(self.ctx, self.spec, locked=locked)
+        except PoolFull as exc:
+            raise resize_refusal(self.params, self.spec, grows, self.ctx.name or self.ctx.uri,
+                                 str(exc)) from None
 
     # the actions
 
@@ -362,8 +423,45 @@ class MachineResource(Creation, Changes, Resource):
                 dom.create()
         except lv.libvirt.libvirtError as exc:
             self._record_error(dom, "start failed: %s" % lv.describe(exc))
+            if self.resize_backup is not None:
+                self._undo_resize(dom, "it did not start with its new size: %s" % lv.describe(exc))
             raise LibvirtFailure("cannot start %s: %s" % (self.name, lv.describe(exc))) from None
         self._update_record(dom, bump_boots)
+
+    def _restart(self, action, observed):
+        """Shut the machine down gracefully (forced after its shutdown_timeout) and start it with its new size; a
+        restart that fails puts the machine back as it was, running."""
+        dom = lv.lookup_domain(self.conn, self.name)
+        timeout = self.params["shutdown_timeout"]
+        forced = False
+        try:
+            forced = shutdown(dom, timeout)
+        except lv.libvirt.libvirtError as exc:
+            self._undo_resize(dom, "it could not be shut down: %s" % lv.describe(exc))
+        if forced:
+            self.warnings.append("%s did not power off within %ss of the ACPI request and was forced off to be "
+                                 "resized" % (self.name, timeout))
+        self._start(action, observed)
+        self.restart_required = False
+
+    def _undo_resize(self, dom, cause):
+        """Put back the definition the resize replaced and start the machine again if it ran; then fail."""
+        backup = self.resize_backup
+        field = resize_field(self.params, backup["fields"])
+        try:
+            self.conn.defineXML(backup["xml"])
+            if backup["running"] and not dom.isActive():
+                dom.create()
+                self._update_record(dom, bump_boots)
+        except lv.libvirt.libvirtError as exc:
+            raise LibvirtFailure("cannot resize %s: %s; putting it back as it was failed too: %s"
+                                 % (self.name, cause, lv.describe(exc)), field) from None
+        self._record_error(dom, "resize failed: %s" % cause)
+        done = getattr(self, "done", None)
+        if done is not None:  # the update was undone: a failure that reports it as done would mislead
+            done[:] = [action for action in done if not action.data.get("resize")]
+        raise LibvirtFailure("cannot resize %s: %s; it was put back as it was%s" % (
+            self.name, cause, ", running" if backup["running"] else ""), field)
 
     def _stop(self, _action, observed):
         timeout = self.params["shutdown_timeout"]
@@ -418,7 +516,7 @@ class MachineResource(Creation, Changes, Resource):
 
     APPLY = {"create": Creation._create, "clean_up": Creation._clean_up, "adopt": Changes._adopt,
              "update": Changes._update, "update_security_groups": Changes._update_security_groups, "start": _start,
-             "stop": _stop, "delete": _delete}
+             "restart": _restart, "stop": _stop, "delete": _delete}
 
 
 # --- the service the modules call -------------------------------------------------------------------------------
@@ -448,9 +546,10 @@ class MachineService:
             return {"name": name, "pool": self.ctx.name, "uri": self.ctx.uri, "phase": "Terminated"}
         return machine_status(dom, self.ctx)
 
-    def ensure(self, params, prepared=None):
-        """Converge the machine of ``params`` (machine_spec.params); ``prepared`` is a preflight's Prepared."""
-        resource = MachineResource(self.ctx, params, self.check_mode, prepared)
+    def ensure(self, params, prepared=None, room=True):
+        """Converge the machine of ``params`` (machine_spec.params); ``prepared`` is a preflight's Prepared;
+        ``room`` False plans a resize without checking the pool's room (only in check mode)."""
+        resource = MachineResource(self.ctx, params, self.check_mode, prepared, room=room or not self.check_mode)
         with self.ctx.applying:
             plan, observed = converge(resource, self.check_mode)
         if not self.check_mode:

@@ -42,8 +42,8 @@ SCHEDULED_ARGUMENTS = options.argument_spec(options.MACHINE + options.SCHEDULING
 SCHEDULING_KEYS = tuple(item.name for item in options.SCHEDULING)
 CHECKED = tuple(item for item in options.MACHINE if item.argument and item.check is not None)
 # what a scheduled machine takes (a batch's machines, a set's template): the machine's options but those the
-# caller sets itself
-SCHEDULED_KEYS = tuple(key for key in SCHEDULED_ARGUMENTS if key != "unique_across")
+# caller sets itself, and allow_move (only the machine module moves a machine it resizes)
+SCHEDULED_KEYS = tuple(key for key in SCHEDULED_ARGUMENTS if key not in ("unique_across", "allow_move"))
 
 
 def _at(field, key):

@@ -7,8 +7,9 @@ import libvirt
 import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import Observed, adoption_record, plan_machine
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, PoolFull
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import (
+    Observed, adoption_record, plan_machine, resize_field, resize_refusal, restarts_to_resize)
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 RUNNING = (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_RUNNING_BOOTED)
@@ -78,11 +79,11 @@ def test_update_on_a_stopped_machine():
 
 def test_live_update_knows_what_waits_for_a_restart():
     within = plan_machine(spec(memory=96 * MIB, labels={"x": "y"}), observed(RUNNING, live_max=128 * MIB))
-    assert within.facts["restart_required"] is False
-    beyond = plan_machine(spec(memory=512 * MIB), observed(RUNNING, live_max=128 * MIB))
+    assert within.facts["restart_required"] is False and within.summaries() == ["update memory, labels"]
+    # a machine told to stop takes its new size at its next start: no restart, the stop does it
+    beyond = plan_machine(spec(memory=512 * MIB, state="stopped"), observed(RUNNING, live_max=128 * MIB))
+    assert beyond.summaries() == ["update memory", "stop"]
     assert beyond.facts["restart_required"] is True and "next restart" in beyond.warnings[0]
-    cpu = plan_machine(spec(cpu=2), observed(RUNNING, live_max=128 * MIB))
-    assert cpu.facts["restart_required"] is True
 
 
 @pytest.mark.parametrize("wanted,state,expected", [
@@ -154,3 +155,86 @@ def test_create_steps_show_secrets_swap_and_reservations_but_no_passphrase():
     assert ("reserve_address", "machinery") in steps
     assert "do not show me" not in repr(plan.as_list())
     assert plan.diff()[1]["swap"] == "64Mi" and plan.diff()[1]["ip_reservations"] == {"eth0": "192.168.100.20"}
+
+
+# --- resize (issue 25): a restart in place where the pool has room, a refusal naming the option where not ------
+
+
+@pytest.mark.parametrize("wanted", ["running", "present"])
+def test_a_running_machine_given_more_cpu_restarts_in_place(wanted):
+    plan = plan_machine(spec(state=wanted, cpu=2, machine_class="medium"), observed(RUNNING, 128 * MIB))
+    assert plan.summaries() == ["update machine_class, cpu", "restart"]
+    restart = plan.as_list()[1]
+    assert [(s["action"], s["target"]) for s in restart["steps"]] == [("shutdown", "web-1"), ("start", "web-1")]
+    assert plan.facts["restart_required"] is False and plan.warnings == []
+    before, after = plan.diff()
+    assert (before["cpu"], after["cpu"], after["machine_class"]) == (1, 2, "medium")
+    assert after["restart_count"] == before["restart_count"] + 1
+    assert plan.actions[0].data["grows"] == ["cpu"] and plan.actions[0].data["resize"] is True
+
+
+def test_memory_beyond_the_balloon_restarts_memory_within_it_does_not():
+    beyond = plan_machine(spec(memory=256 * MIB), observed(RUNNING, 128 * MIB))
+    assert beyond.summaries() == ["update memory", "restart"]
+    assert beyond.actions[0].data["grows"] == ["memory"]
+    within = plan_machine(spec(memory=96 * MIB), observed(RUNNING, 128 * MIB))
+    assert within.summaries() == ["update memory"] and within.actions[0].data["grows"] == []
+    assert within.facts["restart_required"] is False
+
+
+def test_a_stopped_machine_is_resized_without_a_restart():
+    assert plan_machine(spec(cpu=2), observed(SHUTOFF)).summaries() == ["update cpu"]
+    started = plan_machine(spec(cpu=2, state="running"), observed(SHUTOFF))
+    assert started.summaries() == ["update cpu", "start"]
+
+
+def test_a_machine_told_to_stop_is_not_restarted():
+    plan = plan_machine(spec(cpu=2, state="stopped"), observed(RUNNING, 128 * MIB))
+    assert plan.summaries() == ["update cpu", "stop"]
+    assert not restarts_to_resize(["cpu"], spec(cpu=2, state="stopped"), observed(RUNNING, 128 * MIB))
+
+
+def test_changes_that_are_no_resize_do_not_restart():
+    plan = plan_machine(spec(labels={"app": "db"}, machine_class="renamed"), observed(RUNNING, 128 * MIB))
+    assert plan.summaries() == ["update machine_class, labels"]
+    topology = plan_machine(spec(topology={"sockets": 1, "cores": 1, "threads": 1}), observed(RUNNING, 128 * MIB))
+    assert topology.summaries() == ["update topology"] and topology.facts["restart_required"] is True
+
+
+def test_a_restart_takes_the_other_pending_fields_too():
+    plan = plan_machine(spec(cpu=2, topology={"sockets": 1, "cores": 2, "threads": 1}), observed(RUNNING, 128 * MIB))
+    assert plan.summaries() == ["update cpu, topology", "restart"]
+    assert plan.facts["restart_required"] is False and not any("next restart" in w for w in plan.warnings)
+
+
+def test_a_resize_that_is_already_in_force_plans_nothing():
+    assert plan_machine(spec(), observed(RUNNING, 128 * MIB)).actions == []
+
+
+def test_a_shrink_grows_nothing():
+    plan = plan_machine(spec(memory=64 * MIB, cpu=1), observed(SHUTOFF))
+    assert plan.actions[0].data["grows"] == [] and plan.actions[0].data["resize"] is True
+
+
+@pytest.mark.parametrize("given,grows,field", [
+    ({"machine_class": "large", "cpu": None, "memory": None}, ["cpu", "memory"], "machine_class"),
+    ({"machine_class": None, "cpu": 4, "memory": None}, ["cpu"], "cpu"),
+    ({"machine_class": None, "cpu": 1, "memory": "1Gi"}, ["memory"], "memory"),
+    ({"machine_class": None, "cpu": 4, "memory": "1Gi"}, ["cpu", "memory"], "cpu"),
+])
+def test_a_refusal_names_the_option_that_asked(given, grows, field):
+    assert resize_field(given, grows) == field
+
+
+def test_the_refusal_says_what_allow_move_would_do():
+    wanted = spec(cpu=4, memory=1024 * MIB)
+    refused = resize_refusal({"machine_class": "large", "allow_move": False}, wanted, ["cpu", "memory"], "pool-1",
+                             "pool pool-1 is full")
+    assert isinstance(refused, PoolFull) and refused.field == "machine_class"
+    text = str(refused)
+    assert "web-1" in text and "4 cpu and 1Gi" in text and "nothing was changed" in text
+    assert "allow_move: true" in text and "pool pool-1 is full" in text
+    moving = resize_refusal({"machine_class": None, "cpu": 4, "allow_move": True}, wanted, ["cpu"], "pool-1", "full")
+    assert moving.field == "cpu" and "allow_move found no pool" in str(moving)
+    assert moving.resize == {"name": "web-1", "machine_class": "small", "cpu": 4, "memory": 1024 * MIB,
+                             "tolerations": []}

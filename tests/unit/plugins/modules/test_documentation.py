@@ -78,7 +78,7 @@ def test_documentation_matches_the_declared_options(name):
 
 def test_declarations_build_the_specs():
     machine = importlib.import_module(PACKAGE + ".modules.machine")
-    assert module_class(machine).argument_spec == options.argument_spec(options.MACHINE)
+    assert module_class(machine).argument_spec == options.argument_spec(options.MACHINE + options.MACHINE_MOVE)
     for table in (options.MACHINE, options.MACHINE_POOL, options.MACHINE_CLASS, options.VOLUME_ATTACH,
                   options.NIC_ATTACH):
         for option in table:
