@@ -214,9 +214,32 @@ class Registry:
             # superseded generations are pruned; one that another run is opening for a read stays until the
             # next put (readers take the newest valid generation, so it is never read again)
             for _old, old_name in versions:
-                storage.delete_volume(self.pool, old_name, keep_if_busy=True)
+                self._prune(old_name)
             self._index[key] = [(generation, name)]
             self._bodies[key] = body
+
+    def _prune(self, name):
+        """Delete a superseded generation that the listing showed. Right after an upload, libvirt refreshes the
+        pool, and a lookup then may not find a volume that is there; a generation left that way beside the new one
+        was seen after a re-registration. So a miss is looked up again, refreshed, for up to EXPECTED_RETRY_SECONDS,
+        unless a complete listing says the volume is gone."""
+        deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
+        while not storage.delete_volume(self.pool, name, keep_if_busy=True):
+            if lv.lookup_volume(self.pool, name) is not None:
+                return  # busy: a reader has it open, the next put prunes it
+            try:
+                names = self.pool.listVolumes()
+            except lv.libvirt.libvirtError:
+                names = []
+            if any(listed.startswith(POOL_KEY + ".") for listed in names) and name not in names:
+                return  # gone (another run pruned it)
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+            try:
+                self.pool.refresh(0)
+            except lv.libvirt.libvirtError:
+                pass
 
     def delete(self, key, locked=False, epoch=None, expected=False):
         """Delete every generation of ``key``; whether there was one. With ``expected`` (a journal this run wrote

@@ -175,3 +175,22 @@ def test_a_dead_runs_lock_hidden_by_a_refresh_is_still_cleared(monkeypatch):
     monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
     reg.AdmissionLock(None, pool).clear_abandoned()
     assert pool.volumes == {"pool.1.json"}
+
+
+def test_a_superseded_generation_hidden_by_a_refresh_is_still_pruned(monkeypatch):
+    """Right after the upload of a new generation, libvirt's refresh can hide the old one from a lookup: the
+    prune looks again instead of leaving two registrations behind."""
+    pool = LaggingRegistry(["pool.1.json", "pool.2.json"], lag=2)
+    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if p.lag == 0 and name in p.volumes
+                        else None)
+
+    def delete_volume(p, name, keep_if_busy=False):
+        if reg.lv.lookup_volume(p, name) is None:
+            p.listVolumes()  # time passes in the window
+            return False
+        p.volumes.discard(name)
+        return True
+    monkeypatch.setattr(reg.storage, "delete_volume", delete_volume)
+    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
+    reg.Registry(None, pool)._prune("pool.1.json")
+    assert pool.volumes == {"pool.2.json"}
