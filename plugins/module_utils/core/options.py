@@ -17,6 +17,7 @@ from __future__ import annotations
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
 # Choices, each typed out once.
@@ -32,6 +33,7 @@ VOLUME_FORMATS = ("qcow2", "raw")
 TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 NETWORK_MODES = ("nat", "isolated")
 STRATEGIES = ("spread", "binpack")
+SERVER_GROUP_POLICIES = ("affinity", "anti-affinity", "soft-affinity", "soft-anti-affinity")
 PHASES = ("Pending", "Running", "Shutdown", "Terminating", "Terminated", "Failed")
 DEFAULT_STORAGE_PATH = "/var/lib/libvirt/machinery"
 
@@ -219,6 +221,21 @@ CLOUD_INIT = (
     Option("network_config", "raw"),
 )
 
+def _server_group(value, field):
+    """A server group as the record keeps it: its name (a DNS label) and policy (Ansible checked the choice)."""
+    if not isinstance(value, dict):
+        raise ValidationError("must be a mapping with name and policy", field)
+    policy = check.one_of(value.get("policy"), SERVER_GROUP_POLICIES, field + ".policy")
+    return {"name": check.dns_label(value.get("name"), field + ".name"), "policy": policy}
+
+
+# The scheduler places a machine by its group's policy (placement_rules.py); the group is fixed at creation, as a
+# machine joins a group by being placed with it.
+SERVER_GROUP = (
+    Option("name", required=True),
+    Option("policy", required=True, choices=SERVER_GROUP_POLICIES),
+)
+
 MACHINE = (
     Option("name", required=True),
     Option("state", choices=MACHINE_STATES, default="running"),
@@ -251,6 +268,8 @@ MACHINE = (
     Option("unique_across", "list", elements="str"),
     # what this run may do to resize a machine its pool has no room for (a run's instruction, never recorded)
     Option("allow_move", "bool", default=False),
+    Option("server_group", "dict", options=SERVER_GROUP, check=_server_group,
+           fixed=lambda spec: spec.get("server_group")),
 ) + MACHINE_CAPABILITIES
 
 # What the machine module takes beyond a machine's own options: where allow_move may move it (as machine_migrate's

@@ -219,7 +219,9 @@ def place(desired, names, snapshots, members):
     placements = []
     for name in names:
         machine = dict(desired["member"], name=name)
-        groups = sorted({count[pool["name"]] for pool in pools}) if desired["strategy"] == "spread" else [None]
+        # a server group's rules see every pool at once (an affinity group's members may be on any of them)
+        groups = sorted({count[pool["name"]] for pool in pools}) if desired["strategy"] == "spread" and \
+            not machine.get("server_group") else [None]
         placed = None
         reason = "no pool is Ready"
         for level in groups:
@@ -233,9 +235,14 @@ def place(desired, names, snapshots, members):
         if placed is None:
             placements.append((name, None, reason))
             continue
-        size = scheduler.size_on(scheduler.machine_request(machine, "template"), placed)
+        request = scheduler.machine_request(machine, "template")
+        size = scheduler.size_on(request, placed)
         placed["allocated"] = {"cpu": placed["allocated"]["cpu"] + size["cpu"],
                                "memory": placed["allocated"]["memory"] + size["memory"]}
+        if placed.get("storage"):
+            placed["storage"] = dict(placed["storage"], allocated=placed["storage"]["allocated"] + request["storage"])
+        if request["server_group"]:
+            placed["server_groups"] = dict(placed.get("server_groups") or {}, **{name: request["server_group"]})
         placed.setdefault("machines", []).append(name)
         count[placed["name"]] += 1
         placements.append((name, placed, reason))

@@ -12,6 +12,7 @@ import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules as rules
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NameTaken, PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
@@ -214,7 +215,8 @@ class Admission:
 def check_room(ctx, spec, disks=None, locked=False, epoch=None):
     """Refuse a machine the pool has no room for: the machines already defined there (other than this one)
     plus ``spec`` must fit in what the pool's registration makes allocatable, and so must the new ``disks``
-    ([(field, virtual bytes)]) in its storage.
+    ([(field, virtual bytes)]) in its storage; a machine of a hard anti-affinity server group is refused where
+    a member of its group is defined.
 
     A plan checks against the pool as this run listed it (when it did); under the admission lock (``locked``)
     the sizes are read as they are now: once in the lock's ``epoch`` (Admission.epoch), then kept with the
@@ -240,6 +242,11 @@ def check_room(ctx, spec, disks=None, locked=False, epoch=None):
                        % (ctx.name, used_cpu, allocatable["cpu"], format_quantity(used_memory),
                           format_quantity(allocatable["memory"]), spec["name"], spec["cpu"],
                           format_quantity(spec["memory"])), "machine_pool")
+    # a hard anti-affinity rule is re-checked here as capacity is: a concurrent run may have placed a member
+    refused = rules.admission_refusal(spec.get("server_group"), ctx.name,
+                                      [(size.name, size.server_group) for size in others])
+    if refused:
+        raise PoolFull(refused, "server_group")
     check_storage(ctx, disks or [], sizes)
 
 
@@ -249,7 +256,7 @@ def admitted(ctx, epoch, record):
         spec = record["spec"]
         ctx.locked_sizes[1].append(capacity.MachineSize(spec["name"], spec["cpu"], spec["memory"],
                                                         spec.get("machine_class"), capacity.machine_disks(record),
-                                                        spec.get("tolerations") or []))
+                                                        spec.get("tolerations") or [], spec.get("server_group")))
 
 
 def check_storage(ctx, disks, sizes=None):

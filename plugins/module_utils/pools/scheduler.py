@@ -5,7 +5,14 @@
 
 A pool snapshot is a dict: name, uri, state (Ready | Error | Offline), labels, taints [{key, value, effect}],
 classes {name: {cpu, memory}}, allocatable {cpu, memory}, allocated {cpu, memory}, machines (names defined
-there), and for pools that could not be read, ``problem``.
+there), and for pools that could not be read, ``problem``. Optionally ``storage`` {allocatable, allocated} in
+bytes (a snapshot without it is not filtered on storage) and ``server_groups`` {machine: {name, policy}} of the
+machines defined there that belong to a server group (placement_rules.py).
+
+What a machine needs of storage is what its params tell before anything is resolved: its ``root_size`` (0 when
+it leaves it to the image: the image's virtual size is only known once the image is read on the pool) plus the
+``size`` of each new empty volume (a volume copied from an image counts 0 for the same reason, an existing volume
+adds nothing). The admission check on the pool counts the rest under its lock.
 """
 
 from __future__ import annotations
@@ -15,13 +22,16 @@ from collections import Counter
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules as rules
 
 STRATEGIES = ("spread", "binpack")
 OPERATORS = ("Equal", "Exists")
 SCHEDULING_EFFECTS = ("NoSchedule", "NoExecute")
 # What the scheduler reads of a machine spec. A misspelt key (tolerance, machine_pool_selectors) is refused, not
 # silently ignored, since the machine would be placed as if it were not there.
-SPEC_KEYS = ("name", "machine_class", "cpu", "memory", "machine_pool_selector", "tolerations", "machine_pool")
+SPEC_KEYS = ("name", "machine_class", "cpu", "memory", "machine_pool_selector", "tolerations", "machine_pool",
+             "root_size", "volumes", "server_group")
 TOLERATION_KEYS = ("key", "operator", "value", "effect")
 
 
@@ -51,10 +61,19 @@ def machine_request(prm, field="terms[0]"):
         size = {"cpu": prm["cpu"], "memory": prm["memory"]}
     else:
         raise ValidationError("give machine_class, or cpu and memory", field + ".machine_class")
+    group = prm.get("server_group")
     return {"name": prm["name"], "machine_class": machine_class, "size": size,
             "machine_pool_selector": dict(prm.get("machine_pool_selector") or {}),
             "tolerations": [dict(item) for item in prm.get("tolerations") or []],
-            "machine_pool": prm.get("machine_pool")}
+            "machine_pool": prm.get("machine_pool"), "storage": storage_need(prm),
+            "server_group": {"name": group["name"], "policy": group["policy"]} if group else None}
+
+
+def storage_need(prm):
+    """Bytes of new disks the params ask for before anything is resolved (see the module's docstring)."""
+    need = (prm.get("root_size") or 0) if prm.get("image") else 0
+    return need + sum(vol.get("size") or 0 for vol in prm.get("volumes") or () if vol.get("volume") is None
+                      and vol.get("image") is None)
 
 
 def normalize_tolerations(items, field):
@@ -109,11 +128,14 @@ def untolerated(machine, pool):
 
 
 class Ledger:
-    """Free cpu and memory of every pool, less what this call has placed so far."""
+    """Free cpu, memory and storage of every pool, and the server groups of the machines on it, less (plus)
+    what this call has placed so far. Free storage is None for a pool whose snapshot does not tell it."""
 
     def __init__(self, pools=()):
         self.free_cpu = {}
         self.free_memory = {}
+        self.free_storage = {}
+        self.groups = {}  # pool name -> {machine name: server group name}
         for pool in pools:
             self.track(pool)
 
@@ -121,10 +143,18 @@ class Ledger:
         if pool["name"] not in self.free_cpu:
             self.free_cpu[pool["name"]] = pool["allocatable"]["cpu"] - pool["allocated"]["cpu"]
             self.free_memory[pool["name"]] = pool["allocatable"]["memory"] - pool["allocated"]["memory"]
+            storage = pool.get("storage")
+            self.free_storage[pool["name"]] = storage["allocatable"] - storage["allocated"] if storage else None
+            self.groups[pool["name"]] = {machine: group["name"] for machine, group
+                                         in (pool.get("server_groups") or {}).items() if group}
 
-    def add(self, pool_name, cpu, memory):
+    def add(self, pool_name, cpu, memory, storage=0, machine=None, group=None):
         self.free_cpu[pool_name] -= cpu
         self.free_memory[pool_name] -= memory
+        if self.free_storage.get(pool_name) is not None:
+            self.free_storage[pool_name] -= storage
+        if group:
+            self.groups.setdefault(pool_name, {})[machine] = group["name"]
 
     def free(self, pool):
         self.track(pool)
@@ -148,7 +178,9 @@ def static_rejections(machine, pool):
     return []
 
 
-def capacity_rejections(machine, pool, ledger):
+def capacity_rejections(machine, pool, ledger, details=None):
+    """Why the pool cannot take the machine now: cpu, memory, storage, then a server group's hard rule.
+    ``details`` gets '<pool>: storage <free> free, needs <need>' for a pool short of storage."""
     size = size_on(machine, pool)
     free_cpu, free_memory = ledger.free(pool)
     reasons = []
@@ -156,7 +188,23 @@ def capacity_rejections(machine, pool, ledger):
         reasons.append("insufficient cpu")
     if size["memory"] > free_memory:
         reasons.append("insufficient memory")
+    free_storage = ledger.free_storage.get(pool["name"])
+    if free_storage is not None and machine.get("storage", 0) > free_storage:
+        reasons.append("insufficient storage")
+        if details is not None:
+            details.append("%s: storage %s free, needs %s" % (pool["name"], _quantity(max(free_storage, 0)),
+                                                              _quantity(machine["storage"])))
+    if not reasons and machine.get("server_group"):
+        refused = rules.refusal(machine["server_group"], pool["name"],
+                                rules.members_by_pool(ledger.groups, machine["server_group"]["name"], machine["name"]))
+        if refused:
+            reasons.append(refused)
     return reasons
+
+
+def _quantity(number):
+    shown = format_quantity(number)
+    return shown if not shown.isdigit() or number < 2 ** 20 else _gib(number)
 
 
 def shape(machine):
@@ -179,10 +227,11 @@ def tie_breaker(machine_name, pool_name):
     return hashlib.sha256(("%s\0%s" % (machine_name, pool_name)).encode()).hexdigest()
 
 
-def unschedulable_message(machine, pools, per_pool):
+def unschedulable_message(machine, pools, per_pool, details=()):
     counts = Counter(reason for reasons in per_pool.values() for reason in reasons)
     detail = ", ".join("%d %s" % (count, reason) for reason, count in counts.most_common())
-    return "0/%d pools available for %s: %s" % (len(pools), machine["name"], detail or "no pools given")
+    return "0/%d pools available for %s: %s%s" % (len(pools), machine["name"], detail or "no pools given",
+                                                   " (%s)" % "; ".join(details) if details else "")
 
 
 def shape_entries(machine, pools):
@@ -224,9 +273,12 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
         if static_cache is not None:
             static_cache[key] = cached
     verdicts, passing = cached
-    free_cpu, free_memory = ledger.free_cpu, ledger.free_memory
+    free_cpu, free_memory, free_storage = ledger.free_cpu, ledger.free_memory, ledger.free_storage
     for pool in candidates:
         ledger.track(pool)
+    group = machine.get("server_group")
+    members = rules.members_by_pool(ledger.groups, group["name"], machine["name"]) if group else {}
+    need = machine.get("storage", 0)
     spread = strategy == "spread"
     best_key = None
     ties = []
@@ -235,25 +287,31 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
         name = pool["name"]
         left_cpu = free_cpu[name] - cpu
         left_memory = free_memory[name] - memory
-        if left_cpu < 0 or left_memory < 0:
+        left_storage = None if free_storage.get(name) is None else free_storage[name] - need
+        if left_cpu < 0 or left_memory < 0 or (left_storage is not None and left_storage < 0) or \
+                rules.refusal(group, name, members):
             continue
         fitting += 1
         total_cpu = pool["allocatable"]["cpu"]
         total_memory = pool["allocatable"]["memory"]
-        value = ((left_cpu / total_cpu if total_cpu > 0 else 0.0) +
-                 (left_memory / total_memory if total_memory > 0 else 0.0)) / 2
-        rank = -value if spread else value
+        shares = [left_cpu / total_cpu if total_cpu > 0 else 0.0, left_memory / total_memory if total_memory > 0 else 0.0]
+        if left_storage is not None:  # weighed as cpu and memory are, where the snapshot tells it
+            total_storage = pool["storage"]["allocatable"]
+            shares.append(left_storage / total_storage if total_storage > 0 else 0.0)
+        value = sum(shares) / len(shares)
+        rank = (rules.rank(group, name, members), -value if spread else value)
         if best_key is None or rank < best_key:
             best_key, ties = rank, [(pool, cpu, memory)]
         elif rank == best_key:
             ties.append((pool, cpu, memory))
     if not ties:
-        per_pool = {pool["name"]: verdicts[pool["name"]] or capacity_rejections(machine, pool, ledger)
+        details = []
+        per_pool = {pool["name"]: verdicts[pool["name"]] or capacity_rejections(machine, pool, ledger, details)
                     for pool in candidates}
-        raise Unschedulable(unschedulable_message(machine, candidates, per_pool), "machine_pool")
+        raise Unschedulable(unschedulable_message(machine, candidates, per_pool, details), "machine_pool")
     chosen, cpu, memory = ties[0] if len(ties) == 1 else \
         min(ties, key=lambda entry: tie_breaker(machine["name"], entry[0]["name"]))
-    ledger.add(chosen["name"], cpu, memory)
+    ledger.add(chosen["name"], cpu, memory, need, machine["name"], group)
     left_cpu, left_memory = ledger.free(chosen)
     reason = "%s: %d/%d pools fit; %s has %d cpu and %s free after placement" % (
         strategy, fitting, len(candidates), chosen["name"], left_cpu, _gib(left_memory))

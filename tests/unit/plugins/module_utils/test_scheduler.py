@@ -15,10 +15,16 @@ LARGE = {"cpu": 4, "memory": 8 * GI}
 
 
 def pool(name, memory=16, used_memory=0, classes=None, **given):
-    """A pool snapshot, memory in GiB, publishing classes small and large unless told."""
-    return pool_snapshot(name, "qemu+unix:///system?socket=/%s" % name, memory=memory * GI,
-                         used_memory=used_memory * GI,
-                         classes={"small": SMALL, "large": LARGE} if classes is None else classes, **given)
+    """A pool snapshot, memory in GiB, publishing classes small and large unless told; ``server_groups`` as a
+    snapshot lists them ({machine: {name, policy}})."""
+    groups = given.pop("server_groups", None)
+    snapshot = pool_snapshot(name, "qemu+unix:///system?socket=/%s" % name, memory=memory * GI,
+                             used_memory=used_memory * GI,
+                             classes={"small": SMALL, "large": LARGE} if classes is None else classes, **given)
+    if groups is not None:
+        snapshot["server_groups"] = groups
+        snapshot["machines"] = sorted(set(snapshot["machines"]) | set(groups))
+    return snapshot
 
 
 def spec(name, machine_class="small", **extra):
@@ -205,3 +211,109 @@ def test_never_overcommits_and_is_deterministic(pools, classes, strategy):
         assert target["allocated"]["cpu"] + sum(size["cpu"] for size in mine) <= target["allocatable"]["cpu"]
         assert target["allocated"]["memory"] + sum(size["memory"] for size in mine) <= \
             target["allocatable"]["memory"]
+
+
+# --- storage (issue 24) ------------------------------------------------------------------------------------------
+
+def stored(snapshot, free, allocatable=100):
+    """``snapshot`` with storage of ``allocatable`` GiB of which ``free`` GiB are not allocated."""
+    snapshot["storage"] = {"allocatable": allocatable * GI, "allocated": (allocatable - free) * GI}
+    return snapshot
+
+
+def test_storage_need_is_what_the_params_tell():
+    request = scheduler.machine_request(validated([spec("m", image="/i.qcow2", root_size="10Gi",
+                                                        volumes=[{"name": "data", "size": "5Gi"},
+                                                                 {"name": "old", "volume": "kept.qcow2"}])])[0])
+    assert request["storage"] == 15 * GI
+    # the image's own size is only known once the image is read on the pool: not counted here
+    assert scheduler.machine_request(validated([spec("m", image="/i.qcow2")])[0])["storage"] == 0
+
+
+def test_storage_filter_names_the_pool_and_the_need():
+    pools = [stored(pool("a"), free=3), stored(pool("b"), free=20)]
+    big = spec("m", image="/i.qcow2", root_size="10Gi")
+    assert placed([big], pools) == ["b"]
+    with pytest.raises(Unschedulable) as info:
+        schedule([big], pools[:1])
+    assert info.value.message == "0/1 pools available for m: 1 insufficient storage (a: storage 3Gi free, needs 10Gi)"
+
+
+def test_storage_counts_after_cpu_and_memory_and_only_where_known():
+    pools = [stored(pool("a", cpu=0), free=1), pool("b")]  # b's snapshot says nothing of storage: not filtered
+    assert placed([spec("m", image="/i.qcow2", root_size="10Gi")], pools) == ["b"]
+    with pytest.raises(Unschedulable) as info:
+        schedule([spec("m", image="/i.qcow2", root_size="10Gi")], pools[:1])
+    assert info.value.message.endswith("1 insufficient cpu, 1 insufficient storage (a: storage 1Gi free, needs 10Gi)")
+
+
+def test_batch_books_storage():
+    pools = [stored(pool("a"), free=15), stored(pool("b"), free=15)]
+    machines = [spec("m%d" % index, image="/i.qcow2", root_size="10Gi") for index in range(3)]
+    result = schedule(machines, pools, strict=False)
+    assert sorted(p["pool"] for p in result[:2]) == ["a", "b"]
+    assert result[2]["pool"] is None and "2 insufficient storage" in result[2]["reason"]
+
+
+def test_spread_and_binpack_weigh_storage():
+    # the same cpu and memory free on both; only storage tells them apart
+    pools = [stored(pool("a"), free=10), stored(pool("b"), free=90)]
+    assert placed([spec("m")], pools) == ["b"]
+    assert placed([spec("m")], pools, strategy="binpack") == ["a"]
+
+
+# --- server groups (issue 25) ------------------------------------------------------------------------------------
+
+def grouped(name, policy="anti-affinity", **extra):
+    return spec(name, server_group={"name": "db", "policy": policy}, **extra)
+
+
+def test_anti_affinity_one_per_pool_and_refuses_naming_the_group():
+    pools = [pool("a"), pool("b"), pool("c")]
+    assert sorted(placed([grouped("db-%d" % index) for index in range(3)], pools)) == ["a", "b", "c"]
+    with pytest.raises(Unschedulable) as info:
+        schedule([grouped("db-%d" % index) for index in range(4)], pools)
+    assert info.value.message == \
+        "0/3 pools available for db-3: 3 server group db (anti-affinity) has a member there"
+
+
+def test_members_already_on_the_pools_count():
+    pools = [pool("a", server_groups={"db-0": {"name": "db", "policy": "anti-affinity"}}, machines=["db-0"]),
+             pool("b")]
+    assert placed([grouped("db-1")], pools) == ["b"]
+    # a member of another group does not count
+    pools[0]["server_groups"] = {"db-0": {"name": "other", "policy": "anti-affinity"}}
+    assert sorted(placed([grouped("db-1"), grouped("db-2")], pools)) == ["a", "b"]
+
+
+def test_affinity_keeps_members_together():
+    pools = [pool("a"), pool("b"), pool("c")]
+    where = placed([grouped("web-%d" % index, "affinity") for index in range(4)], pools)
+    assert len(set(where)) == 1
+    pools = [pool("a", cpu=1), pool("b", server_groups={"web-0": {"name": "db", "policy": "affinity"}})]
+    assert placed([grouped("web-1", "affinity")], pools) == ["b"]
+    # the pool with the members is full: refused, never put elsewhere
+    full = [pool("a"), pool("b", cpu=0, server_groups={"web-0": {"name": "db", "policy": "affinity"}})]
+    with pytest.raises(Unschedulable) as info:
+        schedule([grouped("web-1", "affinity")], full)
+    assert info.value.message == ("0/2 pools available for web-1: 1 server group db (affinity) has its members on b, "
+                                  "1 insufficient cpu")
+
+
+def test_soft_rules_are_preferences():
+    pools = [pool("a"), pool("b")]
+    # soft anti-affinity spreads even under binpack, then doubles up rather than refuse
+    where = placed([grouped("s-%d" % index, "soft-anti-affinity") for index in range(4)], pools, strategy="binpack")
+    assert sorted(where[:2]) == ["a", "b"] and sorted(where) == ["a", "a", "b", "b"]
+    # soft affinity packs even under spread, and goes elsewhere when the pool is full
+    small = [pool("a", cpu=2), pool("b", cpu=2)]
+    where = placed([grouped("t-%d" % index, "soft-affinity") for index in range(3)], small)
+    assert where[0] == where[1] != where[2]
+
+
+def test_server_group_is_validated():
+    for bad, field in (({"name": "db"}, "policy"), ({"name": "Db!", "policy": "affinity"}, "name"),
+                       ({"name": "db", "policy": "together"}, "policy")):
+        with pytest.raises(ValidationError) as info:
+            validated([spec("m", server_group=bad)])
+        assert field in str(info.value.field) + info.value.message, (bad, info.value)
