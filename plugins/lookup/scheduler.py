@@ -14,12 +14,15 @@ description:
     pool) and places each machine spec on one pool.
   - 'Filters, in order: the pool is reachable and Ready; every C(NoSchedule)/C(NoExecute) taint is tolerated
     (key, operator C(Equal)/C(Exists), value, effect); C(machine_pool_selector) matches the pool labels exactly;
-    the class is published on the pool; the class fits in the free cpu and memory after overcommit and
-    reservations.'
-  - C(spread) picks the pool with the most normalized free capacity left after placement, C(binpack) the least.
-    Ties are broken by a stable hash of machine and pool names.
+    the class is published on the pool; the class fits in the free cpu, memory and storage after overcommit and
+    reservations; the hard rule of the C(server_group) of the machine (V(affinity), V(anti-affinity)) holds.'
+  - 'Storage: a machine needs its C(root_size) plus the C(size) of its new empty volumes, as far as the spec tells
+    (the own size of an image is only known once the pool reads it, and is checked when the machine is created).'
+  - C(spread) picks the pool with the most normalized free capacity (cpu, memory, storage) left after placement,
+    C(binpack) the least. A C(soft-affinity) or C(soft-anti-affinity) server group ranks the pools first (most or
+    fewest members). Ties are broken by a stable hash of machine and pool names.
   - A machine that already exists on a pool is placed there. A batch is placed one by one against an in-memory
-    ledger, so one call never double-books a pool.
+    ledger, so one call never double-books a pool, and a server group counts the machines placed before.
   - 'A machine that fits nowhere fails the lookup with the reasons per filter, for example
     C(0/3 pools available for web-9: 1 taint not tolerated, 2 insufficient memory), followed by the cause of
     each pool that could not be used (C(pools[2] (hv3) is unreachable: ...)). An unreachable pool is also a
@@ -32,8 +35,9 @@ options:
   _terms:
     description:
       - Machine specs, each a mapping with C(name), C(machine_class) (or C(cpu) and C(memory)) and optionally
-        C(machine_pool_selector) (labels), C(tolerations) (list of key/operator/value/effect) and C(machine_pool)
-        (a pool name to pin to).
+        C(machine_pool_selector) (labels), C(tolerations) (list of key/operator/value/effect), C(machine_pool)
+        (a pool name to pin to), C(server_group) (C(name), C(policy)), and C(root_size) and C(volumes) (their
+        sizes count against the pools' storage).
       - A spec may also carry the other options of M(machinery.compute.machine) (the scheduler does not read them), so
         one list serves this lookup and M(machinery.compute.machine_batch); any other key (a misspelt C(tolerance),
         say) is refused, naming it.

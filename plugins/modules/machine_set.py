@@ -68,6 +68,9 @@ options:
       - A member as M(machinery.compute.machine) takes it (every option but C(name), C(uri), C(adopt),
         C(unique_across), C(wait) and C(wait_timeout)), plus C(machine_pool_selector) and C(tolerations) for
         the scheduler. Its C(labels) must include O(selector.match_labels).
+      - With a C(server_group) (C(name), C(policy)) every member joins the group and new members are placed by
+        its rule over all Ready pools (with V(anti-affinity), one member per pool at most; a member that
+        fits nowhere is reported, not created).
       - Required with O(state=present).
     type: dict
   delete_policy:

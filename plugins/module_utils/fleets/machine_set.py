@@ -28,7 +28,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
+from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze, thaw
 from ansible_collections.machinery.compute.plugins.module_utils.core.progress import Progress
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
@@ -216,6 +216,16 @@ def place(desired, names, snapshots, members):
     for member in members:
         if member.get("pool") in count:
             count[member["pool"]] += 1
+    group = desired["member"].get("server_group")
+    if group:
+        # the members are the template's group: those planned in earlier waves are in no snapshot yet (members
+        # a rollout deletes still are, so a hard rule is kept, never broken, while the old ones go)
+        by_name = {pool["name"]: pool for pool in pools}
+        for member in members:
+            if member.get("pool") in by_name:
+                placed_on = by_name[member["pool"]]
+                placed_on["server_groups"] = dict(placed_on.get("server_groups") or {},
+                                                  **{member["name"]: thaw(group)})
     placements = []
     for name in names:
         machine = dict(desired["member"], name=name)

@@ -6,6 +6,7 @@ from ansible_collections.machinery.compute.plugins.lookup.scheduler import valid
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import (
     Unschedulable, must_leave, normalize_tolerations, tolerates)
+from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules as rules
 
 from conftest import pool_snapshot, refused
 
@@ -317,3 +318,15 @@ def test_server_group_is_validated():
         with pytest.raises(ValidationError) as info:
             validated([spec("m", server_group=bad)])
         assert field in str(info.value.field) + info.value.message, (bad, info.value)
+
+
+def test_admission_rechecks_anti_affinity_on_the_pool_alone():
+    group = {"name": "db", "policy": "anti-affinity"}
+    others = [("db-0", {"name": "db", "policy": "anti-affinity"}), ("web-0", None), ("x", {"name": "x", "policy": "affinity"})]
+    assert rules.admission_refusal(group, "pool1", others) == \
+        "server group db (anti-affinity): pool pool1 already has member db-0"
+    assert rules.admission_refusal(group, "pool1", others[1:]) is None
+    # affinity and the soft rules need the other pools, or are no rules: the scheduler's alone
+    for policy in ("affinity", "soft-anti-affinity", "soft-affinity"):
+        assert rules.admission_refusal(dict(group, policy=policy), "pool1", others) is None
+    assert rules.admission_refusal(None, "pool1", others) is None
