@@ -34,6 +34,7 @@ TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 NETWORK_MODES = ("nat", "isolated")
 STRATEGIES = ("spread", "binpack")
 SERVER_GROUP_POLICIES = ("affinity", "anti-affinity", "soft-affinity", "soft-anti-affinity")
+SPREAD_WHEN = ("refuse", "schedule_anyway")
 PHASES = ("Pending", "Running", "Shutdown", "Terminating", "Terminated", "Failed")
 DEFAULT_STORAGE_PATH = "/var/lib/libvirt/machinery"
 
@@ -285,8 +286,17 @@ SCHEDULING = (
     Option("machine_pool"),
 )
 
+# A batch's or a set's own machines spread over the values of a pool label (placement_rules.spread_constraints
+# checks them; Kubernetes' topologySpreadConstraints).
+TOPOLOGY_SPREAD = (
+    Option("topology_key", required=True, no_log=False),
+    Option("max_skew", "int", default=1),
+    Option("when_unsatisfiable", choices=SPREAD_WHEN, default="refuse"),
+)
+
 MACHINE_BATCH = (
     Option("machines", "list", elements="dict", required=True),
+    Option("topology_spread", "list", elements="dict", options=TOPOLOGY_SPREAD),
     Option("defaults", "dict"),
     Option("strategy", choices=STRATEGIES, default="spread"),
     Option("retries", "int", default=3),
@@ -322,6 +332,7 @@ MACHINE_SET = (
     Option("template", "dict"),
     Option("delete_policy", choices=DELETE_POLICIES, default="Random"),
     Option("strategy", choices=STRATEGIES, default="spread"),
+    Option("topology_spread", "list", elements="dict", options=TOPOLOGY_SPREAD),
     Option("rollout", "dict", options=(Option("max_surge", "raw", default=1),
                                        Option("max_unavailable", "raw", default=0))),
     Option("wait", choices=WAITS, default="running"),

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: contributors to machinery.compute
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Placement rules between machines: server groups. Pure functions over the members the scheduler knows of.
+"""Placement rules between machines: server groups and topology spread. Pure functions over the machines the
+scheduler knows of.
 
 A server group is a name and a policy. The members of a group are the machines whose record names it (a pool
 snapshot lists them in ``server_groups``: {machine: {name, policy}}) and the machines a batch has placed so far
@@ -17,7 +18,9 @@ snapshot lists them in ``server_groups``: {machine: {name, policy}}) and the mac
 
 from __future__ import annotations
 
-from ansible_collections.machinery.compute.plugins.module_utils.core.options import SERVER_GROUP_POLICIES
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.options import SERVER_GROUP_POLICIES, SPREAD_WHEN
 
 POLICIES = SERVER_GROUP_POLICIES
 HARD = ("affinity", "anti-affinity")
@@ -72,3 +75,81 @@ def admission_refusal(group, pool_name, others):
     if taken:
         return "%s: pool %s already has member %s" % (describe(group), pool_name, ", ".join(taken))
     return None
+
+
+# --- topology spread (Kubernetes' topologySpreadConstraints, over pools) ----------------------------------------
+#
+# A batch or a set spreads its own machines (the machines it names: those already on the pools where they are,
+# those it places as it places them) over the values of a pool label, the topology key: a domain is one value,
+# the pools carrying it its members. The skew of placing a machine in a domain is the machines counted there
+# after it, less the fewest counted in any eligible domain (one holding a pool the machine's own filters let
+# it use). ``refuse`` keeps the machine off a domain whose skew would exceed ``max_skew`` (and off the pools
+# without the label); ``schedule_anyway`` prefers the domains of least skew and never refuses.
+
+
+def spread_constraints(items, field="topology_spread"):
+    """The constraints, checked and with their defaults (max_skew 1, refuse); [] for None."""
+    if items is None:
+        return []
+    if not isinstance(items, (list, tuple)):
+        raise ValidationError("must be a list of {topology_key, max_skew, when_unsatisfiable}", field)
+    constraints = []
+    for index, item in enumerate(items):
+        where = "%s[%d]" % (field, index)
+        if not isinstance(item, dict):
+            raise ValidationError("must be a mapping with topology_key, max_skew, when_unsatisfiable", where)
+        unknown = sorted(str(key) for key in item if key not in ("topology_key", "max_skew", "when_unsatisfiable"))
+        if unknown:
+            raise ValidationError("unknown key %s; the keys are topology_key, max_skew, when_unsatisfiable"
+                                  % ", ".join(unknown), where)
+        key = check.label_key(item.get("topology_key"), where + ".topology_key")
+        skew = 1 if item.get("max_skew") is None else item["max_skew"]
+        if isinstance(skew, bool) or not isinstance(skew, int) or skew < 1:
+            raise ValidationError("must be a whole number of at least 1, got %r" % (skew,), where + ".max_skew")
+        when = check.one_of(item.get("when_unsatisfiable") or "refuse", SPREAD_WHEN, where + ".when_unsatisfiable")
+        constraints.append({"topology_key": key, "max_skew": skew, "when_unsatisfiable": when})
+    return constraints
+
+
+def _domain_counts(constraint, eligible, counts):
+    """{domain value: machines counted} over the ``eligible`` pools that carry the key."""
+    domains = {}
+    for pool in eligible:
+        value = (pool.get("labels") or {}).get(constraint["topology_key"])
+        if value is not None:
+            domains[value] = domains.get(value, 0) + counts.get(pool["name"], 0)
+    return domains
+
+
+def spread_skews(constraint, pool, eligible, counts):
+    """The skew placing one more machine on ``pool`` makes, or None when the pool lacks the key."""
+    value = (pool.get("labels") or {}).get(constraint["topology_key"])
+    if value is None:
+        return None
+    domains = _domain_counts(constraint, eligible, counts)
+    return domains.get(value, 0) + 1 - min(domains.values())
+
+
+def spread_refusal(constraints, pool, eligible, counts):
+    """Why a ``refuse`` constraint keeps the machine off ``pool``, or None."""
+    for constraint in constraints:
+        if constraint["when_unsatisfiable"] != "refuse":
+            continue
+        skew = spread_skews(constraint, pool, eligible, counts)
+        if skew is None:
+            return "topology spread on %s: pool has no such label" % constraint["topology_key"]
+        if skew > constraint["max_skew"]:
+            return "topology spread on %s would exceed max_skew %d" % (constraint["topology_key"],
+                                                                        constraint["max_skew"])
+    return None
+
+
+def spread_rank(constraints, pool, eligible, counts):
+    """The summed skew of the ``schedule_anyway`` constraints on ``pool`` (lower is better; a pool without the
+    key ranks after every pool with it)."""
+    total = 0
+    for constraint in constraints:
+        if constraint["when_unsatisfiable"] == "schedule_anyway":
+            skew = spread_skews(constraint, pool, eligible, counts)
+            total += len(eligible) + 1 if skew is None else skew
+    return total

@@ -136,6 +136,7 @@ class Ledger:
         self.free_memory = {}
         self.free_storage = {}
         self.groups = {}  # pool name -> {machine name: server group name}
+        self.counted = {}  # pool name -> machines a topology spread counts there
         for pool in pools:
             self.track(pool)
 
@@ -178,9 +179,10 @@ def static_rejections(machine, pool):
     return []
 
 
-def capacity_rejections(machine, pool, ledger, details=None):
-    """Why the pool cannot take the machine now: cpu, memory, storage, then a server group's hard rule.
-    ``details`` gets '<pool>: storage <free> free, needs <need>' for a pool short of storage."""
+def capacity_rejections(machine, pool, ledger, details=None, spread=(), eligible=()):
+    """Why the pool cannot take the machine now: cpu, memory, storage, then a server group's hard rule, then a
+    topology spread's (``spread`` constraints over the ``eligible`` pools). ``details`` gets '<pool>: storage
+    <free> free, needs <need>' for a pool short of storage."""
     size = size_on(machine, pool)
     free_cpu, free_memory = ledger.free(pool)
     reasons = []
@@ -197,6 +199,10 @@ def capacity_rejections(machine, pool, ledger, details=None):
     if not reasons and machine.get("server_group"):
         refused = rules.refusal(machine["server_group"], pool["name"],
                                 rules.members_by_pool(ledger.groups, machine["server_group"]["name"], machine["name"]))
+        if refused:
+            reasons.append(refused)
+    if not reasons and spread:
+        refused = rules.spread_refusal(spread, pool, eligible, ledger.counted)
         if refused:
             reasons.append(refused)
     return reasons
@@ -246,11 +252,12 @@ def shape_entries(machine, pools):
     return verdicts, passing
 
 
-def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None, owners=None):
+def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None, owners=None, spread=()):
     """(pool, reason) for one machine; raises Unschedulable with the per-filter summary.
 
     ``static_cache`` keeps the static filters' verdicts per machine shape across one batch; ``by_name`` and
-    ``owners`` (machine name -> pools that have it) are indexes a batch builds once."""
+    ``owners`` (machine name -> pools that have it) are indexes a batch builds once; ``spread`` the checked
+    topology spread constraints of a batch (placement_rules.spread_constraints), counted in ``ledger.counted``."""
     by_name = by_name or {pool["name"]: pool for pool in pools}
     if owners is None:
         existing = [pool for pool in pools if machine["name"] in (pool.get("machines") or ())]
@@ -279,7 +286,9 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
     group = machine.get("server_group")
     members = rules.members_by_pool(ledger.groups, group["name"], machine["name"]) if group else {}
     need = machine.get("storage", 0)
-    spread = strategy == "spread"
+    eligible = [entry[0] for entry in passing]
+    counts = ledger.counted
+    spreading = strategy == "spread"
     best_key = None
     ties = []
     fitting = 0
@@ -289,7 +298,7 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
         left_memory = free_memory[name] - memory
         left_storage = None if free_storage.get(name) is None else free_storage[name] - need
         if left_cpu < 0 or left_memory < 0 or (left_storage is not None and left_storage < 0) or \
-                rules.refusal(group, name, members):
+                rules.refusal(group, name, members) or (spread and rules.spread_refusal(spread, pool, eligible, counts)):
             continue
         fitting += 1
         total_cpu = pool["allocatable"]["cpu"]
@@ -299,15 +308,16 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
             total_storage = pool["storage"]["allocatable"]
             shares.append(left_storage / total_storage if total_storage > 0 else 0.0)
         value = sum(shares) / len(shares)
-        rank = (rules.rank(group, name, members), -value if spread else value)
+        rank = (rules.rank(group, name, members), rules.spread_rank(spread, pool, eligible, counts) if spread else 0,
+                -value if spreading else value)
         if best_key is None or rank < best_key:
             best_key, ties = rank, [(pool, cpu, memory)]
         elif rank == best_key:
             ties.append((pool, cpu, memory))
     if not ties:
         details = []
-        per_pool = {pool["name"]: verdicts[pool["name"]] or capacity_rejections(machine, pool, ledger, details)
-                    for pool in candidates}
+        per_pool = {pool["name"]: verdicts[pool["name"]] or
+                    capacity_rejections(machine, pool, ledger, details, spread, eligible) for pool in candidates}
         raise Unschedulable(unschedulable_message(machine, candidates, per_pool, details), "machine_pool")
     chosen, cpu, memory = ties[0] if len(ties) == 1 else \
         min(ties, key=lambda entry: tie_breaker(machine["name"], entry[0]["name"]))
@@ -322,14 +332,17 @@ def _gib(number):
     return "%.1fGi" % (number / 2 ** 30)
 
 
-def schedule(specs, pools, strategy="spread", strict=True, field="terms"):
+def schedule(specs, pools, strategy="spread", strict=True, field="terms", topology_spread=None, spread_members=None):
     """[{name, pool, uri, reason}] in the order of ``specs`` (machine params, as machine_spec.params returns
     them), placed one by one against one ledger.
 
     With ``strict`` every machine that fits nowhere is reported in one Unschedulable error; without it such a
-    machine comes back with pool and uri None and the reason in ``reason``.
+    machine comes back with pool and uri None and the reason in ``reason``. ``topology_spread`` spreads the
+    machines named in ``spread_members`` (default: those of ``specs``) that are on the pools, and those placed
+    here, over the values of pool labels (placement_rules.py).
     """
     check.one_of(strategy, STRATEGIES, "strategy")
+    spread = rules.spread_constraints(topology_spread)
     machines = [machine_request(spec, "%s[%d]" % (field, index)) for index, spec in enumerate(specs)]
     seen = set()
     for index, machine in enumerate(machines):
@@ -345,9 +358,15 @@ def schedule(specs, pools, strategy="spread", strict=True, field="terms"):
     for pool in pools:
         for name in pool.get("machines") or ():
             owners.setdefault(name, []).append(pool)
+    if spread:
+        counted = set(spread_members if spread_members is not None else (machine["name"] for machine in machines))
+        ledger.counted = {pool["name"]: sum(1 for name in pool.get("machines") or () if name in counted)
+                          for pool in pools}
     for machine in machines:
         try:
-            pool, reason = place_one(machine, pools, ledger, strategy, static_cache, by_name, owners)
+            pool, reason = place_one(machine, pools, ledger, strategy, static_cache, by_name, owners, spread)
+            if spread and machine["name"] not in owners:
+                ledger.counted[pool["name"]] = ledger.counted.get(pool["name"], 0) + 1
             placements.append({"name": machine["name"], "pool": pool["name"], "uri": pool["uri"], "reason": reason})
         except Unschedulable as exc:
             failures.append(exc.message)

@@ -233,3 +233,21 @@ def test_a_set_in_an_affinity_group_stays_together_and_books_storage():
     assert len(refusals) == 1 and refusals[0].endswith(
         "2 server group web (affinity) has its members on p2, 1 insufficient storage (p2: storage 5Gi free, "
         "needs 10Gi)"), refusals
+
+
+def test_a_set_spreads_its_members_over_a_pool_label():
+    seen = observed([member("web-a", "p1")], pools=("p1", "p2", "p3"))
+    for snapshot, zone in zip(seen["snapshots"], ("a", "a", "b")):
+        snapshot["labels"] = {"zone": zone}
+    spread = [{"topology_key": "zone", "max_skew": 1}]
+    plan = ms.plan_set(desired(replicas=4, topology_spread=spread), seen)
+    zones = {"p1": "a", "p2": "a", "p3": "b"}
+    creates = [zones[action.data["pool"]] for action in plan.actions if action.kind == "create"]
+    assert sorted(creates + ["a"]) == ["a", "a", "b", "b"]
+    # without the constraint the set spreads by member counts over the pools: zone a gets two of three more
+    plain = [zones[action.data["pool"]] for action in ms.plan_set(desired(replicas=4), seen).actions
+             if action.kind == "create"]
+    assert sorted(plain + ["a"]) == ["a", "a", "a", "b"]
+    assert ms.definition(desired(topology_spread=spread))["topology_spread"] == \
+        [{"topology_key": "zone", "max_skew": 1, "when_unsatisfiable": "refuse"}]
+    assert "topology_spread" not in ms.definition(desired())

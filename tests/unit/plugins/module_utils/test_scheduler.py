@@ -330,3 +330,66 @@ def test_admission_rechecks_anti_affinity_on_the_pool_alone():
     for policy in ("affinity", "soft-anti-affinity", "soft-affinity"):
         assert rules.admission_refusal(dict(group, policy=policy), "pool1", others) is None
     assert rules.admission_refusal(None, "pool1", others) is None
+
+
+# --- topology spread -------------------------------------------------------------------------------------------
+
+def zoned(name, zone, **given):
+    return pool(name, labels={"zone": zone} if zone else {}, **given)
+
+
+def test_topology_spread_refuses_beyond_max_skew():
+    pools = [zoned("a1", "a"), zoned("a2", "a"), zoned("b1", "b")]
+    zone = [{"topology_key": "zone", "max_skew": 1}]
+    where = placed([spec("m%d" % index) for index in range(4)], pools, topology_spread=zone)
+    by_zone = [("a" if name.startswith("a") else "b") for name in where]
+    assert sorted(by_zone) == ["a", "a", "b", "b"]
+    # zone b has no room: a second machine in zone a would make skew 2 (its domain still counts, empty)
+    full = [zoned("a1", "a"), zoned("a2", "a"), zoned("b1", "b", cpu=0)]
+    result = schedule([spec("m%d" % index) for index in range(2)], full, topology_spread=zone, strict=False)
+    assert [p["pool"] is None for p in result] == [False, True]
+    assert result[1]["reason"] == ("0/3 pools available for m1: 2 topology spread on zone would exceed max_skew 1, "
+                                   "1 insufficient cpu")
+    assert [p["pool"] is None for p in schedule([spec("m0"), spec("m1")], full, strict=False,
+                                                topology_spread=[dict(zone[0], max_skew=2)])] == [False, False]
+
+
+def test_topology_spread_counts_the_batch_machines_already_placed_and_only_those():
+    pools = [zoned("a1", "a", machines=["m0", "other"]), zoned("b1", "b", machines=["other-2", "other-3"])]
+    zone = [{"topology_key": "zone"}]
+    # m0 (of the batch) is in zone a; the others are not counted
+    assert placed([spec("m0"), spec("m1")], pools, topology_spread=zone, strategy="binpack") == ["a1", "b1"]
+    assert [p["pool"] for p in scheduler.schedule(validated([spec("m1")]), pools, "binpack", topology_spread=zone,
+                                                  spread_members=["m0", "m1"])] == ["b1"]
+
+
+def test_topology_spread_pools_without_the_key():
+    pools = [zoned("a1", "a"), zoned("none", None)]
+    with pytest.raises(Unschedulable) as info:
+        schedule([spec("m0"), spec("m1")], pools[1:], topology_spread=[{"topology_key": "zone"}])
+    assert "2 topology spread on zone: pool has no such label" not in info.value.message
+    assert info.value.message.startswith("0/1 pools available for m0: 1 topology spread on zone: pool has no such label")
+    # schedule_anyway never refuses: a pool without the label ranks after those with it, and takes what they cannot
+    anyway = [{"topology_key": "zone", "when_unsatisfiable": "schedule_anyway"}]
+    assert placed([spec("m0"), spec("m1")], pools, topology_spread=anyway) == ["a1", "a1"]
+    assert placed([spec("m0"), spec("m1")], [zoned("a1", "a", cpu=1), pools[1]], topology_spread=anyway) == ["a1", "none"]
+
+
+def test_topology_spread_soft_prefers_least_skew_over_the_strategy():
+    pools = [zoned("a1", "a"), zoned("b1", "b", used_cpu=6, used_memory=12)]
+    anyway = [{"topology_key": "zone", "when_unsatisfiable": "schedule_anyway"}]
+    assert placed([spec("m0"), spec("m1")], pools) == ["a1", "a1"]
+    assert sorted(placed([spec("m0"), spec("m1")], pools, topology_spread=anyway)) == ["a1", "b1"]
+
+
+@pytest.mark.parametrize("bad, field", [
+    ([{"max_skew": 1}], "topology_spread[0].topology_key"),
+    ([{"topology_key": "zone", "max_skew": 0}], "topology_spread[0].max_skew"),
+    ([{"topology_key": "zone", "when_unsatisfiable": "never"}], "topology_spread[0].when_unsatisfiable"),
+    ([{"topology_key": "zone", "skew": 1}], "topology_spread[0]"),
+    ({"topology_key": "zone"}, "topology_spread"),
+])
+def test_topology_spread_is_validated(bad, field):
+    with pytest.raises(ValidationError) as info:
+        schedule([spec("m")], [pool("a")], topology_spread=bad)
+    assert info.value.field == field
