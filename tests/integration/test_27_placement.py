@@ -90,8 +90,8 @@ def test_storage_too_big_for_every_pool_is_refused_by_the_scheduler(fleet, modul
     assert refused.get("failed"), refused
     failure = refused["failures"][0]
     assert failure["reason"] == "Unschedulable", failure
-    assert failure["msg"].startswith("0/%d pools available for %s: %d insufficient storage (" % (len(pools), name,
-                                                                                                len(pools))), failure
+    head = "0/%d pools available for %s: %d insufficient storage (" % (len(pools), name, len(pools))
+    assert failure["msg"].startswith(head), failure
     for pool in pools:
         assert "%s: storage " % pool.name in failure["msg"] and "needs 1Pi" in failure["msg"], failure
     assert {pool.name: pool.domain_names() for pool in pools} == before

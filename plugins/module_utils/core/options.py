@@ -222,6 +222,7 @@ CLOUD_INIT = (
     Option("network_config", "raw"),
 )
 
+
 def _server_group(value, field):
     """A server group as the record keeps it: its name (a DNS label) and policy (Ansible checked the choice)."""
     if not isinstance(value, dict):

@@ -297,8 +297,9 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
         left_cpu = free_cpu[name] - cpu
         left_memory = free_memory[name] - memory
         left_storage = None if free_storage.get(name) is None else free_storage[name] - need
-        if left_cpu < 0 or left_memory < 0 or (left_storage is not None and left_storage < 0) or \
-                rules.refusal(group, name, members) or (spread and rules.spread_refusal(spread, pool, eligible, counts)):
+        if left_cpu < 0 or left_memory < 0 or (left_storage is not None and left_storage < 0):
+            continue
+        if rules.refusal(group, name, members) or (spread and rules.spread_refusal(spread, pool, eligible, counts)):
             continue
         fitting += 1
         total_cpu = pool["allocatable"]["cpu"]
