@@ -101,3 +101,23 @@ def test_storage_too_big_for_every_pool_is_refused_by_the_scheduler(fleet, modul
     assert not placed.get("failed"), placed
     assert placed["placements"][0]["pool"] in [p.name for p in pools]
     assert {pool.name: pool.domain_names() for pool in pools} == before
+
+
+def test_topology_spread_over_a_pool_label(fleet, module, image):
+    pools = fleet
+    zones = {pools[0].name: "a", pools[1].name: "a", pools[2].name: "b"}
+    try:
+        for pool in pools:
+            labelled = module("machine_pool", uri=pool.uri, name=pool.name, labels={"place-zone": zones[pool.name]})
+            assert not labelled.get("failed"), labelled
+        names = ["%sspread-%d" % (PREFIX, index) for index in range(2)]
+        # binpack alone puts both on one pool; the spread puts one in each zone, so one on the only pool of zone b
+        made = module("machine_batch", pools=[p.uri for p in pools], machines=machines(image, names), strategy="binpack",
+                      topology_spread=[{"topology_key": "place-zone", "max_skew": 1}])
+        assert not made.get("failed"), made
+        found = where(pools, names)
+        assert sorted(zones[places[0]] for places in found.values()) == ["a", "b"], found
+    finally:
+        for pool in pools:
+            restored = module("machine_pool", uri=pool.uri, name=pool.name, labels={})
+            assert not restored.get("failed"), restored
