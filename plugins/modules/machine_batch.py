@@ -58,7 +58,8 @@ options:
       - Spread the machines of O(machines) over the values of pool labels, as Kubernetes' C(topologySpreadConstraints) spread pods
         over node labels. A domain is one value of O(topology_spread[].topology_key); the pools with that value
         are its members.
-      - The machines of O(machines) count: those that exist already where they are, those placed by this run as they are placed.
+      - The machines of O(machines) count, those that exist already where they are and those placed by this run as
+        they are placed.
       - The skew of a placement is the number of those machines in the chosen domain after it, less the fewest in
         any domain of a pool the machine's own filters (readiness, taints, selector, class) let it use.
     type: list

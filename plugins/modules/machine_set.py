@@ -78,7 +78,8 @@ options:
       - Spread the members of the set over the values of pool labels, as Kubernetes' C(topologySpreadConstraints) spread pods
         over node labels. A domain is one value of O(topology_spread[].topology_key); the pools with that value
         are its members.
-      - The members of the set count, and each new member is placed by the constraints over all Ready pools at once (the even spread over member counts is then not applied).
+      - The members of the set count, and each new member is placed by the constraints over all Ready pools at
+        once (the even spread over member counts is then not applied).
       - The skew of a placement is the number of those machines in the chosen domain after it, less the fewest in
         any domain of a pool the machine's own filters (readiness, taints, selector, class) let it use.
     type: list

@@ -92,7 +92,7 @@ def spread_constraints(items, field="topology_spread"):
     if items is None:
         return []
     if not isinstance(items, (list, tuple)):
-        raise ValidationError("must be a list of {topology_key, max_skew, when_unsatisfiable}", field)
+        raise ValidationError("must be a list of mappings with topology_key, max_skew, when_unsatisfiable", field)
     constraints = []
     for index, item in enumerate(items):
         where = "%s[%d]" % (field, index)
@@ -111,31 +111,34 @@ def spread_constraints(items, field="topology_spread"):
     return constraints
 
 
-def _domain_counts(constraint, eligible, counts):
-    """{domain value: machines counted} over the ``eligible`` pools that carry the key."""
-    domains = {}
-    for pool in eligible:
-        value = (pool.get("labels") or {}).get(constraint["topology_key"])
-        if value is not None:
-            domains[value] = domains.get(value, 0) + counts.get(pool["name"], 0)
-    return domains
+def spread_domains(constraints, eligible, counts):
+    """For each constraint, {domain value: machines counted} over the ``eligible`` pools that carry its key: read
+    once per machine placed, then asked per pool."""
+    found = []
+    for constraint in constraints:
+        domains = {}
+        for pool in eligible:
+            value = (pool.get("labels") or {}).get(constraint["topology_key"])
+            if value is not None:
+                domains[value] = domains.get(value, 0) + counts.get(pool["name"], 0)
+        found.append(domains)
+    return found
 
 
-def spread_skews(constraint, pool, eligible, counts):
-    """The skew placing one more machine on ``pool`` makes, or None when the pool lacks the key."""
+def _skew(constraint, domains, pool):
+    """The skew one more machine on ``pool`` makes, or None when the pool lacks the key."""
     value = (pool.get("labels") or {}).get(constraint["topology_key"])
     if value is None:
         return None
-    domains = _domain_counts(constraint, eligible, counts)
-    return domains.get(value, 0) + 1 - min(domains.values())
+    return domains.get(value, 0) + 1 - min(domains.values() or [0])
 
 
-def spread_refusal(constraints, pool, eligible, counts):
-    """Why a ``refuse`` constraint keeps the machine off ``pool``, or None."""
-    for constraint in constraints:
+def spread_refusal(constraints, pool, domains):
+    """Why a ``refuse`` constraint keeps the machine off ``pool``, or None (``domains`` from spread_domains)."""
+    for constraint, counted in zip(constraints, domains):
         if constraint["when_unsatisfiable"] != "refuse":
             continue
-        skew = spread_skews(constraint, pool, eligible, counts)
+        skew = _skew(constraint, counted, pool)
         if skew is None:
             return "topology spread on %s: pool has no such label" % constraint["topology_key"]
         if skew > constraint["max_skew"]:
@@ -144,12 +147,12 @@ def spread_refusal(constraints, pool, eligible, counts):
     return None
 
 
-def spread_rank(constraints, pool, eligible, counts):
+def spread_rank(constraints, pool, domains):
     """The summed skew of the ``schedule_anyway`` constraints on ``pool`` (lower is better; a pool without the
     key ranks after every pool with it)."""
     total = 0
-    for constraint in constraints:
+    for constraint, counted in zip(constraints, domains):
         if constraint["when_unsatisfiable"] == "schedule_anyway":
-            skew = spread_skews(constraint, pool, eligible, counts)
-            total += len(eligible) + 1 if skew is None else skew
+            skew = _skew(constraint, counted, pool)
+            total += sum(counted.values()) + 2 if skew is None else skew
     return total

@@ -179,10 +179,10 @@ def static_rejections(machine, pool):
     return []
 
 
-def capacity_rejections(machine, pool, ledger, details=None, spread=(), eligible=()):
+def capacity_rejections(machine, pool, ledger, details=None, spread=(), domains=()):
     """Why the pool cannot take the machine now: cpu, memory, storage, then a server group's hard rule, then a
-    topology spread's (``spread`` constraints over the ``eligible`` pools). ``details`` gets '<pool>: storage
-    <free> free, needs <need>' for a pool short of storage."""
+    topology spread's (``spread`` constraints, ``domains`` as placement_rules.spread_domains counts them).
+    ``details`` gets '<pool>: storage <free> free, needs <need>' for a pool short of storage."""
     size = size_on(machine, pool)
     free_cpu, free_memory = ledger.free(pool)
     reasons = []
@@ -202,7 +202,7 @@ def capacity_rejections(machine, pool, ledger, details=None, spread=(), eligible
         if refused:
             reasons.append(refused)
     if not reasons and spread:
-        refused = rules.spread_refusal(spread, pool, eligible, ledger.counted)
+        refused = rules.spread_refusal(spread, pool, domains)
         if refused:
             reasons.append(refused)
     return reasons
@@ -236,8 +236,8 @@ def tie_breaker(machine_name, pool_name):
 def unschedulable_message(machine, pools, per_pool, details=()):
     counts = Counter(reason for reasons in per_pool.values() for reason in reasons)
     detail = ", ".join("%d %s" % (count, reason) for reason, count in counts.most_common())
-    return "0/%d pools available for %s: %s%s" % (len(pools), machine["name"], detail or "no pools given",
-                                                   " (%s)" % "; ".join(details) if details else "")
+    shown = " (%s)" % "; ".join(details) if details else ""
+    return "0/%d pools available for %s: %s%s" % (len(pools), machine["name"], detail or "no pools given", shown)
 
 
 def shape_entries(machine, pools):
@@ -286,8 +286,8 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
     group = machine.get("server_group")
     members = rules.members_by_pool(ledger.groups, group["name"], machine["name"]) if group else {}
     need = machine.get("storage", 0)
-    eligible = [entry[0] for entry in passing]
-    counts = ledger.counted
+    # a topology spread's domains: those of the pools the machine's own filters let it use
+    domains = rules.spread_domains(spread, [entry[0] for entry in passing], ledger.counted) if spread else ()
     spreading = strategy == "spread"
     best_key = None
     ties = []
@@ -299,7 +299,7 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
         left_storage = None if free_storage.get(name) is None else free_storage[name] - need
         if left_cpu < 0 or left_memory < 0 or (left_storage is not None and left_storage < 0):
             continue
-        if rules.refusal(group, name, members) or (spread and rules.spread_refusal(spread, pool, eligible, counts)):
+        if rules.refusal(group, name, members) or (spread and rules.spread_refusal(spread, pool, domains)):
             continue
         fitting += 1
         total_cpu = pool["allocatable"]["cpu"]
@@ -309,7 +309,7 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
             total_storage = pool["storage"]["allocatable"]
             shares.append(left_storage / total_storage if total_storage > 0 else 0.0)
         value = sum(shares) / len(shares)
-        rank = (rules.rank(group, name, members), rules.spread_rank(spread, pool, eligible, counts) if spread else 0,
+        rank = (rules.rank(group, name, members), rules.spread_rank(spread, pool, domains) if spread else 0,
                 -value if spreading else value)
         if best_key is None or rank < best_key:
             best_key, ties = rank, [(pool, cpu, memory)]
@@ -318,7 +318,7 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
     if not ties:
         details = []
         per_pool = {pool["name"]: verdicts[pool["name"]] or
-                    capacity_rejections(machine, pool, ledger, details, spread, eligible) for pool in candidates}
+                    capacity_rejections(machine, pool, ledger, details, spread, domains) for pool in candidates}
         raise Unschedulable(unschedulable_message(machine, candidates, per_pool, details), "machine_pool")
     chosen, cpu, memory = ties[0] if len(ties) == 1 else \
         min(ties, key=lambda entry: tie_breaker(machine["name"], entry[0]["name"]))

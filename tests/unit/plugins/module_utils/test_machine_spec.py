@@ -307,8 +307,8 @@ def test_a_server_group_is_recorded_and_fixed_at_creation():
     assert normalize(params({"name": "web-1"}), facts(), record, {"cpu": 1})["server_group"] == group
     assert normalize(params({"name": "web-1", "server_group": group}), facts(), record, {"cpu": 1})["server_group"] \
         == group
-    for other, old in (({"name": "db", "policy": "affinity"}, record), (group, {"spec": dict(record["spec"],
-                                                                                          server_group=None)})):
+    without = {"spec": dict(record["spec"], server_group=None)}
+    for other, old in (({"name": "db", "policy": "affinity"}, record), (group, without)):
         with pytest.raises(ConflictError) as info:
             normalize(params({"name": "web-1", "server_group": other}), facts(), old, {"cpu": 1})
         assert info.value.field == "server_group"
