@@ -142,8 +142,7 @@ def spread_refusal(constraints, pool, domains):
         if skew is None:
             return "topology spread on %s: pool has no such label" % constraint["topology_key"]
         if skew > constraint["max_skew"]:
-            return "topology spread on %s would exceed max_skew %d" % (constraint["topology_key"],
-                                                                        constraint["max_skew"])
+            return "topology spread on %s would exceed max_skew %d" % (constraint["topology_key"], constraint["max_skew"])
     return None
 
 
