@@ -121,3 +121,24 @@ def test_topology_spread_over_a_pool_label(fleet, module, image):
         for pool in pools:
             restored = module("machine_pool", uri=pool.uri, name=pool.name, labels={})
             assert not restored.get("failed"), restored
+
+
+def test_the_pool_refuses_a_second_anti_affinity_member(fleet, module, image):
+    """The machine module is given its pool (no scheduler): the pool's own room check keeps the rule."""
+    pool = fleet[0]
+    group = {"name": "place-solo", "policy": "anti-affinity"}
+    first, second = "%ssolo-0" % PREFIX, "%ssolo-1" % PREFIX
+    made = module("machine", uri=pool.uri, name=first, machine_class="small", image=image, network_interfaces=[],
+                  state="present", server_group=group)
+    assert made["changed"] is True and made["machine"]["server_group"] == group, made
+    refused = module("machine", uri=pool.uri, name=second, machine_class="small", image=image,
+                     network_interfaces=[], state="present", server_group=group)
+    assert refused.get("failed") and refused.get("field") == "server_group", refused
+    assert "server group place-solo (anti-affinity): pool %s already has member %s" % (pool.name, first) \
+        in refused["msg"], refused
+    assert pool.domain(second) is None
+    # another group, or none, is no member
+    other = module("machine", uri=pool.uri, name=second, machine_class="small", image=image, network_interfaces=[],
+                   state="present", server_group={"name": "place-other", "policy": "anti-affinity"})
+    assert other["changed"] is True, other
+    assert pool.domain(second) is not None
