@@ -288,6 +288,7 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
     need = machine.get("storage", 0)
     # a topology spread's domains: those of the pools the machine's own filters let it use
     domains = rules.spread_domains(spread, [entry[0] for entry in passing], ledger.counted) if spread else ()
+    ruled = bool(group or spread)
     spreading = strategy == "spread"
     best_key = None
     ties = []
@@ -296,21 +297,25 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
         name = pool["name"]
         left_cpu = free_cpu[name] - cpu
         left_memory = free_memory[name] - memory
-        left_storage = None if free_storage.get(name) is None else free_storage[name] - need
+        left_storage = free_storage.get(name)
+        if left_storage is not None:
+            left_storage -= need
         if left_cpu < 0 or left_memory < 0 or (left_storage is not None and left_storage < 0):
             continue
-        if rules.refusal(group, name, members) or (spread and rules.spread_refusal(spread, pool, domains)):
+        if ruled and (rules.refusal(group, name, members) or (spread and rules.spread_refusal(spread, pool, domains))):
             continue
         fitting += 1
         total_cpu = pool["allocatable"]["cpu"]
         total_memory = pool["allocatable"]["memory"]
-        shares = [left_cpu / total_cpu if total_cpu > 0 else 0.0, left_memory / total_memory if total_memory > 0 else 0.0]
-        if left_storage is not None:  # weighed as cpu and memory are, where the snapshot tells it
+        value = (left_cpu / total_cpu if total_cpu > 0 else 0.0) + (left_memory / total_memory if total_memory > 0 else 0.0)
+        if left_storage is None:
+            value /= 2
+        else:  # weighed as cpu and memory are, where the snapshot tells it
             total_storage = pool["storage"]["allocatable"]
-            shares.append(left_storage / total_storage if total_storage > 0 else 0.0)
-        value = sum(shares) / len(shares)
-        rank = (rules.rank(group, name, members), rules.spread_rank(spread, pool, domains) if spread else 0,
-                -value if spreading else value)
+            value = (value + (left_storage / total_storage if total_storage > 0 else 0.0)) / 3
+        rank = -value if spreading else value
+        if ruled:  # a soft rule ranks the pools before the strategy does
+            rank = (rules.rank(group, name, members), rules.spread_rank(spread, pool, domains) if spread else 0, rank)
         if best_key is None or rank < best_key:
             best_key, ties = rank, [(pool, cpu, memory)]
         elif rank == best_key:
