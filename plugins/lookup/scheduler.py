@@ -16,8 +16,9 @@ description:
     (key, operator C(Equal)/C(Exists), value, effect); C(machine_pool_selector) matches the pool labels exactly;
     the class is published on the pool; the class fits in the free cpu, memory and storage after overcommit and
     reservations; the hard rule of the C(server_group) of the machine (V(affinity), V(anti-affinity)) holds.'
-  - 'Storage: a machine needs its C(root_size) plus the C(size) of its new empty volumes, as far as the spec tells
-    (the own size of an image is only known once the pool reads it, and is checked when the machine is created).'
+  - 'Storage: a machine needs its root disk (the larger of C(root_size) and the virtual size of a local image file)
+    plus its new volumes (their C(size), or the size of a local image they copy). The size of an image given by
+    URL or by a published name is only known on the pool, and is checked when the machine is created.'
   - C(spread) picks the pool with the most normalized free capacity (cpu, memory, storage) left after placement,
     C(binpack) the least. A C(soft-affinity) or C(soft-anti-affinity) server group ranks the pools first (most or
     fewest members). Ties are broken by a stable hash of machine and pool names.
@@ -156,7 +157,9 @@ class LookupModule(LookupBase):
             problems = pool_problems(snapshots)
             for problem in problems:
                 self._display.warning("machinery.compute.scheduler: %s" % problem)
-            placements = schedule(validated(flatten(terms)), snapshots, self.get_option("strategy"), self.get_option("strict"))
+            specs = validated(flatten(terms))
+            placements = schedule(specs, snapshots, self.get_option("strategy"), self.get_option("strict"),
+                                  image_sizes=machine_spec.local_image_sizes(specs))
         except MachineryError as exc:
             # a machine placed nowhere is often placed nowhere because pools were out: say why they were
             message = "; ".join([to_native(exc)] + (problems if isinstance(exc, Unschedulable) else []))

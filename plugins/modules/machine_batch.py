@@ -46,10 +46,11 @@ options:
         C(unique_across)), plus the scheduling keys C(machine_pool_selector) (labels) and C(machine_pool) (pin
         to a pool by name). The machine's C(tolerations) (key, operator, value, effect) steer the scheduler too,
         and are recorded with the machine.
-      - The scheduler also filters and weighs on storage (a machine's C(root_size) and new volumes' C(size)) and
-        on the machine's C(server_group) (C(name), C(policy) V(affinity), V(anti-affinity), V(soft-affinity) or
-        V(soft-anti-affinity)); members on the pools and the machines placed before it in this batch count, and
-        a hard rule refuses the machine naming its group rather than break it. See C(docs/placement.md).
+      - The scheduler also filters and weighs on storage (a machine's root disk, C(root_size) or its local image's
+        virtual size, and its new volumes) and on the machine's C(server_group) (C(name), C(policy) V(affinity),
+        V(anti-affinity), V(soft-affinity) or V(soft-anti-affinity)); members on the pools and the machines placed
+        before it in this batch count, and a hard rule refuses the machine naming its group rather than break it.
+        See C(docs/placement.md).
     type: list
     elements: dict
     required: true

@@ -209,12 +209,14 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
             result.warnings.extend("%s was not read, so machines to delete were not looked for there: %s"
                                    % (snapshot["name"], snapshot.get("problem")) for snapshot in snapshots
                                    if snapshot["state"] == "Offline")
+        image_sizes = machine_spec.local_image_sizes(pending)  # read once: the scheduler counts them as storage
         while pending:
             result.attempts += 1
             by_uri = {snapshot["uri"]: snapshot for snapshot in snapshots}
             # the batch's machines created in an earlier attempt count for the spread as those placed now
             placements = schedule(pending, snapshots, strategy, strict=False, field="machines", topology_spread=spread,
-                                  spread_members=[spec["name"] for spec in specs if spec.get("state") != "absent"])
+                                  spread_members=[spec["name"] for spec in specs if spec.get("state") != "absent"],
+                                  image_sizes=image_sizes)
             jobs = []
             for spec, placement in zip(pending, placements):
                 result.placements[spec["name"]] = placement

@@ -153,7 +153,9 @@ def normalize_set(params):
                    delete_policy=check.one_of(params["delete_policy"], options.DELETE_POLICIES,
                                               "delete_policy"),
                    strategy=check.one_of(params["strategy"], options.STRATEGIES, "strategy"),
-                   rollout=rollout, topology_spread=placement_rules.spread_constraints(params.get("topology_spread")))
+                   rollout=rollout, topology_spread=placement_rules.spread_constraints(params.get("topology_spread")),
+                   # the template's local image files, read once: the scheduler counts their size as storage
+                   image_sizes=machine_spec.local_image_sizes([member]))
     return desired
 
 
@@ -245,7 +247,7 @@ def place(desired, names, snapshots, members):
         for level in groups:
             candidates = [pool for pool in pools if level is None or count[pool["name"]] == level]
             found = scheduler.schedule([machine], candidates, desired["strategy"], strict=False, field="template",
-                                       topology_spread=spread,
+                                       topology_spread=spread, image_sizes=desired.get("image_sizes"),
                                        spread_members=[member["name"] for member in members] + placed_names)[0]
             reason = found["reason"]
             if found["pool"] is not None:
@@ -254,7 +256,7 @@ def place(desired, names, snapshots, members):
         if placed is None:
             placements.append((name, None, reason))
             continue
-        request = scheduler.machine_request(machine, "template")
+        request = scheduler.machine_request(machine, "template", desired.get("image_sizes"))
         size = scheduler.size_on(request, placed)
         placed["allocated"] = {"cpu": placed["allocated"]["cpu"] + size["cpu"],
                                "memory": placed["allocated"]["memory"] + size["memory"]}

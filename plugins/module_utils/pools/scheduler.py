@@ -9,10 +9,11 @@ there), and for pools that could not be read, ``problem``. Optionally ``storage`
 bytes (a snapshot without it is not filtered on storage) and ``server_groups`` {machine: {name, policy}} of the
 machines defined there that belong to a server group (placement_rules.py).
 
-What a machine needs of storage is what its params tell before anything is resolved: its ``root_size`` (0 when
-it leaves it to the image: the image's virtual size is only known once the image is read on the pool) plus the
-``size`` of each new empty volume (a volume copied from an image counts 0 for the same reason, an existing volume
-adds nothing). The admission check on the pool counts the rest under its lock.
+What a machine needs of storage is what is known before anything is resolved on a pool: its root disk, the
+larger of ``root_size`` and the image's virtual size when the caller read it (``image_sizes``: the local image
+files; a URL is only read on download and a published image on its pool, so they count 0 here), plus each new
+empty volume's ``size`` and each image volume's size or image size as far as known (an existing volume adds
+nothing). The admission check on the pool counts every disk at its real size under its lock.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Unschedulable(MachineryError):
     reason = "Unschedulable"
 
 
-def machine_request(prm, field="terms[0]"):
+def machine_request(prm, field="terms[0]", image_sizes=None):
     """What the scheduler reads of a machine: its params as machine_spec.params validated them (name, class or
     explicit size, machine_pool_selector, tolerations, machine_pool), checked for nothing but what placement
     needs."""
@@ -65,15 +66,19 @@ def machine_request(prm, field="terms[0]"):
     return {"name": prm["name"], "machine_class": machine_class, "size": size,
             "machine_pool_selector": dict(prm.get("machine_pool_selector") or {}),
             "tolerations": [dict(item) for item in prm.get("tolerations") or []],
-            "machine_pool": prm.get("machine_pool"), "storage": storage_need(prm),
+            "machine_pool": prm.get("machine_pool"), "storage": storage_need(prm, image_sizes),
             "server_group": {"name": group["name"], "policy": group["policy"]} if group else None}
 
 
-def storage_need(prm):
-    """Bytes of new disks the params ask for before anything is resolved (see the module's docstring)."""
-    need = (prm.get("root_size") or 0) if prm.get("image") else 0
-    return need + sum(vol.get("size") or 0 for vol in prm.get("volumes") or () if vol.get("volume") is None
-                      and vol.get("image") is None)
+def storage_need(prm, image_sizes=None):
+    """Bytes of new disks the params ask for, as far as known before anything is resolved (see the module's
+    docstring); ``image_sizes`` {image source: virtual bytes} of the images the caller could read."""
+    sizes = image_sizes or {}
+    need = max(prm.get("root_size") or 0, sizes.get(prm["image"], 0)) if prm.get("image") else 0
+    for vol in prm.get("volumes") or ():
+        if vol.get("volume") is None:  # an existing volume takes no new room
+            need += max(vol.get("size") or 0, sizes.get(vol.get("image"), 0) if vol.get("image") else 0)
+    return need
 
 
 def normalize_tolerations(items, field):
@@ -338,18 +343,20 @@ def _gib(number):
     return "%.1fGi" % (number / 2 ** 30)
 
 
-def schedule(specs, pools, strategy="spread", strict=True, field="terms", topology_spread=None, spread_members=None):
+def schedule(specs, pools, strategy="spread", strict=True, field="terms", topology_spread=None, spread_members=None,
+             image_sizes=None):
     """[{name, pool, uri, reason}] in the order of ``specs`` (machine params, as machine_spec.params returns
     them), placed one by one against one ledger.
 
     With ``strict`` every machine that fits nowhere is reported in one Unschedulable error; without it such a
     machine comes back with pool and uri None and the reason in ``reason``. ``topology_spread`` spreads the
     machines named in ``spread_members`` (default: those of ``specs``) that are on the pools, and those placed
-    here, over the values of pool labels (placement_rules.py).
+    here, over the values of pool labels (placement_rules.py). ``image_sizes`` {image source: virtual bytes}
+    are the images the caller read (machine_spec.local_image_sizes), counted in the machines' storage.
     """
     check.one_of(strategy, STRATEGIES, "strategy")
     spread = rules.spread_constraints(topology_spread)
-    machines = [machine_request(spec, "%s[%d]" % (field, index)) for index, spec in enumerate(specs)]
+    machines = [machine_request(spec, "%s[%d]" % (field, index), image_sizes) for index, spec in enumerate(specs)]
     seen = set()
     for index, machine in enumerate(machines):
         if machine["name"] in seen:

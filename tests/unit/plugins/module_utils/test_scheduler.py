@@ -6,6 +6,7 @@ from ansible_collections.machinery.compute.plugins.lookup.scheduler import valid
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import (
     Unschedulable, must_leave, normalize_tolerations, tolerates)
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules as rules
 
 from conftest import pool_snapshot, refused
@@ -393,3 +394,20 @@ def test_topology_spread_is_validated(bad, field):
     with pytest.raises(ValidationError) as info:
         schedule([spec("m")], [pool("a")], topology_spread=bad)
     assert info.value.field == field
+
+
+def test_storage_counts_the_local_images_the_caller_read(tmp_path):
+    image = tmp_path / "disk.qcow2"
+    # a qcow2 header: magic, version, ..., the virtual size at offset 24
+    image.write_bytes(b"QFI\xfb" + b"\0\0\0\3" + b"\0" * 16 + (8 * GI).to_bytes(8, "big"))
+    specs = validated([spec("m", image=str(image)), spec("n", image=str(image), root_size="20Gi"),
+                       spec("v", image="https://example.org/x.qcow2", image_checksum="0" * 64,
+                            volumes=[{"name": "copy", "image": str(image)}, {"name": "big", "size": "1Gi"}])])
+    sizes = machine_spec.local_image_sizes(specs)
+    assert sizes == {str(image): 8 * GI}
+    assert [scheduler.machine_request(prm, "m", sizes)["storage"] for prm in specs] == [8 * GI, 20 * GI, 9 * GI]
+    # the root disk is as large as the image: a pool with 5Gi free cannot take it
+    with pytest.raises(Unschedulable, match=r"\(a: storage 5Gi free, needs 8Gi\)"):
+        scheduler.schedule(specs[:1], [stored(pool("a"), free=5)], image_sizes=sizes)
+    assert machine_spec.local_image_sizes(validated([spec("m", image="published-name"),
+                                                     spec("n", image=str(tmp_path / "missing.qcow2"))])) == {}
