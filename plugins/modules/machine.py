@@ -353,9 +353,10 @@ options:
         that holds a member, V(affinity) a pool without members when the group has some elsewhere; the
         machine is then refused naming the group and policy rather than placed against them.
         V(soft-affinity) and V(soft-anti-affinity) only prefer the pools with the most (or fewest) members.
-      - Creation re-checks a V(anti-affinity) group on the pool under its admission lock, as it re-checks
-        capacity, and fails with RV(reason=PoolFull) when a member is already there. An V(affinity) group is
-        checked by the scheduler only (it needs the other pools).
+      - Creation re-checks the group under the admission locks, as it re-checks capacity, and fails with
+        RV(reason=PoolFull) when a V(anti-affinity) member is already on the pool, or when an V(affinity) group
+        has members on a pool of O(unique_across) and none on this one (without O(unique_across), an
+        V(affinity) group is checked by the scheduler only).
     type: dict
     suboptions:
       name:

@@ -142,3 +142,25 @@ def test_the_pool_refuses_a_second_anti_affinity_member(fleet, module, image):
                    state="present", server_group={"name": "place-other", "policy": "anti-affinity"})
     assert other["changed"] is True, other
     assert pool.domain(second) is not None
+
+
+def test_admission_refuses_an_affinity_member_away_from_the_others(fleet, module, image):
+    """Given its pool, the machine module plans without the scheduler; under the admission locks of its pool and
+    of the pools in unique_across it finds the group's members elsewhere and refuses."""
+    here, there = fleet[0], fleet[1]
+    group = {"name": "place-pair", "policy": "affinity"}
+    first, second = "%spair-0" % PREFIX, "%spair-1" % PREFIX
+    made = module("machine", uri=there.uri, name=first, machine_class="small", image=image, network_interfaces=[],
+                  state="present", server_group=group)
+    assert made["changed"] is True, made
+    refused = module("machine", uri=here.uri, name=second, machine_class="small", image=image, network_interfaces=[],
+                     state="present", server_group=group, unique_across=[there.uri])
+    assert refused.get("failed") and refused.get("field") == "server_group", refused
+    expected = "server group place-pair (affinity): its members are on %s (%s), not on pool %s" % (
+        there.uri, first, here.name)
+    assert expected in refused["msg"], refused
+    assert here.domain(second) is None
+    joined = module("machine", uri=there.uri, name=second, machine_class="small", image=image, network_interfaces=[],
+                    state="present", server_group=group, unique_across=[here.uri])
+    assert joined["changed"] is True, joined
+    assert there.domain(second) is not None

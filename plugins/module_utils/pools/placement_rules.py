@@ -65,15 +65,18 @@ def rank(group, pool_name, members):
     return 0
 
 
-def admission_refusal(group, pool_name, others):
-    """The hard rule a pool alone can check under its admission lock: an anti-affinity member among ``others``
-    ([(machine name, its group or None)] defined on the pool). Affinity needs the other pools, so the scheduler
-    is its only check."""
-    if not group or group.get("policy") != "anti-affinity":
+def admission_refusal(group, pool_name, others, elsewhere=None):
+    """The hard rule checked under the admission locks: an anti-affinity member among ``others`` ([(machine
+    name, its group or None)] defined on the pool), or, for affinity, members ``elsewhere`` ([(pool, machine)]
+    of the group on the peer pools whose locks are held too; None when no peers were looked at) and none here."""
+    if not group or group.get("policy") not in HARD:
         return None
-    taken = sorted(name for name, theirs in others if theirs and theirs.get("name") == group["name"])
-    if taken:
-        return "%s: pool %s already has member %s" % (describe(group), pool_name, ", ".join(taken))
+    here = sorted(name for name, theirs in others if theirs and theirs.get("name") == group["name"])
+    if group["policy"] == "anti-affinity" and here:
+        return "%s: pool %s already has member %s" % (describe(group), pool_name, ", ".join(here))
+    if group["policy"] == "affinity" and elsewhere and not here:
+        return "%s: its members are on %s, not on pool %s" % (
+            describe(group), ", ".join("%s (%s)" % (pool, machine) for pool, machine in sorted(elsewhere)), pool_name)
     return None
 
 

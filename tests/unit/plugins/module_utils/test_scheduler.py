@@ -321,16 +321,21 @@ def test_server_group_is_validated():
         assert field in str(info.value.field) + info.value.message, (bad, info.value)
 
 
-def test_admission_rechecks_anti_affinity_on_the_pool_alone():
+def test_admission_rechecks_the_hard_rules():
     group = {"name": "db", "policy": "anti-affinity"}
     others = [("db-0", {"name": "db", "policy": "anti-affinity"}), ("web-0", None), ("x", {"name": "x", "policy": "affinity"})]
     assert rules.admission_refusal(group, "pool1", others) == \
         "server group db (anti-affinity): pool pool1 already has member db-0"
     assert rules.admission_refusal(group, "pool1", others[1:]) is None
-    # affinity and the soft rules need the other pools, or are no rules: the scheduler's alone
+    # the soft rules are no rules; affinity needs the members on the peer pools (None: not looked at)
     for policy in ("affinity", "soft-anti-affinity", "soft-affinity"):
         assert rules.admission_refusal(dict(group, policy=policy), "pool1", others) is None
     assert rules.admission_refusal(None, "pool1", others) is None
+    together = {"name": "web", "policy": "affinity"}
+    assert rules.admission_refusal(together, "pool1", others, [("pool2", "web-0")]) == \
+        "server group web (affinity): its members are on pool2 (web-0), not on pool pool1"
+    assert rules.admission_refusal(together, "pool1", others, []) is None  # the first member goes anywhere
+    assert rules.admission_refusal(together, "pool1", others + [("web-1", together)], [("pool2", "web-0")]) is None
 
 
 # --- topology spread -------------------------------------------------------------------------------------------
