@@ -14,12 +14,16 @@ description:
     pool) and places each machine spec on one pool.
   - 'Filters, in order: the pool is reachable and Ready; every C(NoSchedule)/C(NoExecute) taint is tolerated
     (key, operator C(Equal)/C(Exists), value, effect); C(machine_pool_selector) matches the pool labels exactly;
-    the class is published on the pool; the class fits in the free cpu and memory after overcommit and
-    reservations.'
-  - C(spread) picks the pool with the most normalized free capacity left after placement, C(binpack) the least.
-    Ties are broken by a stable hash of machine and pool names.
+    the class is published on the pool; the class fits in the free cpu, memory and storage after overcommit and
+    reservations; the hard rule of the C(server_group) of the machine (V(affinity), V(anti-affinity)) holds.'
+  - 'Storage: a machine needs its root disk (the larger of C(root_size) and the virtual size of a local image file)
+    plus its new volumes (their C(size), or the size of a local image they copy). The size of an image given by
+    URL or by a published name is only known on the pool, and is checked when the machine is created.'
+  - C(spread) picks the pool with the most normalized free capacity (cpu, memory, storage) left after placement,
+    C(binpack) the least. A C(soft-affinity) or C(soft-anti-affinity) server group ranks the pools first (most or
+    fewest members). Ties are broken by a stable hash of machine and pool names.
   - A machine that already exists on a pool is placed there. A batch is placed one by one against an in-memory
-    ledger, so one call never double-books a pool.
+    ledger, so one call never double-books a pool, and a server group counts the machines placed before.
   - 'A machine that fits nowhere fails the lookup with the reasons per filter, for example
     C(0/3 pools available for web-9: 1 taint not tolerated, 2 insufficient memory), followed by the cause of
     each pool that could not be used (C(pools[2] (hv3) is unreachable: ...)). An unreachable pool is also a
@@ -32,8 +36,9 @@ options:
   _terms:
     description:
       - Machine specs, each a mapping with C(name), C(machine_class) (or C(cpu) and C(memory)) and optionally
-        C(machine_pool_selector) (labels), C(tolerations) (list of key/operator/value/effect) and C(machine_pool)
-        (a pool name to pin to).
+        C(machine_pool_selector) (labels), C(tolerations) (list of key/operator/value/effect), C(machine_pool)
+        (a pool name to pin to), C(server_group) (C(name), C(policy)), and C(root_size) and C(volumes) (their
+        sizes count against the pools' storage).
       - A spec may also carry the other options of M(machinery.compute.machine) (the scheduler does not read them), so
         one list serves this lookup and M(machinery.compute.machine_batch); any other key (a misspelt C(tolerance),
         say) is refused, naming it.
@@ -152,7 +157,9 @@ class LookupModule(LookupBase):
             problems = pool_problems(snapshots)
             for problem in problems:
                 self._display.warning("machinery.compute.scheduler: %s" % problem)
-            placements = schedule(validated(flatten(terms)), snapshots, self.get_option("strategy"), self.get_option("strict"))
+            specs = validated(flatten(terms))
+            placements = schedule(specs, snapshots, self.get_option("strategy"), self.get_option("strict"),
+                                  image_sizes=machine_spec.local_image_sizes(specs))
         except MachineryError as exc:
             # a machine placed nowhere is often placed nowhere because pools were out: say why they were
             message = "; ".join([to_native(exc)] + (problems if isinstance(exc, Unschedulable) else []))

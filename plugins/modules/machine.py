@@ -344,6 +344,30 @@ options:
         C(name) (the machine's own pool may be among them; it is skipped). Used by O(allow_move) only.
     type: list
     elements: raw
+  server_group:
+    description:
+      - The server group the machine belongs to, fixed at creation and kept in its record (listings show it).
+      - The scheduler (M(machinery.compute.machine_batch), M(machinery.compute.machine_set), the
+        P(machinery.compute.scheduler#lookup) lookup) places the machine by the group's policy, counting the
+        members already on the pools and those placed before it in the same run. V(anti-affinity) refuses a pool
+        that holds a member, V(affinity) a pool without members when the group has some elsewhere; the
+        machine is then refused naming the group and policy rather than placed against them.
+        V(soft-affinity) and V(soft-anti-affinity) only prefer the pools with the most (or fewest) members.
+      - Creation re-checks the group under the admission locks, as it re-checks capacity, and fails with
+        RV(reason=PoolFull) when a V(anti-affinity) member is already on the pool, or when an V(affinity) group
+        has members on a pool of O(unique_across) and none on this one (without O(unique_across), an
+        V(affinity) group is checked by the scheduler only).
+    type: dict
+    suboptions:
+      name:
+        description: The group's name (a DNS-1123 label).
+        type: str
+        required: true
+      policy:
+        description: How members are placed relative to each other.
+        type: str
+        required: true
+        choices: [affinity, anti-affinity, soft-affinity, soft-anti-affinity]
 notes:
   - Creation re-checks capacity on the pool under its admission lock (a storage volume created atomically in
     the pool's registry); when a concurrent run took the room the module fails with RV(reason=PoolFull), which
@@ -459,6 +483,10 @@ machine:
       description: Labels.
       type: dict
       sample: {"app": "web"}
+    server_group:
+      description: The server group (C(name), C(policy)) the machine was created in, or null.
+      type: dict
+      sample: {"name": "db", "policy": "anti-affinity"}
     ip_addresses:
       description:
         - Addresses from the networks' DHCP leases; when there is none, the routable addresses the guest agent

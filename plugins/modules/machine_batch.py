@@ -46,9 +46,42 @@ options:
         C(unique_across)), plus the scheduling keys C(machine_pool_selector) (labels) and C(machine_pool) (pin
         to a pool by name). The machine's C(tolerations) (key, operator, value, effect) steer the scheduler too,
         and are recorded with the machine.
+      - The scheduler also filters and weighs on storage (a machine's root disk, C(root_size) or its local image's
+        virtual size, and its new volumes) and on the machine's C(server_group) (C(name), C(policy) V(affinity),
+        V(anti-affinity), V(soft-affinity) or V(soft-anti-affinity)); members on the pools and the machines placed
+        before it in this batch count, and a hard rule refuses the machine naming its group rather than break it.
+        See C(docs/placement.md).
     type: list
     elements: dict
     required: true
+  topology_spread:
+    description:
+      - Spread the machines of O(machines) over the values of pool labels, as Kubernetes' C(topologySpreadConstraints) spread pods
+        over node labels. A domain is one value of O(topology_spread[].topology_key); the pools with that value
+        are its members.
+      - The machines of O(machines) count, those that exist already where they are and those placed by this run as
+        they are placed.
+      - The skew of a placement is the number of those machines in the chosen domain after it, less the fewest in
+        any domain of a pool the machine's own filters (readiness, taints, selector, class) let it use.
+    type: list
+    elements: dict
+    suboptions:
+      topology_key:
+        description: The pool label whose values are the domains (as O(machinery.compute.machine_pool#module:labels) gives them).
+        type: str
+        required: true
+      max_skew:
+        description: The largest skew allowed (at least 1).
+        type: int
+        default: 1
+      when_unsatisfiable:
+        description:
+          - V(refuse) keeps a machine off a domain whose skew would exceed O(topology_spread[].max_skew), and off the
+            pools without the label; a machine that fits nowhere then is reported, not created.
+          - V(schedule_anyway) prefers the domains of least skew and never refuses.
+        type: str
+        choices: [refuse, schedule_anyway]
+        default: refuse
   defaults:
     description:
       - Options every machine of O(machines) takes unless it sets them itself, for example C(wait) or
@@ -175,7 +208,8 @@ class MachineBatchModule(MachineryModule):
         for spec in specs:
             self.hide_secrets(spec)
         outcome = batch.converge(entries, specs, self.params["strategy"], self.params["retries"],
-                                 self.params["workers"], self.check_mode, self.url_opener())
+                                 self.params["workers"], self.check_mode, self.url_opener(),
+                                 self.params["topology_spread"])
         result = dict(batch.summary(outcome, specs), changed=outcome.changed, warnings=outcome.warnings,
                       diff=self.diff(outcome.before, outcome.after) if outcome.changed else None)
         if outcome.failures:

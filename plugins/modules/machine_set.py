@@ -68,8 +68,39 @@ options:
       - A member as M(machinery.compute.machine) takes it (every option but C(name), C(uri), C(adopt),
         C(unique_across), C(wait) and C(wait_timeout)), plus C(machine_pool_selector) and C(tolerations) for
         the scheduler. Its C(labels) must include O(selector.match_labels).
+      - With a C(server_group) (C(name), C(policy)) every member joins the group and new members are placed by
+        its rule over all Ready pools (with V(anti-affinity), one member per pool at most; a member that
+        fits nowhere is reported, not created).
       - Required with O(state=present).
     type: dict
+  topology_spread:
+    description:
+      - Spread the members of the set over the values of pool labels, as Kubernetes' C(topologySpreadConstraints) spread pods
+        over node labels. A domain is one value of O(topology_spread[].topology_key); the pools with that value
+        are its members.
+      - The members of the set count, and each new member is placed by the constraints over all Ready pools at
+        once (the even spread over member counts is then not applied).
+      - The skew of a placement is the number of those machines in the chosen domain after it, less the fewest in
+        any domain of a pool the machine's own filters (readiness, taints, selector, class) let it use.
+    type: list
+    elements: dict
+    suboptions:
+      topology_key:
+        description: The pool label whose values are the domains (as O(machinery.compute.machine_pool#module:labels) gives them).
+        type: str
+        required: true
+      max_skew:
+        description: The largest skew allowed (at least 1).
+        type: int
+        default: 1
+      when_unsatisfiable:
+        description:
+          - V(refuse) keeps a machine off a domain whose skew would exceed O(topology_spread[].max_skew), and off the
+            pools without the label; a machine that fits nowhere then is reported, not created.
+          - V(schedule_anyway) prefers the domains of least skew and never refuses.
+        type: str
+        choices: [refuse, schedule_anyway]
+        default: refuse
   delete_policy:
     description: Which members go first when the set shrinks, after the marked ones and those not running.
     type: str

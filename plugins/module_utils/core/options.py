@@ -17,6 +17,7 @@ from __future__ import annotations
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
 # Choices, each typed out once.
@@ -32,6 +33,8 @@ VOLUME_FORMATS = ("qcow2", "raw")
 TAINT_EFFECTS = ("NoSchedule", "NoExecute")
 NETWORK_MODES = ("nat", "isolated")
 STRATEGIES = ("spread", "binpack")
+SERVER_GROUP_POLICIES = ("affinity", "anti-affinity", "soft-affinity", "soft-anti-affinity")
+SPREAD_WHEN = ("refuse", "schedule_anyway")
 PHASES = ("Pending", "Running", "Shutdown", "Terminating", "Terminated", "Failed")
 DEFAULT_STORAGE_PATH = "/var/lib/libvirt/machinery"
 
@@ -219,6 +222,22 @@ CLOUD_INIT = (
     Option("network_config", "raw"),
 )
 
+
+def _server_group(value, field):
+    """A server group as the record keeps it: its name (a DNS label) and policy (Ansible checked the choice)."""
+    if not isinstance(value, dict):
+        raise ValidationError("must be a mapping with name and policy", field)
+    policy = check.one_of(value.get("policy"), SERVER_GROUP_POLICIES, field + ".policy")
+    return {"name": check.dns_label(value.get("name"), field + ".name"), "policy": policy}
+
+
+# The scheduler places a machine by its group's policy (placement_rules.py); the group is fixed at creation, as a
+# machine joins a group by being placed with it.
+SERVER_GROUP = (
+    Option("name", required=True),
+    Option("policy", required=True, choices=SERVER_GROUP_POLICIES),
+)
+
 MACHINE = (
     Option("name", required=True),
     Option("state", choices=MACHINE_STATES, default="running"),
@@ -251,6 +270,8 @@ MACHINE = (
     Option("unique_across", "list", elements="str"),
     # what this run may do to resize a machine its pool has no room for (a run's instruction, never recorded)
     Option("allow_move", "bool", default=False),
+    Option("server_group", "dict", options=SERVER_GROUP, check=_server_group,
+           fixed=lambda spec: spec.get("server_group")),
 ) + MACHINE_CAPABILITIES
 
 # What the machine module takes beyond a machine's own options: where allow_move may move it (as machine_migrate's
@@ -266,8 +287,17 @@ SCHEDULING = (
     Option("machine_pool"),
 )
 
+# A batch's or a set's own machines spread over the values of a pool label (placement_rules.spread_constraints
+# checks them; Kubernetes' topologySpreadConstraints).
+TOPOLOGY_SPREAD = (
+    Option("topology_key", required=True, no_log=False),
+    Option("max_skew", "int", default=1),
+    Option("when_unsatisfiable", choices=SPREAD_WHEN, default="refuse"),
+)
+
 MACHINE_BATCH = (
     Option("machines", "list", elements="dict", required=True),
+    Option("topology_spread", "list", elements="dict", options=TOPOLOGY_SPREAD),
     Option("defaults", "dict"),
     Option("strategy", choices=STRATEGIES, default="spread"),
     Option("retries", "int", default=3),
@@ -303,6 +333,7 @@ MACHINE_SET = (
     Option("template", "dict"),
     Option("delete_policy", choices=DELETE_POLICIES, default="Random"),
     Option("strategy", choices=STRATEGIES, default="spread"),
+    Option("topology_spread", "list", elements="dict", options=TOPOLOGY_SPREAD),
     Option("rollout", "dict", options=(Option("max_surge", "raw", default=1),
                                        Option("max_unavailable", "raw", default=0))),
     Option("wait", choices=WAITS, default="running"),

@@ -17,6 +17,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet imp
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     MachineryError, NameTaken, PoolFull, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
 from ansible_collections.machinery.compute.plugins.module_utils.core.progress import Progress
@@ -175,9 +176,12 @@ def pool_problems(snapshots):
 
 def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "strategy"),
              retries=options.default(options.MACHINE_BATCH, "retries"),
-             workers=options.default(options.MACHINE_BATCH, "workers"), check_mode=False, opener=None):
-    """Converge ``specs`` (machine_spec.params with the scheduling keys, one per machine) over the pools."""
+             workers=options.default(options.MACHINE_BATCH, "workers"), check_mode=False, opener=None,
+             topology_spread=None):
+    """Converge ``specs`` (machine_spec.params with the scheduling keys, one per machine) over the pools;
+    ``topology_spread`` spreads the batch's own machines over pool labels."""
     retries = check.whole_number(retries, "retries", 0, MAX_RETRIES)
+    spread = placement_rules.spread_constraints(topology_spread)  # checked before any pool is read
     workers = check.whole_number(workers, "workers", 1, MAX_WORKERS)
     fleet = Fleet(entries, opener)
     result = BatchOutcome()
@@ -205,10 +209,14 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
             result.warnings.extend("%s was not read, so machines to delete were not looked for there: %s"
                                    % (snapshot["name"], snapshot.get("problem")) for snapshot in snapshots
                                    if snapshot["state"] == "Offline")
+        image_sizes = machine_spec.local_image_sizes(pending)  # read once: the scheduler counts them as storage
         while pending:
             result.attempts += 1
             by_uri = {snapshot["uri"]: snapshot for snapshot in snapshots}
-            placements = schedule(pending, snapshots, strategy, strict=False, field="machines")
+            # the batch's machines created in an earlier attempt count for the spread as those placed now
+            placements = schedule(pending, snapshots, strategy, strict=False, field="machines", topology_spread=spread,
+                                  spread_members=[spec["name"] for spec in specs if spec.get("state") != "absent"],
+                                  image_sizes=image_sizes)
             jobs = []
             for spec, placement in zip(pending, placements):
                 result.placements[spec["name"]] = placement

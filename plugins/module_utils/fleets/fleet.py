@@ -44,6 +44,10 @@ def snapshot_of(ctx, given_name=None):
         return snapshot
     host = capacity.capacity_of(ctx.conn)
     status = capacity.pool_status(ctx, registration, sizes, host)
+    # storage as admission counts it: thin disks by their virtual size against the registered allocatable
+    snapshot["storage"] = {"allocatable": capacity.storage_allocatable(ctx.storage_size(), registration),
+                           "allocated": capacity.disks_allocated(sizes)}
+    snapshot["server_groups"] = {size.name: dict(size.server_group) for size in sizes if size.server_group}
     snapshot.update(labels=registration.get("labels") or {}, taints=registration.get("taints") or [],
                     classes={name: {"cpu": body["cpu"], "memory": body["memory"]}
                              for name, body in ctx.registry.machine_classes().items()},

@@ -26,9 +26,10 @@ import random
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
+from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze, thaw
 from ansible_collections.machinery.compute.plugins.module_utils.core.progress import Progress
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
@@ -152,7 +153,9 @@ def normalize_set(params):
                    delete_policy=check.one_of(params["delete_policy"], options.DELETE_POLICIES,
                                               "delete_policy"),
                    strategy=check.one_of(params["strategy"], options.STRATEGIES, "strategy"),
-                   rollout=rollout)
+                   rollout=rollout, topology_spread=placement_rules.spread_constraints(params.get("topology_spread")),
+                   # the template's local image files, read once: the scheduler counts their size as storage
+                   image_sizes=machine_spec.local_image_sizes([member]))
     return desired
 
 
@@ -161,6 +164,8 @@ def definition(desired):
     document = {key: desired[key] for key in ("name", "replicas", "selector", "delete_policy", "strategy",
                                               "rollout", "template_hash")}
     document["template"] = public_template(desired["template"])
+    if desired.get("topology_spread"):  # only when given: the documents of sets without one stay as they were
+        document["topology_spread"] = desired["topology_spread"]
     return document
 
 
@@ -216,16 +221,34 @@ def place(desired, names, snapshots, members):
     for member in members:
         if member.get("pool") in count:
             count[member["pool"]] += 1
+    spread = desired.get("topology_spread")
+    group = desired["member"].get("server_group")
+    by_name = {pool["name"]: pool for pool in pools}
+    for member in members:
+        # members planned in earlier waves are in no snapshot yet, and the set's spread and group count them (those
+        # a rollout deletes are still in them: a hard rule is kept, never broken, while the old ones go)
+        pool = by_name.get(member.get("pool"))
+        if pool is None:
+            continue
+        if member["name"] not in (pool.get("machines") or ()):
+            pool["machines"] = list(pool.get("machines") or ()) + [member["name"]]
+        if group:
+            pool["server_groups"] = dict(pool.get("server_groups") or {}, **{member["name"]: thaw(group)})
     placements = []
+    placed_names = []
     for name in names:
         machine = dict(desired["member"], name=name)
-        groups = sorted({count[pool["name"]] for pool in pools}) if desired["strategy"] == "spread" else [None]
+        # a server group's rules and a topology spread see every pool at once (an affinity group's members may be
+        # on any of them, a spread counts domains across pools)
+        groups = sorted({count[pool["name"]] for pool in pools}) if desired["strategy"] == "spread" and \
+            not machine.get("server_group") and not spread else [None]
         placed = None
         reason = "no pool is Ready"
         for level in groups:
             candidates = [pool for pool in pools if level is None or count[pool["name"]] == level]
-            found = scheduler.schedule([machine], candidates, desired["strategy"], strict=False,
-                                       field="template")[0]
+            found = scheduler.schedule([machine], candidates, desired["strategy"], strict=False, field="template",
+                                       topology_spread=spread, image_sizes=desired.get("image_sizes"),
+                                       spread_members=[member["name"] for member in members] + placed_names)[0]
             reason = found["reason"]
             if found["pool"] is not None:
                 placed = next(pool for pool in candidates if pool["name"] == found["pool"])
@@ -233,10 +256,16 @@ def place(desired, names, snapshots, members):
         if placed is None:
             placements.append((name, None, reason))
             continue
-        size = scheduler.size_on(scheduler.machine_request(machine, "template"), placed)
+        request = scheduler.machine_request(machine, "template", desired.get("image_sizes"))
+        size = scheduler.size_on(request, placed)
         placed["allocated"] = {"cpu": placed["allocated"]["cpu"] + size["cpu"],
                                "memory": placed["allocated"]["memory"] + size["memory"]}
+        if placed.get("storage"):
+            placed["storage"] = dict(placed["storage"], allocated=placed["storage"]["allocated"] + request["storage"])
+        if request["server_group"]:
+            placed["server_groups"] = dict(placed.get("server_groups") or {}, **{name: request["server_group"]})
         placed.setdefault("machines", []).append(name)
+        placed_names.append(name)
         count[placed["name"]] += 1
         placements.append((name, placed, reason))
     return placements

@@ -17,6 +17,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vali
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
+from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import Ledger, Unschedulable, place_one
 
@@ -192,12 +193,14 @@ def resolve_interrupted(journal, source, target):
 
 
 def scheduling_spec(name, record, cpu, memory):
-    """The machine as the scheduler sees it: its own size (the one it runs with), no selector, and the
-    tolerations its record keeps (none for machines made before records kept them: every taint repels those)."""
+    """The machine as the scheduler sees it: its own size (the one it runs with), no selector, the tolerations
+    its record keeps (none for machines made before records kept them: every taint repels those), the virtual
+    size of the disks it takes along, and its server group."""
     spec = (record or {}).get("spec", {})
     return {"name": name, "machine_class": spec.get("machine_class"),
             "size": {"cpu": cpu, "memory": memory}, "machine_pool_selector": {},
-            "tolerations": spec.get("tolerations") or [], "machine_pool": None}
+            "tolerations": spec.get("tolerations") or [], "machine_pool": None,
+            "storage": sum(capacity.machine_disks(record or {}).values()), "server_group": spec.get("server_group")}
 
 
 def unmovable(machine, record, snapshots=()):

@@ -104,7 +104,8 @@ class Creation:
                 raise NameTaken("another run created a machine named %s on this pool meanwhile" % spec["name"],
                                 "name")
             admission.check_unique(spec["name"])
-            check_room(self.ctx, spec, new_disks(spec), locked=True, epoch=admission.epoch)
+            check_room(self.ctx, spec, new_disks(spec), locked=True, epoch=admission.epoch,
+                       elsewhere=admission.group_members(spec.get("server_group")))
             registry = self.ctx.registry
             key = reg.pending_key(spec["name"])
             self._remove_orphans(registry.get(key))

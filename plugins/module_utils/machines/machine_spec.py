@@ -220,6 +220,24 @@ def _nic_params(items, field):
     return result
 
 
+def local_image_sizes(specs):
+    """{image source: virtual bytes} of the local image files the machine params name (root and volume images),
+    for the scheduler's storage count; a URL, a published name or a file that cannot be read is left out (the
+    machine's own resolve reports what is wrong with it)."""
+    sizes = {}
+    for prm in specs:
+        sources = [prm.get("image")] + [vol.get("image") for vol in prm.get("volumes") or ()]
+        for source in sources:
+            if not isinstance(source, str) or source in sizes or "://" in source or \
+                    named_images.is_reference(source) or not os.path.isfile(source):
+                continue
+            try:
+                sizes[source] = storage.virtual_size(source)
+            except OSError:
+                continue
+    return sizes
+
+
 def scheduling_request(prm):
     """What the scheduler reads of a machine's params (see scheduler.machine_request)."""
     return scheduler.machine_request(prm)
@@ -608,6 +626,8 @@ def normalize(prm, facts, record=None, current=None):
                                     else recorded.get("topology"), spec["cpu"])
     spec["firmware"] = prm["firmware"] or recorded.get("firmware") or options.initial(options.MACHINE, "firmware")
     spec["virt_type"] = facts.virt_type if prm["virt_type"] == "auto" else prm["virt_type"]
+    # fixed at creation (check_fixed refuses a change): an existing machine keeps the group it was placed by
+    spec["server_group"] = recorded.get("server_group") if existing else thaw(prm["server_group"])
     _boot_config(prm, spec, recorded, existing)
     if existing:
         check_fixed(prm, record.get("spec", {}))

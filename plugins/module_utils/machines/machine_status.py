@@ -229,6 +229,7 @@ def _base_status(dom, ctx, view, tree, moment, state, record=None):
         "memory": format_quantity(memory) if memory else None,
         "image": (spec.get("image") or {}).get("source"),
         "labels": spec.get("labels") or {},
+        "server_group": spec.get("server_group"),
         "ip_addresses": [address for nic in nics for address in nic["ip_addresses"]],
         "network_interfaces": nics,
         "volumes": volumes,

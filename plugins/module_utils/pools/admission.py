@@ -12,6 +12,8 @@ import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules as rules
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NameTaken, PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
@@ -170,6 +172,25 @@ class Admission:
             if lv.lookup_domain(conn, name) is not None:
                 raise NameTaken("a machine named %s already exists on pool %s" % (name, uri), "name")
 
+    def group_members(self, group):
+        """[(pool uri, machine)] of the members of a hard affinity ``group`` defined on the peer pools, read under
+        their locks (so no other run adds one meanwhile); None for any other group (nothing to read)."""
+        if not group or group.get("policy") != "affinity":
+            return None
+        found = []
+        for uri, conn in self.peers:
+            for dom in conn.listAllDomains(0):
+                try:
+                    record = dx.read_record(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE)))
+                except lv.libvirt.libvirtError as exc:
+                    if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_DOMAIN:
+                        continue  # undefined since it was listed (a deletion needs no lock)
+                    raise
+                theirs = ((record or {}).get("spec") or {}).get("server_group") or {}
+                if theirs.get("name") == group["name"]:
+                    found.append((uri, dom.name()))
+        return found
+
     def __exit__(self, *exc_info):
         if self.target is not None:
             self.target.release()
@@ -211,10 +232,12 @@ class Admission:
         return False
 
 
-def check_room(ctx, spec, disks=None, locked=False, epoch=None):
+def check_room(ctx, spec, disks=None, locked=False, epoch=None, elsewhere=None):
     """Refuse a machine the pool has no room for: the machines already defined there (other than this one)
     plus ``spec`` must fit in what the pool's registration makes allocatable, and so must the new ``disks``
-    ([(field, virtual bytes)]) in its storage.
+    ([(field, virtual bytes)]) in its storage; a machine of a hard anti-affinity server group is refused where
+    a member of its group is defined, and one of an affinity group where none is while some are ``elsewhere``
+    (Admission.group_members).
 
     A plan checks against the pool as this run listed it (when it did); under the admission lock (``locked``)
     the sizes are read as they are now: once in the lock's ``epoch`` (Admission.epoch), then kept with the
@@ -240,6 +263,11 @@ def check_room(ctx, spec, disks=None, locked=False, epoch=None):
                        % (ctx.name, used_cpu, allocatable["cpu"], format_quantity(used_memory),
                           format_quantity(allocatable["memory"]), spec["name"], spec["cpu"],
                           format_quantity(spec["memory"])), "machine_pool")
+    # a hard anti-affinity rule is re-checked here as capacity is: a concurrent run may have placed a member
+    refused = rules.admission_refusal(spec.get("server_group"), ctx.name,
+                                      [(size.name, size.server_group) for size in others], elsewhere)
+    if refused:
+        raise PoolFull(refused, "server_group")
     check_storage(ctx, disks or [], sizes)
 
 
@@ -249,7 +277,7 @@ def admitted(ctx, epoch, record):
         spec = record["spec"]
         ctx.locked_sizes[1].append(capacity.MachineSize(spec["name"], spec["cpu"], spec["memory"],
                                                         spec.get("machine_class"), capacity.machine_disks(record),
-                                                        spec.get("tolerations") or []))
+                                                        spec.get("tolerations") or [], spec.get("server_group")))
 
 
 def check_storage(ctx, disks, sizes=None):

@@ -31,12 +31,12 @@ def machine_disks(record):
 
 
 # What the capacity of a pool counts of one machine on it.
-MachineSize = collections.namedtuple("MachineSize", "name cpu memory machine_class disks tolerations")
+MachineSize = collections.namedtuple("MachineSize", "name cpu memory machine_class disks tolerations server_group")
 
 
 def machine_sizes(conn, listing=None):
-    """[MachineSize(name, cpu, memory bytes, machine_class, {volume: bytes}, tolerations)] of the machines (domains
-    with our record) on the host; from ``listing`` (pool_context.read_domains) when the run has read one."""
+    """[MachineSize(name, cpu, memory bytes, machine_class, {volume: bytes}, tolerations, server_group)] of the
+    machines (domains with our record) on the host; from ``listing`` (pool_context.read_domains) when the run has read one."""
     if listing is None:
         readings = []
         for dom in conn.listAllDomains(0):
@@ -49,7 +49,8 @@ def machine_sizes(conn, listing=None):
         if record is None:
             continue
         sizes.append(MachineSize(name, dx.read_cpu(tree), dx.read_memory(tree), record["spec"].get("machine_class"),
-                                 machine_disks(record), record["spec"].get("tolerations") or []))
+                                 machine_disks(record), record["spec"].get("tolerations") or [],
+                                 record["spec"].get("server_group")))
     return sizes
 
 
@@ -75,7 +76,8 @@ def current_sizes(conn, known):
         if record is None:
             continue
         sizes.append(MachineSize(dom.name(), cpu, memory * 1024, record["spec"].get("machine_class"),
-                                 machine_disks(record), record["spec"].get("tolerations") or []))
+                                 machine_disks(record), record["spec"].get("tolerations") or [],
+                                 record["spec"].get("server_group")))
     return sizes
 
 

@@ -208,3 +208,46 @@ def test_a_batch_takes_its_jobs_from_each_pool_in_turn():
     jobs = [("a", one), ("b", one), ("c", one), ("d", two), ("e", one), ("f", three), ("g", two)]
     assert [name for name, _ctx in interleaved(jobs)] == ["a", "d", "f", "b", "g", "c", "e"]
     assert interleaved([]) == []
+
+
+def test_a_set_in_an_anti_affinity_group_puts_one_member_per_pool():
+    group = {"name": "web", "policy": "anti-affinity"}
+    template = dict(TEMPLATE, server_group=group)
+    plan = ms.plan_set(desired(replicas=4, template=template), observed([member("web-a", "p1")]))
+    creates = [action for action in plan.actions if action.kind == "create"]
+    assert sorted(action.data["pool"] for action in creates) == ["p2", "p3"]
+    refusals = [warning for warning in plan.warnings if "pools available" in warning]
+    assert len(refusals) == 1 and "3 server group web (anti-affinity) has a member there" in refusals[0], refusals
+
+
+def test_a_set_in_an_affinity_group_stays_together_and_books_storage():
+    template = dict(TEMPLATE, server_group={"name": "web", "policy": "affinity"}, root_size="10Gi")
+    seen = observed([member("web-a", "p2")])
+    for snapshot in seen["snapshots"]:
+        snapshot["storage"] = {"allocatable": 100 * GIB, "allocated": 75 * GIB}
+    plan = ms.plan_set(desired(replicas=4, template=template), seen)
+    creates = [action for action in plan.actions if action.kind == "create"]
+    # p2 has room for two more 10Gi root disks: the third is refused rather than put elsewhere
+    assert [action.data["pool"] for action in creates] == ["p2", "p2"]
+    refusals = [warning for warning in plan.warnings if "pools available" in warning]
+    assert len(refusals) == 1 and refusals[0].endswith(
+        "2 server group web (affinity) has its members on p2, 1 insufficient storage (p2: storage 5Gi free, "
+        "needs 10Gi)"), refusals
+
+
+def test_a_set_spreads_its_members_over_a_pool_label():
+    seen = observed([member("web-a", "p1")], pools=("p1", "p2", "p3"))
+    for snapshot, zone in zip(seen["snapshots"], ("a", "a", "b")):
+        snapshot["labels"] = {"zone": zone}
+    spread = [{"topology_key": "zone", "max_skew": 1}]
+    plan = ms.plan_set(desired(replicas=4, topology_spread=spread), seen)
+    zones = {"p1": "a", "p2": "a", "p3": "b"}
+    creates = [zones[action.data["pool"]] for action in plan.actions if action.kind == "create"]
+    assert sorted(creates + ["a"]) == ["a", "a", "b", "b"]
+    # without the constraint the set spreads by member counts over the pools: zone a gets two of three more
+    plain = [zones[action.data["pool"]] for action in ms.plan_set(desired(replicas=4), seen).actions
+             if action.kind == "create"]
+    assert sorted(plain + ["a"]) == ["a", "a", "a", "b"]
+    assert ms.definition(desired(topology_spread=spread))["topology_spread"] == \
+        [{"topology_key": "zone", "max_skew": 1, "when_unsatisfiable": "refuse"}]
+    assert "topology_spread" not in ms.definition(desired())

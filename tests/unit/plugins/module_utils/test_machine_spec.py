@@ -293,3 +293,22 @@ def test_a_changed_hostname_is_a_new_boot_configuration_and_an_unchanged_one_is_
     other = normalize(params({"name": "web-1", "hostname": "b.lab"}), facts(), record, {"cpu": 1})
     assert first["boot_config"] == again["boot_config"] != other["boot_config"]
     assert normalize(params({"name": "web-1"}), facts(), record, {"cpu": 1})["boot_config"] == "old"
+
+
+def test_a_server_group_is_recorded_and_fixed_at_creation():
+    group = {"name": "db", "policy": "anti-affinity"}
+    spec = created(server_group=group)
+    assert spec["server_group"] == group
+    assert machine_spec.recorded_spec(spec, {})["server_group"] == group
+    assert created()["server_group"] is None
+    record = {"spec": {"name": "web-1", "cpu": 1, "memory": 256 * MIB, "server_group": group, "image": None,
+                       "volumes": [], "network_interfaces": []}}
+    # left out or repeated: kept; changed or given to a machine made without one: refused
+    assert normalize(params({"name": "web-1"}), facts(), record, {"cpu": 1})["server_group"] == group
+    assert normalize(params({"name": "web-1", "server_group": group}), facts(), record, {"cpu": 1})["server_group"] \
+        == group
+    without = {"spec": dict(record["spec"], server_group=None)}
+    for other, old in (({"name": "db", "policy": "affinity"}, record), (group, without)):
+        with pytest.raises(ConflictError) as info:
+            normalize(params({"name": "web-1", "server_group": other}), facts(), old, {"cpu": 1})
+        assert info.value.field == "server_group"

@@ -277,3 +277,20 @@ def test_pick_target_honours_the_recorded_tolerations():
     assert move_plan.pick_target(tolerant, pools, UNIX % "a")[0]["name"] == "gpu"
     with pytest.raises(Unschedulable, match="taint not tolerated"):
         move_plan.pick_target(machine(), pools, UNIX % "a")
+
+
+def test_pick_target_counts_the_disks_and_the_server_group():
+    record = {"spec": {"name": "web-1", "machine_class": "small", "root_size": 10 * GI,
+                       "volumes": [{"volume": "web-1-data.qcow2", "size": 5 * GI}],
+                       "server_group": {"name": "web", "policy": "anti-affinity"}}}
+    moving = move_plan.scheduling_spec("web-1", record, 2, GI)
+    assert moving["storage"] == 15 * GI
+    tight, roomy, other = snapshot("tight"), snapshot("roomy"), snapshot("member")
+    tight["storage"] = {"allocatable": 20 * GI, "allocated": 10 * GI}
+    roomy["storage"] = {"allocatable": 100 * GI, "allocated": 10 * GI}
+    other["server_groups"] = {"web-2": {"name": "web", "policy": "anti-affinity"}}
+    assert move_plan.pick_target(moving, [snapshot("a"), tight, roomy, other], UNIX % "a")[0]["name"] == "roomy"
+    with pytest.raises(Unschedulable) as info:
+        move_plan.pick_target(moving, [snapshot("a"), tight, other], UNIX % "a")
+    assert "tight: storage 10Gi free, needs 15Gi" in info.value.message
+    assert "server group web (anti-affinity) has a member there" in info.value.message

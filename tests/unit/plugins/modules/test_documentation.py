@@ -101,7 +101,7 @@ def test_owned_fields_know_how_a_running_guest_takes_them():
         "machine_class": "metadata", "cpu": "restart", "memory": "balloon", "labels": "metadata",
         "tolerations": "metadata",
         "boot_config": "boot", "topology": "restart", "disk_qos": "iotune", "ip_reservations": "network"}
-    assert [item.name for item in options.FIXED] == ["image", "image_checksum", "firmware", "swap"]
+    assert [item.name for item in options.FIXED] == ["image", "image_checksum", "firmware", "server_group", "swap"]
 
 
 def missing_samples(returns, where=""):
