@@ -10,6 +10,7 @@ import random
 import time
 import tracemalloc
 
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import schedule
 
 GI = 2 ** 30
@@ -41,7 +42,8 @@ def synthetic_machines(count, rng):
             spec["machine_pool_selector"] = {"disk": "ssd"}
         if index % 50 == 0:
             spec["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
-        machines.append(spec)
+        # as the lookup, the batch and the sets hand them to the scheduler: through the one validation path
+        machines.append(machine_spec.params(spec, "machines[%d]" % index, scheduling=True))
     return machines
 
 
