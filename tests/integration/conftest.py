@@ -39,6 +39,17 @@ def lab_file():
     return os.path.abspath(os.environ.get("MACHINERY_LAB") or os.path.join(REPO, ".lab", "lab.json"))
 
 
+def defined_on(pools, names):
+    """{machine: [names of the pools it is defined on]} for the machines of ``names``, read from libvirt: a name on
+    two pools shows twice."""
+    found = {}
+    for pool in pools:
+        for name in pool.domain_names():
+            if name in names:
+                found.setdefault(name, []).append(pool.name)
+    return found
+
+
 def lab_pid(pool):
     """The pid of a lab pool's libvirtd (its network namespace is the pool host's network)."""
     with open(os.path.join(os.path.dirname(lab_file()), pool.name, "libvirtd.pid")) as handle:

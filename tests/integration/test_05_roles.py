@@ -4,22 +4,13 @@ import os
 import re
 import threading
 
-from conftest import REPO, lab_file, run_playbook
+from conftest import REPO, defined_on, lab_file, run_playbook
 
 PLAYBOOK = os.path.join(REPO, "tests", "integration", "playbooks", "roles.yml")
 
 
 def play(lab_file, tmp_path, tag, **extra):
     return run_playbook(PLAYBOOK, tmp_path / ("vars-%s.json" % tag), dict(extra, lab_file=lab_file))
-
-
-def where(pools, names):
-    found = {}
-    for pool in pools:
-        for name in pool.domain_names():
-            if name in names:
-                found.setdefault(name, []).append(pool.name)
-    return found
 
 
 def test_roles_converge_idempotent_and_delete(registered, image, tmp_path):
@@ -30,11 +21,11 @@ def test_roles_converge_idempotent_and_delete(registered, image, tmp_path):
     machines[0].update(network_interfaces=[{"name": "eth0", "network": "machinery"}], wait="address")
     gone = [{"name": name, "state": "absent"} for name in names]
     play(lab_file(), tmp_path, "clean", machines=gone)
-    assert where(pools, names) == {}
+    assert defined_on(pools, names) == {}
     proc, recap = play(lab_file(), tmp_path, "create", machines=machines)
     assert recap["failed"] == 0, proc.stdout[-4000:]
     assert recap["changed"] > 0
-    placed = where(pools, names)
+    placed = defined_on(pools, names)
     assert sorted(placed) == names
     assert all(len(found) == 1 for found in placed.values())
     # spread: the six machines are shared out over all three pools
@@ -54,7 +45,7 @@ def test_roles_converge_idempotent_and_delete(registered, image, tmp_path):
 
     proc, recap = play(lab_file(), tmp_path, "delete", machines=gone)
     assert recap["failed"] == 0, proc.stdout[-4000:]
-    assert where(pools, names) == {}
+    assert defined_on(pools, names) == {}
     proc, recap = play(lab_file(), tmp_path, "delete-again", machines=gone)
     assert recap["failed"] == 0 and recap["changed"] == 0, proc.stdout[-4000:]
 
@@ -83,7 +74,7 @@ def test_concurrent_runs_on_nearly_full_pools(registered, image, tmp_path):
             thread.start()
         for thread in threads:
             thread.join()
-        placed = where(pools, every)
+        placed = defined_on(pools, every)
         # no name on two pools
         assert all(len(found) == 1 for found in placed.values()), placed
         # no pool overcommitted: every pool's machines fit its 2 cpus (from libvirt itself)

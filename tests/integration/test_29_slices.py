@@ -11,7 +11,7 @@ import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.drivers import driven_by
 
-from conftest import OVERCOMMIT, REPO, ansible, register
+from conftest import OVERCOMMIT, REPO, ansible, defined_on, register
 
 PLAYBOOK = os.path.join(REPO, "extensions", "awx", "playbooks", "machines_by_pool.yml")
 NAMES = ["slice-%d" % index for index in range(9)]
@@ -19,12 +19,7 @@ NAMES = ["slice-%d" % index for index in range(9)]
 
 def placed(pools):
     """{machine: [pools it is defined on]} for the machines of this test, from libvirt."""
-    found = {}
-    for pool in pools:
-        for name in pool.domain_names():
-            if name in NAMES:
-                found.setdefault(name, []).append(pool.name)
-    return found
+    return defined_on(pools, NAMES)
 
 
 def slice_run(tmp_path, tag, hosts, pools, machines):
