@@ -73,6 +73,35 @@ def decode(data, key):
     return body
 
 
+def listing(pool):
+    """The names of the pool's volumes, or none when libvirt cannot list them now."""
+    try:
+        return pool.listVolumes()
+    except lv.libvirt.libvirtError:
+        return []
+
+
+def holds_registration(names):
+    """Whether a listing of a registry holds its pool's registration, as every complete one does."""
+    return any(name.startswith(POOL_KEY + ".") for name in names)
+
+
+def reread(pool, read, believed, again=None):
+    """``read()`` until ``believed`` of what it returns, refreshing the pool between reads (``again()`` reads after
+    the first), for up to EXPECTED_RETRY_SECONDS: libvirt refreshes a dir pool after every upload into it, and a
+    listing or lookup taken meanwhile misses volumes that are there. The last reading when none is believed."""
+    found = read()
+    deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
+    while not believed(found) and time.monotonic() < deadline:
+        time.sleep(0.05 + random.random() * 0.1)
+        try:
+            pool.refresh(0)
+        except lv.libvirt.libvirtError:
+            pass  # an upload is running there: its own refresh follows it
+        found = (again or read)()
+    return found
+
+
 class Registry:
     """The documents of one pool host. ``pool`` is the libvirt storage pool, or None when it does not exist."""
 
@@ -162,20 +191,11 @@ class Registry:
         return self._confirmed(self._generations, lambda index: POOL_KEY in index or key in index)
 
     def _confirmed(self, read, believed):
-        """``read()`` until ``believed`` of what it returns, refreshing the pool and forgetting the index between
-        reads, for up to EXPECTED_RETRY_SECONDS: a listing taken while libvirt refreshes the pool after another
-        run's upload can miss volumes that are there. The last reading when none is believed."""
-        found = read()
-        deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
-        while not believed(found) and time.monotonic() < deadline:
-            time.sleep(0.05 + random.random() * 0.1)
-            try:
-                self.pool.refresh(0)
-            except lv.libvirt.libvirtError:
-                pass  # an upload is running there: its own refresh follows it
+        """``read()`` until ``believed`` of what it returns, forgetting the index between reads (reread)."""
+        def forget_and_read():
             self._index = None
-            found = read()
-        return found
+            return read()
+        return reread(self.pool, read, believed, forget_and_read)
 
     def _relist(self, epoch):
         """Forget the index unless it was listed while this process held the admission lock in ``epoch`` (the
@@ -221,25 +241,16 @@ class Registry:
     def _prune(self, name):
         """Delete a superseded generation that the listing showed. Right after an upload, libvirt refreshes the
         pool, and a lookup then may not find a volume that is there; a generation left that way beside the new one
-        was seen after a re-registration. So a miss is looked up again, refreshed, for up to EXPECTED_RETRY_SECONDS,
-        unless a complete listing says the volume is gone."""
-        deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
-        while not storage.delete_volume(self.pool, name, keep_if_busy=True):
+        was seen after a re-registration. So a miss is tried again (reread) until the volume is deleted, is busy
+        (a reader has it open: the next put prunes it), or a complete listing shows it gone."""
+        def settled():
+            if storage.delete_volume(self.pool, name, keep_if_busy=True):
+                return True
             if lv.lookup_volume(self.pool, name) is not None:
-                return  # busy: a reader has it open, the next put prunes it
-            try:
-                names = self.pool.listVolumes()
-            except lv.libvirt.libvirtError:
-                names = []
-            if any(listed.startswith(POOL_KEY + ".") for listed in names) and name not in names:
-                return  # gone (another run pruned it)
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.05)
-            try:
-                self.pool.refresh(0)
-            except lv.libvirt.libvirtError:
-                pass
+                return True
+            names = listing(self.pool)
+            return holds_registration(names) and name not in names
+        reread(self.pool, settled, bool)
 
     def delete(self, key, locked=False, epoch=None, expected=False):
         """Delete every generation of ``key``; whether there was one. With ``expected`` (a journal this run wrote
@@ -452,24 +463,12 @@ class AdmissionLock:
             time.sleep(0.05 + random.random() * 0.1)
 
     def _complete_names(self):
-        """The volume names of the pool, from a listing that is complete. libvirt refreshes a dir pool after every
-        upload into it, and a listing (or a lookup) taken meanwhile misses volumes that are there; a registry
-        always holds its pool's registration, so a listing of the registry without one is taken again, refreshed,
-        for up to EXPECTED_RETRY_SECONDS. (Other pools' listings are taken as they come.)"""
-        deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
-        while True:
-            try:
-                names = self.pool.listVolumes()
-            except lv.libvirt.libvirtError:
-                names = []
-            if self.pool.name() != REGISTRY_POOL or any(name.startswith(POOL_KEY + ".") for name in names) \
-                    or time.monotonic() > deadline:
-                return names
-            time.sleep(0.05)
-            try:
-                self.pool.refresh(0)
-            except lv.libvirt.libvirtError:
-                pass  # libvirt's own refresh is still running: list again after it
+        """The volume names of the pool, from a listing that is complete: a registry always holds its pool's
+        registration, so a listing of the registry without one is taken again (reread). Other pools' listings are
+        taken as they come."""
+        if self.pool.name() != REGISTRY_POOL:
+            return listing(self.pool)
+        return reread(self.pool, lambda: listing(self.pool), holds_registration)
 
     def clear_abandoned(self):
         """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), and
