@@ -187,7 +187,8 @@ def static_rejections(machine, pool):
 def capacity_rejections(machine, pool, ledger, details=None, spread=(), domains=()):
     """Why the pool cannot take the machine now: cpu, memory, storage, then a server group's hard rule, then a
     topology spread's (``spread`` constraints, ``domains`` as placement_rules.spread_domains counts them).
-    ``details`` gets '<pool>: storage <free> free, needs <need>' for a pool short of storage."""
+    ``details`` gets, for a pool short of storage, its name, its free storage and the need, as in
+    'pool1: storage 3Gi free, needs 10Gi'."""
     size = size_on(machine, pool)
     free_cpu, free_memory = ledger.free(pool)
     reasons = []
