@@ -280,7 +280,21 @@ def test_invalid_documents_all_reported_nothing_written(lab2):
          "spec": {"vcpu": 1, "memory": "128Mi", "diskAttachments": [{"name": "no-such-volume"}]}},
         {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "MachineClass", "metadata": {"name": "good-class"},
          "capabilities": {"cpu": 1, "memory": "128Mi"}},
+        {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "Machine", "metadata": {"name": "bad-6"},
+         "spec": {"machineClassRef": {"name": "good-class"}, "image": "no-such-image"}},
+        {"apiVersion": "machine.openshift.io/v1beta1", "kind": "MachineSet", "metadata": {"name": "bad-7"},
+         "spec": {"replicas": 1, "selector": {"matchLabels": {"set": "bad-7"}}, "template": {
+             "metadata": {"labels": {"set": "bad-7"}}, "spec": {"providerSpec": {"value": {
+                 "apiVersion": "machinery.compute/v1alpha1", "kind": "LibvirtMachineProviderSpec",
+                 "machineClass": "good-class", "image": "/no/such/disk.qcow2"}}}}}},
     ]
+    # the image is resolved before anything is written, in check mode as in the apply, under the document's path
+    planned = run_module("manifest", check=True, pools=entries, definition=documents)
+    assert planned["failed"] and "Machine/bad-6: spec.image: no image named 'no-such-image' is published on any " \
+        "pool of this run (%s) (publish it with machinery.compute.machine_image)" % ", ".join(
+            sorted(pool.name for pool in pools)) in planned["problems"], planned
+    assert "MachineSet/bad-7: spec.template.spec.providerSpec.value.image: '/no/such/disk.qcow2' is neither an " \
+        "image published on a pool of this run nor a file" in planned["problems"], planned
     result = run_module("manifest", pools=entries, definition=documents)
     assert result["failed"] and result["reason"] == "Invalid", result
     problems = result["problems"]
@@ -296,6 +310,7 @@ def test_invalid_documents_all_reported_nothing_written(lab2):
     assert "Machine/bad-4: spec.disks[0].iops: must be between 100 and 64000" in problems
     assert any(p.startswith("VirtualMachine/bad-5: spec.diskAttachments[0].name: Volume 'no-such-volume'")
                for p in problems)
+    assert sorted(planned["problems"]) == sorted(problems)
     assert (machines(pools), registry_keys(pools[0]), pools[0].volumes()) == before
 
 

@@ -271,6 +271,24 @@ def _networks_exist(obj, params, fields, pools):
                 network, "pool %s" % pinned if pinned else "any pool of this run (%s)" % ", ".join(where)))
 
 
+def _image_exists(obj, params, fields, pools):
+    """A machine's image is published on its pool (or, unplaced, on some pool of the run), or is a file here or a
+    URL: what the apply would refuse, refused by check mode too, under the document's own path."""
+    image = params.get("image")
+    pinned = params.get("machine_pool")
+    if not isinstance(image, str) or not image or (pinned and pinned not in pools.by_name):
+        return
+    shown = obj.where.get("image") or "spec"
+    where = [pinned] if pinned else sorted(pools.by_name)
+    if is_reference(image):
+        if not any(image in pools.images.get(pool, {}) for pool in where):
+            fields.error(shown, "no image named %r is published on %s (publish it with machinery.compute."
+                                "machine_image)" % (image, "pool %s" % pinned if pinned
+                                                     else "any pool of this run (%s)" % ", ".join(where)))
+    elif "://" not in image and not os.path.isfile(image):
+        fields.error(shown, "%r is neither an image published on a pool of this run nor a file" % image)
+
+
 def check_documents(documents, pools, load_problems=()):
     """Every document parsed and linked; raises ManifestError with every problem. Returns (objects, warnings)."""
     problems = Problems()
@@ -280,8 +298,9 @@ def check_documents(documents, pools, load_problems=()):
         link(objects, problems, pools)
         for obj in objects:
             if obj.role in ("machine", "set"):
-                _networks_exist(obj, obj.params["template"] if obj.role == "set" else obj.params,
-                                Fields(problems, obj.ref), pools)
+                params = obj.params["template"] if obj.role == "set" else obj.params
+                _networks_exist(obj, params, Fields(problems, obj.ref), pools)
+                _image_exists(obj, params, Fields(problems, obj.ref), pools)
             if not problems.of(obj.ref):
                 core_checks(obj, Fields(problems, obj.ref), pools)
     problems.raise_if_any()

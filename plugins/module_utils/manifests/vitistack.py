@@ -314,6 +314,7 @@ def link(obj, objects, fields, pools=None):
         return
     if wanted.get("imageID"):
         obj.params["image"] = wanted["imageID"]
+        obj.where["image"] = "spec.os.imageID"
         return
     if pools is None:
         return
