@@ -22,8 +22,9 @@ class FakePools:
         self.snapshots = [{"name": "pool1", "classes": {"small": {}}}, {"name": "pool2", "classes": {"small": {}}}]
         self.by_name = {s["name"]: s for s in self.snapshots}
         self.volumes = {"pool1": {"boot-vol"}, "pool2": set()}
-        self.images = {"pool1": {"debian-12": {"os": {"family": "linux", "distribution": "debian", "version": "12"}}},
-                       "pool2": {}}
+        self.images = {"pool1": {"debian-12": {"os": {"family": "linux", "distribution": "debian", "version": "12"}},
+                                 "my-image": {}},
+                       "pool2": {"my-image": {}}}
 
     def class_on(self, name):
         return [s["name"] for s in self.snapshots if name in s["classes"]]
@@ -456,6 +457,23 @@ def test_a_nic_on_a_network_no_pool_has_is_refused_before_anything_is_written():
     vm["spec"]["virtualNetworks"] = ["net-db", "no-such-net"]
     assert problems_of(vm) == ["VirtualMachine/sample-vm: spec.virtualNetworks[1]: no libvirt network 'no-such-net' "
                                "on pool pool1"]
+
+
+def test_an_image_no_pool_publishes_is_refused_under_the_documents_path():
+    ironcore = _set(_set(IC_MACHINE, "spec.image", "no-such-image"), "spec.machinePoolRef", {"name": "pool2"})
+    found = problems_of(IC_CLASS, IC_VOLUME, IC_NIC, IC_SECRET, ironcore)
+    assert "Machine/machine-sample: spec.image: no image named 'no-such-image' is published on pool pool2 " \
+           "(publish it with machinery.compute.machine_image)" in found, found
+    assert problems_of(_set(OS_SET, "spec.template.spec.providerSpec.value.image", "/no/such/disk.qcow2")) == [
+        "MachineSet/workers: spec.template.spec.providerSpec.value.image: '/no/such/disk.qcow2' is neither an image "
+        "published on a pool of this run nor a file"]
+    unplaced = _set(VS_MACHINE, "spec.os.imageID", "gone")
+    assert [line for line in problems_of(unplaced) if "spec.os" in line] == [
+        "Machine/vm-1: spec.os.imageID: no image named 'gone' is published on any pool of this run (pool1, pool2) "
+        "(publish it with machinery.compute.machine_image)"]
+    # published on one pool of two: the scheduler places the machine there
+    objects, _warnings = objects_of(_set(OS_SET, "spec.template.spec.providerSpec.value.image", "debian-12"))
+    assert objects["MachineSet/workers"].params["template"]["image"] == "debian-12"
 
 
 def test_kupenstack_namespace_is_kept_and_a_second_namespace_is_refused():
