@@ -244,10 +244,11 @@ pool:
       type: dict
       sample: {"capacity": "900Gi", "available": "812Gi", "allocated": "120Gi", "allocatable": "900Gi"}
     available_machine_classes:
-      description: Published classes with how many more of each fit.
+      description: Published classes with how many of each the pool holds (C(capacity)) and how many more fit
+        (C(allocatable)).
       type: list
       elements: dict
-      sample: [{"name": "small", "cpu": 1, "memory": "512Mi", "allocatable": 28}]
+      sample: [{"name": "small", "cpu": 1, "memory": "512Mi", "capacity": 64, "allocatable": 28}]
     machine_count:
       description: Number of machines defined on the pool.
       type: int

@@ -141,7 +141,7 @@ pools:
       type: dict
       sample: {"capacity": "900Gi", "available": "812Gi", "allocated": "120Gi", "allocatable": "900Gi"}
     available_machine_classes:
-      description: Published classes with how many more of each fit.
+      description: Published classes with how many of each the pool holds and how many more fit.
       type: list
       elements: dict
       contains:
@@ -157,6 +157,11 @@ pools:
           description: Memory of the class, a quantity.
           type: str
           sample: 512Mi
+        capacity:
+          description: How many machines of the class the pool holds when it runs nothing (its allocatable
+            cpu and memory over the class's).
+          type: int
+          sample: 64
         allocatable:
           description: How many more machines of the class fit on the pool.
           type: int

@@ -177,6 +177,15 @@ def test_ironcore_fields_once_silently_ignored_are_applied_or_warned(lab2):
                  "Machine/conf-1: spec.networkInterfaces[0].ephemeral.networkInterfaceTemplate.spec.virtualIP: "):
         assert any(line.startswith(path) for line in said), (path, said)
     pool = pools[0]
+    # the pool's status as IronCore's: classes as references, capacity and allocatable with a count per class
+    shown = next(obj["status"] for obj in made["objects"] if obj["kind"] == "MachinePool")
+    info = run_module("machine_pool_info", uri=pool.uri)["pools"][0]
+    small = next(item for item in info["available_machine_classes"] if item["name"] == "small")
+    assert {"name": "small"} in shown["availableMachineClasses"], shown
+    assert shown["capacity"]["cpu"] == str(info["allocatable"]["cpu"]), shown
+    assert shown["capacity"]["class/machine.small"] == str(small["capacity"]), (shown, small)
+    assert shown["allocatable"]["class/machine.small"] == str(small["allocatable"]), (shown, small)
+    assert small["allocatable"] < small["capacity"]  # conf-1, of class small, runs there
     mac = record(pool, "conf-1")["spec"]["network_interfaces"][0]["mac"]
     assert {"mac": mac, "ip": address} in [{"mac": h.get("mac"), "ip": h.get("ip")} for h in network_hosts(pool)[1]]
     assert "conf-vol" in pool.volumes() and "conf-vol" in pool.domain("conf-1").XMLDesc(0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity, parse_quantity
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import (
     APPLIED, refused, table, warned)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
@@ -369,6 +370,27 @@ STATE = {"Pending": "Pending", "Running": "Running", "Shutdown": "Shutdown", "Te
          "Terminated": "Terminated", "Failed": "Error"}
 
 
+def pool_status(pool):
+    """A MachinePool's status as IronCore's pools report it: the classes it offers as references, and capacity and
+    allocatable as resource lists, cpu and memory with a count per class (``class/machine.<name>``), quantities as
+    strings. Capacity is what the pool holds when it runs nothing (after reservations and overcommit), allocatable
+    what is left of it now. An unreachable pool reports its state only."""
+    shown = {"state": pool.get("state", "Unknown")}
+    classes = pool.get("available_machine_classes") or []
+    if classes:
+        shown["availableMachineClasses"] = [{"name": item["name"]} for item in classes]
+    total, used = pool.get("allocatable"), pool.get("allocated")
+    if pool.get("state") in (None, "Offline") or not total or not used:
+        return shown
+    free = {"cpu": total["cpu"] - used["cpu"],
+            "memory": max(0, parse_quantity(total["memory"]) - parse_quantity(used["memory"]))}
+    shown["capacity"] = dict({"cpu": str(total["cpu"]), "memory": total["memory"]},
+                             **{"class/machine.%s" % item["name"]: str(item["capacity"]) for item in classes})
+    shown["allocatable"] = dict({"cpu": str(max(0, free["cpu"])), "memory": format_quantity(free["memory"])},
+                                **{"class/machine.%s" % item["name"]: str(item["allocatable"]) for item in classes})
+    return shown
+
+
 def status(obj, observed):
     """The status an IronCore object shows, from what the run observed."""
     machine = observed.get("machine")
@@ -390,9 +412,7 @@ def status(obj, observed):
     if obj.kind == "MachineClass":
         return {"pools": observed.get("pools", [])}
     if obj.kind == "MachinePool":
-        pool = observed.get("pool") or {}
-        return {"state": pool.get("state", "Unknown"),
-                "availableMachineClasses": [item["name"] for item in pool.get("available_machine_classes") or []]}
+        return pool_status(observed.get("pool") or {})
     if obj.kind == "NetworkInterface":
         return {"state": "Available" if observed.get("machine") else "Pending"}
     return {}
@@ -409,7 +429,6 @@ TABLES = {
 
 
 def row(obj, shown, observed):
-    from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
     machine = observed.get("machine") or {}
     if obj.kind == "Machine":
         return (obj.name, obj.params.get("machine_class") or "-", obj.params.get("image") or "-",

@@ -127,6 +127,14 @@ def allocatable_of(capacity, reserved, overcommit):
             "memory": int((capacity["memory"] - reserved["memory"]) * overcommit["memory"])}
 
 
+def class_count(resources, body):
+    """How many machines of a class (``body``: cpu, memory) ``resources`` hold: of an empty pool, its capacity; of
+    what is free, how many more fit."""
+    if not body.get("cpu") or not body.get("memory"):
+        return 0
+    return max(0, int(min(resources["cpu"] // body["cpu"], resources["memory"] // body["memory"])))
+
+
 def pool_status(ctx, registration=None, sizes=None, capacity=None):
     """The public ``pool`` return: registration plus live capacity, allocation and class fit."""
     conn = ctx.conn
@@ -147,10 +155,8 @@ def pool_status(ctx, registration=None, sizes=None, capacity=None):
             problems.append("network %s is not active" % name)
     classes = []
     for body in ctx.registry.machine_classes().values():
-        fits = min(free["cpu"] // body["cpu"], free["memory"] // body["memory"]) if body["cpu"] and body["memory"] \
-            else 0
         classes.append({"name": body["name"], "cpu": body["cpu"], "memory": format_quantity(body["memory"]),
-                        "allocatable": max(0, int(fits))})
+                        "capacity": class_count(allocatable, body), "allocatable": class_count(free, body)})
     classes.sort(key=lambda item: item["name"])
 
     def show(resources):

@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.manifests import documents as docs
-from ansible_collections.machinery.compute.plugins.module_utils.manifests import engine
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import engine, ironcore
 
 IC = "compute.ironcore.dev/v1alpha1"
 OS = "machine.openshift.io/v1beta1"
@@ -522,3 +522,18 @@ def test_vitistack_instance_types_keys_with_a_script_and_encrypted_disks():
     assert again["volumes"][0]["passphrase"] != vm["volumes"][0]["passphrase"]
     bad = _set(VS_MACHINE, "spec.instanceType", "t3 medium!")
     assert problems_of(bad)[0].startswith("Machine/vm-1: spec.instanceType: ")
+
+
+def test_ironcore_machine_pool_status_has_capacity_and_allocatable_per_class():
+    pool = {"state": "Ready", "allocatable": {"cpu": 32, "memory": "16Gi"}, "allocated": {"cpu": 3, "memory": "1Gi"},
+            "available_machine_classes": [{"name": "small", "cpu": 1, "memory": "512Mi", "capacity": 32,
+                                           "allocatable": 29},
+                                          {"name": "large", "cpu": 8, "memory": "8Gi", "capacity": 2,
+                                           "allocatable": 1}]}
+    assert ironcore.pool_status(pool) == {
+        "state": "Ready", "availableMachineClasses": [{"name": "small"}, {"name": "large"}],
+        "capacity": {"cpu": "32", "memory": "16Gi", "class/machine.small": "32", "class/machine.large": "2"},
+        "allocatable": {"cpu": "29", "memory": "15Gi", "class/machine.small": "29", "class/machine.large": "1"}}
+    assert ironcore.pool_status({"state": "Offline", "allocatable": {"cpu": 0, "memory": "0"},
+                                 "available_machine_classes": []}) == {"state": "Offline"}
+    assert ironcore.pool_status({}) == {"state": "Unknown"}

@@ -416,3 +416,12 @@ def test_storage_counts_the_local_images_the_caller_read(tmp_path):
         scheduler.schedule(specs[:1], [stored(pool("a"), free=5)], image_sizes=sizes)
     assert machine_spec.local_image_sizes(validated([spec("m", image="published-name"),
                                                      spec("n", image=str(tmp_path / "missing.qcow2"))])) == {}
+
+
+def test_class_count_is_how_many_of_a_class_fit():
+    from ansible_collections.machinery.compute.plugins.module_utils.pools.capacity import class_count
+    small = {"cpu": 1, "memory": 512 * 2 ** 20}
+    assert class_count({"cpu": 32, "memory": 16 * 2 ** 30}, small) == 32
+    assert class_count({"cpu": 32, "memory": 2 * 2 ** 30}, small) == 4  # memory bounds it
+    assert class_count({"cpu": -1, "memory": 2 * 2 ** 30}, small) == 0  # overcommitted: none, never negative
+    assert class_count({"cpu": 4, "memory": 2 ** 30}, {"cpu": 0, "memory": 0}) == 0
