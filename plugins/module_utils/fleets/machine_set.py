@@ -159,13 +159,16 @@ def normalize_set(params):
     return desired
 
 
-def definition(desired):
-    """The document every pool of the set keeps."""
+def definition(desired, members_made=0):
+    """The document every pool of the set keeps; ``members_made`` counts the member names handed out (absent
+    while none was: the documents of sets made before it stay as they were)."""
     document = {key: desired[key] for key in ("name", "replicas", "selector", "delete_policy", "strategy",
                                               "rollout", "template_hash")}
     document["template"] = public_template(desired["template"])
     if desired.get("topology_spread"):  # only when given: the documents of sets without one stay as they were
         document["topology_spread"] = desired["topology_spread"]
+    if members_made:
+        document["members_made"] = members_made
     return document
 
 
@@ -293,11 +296,6 @@ def plan_set(desired, observed):
         actions += [Action("forget", pool["name"], steps=[step("delete_document", set_key(name))], uri=pool["uri"])
                     for pool in observed["pools"] if pool.get("definition") is not None]
         return Plan(actions)
-    document = definition(desired)
-    for pool in observed["pools"]:
-        if pool.get("state") == "Ready" and pool.get("definition") != document:
-            actions.append(Action("record", pool["name"], steps=[step("write_document", set_key(name))],
-                                  uri=pool["uri"], document=document))
     for orphan in orphans:
         actions.append(Action("adopt", orphan["name"], {"labels": orphan.get("labels") or {}},
                               {"labels": dict(orphan.get("labels") or {}, **{OWNER_LABEL: name})},
@@ -305,7 +303,7 @@ def plan_set(desired, observed):
                               pool=orphan["pool"], labels=dict(orphan.get("labels") or {}, **{OWNER_LABEL: name})))
     everyone = members + orphans
     taken = {machine["name"] for machine in observed["machines"]}
-    counter = 0
+    counter = members_made(observed["pools"])
     if len(everyone) < desired["replicas"]:
         names = []
         for _index in range(desired["replicas"] - len(everyone)):
@@ -326,13 +324,25 @@ def plan_set(desired, observed):
              if (member.get("labels") or {}).get(HASH_LABEL) != desired["template_hash"]]
     if stale and desired.get("rollout"):
         coming = sum(1 for action in actions if action.kind == "create")
-        waves, stopped = rollout_waves(desired, everyone, stale, observed["snapshots"], taken, counter, coming)
+        waves, stopped, counter = rollout_waves(desired, everyone, stale, observed["snapshots"], taken, counter,
+                                                coming)
         actions += waves
         warnings += stopped
     elif stale:
         warnings.append("%d member(s) were made from another template (%s); they are replaced only with rollout"
                         % (len(stale), ", ".join(sorted(member["name"] for member in stale))))
-    return Plan(actions, warnings, stale=sorted(member["name"] for member in stale))
+    # the record goes first, with how many member names were handed out: a replacement never takes the name of
+    # the member it replaces, as OpenShift's do not, even when this run fails before it is made
+    document = definition(desired, counter)
+    records = [Action("record", pool["name"], steps=[step("write_document", set_key(name))], uri=pool["uri"],
+                      document=document)
+               for pool in observed["pools"] if pool.get("state") == "Ready" and pool.get("definition") != document]
+    return Plan(records + actions, warnings, stale=sorted(member["name"] for member in stale))
+
+
+def members_made(pools):
+    """How many member names the set has handed out, by the pools' records (the most any of them says)."""
+    return max([int((pool.get("definition") or {}).get("members_made") or 0) for pool in pools] or [0])
 
 
 def rollout_waves(desired, members, stale, snapshots, taken, counter, coming=0):
@@ -340,7 +350,8 @@ def rollout_waves(desired, members, stale, snapshots, taken, counter, coming=0):
     running (the floor) nor more than ``replicas + max_surge`` members in all. With a surge each wave first makes
     new members (and waits for them to run), then deletes the old ones the floor allows; without, it deletes
     first, then makes as many as replicas allow. A member not running costs the floor nothing to delete.
-    ``coming`` new members are made before the first wave (a scale up). Returns (actions, warnings)."""
+    ``coming`` new members are made before the first wave (a scale up). Returns (actions, warnings, the name
+    counter after the names it handed out)."""
     replicas = desired["replicas"]
     surge, unavailable = desired["rollout"]["max_surge"], desired["rollout"]["max_unavailable"]
     floor = max(replicas - unavailable, 0)
@@ -376,7 +387,7 @@ def rollout_waves(desired, members, stale, snapshots, taken, counter, coming=0):
                             "max_unavailable), and no new member can be made" % (wave, running, floor))
             break
         actions += creates + deletes if surge else deletes + creates
-    return actions, warnings
+    return actions, warnings, counter
 
 
 def _leave(queue, running, floor, wave, deletes):
