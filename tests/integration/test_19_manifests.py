@@ -247,6 +247,30 @@ def test_openshift_machineset_with_health_check_export_and_prune(lab2):
     again = run_module("manifest", pools=entries, src=OPENSHIFT)
     assert again["changed"] is False, again
 
+    # one member dies: the check remediates it and the set replaces it, in one apply, under a new name
+    victim = members[0]
+    holder = next(pool for pool in pools if pool.domain(victim) is not None)
+    holder.domain(victim).destroy()
+    strict = documents_of(OPENSHIFT)
+    strict[1]["spec"].update(maxUnhealthy="50%", unhealthyConditions=[
+        {"type": "Ready", "status": "False", "timeout": "0s"}])
+    healed = run_module("manifest", pools=entries, definition=strict, shutdown_timeout=2)
+    assert "MachineHealthCheck/workers-health: delete %s" % victim in healed["actions"], healed
+    now = sorted(n for n in machines(pools) if n.startswith("workers-"))
+    assert len(now) == 2 and victim not in now and members[1] in now, (now, members)
+    replacement = next(name for name in now if name != victim and name != members[1])
+    assert "MachineSet/workers: create %s" % replacement in " ".join(healed["actions"]), healed
+    shown = {o["kind"]: o["status"] for o in healed["objects"]}
+    assert shown["MachineSet"]["replicas"] == 2 and shown["MachineSet"]["readyReplicas"] == 2, shown
+    assert shown["MachineHealthCheck"]["expectedMachines"] == 2, shown
+    assert shown["MachineHealthCheck"]["currentHealthy"] == 2, shown
+    # the set's members are listed as Machines, as oc get machines shows them: the remediation is visible there
+    listed = [line.split() for line in healed["tables"]["Machine"][1:]]
+    assert sorted(line[0] for line in listed) == now and all(line[1:3] == ["Running", "small"] for line in listed), \
+        healed["tables"]
+    assert run_module("manifest", pools=entries, definition=strict)["changed"] is False
+    members = now
+
     documents = documents_of(OPENSHIFT)
     documents[0]["spec"]["replicas"] = 1
     scaled = run_module("manifest", pools=entries, definition=documents, shutdown_timeout=2)

@@ -149,6 +149,15 @@ def verdict(desired, machine, health, moment):
     return reasons
 
 
+def timing(desired, machine, health):
+    """Whether a rule or the startup timeout is still timing the machine: a rule's condition holds, or it has not
+    been Ready once since its creation, but not yet for its timeout. Such a machine is not unhealthy yet, nor
+    healthy: the machine-api-operator counts it out of currentHealthy."""
+    if any((health.get(rule["type"]) or {}).get("status") == rule["status"] for rule in desired["rules"]):
+        return True
+    return "ever_ready" not in health and bool(machine.get("created"))
+
+
 def allowed_count(limit, total):
     if "count" in limit:
         return limit["count"]
@@ -159,14 +168,17 @@ def plan_check(desired, machines, moment):
     """Remediations: pure, from the check, the machines (statuses with their recorded ``health``) and the time."""
     covered = [machine for machine in machines
                if all((machine.get("labels") or {}).get(key) == value for key, value in desired["match_labels"].items())]
-    unhealthy = []
+    unhealthy, waiting = [], []
     for machine in covered:
-        reasons = verdict(desired, machine, transitions(machine, moment), moment)
+        health = transitions(machine, moment)
+        reasons = verdict(desired, machine, health, moment)
         if reasons:
             unhealthy.append({"name": machine["name"], "pool": machine.get("pool"), "uri": machine.get("uri"),
                               "phase": machine.get("phase"), "reasons": reasons})
+        elif timing(desired, machine, health):
+            waiting.append(machine["name"])
     allowed = allowed_count(desired["max_unhealthy"], len(covered))
-    facts = {"covered": len(covered), "unhealthy": unhealthy, "max_unhealthy": allowed,
+    facts = {"covered": len(covered), "unhealthy": unhealthy, "waiting": sorted(waiting), "max_unhealthy": allowed,
              "remediation_allowed": len(unhealthy) <= allowed}
     if not facts["remediation_allowed"]:
         return Plan(warnings=["%d of %d machines are unhealthy, more than max_unhealthy (%d): nothing is remediated"

@@ -335,7 +335,8 @@ class Run:
         if plan.actions:
             before, after = plan.diff()
             key = obj_ref + where
-            self.before[key], self.after[key] = before, after
+            self.before.setdefault(key, before)  # converged twice in one apply (a set after remediation): first seen
+            self.after[key] = after
         self.warnings.extend("%s: %s" % (obj_ref, warning) for warning in plan.warnings)
 
     def present(self, pools):
@@ -343,7 +344,11 @@ class Run:
         self.volumes(pools, "present")
         self.machines(pools, "present")
         self.sets("present")
-        self.checks()
+        if self.checks() and not self.check_mode:
+            # as OpenShift's controllers do in one pass: the sets replace what the checks deleted, in this same
+            # apply, and the checks then count what runs now
+            self.sets("present")
+            self.checks(count_only=True)
         if self.params["prune"]:
             self.prune(pools)
 
@@ -452,20 +457,31 @@ class Run:
                 self.actions.extend("%s: %s" % (obj.ref, step) for step in exc.done)
                 continue
             self.note(obj.ref, plan)
-            self.observed[obj.key]["set"] = set_status(resource.desired, observed, plan)
+            self.observed[obj.key]["set"] = shown = set_status(resource.desired, observed, plan)
+            names = {member["name"] for member in shown.get("members") or []}
+            self.observed[obj.key]["members"] = [machine for machine in observed["machines"]
+                                                 if machine["name"] in names]
 
-    def checks(self):
+    def checks(self, count_only=False):
+        """Converge each health check; returns how many machines they deleted. ``count_only``: observe and count,
+        remediate nothing (after the sets replaced what was deleted)."""
+        deleted = 0
         for obj in self.of("check"):
             params = {item.name: item.default for item in options.MACHINE_HEALTH_CHECK}
             params.update(obj.params)
             resource = HealthCheckResource(self.fleet, params, self.check_mode)
             try:
+                if count_only:
+                    self.observed[obj.key]["check"] = resource.plan(resource.observe()).facts
+                    continue
                 plan, _observed = converge(resource, self.check_mode)
             except MachineryError as exc:
                 self.failures.append("%s: %s" % (obj.ref, spoken(obj, exc.field, str(exc))))
                 continue
             self.note(obj.ref, plan)
             self.observed[obj.key]["check"] = resource.plan_facts
+            deleted += sum(1 for action in plan.actions if action.kind == "delete")
+        return deleted
 
     def prune(self, pools):
         """Machines and sets that carry an ``app`` label of these documents but are no longer in them go."""
@@ -520,6 +536,10 @@ class Run:
                                   "status": status})
             rows.setdefault(obj.kind, (obj.dialect.TABLES.get(obj.kind), []))[1].append(
                 obj.dialect.row(obj, status, observed))
+            if obj.role == "set" and hasattr(obj.dialect, "member_row"):  # a set's members, as its Machines
+                for machine in sorted(observed.get("members") or [], key=lambda item: item["name"]):
+                    rows.setdefault("Machine", (obj.dialect.TABLES.get("Machine"), []))[1].append(
+                        obj.dialect.member_row(machine))
         tables = {kind: columns(header, lines) for kind, (header, lines) in rows.items() if header}
         return shown_objects, tables
 

@@ -323,7 +323,8 @@ def status(obj, observed):
         covered = result.get("covered") or 0
         covered = covered if isinstance(covered, int) else len(covered)
         unhealthy = len(result.get("unhealthy") or [])
-        return {"expectedMachines": covered, "currentHealthy": covered - unhealthy,
+        # as the machine-api-operator counts: a machine a timeout is still timing is not healthy yet
+        return {"expectedMachines": covered, "currentHealthy": covered - unhealthy - len(result.get("waiting") or []),
                 "remediationsAllowed": max(0, int(result.get("max_unhealthy") or 0) - unhealthy)}
     return {}
 
@@ -334,6 +335,12 @@ TABLES = {
     "MachineHealthCheck": ("NAME", "MAXUNHEALTHY", "EXPECTEDMACHINES", "CURRENTHEALTHY"),
     "Secret": ("NAME", "TYPE"),
 }
+
+
+def member_row(machine):
+    """A MachineSet's member in the Machine table, as ``oc get machines`` lists a set's machines."""
+    return (machine["name"], PHASES.get(machine.get("phase"), "Provisioning"), machine.get("machine_class") or "-",
+            machine.get("pool") or "-", "", machine.get("age") or "-")
 
 
 def row(obj, shown, observed):

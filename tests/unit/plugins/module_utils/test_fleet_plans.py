@@ -58,6 +58,26 @@ def test_nothing_to_do_and_the_definition_is_recorded_once():
     assert fresh.kinds() == ["record"] * 3
 
 
+def test_a_replacement_gets_a_new_name_and_the_record_counts_the_names():
+    made = ms.plan_set(desired(replicas=3), observed([]))
+    names = [a.target for a in made.actions if a.kind == "create"]
+    assert made.kinds()[:3] == ["record"] * 3  # the names are recorded before the members are made
+    assert {a.data["document"]["members_made"] for a in made.actions if a.kind == "record"} == {3}
+    # one member was remediated (deleted): its replacement does not take its name back
+    left = [member(names[0], "p1"), member(names[1], "p2")]
+    again = ms.plan_set(desired(replicas=3), observed(left, definition=ms.definition(desired(), 3)))
+    replacement = [a.target for a in again.actions if a.kind == "create"]
+    assert len(replacement) == 1 and replacement[0] not in names, (replacement, names)
+    assert {a.data["document"]["members_made"] for a in again.actions if a.kind == "record"} == {4}
+    # nothing to make: the record stays as it is
+    whole = left + [member(replacement[0], "p3")]
+    assert ms.plan_set(desired(replicas=3), observed(whole, definition=ms.definition(desired(), 4))).actions == []
+    # a pool whose record lags behind (it was away) is brought up to the most any pool says
+    behind = observed(whole, definition=ms.definition(desired(), 4))
+    behind["pools"][2]["definition"] = ms.definition(desired(), 1)
+    assert [a.target for a in ms.plan_set(desired(replicas=3), behind).actions] == ["p3"]
+
+
 @pytest.mark.parametrize("policy,expected", [("Newest", ["web-c"]), ("Oldest", ["web-a"])])
 def test_scale_down_by_policy(policy, expected):
     members = [member("web-a", "p1", "2026-01-01T00:00:00+00:00"), member("web-b", "p2", "2026-01-02T00:00:00+00:00"),
@@ -149,6 +169,17 @@ def test_a_condition_counts_from_its_first_observation():
     plan = plan_check(health(), [fresh, old, watched("web-c", True, "2026-01-01T00:00:00+00:00")], NOW)
     assert [a.target for a in plan.actions] == ["web-b"] and plan.facts["remediation_allowed"]
     assert "Ready=False for 600s" in plan.actions[0].data["reasons"][0]
+
+
+def test_a_machine_still_timed_is_neither_healthy_nor_unhealthy():
+    fresh = watched("web-a", False, "2026-01-01T00:58:00+00:00")  # Ready False for 2 minutes of 5
+    starting = watched("web-b", False, NOW, created="2026-01-01T00:59:00+00:00")
+    del starting["health"]["ever_ready"]  # never Ready yet, inside node_startup_timeout
+    plan = plan_check(health(), [fresh, starting, watched("web-c", True, "2026-01-01T00:00:00+00:00")], NOW)
+    assert plan.actions == [] and plan.facts["unhealthy"] == [] and plan.facts["waiting"] == ["web-a", "web-b"]
+    from ansible_collections.machinery.compute.plugins.module_utils.manifests import openshift
+    shown = openshift.status(type("Obj", (), {"kind": "MachineHealthCheck"})(), {"check": plan.facts})
+    assert (shown["expectedMachines"], shown["currentHealthy"]) == (3, 1)
 
 
 def test_max_unhealthy_stops_remediation():
