@@ -29,7 +29,13 @@ libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
 
 
 def lab_file():
-    """The lab under test: $MACHINERY_LAB (make integration's own lab), else the development lab."""
+    """The lab under test: $MACHINERY_LAB (make integration's own lab), else the development lab. When the suite
+    runs on several labs at once (pytest-xdist, $MACHINERY_LABS the lab files separated by ':'), worker gwN takes the
+    Nth: each test file runs on one worker, so a file has one lab to itself."""
+    labs = [path for path in os.environ.get("MACHINERY_LABS", "").split(":") if path]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if labs and worker.startswith("gw"):
+        return os.path.abspath(labs[int(worker[2:]) % len(labs)])
     return os.path.abspath(os.environ.get("MACHINERY_LAB") or os.path.join(REPO, ".lab", "lab.json"))
 
 
