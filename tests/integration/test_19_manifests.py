@@ -477,7 +477,18 @@ def test_vitistack_machine_applied_exported_and_deleted(lab2):
     assert any(line.startswith("Machine/viti-1: spec.network.interfaces[0].subnet: ") for line in said), said
     status = made["objects"][0]["status"]
     assert status["phase"] == "Running" and status["lastUpdated"] and "passphrase" not in json.dumps(made)
-    assert run_module("manifest", pools=entries, definition=[machine])["changed"] is False
+    shown = {item["type"]: item for item in status["conditions"]}
+    assert (shown["DrainReady"]["status"], shown["DrainReady"]["reason"]) == ("False", "EncryptedVolumes"), shown
+    assert (shown["BackupReady"]["status"], shown["BackupReady"]["reason"]) == ("False", "NoBackup"), shown
+    backup = run_module("machine_backup", uri=where.uri, machine="viti-1", name="nightly")
+    assert backup["changed"] and not backup.get("failed"), backup
+    again = run_module("manifest", pools=entries, definition=[machine])
+    assert again["changed"] is False
+    shown = {item["type"]: item for item in again["objects"][0]["status"]["conditions"]}
+    assert (shown["BackupReady"]["status"], shown["BackupReady"]["reason"]) == ("True", "BackedUp"), shown
+    assert shown["BackupReady"]["message"].startswith("newest backup nightly taken ")
+    assert run_module("machine_backup", uri=where.uri, machine="viti-1", name="nightly",
+                      state="absent")["changed"] is True
 
     exported = run_module("manifest_info", pools=entries, dialect="vitistack", name=["viti-1"])
     document = exported["documents"][0]

@@ -23,6 +23,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
+from ansible_collections.machinery.compute.plugins.module_utils.machines.backups import backup_key
 from ansible_collections.machinery.compute.plugins.module_utils.machines.named_images import is_reference
 from ansible_collections.machinery.compute.plugins.module_utils.machines.volumes import VolumeResource
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import Fleet
@@ -429,6 +430,9 @@ class Run:
             self.actions.extend("%s: %s" % (obj.ref, step) for step in failure["done"])
         for name, machine in outcome.machines.items():
             self.observed[by_name[name].key]["machine"] = machine if machine.get("phase") != "Terminated" else None
+            if getattr(by_name[name].dialect, "BACKUPS_IN_STATUS", False) and machine.get("phase") != "Terminated":
+                ctx = pools.context(machine.get("pool"))
+                self.observed[by_name[name].key]["backups"] = ctx.registry.get(backup_key(name)) if ctx else None
         if state == "absent":
             # the dialects report their own deletion: the run that deletes a machine, then "gone"
             for obj in objs:

@@ -37,6 +37,7 @@ GIB = 2 ** 30
 SPEC = ("name", "instanceType", "os", "providerConfig", "cpu", "memory", "disks", "network", "sshKeys", "userData",
         "tags", "securityGroups", "monitoring", "backup")
 CLASS_PATH = "spec.instanceType"
+BACKUPS_IN_STATUS = True  # the engine reads each machine's list of backups for BackupReady
 POOL_PATH = "spec.providerConfig.region"
 NO_PUBLIC = warned("libvirt networks have no public addresses: not applied")
 ONE_SUBNET = warned("a libvirt network is one subnet (spec.network.vpc): not applied")
@@ -340,10 +341,37 @@ def _condition(kind, ok, reason, message=""):
     return {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message}
 
 
-def conditions(machine):
+def _drain_ready(machine):
+    """DrainReady: whether the drain role could move the machine off its pool now. The move core refuses a machine
+    with encrypted volumes (their passphrase secret stays on the pool) or fixed addresses (reserved on the pool's
+    network); snapshots, which it refuses too, are not in a machine's status and are named by the move itself."""
+    encrypted = [vol["name"] for vol in machine.get("volumes") or [] if vol.get("encrypted")]
+    fixed = [nic["name"] for nic in machine.get("network_interfaces") or [] if nic.get("ip_address")]
+    if encrypted:
+        return _condition("DrainReady", False, "EncryptedVolumes", "encrypted volumes %s stay on the pool: a drain "
+                          "cannot move the machine" % ", ".join(encrypted))
+    if fixed:
+        return _condition("DrainReady", False, "FixedAddresses", "fixed addresses of %s are reserved on the pool's "
+                          "network: a drain cannot move the machine" % ", ".join(fixed))
+    return _condition("DrainReady", True, "Movable")
+
+
+def _backup_ready(backups):
+    """BackupReady: whether a backup of the machine exists (machine_backup keeps their list in the pool's
+    registry); vitistack's spec.backup schedule runs outside the pools, so the newest one is named."""
+    entries = sorted((backups or {}).get("backups") or [], key=lambda entry: entry.get("created") or "")
+    if not entries:
+        return _condition("BackupReady", False, "NoBackup", "no backup taken yet (machinery.compute.machine_backup)")
+    newest = entries[-1]
+    return _condition("BackupReady", True, "BackedUp", "newest backup %s taken %s" % (newest["name"],
+                                                                                      newest.get("created")))
+
+
+def conditions(machine, backups=None):
     """vitistack's conditions from the machine's: Ready; InfrastructureReady (defined, every disk in place);
     NetworkReady (every NIC attached and, with a NIC on a network, an address); BootstrapReady (the guest agent
-    answered or connected: the machine status's own condition)."""
+    answered or connected: the machine status's own condition); DrainReady (a drain could move it); BackupReady
+    (a backup of it exists: ``backups``, its document of the pool's registry)."""
     found = {item["type"]: item for item in machine.get("conditions") or []}
     status = {kind: (found.get(kind) or {}).get("status") == "True" for kind in found}
     on_network = any(nic.get("network") for nic in machine.get("network_interfaces") or [])
@@ -359,6 +387,8 @@ def conditions(machine):
                    "" if addressed else "no DHCP lease or agent-reported address yet"),
         _condition("BootstrapReady", bootstrap.get("status") == "True", bootstrap.get("reason") or "Unknown",
                    bootstrap.get("message") or ""),
+        _drain_ready(machine),
+        _backup_ready(backups),
     ]
 
 
@@ -388,7 +418,7 @@ def status(obj, observed):
             "hostname": guest.get("hostname") or machine["name"],
             "operatingSystem": system.get("name"), "operatingSystemVersion": system.get("version"),
             "kernelVersion": (guest.get("kernel") or {}).get("release"), "bootTime": guest.get("boot_time"),
-            "creationTime": machine.get("created"), "lastUpdated": _now(), "conditions": conditions(machine)}
+            "creationTime": machine.get("created"), "lastUpdated": _now(), "conditions": conditions(machine, observed.get("backups"))}
 
 
 def _now():

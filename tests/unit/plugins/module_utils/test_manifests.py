@@ -412,14 +412,23 @@ def test_vitistack_status_speaks_vitistack():
     shown = vitistack.status(None, {"machine": machine})
     assert shown["phase"] == "Stopped" and shown["memory"] == 256 * 2 ** 20 and shown["providerID"] == "libvirt://hv1/u-1"
     assert {item["type"]: item["status"] for item in shown["conditions"]} == {
-        "Ready": "False", "InfrastructureReady": "True", "NetworkReady": "False", "BootstrapReady": "False"}
+        "Ready": "False", "InfrastructureReady": "True", "NetworkReady": "False", "BootstrapReady": "False",
+        "DrainReady": "True", "BackupReady": "False"}
     running = dict(machine, phase="Running", ip_addresses=["10.0.0.5"],
                    conditions=[condition("Ready", True), condition("VolumesReady", True),
                                condition("NetworkInterfacesReady", True), condition("BootstrapReady", True)],
                    guest={"hostname": "vm-1.lab", "os": {"name": "Debian GNU/Linux", "version": "12", "machine": "x86_64"},
                           "kernel": {"release": "6.1.0-26-amd64"}, "boot_time": "2026-01-01T00:01:00+00:00"})
-    shown = vitistack.status(None, {"machine": running})
+    backups = {"machine": "vm-1", "backups": [{"name": "b1", "created": "2026-01-01T02:00:00+00:00"},
+                                              {"name": "b2", "created": "2026-01-02T02:00:00+00:00"}]}
+    shown = vitistack.status(None, {"machine": running, "backups": backups})
     assert shown["phase"] == "Running" and all(item["status"] == "True" for item in shown["conditions"])
+    assert shown["conditions"][-1]["message"] == "newest backup b2 taken 2026-01-02T02:00:00+00:00"
+    pinned = dict(running, volumes=[{"name": "secret", "encrypted": True, "state": "Attached"}])
+    drain = vitistack.status(None, {"machine": pinned})["conditions"][-2]
+    assert (drain["type"], drain["status"], drain["reason"]) == ("DrainReady", "False", "EncryptedVolumes")
+    fixed = dict(running, network_interfaces=[{"name": "eth0", "network": "default", "ip_address": "10.0.0.5"}])
+    assert vitistack.status(None, {"machine": fixed})["conditions"][-2]["reason"] == "FixedAddresses"
     assert (shown["hostname"], shown["operatingSystem"], shown["operatingSystemVersion"], shown["kernelVersion"]) == (
         "vm-1.lab", "Debian GNU/Linux", "12", "6.1.0-26-amd64")
     assert vitistack.status(None, {"machine": dict(machine, phase="Terminating")})["phase"] == "Stopping"
