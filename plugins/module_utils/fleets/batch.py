@@ -222,7 +222,7 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
                 result.placements[spec["name"]] = placement
                 if placement["uri"] is None:
                     result.failures.append({"name": spec["name"], "pool": None, "reason": "Unschedulable",
-                                            "field": "machine_pool",
+                                            "field": "machine_pool", "done": [],
                                             "msg": placement["reason"] + pool_problems(snapshots)})
                     progress.end(spec["name"])
                 else:

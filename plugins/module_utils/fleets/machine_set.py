@@ -310,11 +310,13 @@ def plan_set(desired, observed):
             new, counter = member_name(name, taken, counter)
             taken.add(new)
             names.append(new)
+        unplaced = []
         for new, pool, reason in place(desired, names, observed["snapshots"], everyone):
             if pool is None:
-                warnings.append("%s: %s" % (new, reason))
+                unplaced.append((new, reason))
             else:
                 actions.append(_create(desired, new, pool))
+        warnings += unplaced_warnings(unplaced, len(names))
     elif len(everyone) > desired["replicas"]:
         seed = "%s/%s" % (name, ",".join(sorted(member["name"] for member in everyone)))
         doomed = victims(everyone, len(everyone) - desired["replicas"], desired["delete_policy"], seed)
@@ -338,6 +340,20 @@ def plan_set(desired, observed):
                       document=document)
                for pool in observed["pools"] if pool.get("state") == "Ready" and pool.get("definition") != document]
     return Plan(records + actions, warnings, stale=sorted(member["name"] for member in stale))
+
+
+def unplaced_warnings(unplaced, wanted, shown=3):
+    """One warning per reason for the new members no pool has room for (``unplaced``: (name, reason) pairs of
+    ``wanted`` new ones), naming a few: a set of 5000 on pools that hold 60 says so in one line, not 4940."""
+    by_reason = {}
+    for name, reason in unplaced:
+        by_reason.setdefault(reason.replace(" for %s" % name, "").replace(name, "<member>"), []).append(name)
+    lines = []
+    for reason, names in by_reason.items():
+        more = " and %d more" % (len(names) - shown) if len(names) > shown else ""
+        lines.append("%d of %d new member(s) cannot be placed (%s%s): %s"
+                     % (len(names), wanted, ", ".join(names[:shown]), more, reason))
+    return lines
 
 
 def members_made(pools):
@@ -372,12 +388,14 @@ def rollout_waves(desired, members, stale, snapshots, taken, counter, coming=0):
             new, counter = member_name(desired["name"], taken, counter)
             taken.add(new)
             names.append(new)
+        unplaced = []
         for new, pool, reason in place(desired, names, snapshots, present + queue):
             if pool is None:
-                warnings.append("%s: %s" % (new, reason))
+                unplaced.append((new, reason))
                 continue
             creates.append(_create(desired, new, pool, wave))
             present.append({"name": new, "pool": pool["name"], "phase": "Running"})
+        warnings += unplaced_warnings(unplaced, len(names))
         fresh += len(creates)
         running += len(creates)
         if surge:

@@ -427,7 +427,7 @@ class Run:
         for failure in outcome.failures:
             obj = by_name[failure["name"]]
             self.failures.append("%s: %s" % (obj.ref, spoken(obj, failure.get("field"), failure["msg"])))
-            self.actions.extend("%s: %s" % (obj.ref, step) for step in failure["done"])
+            self.actions.extend("%s: %s" % (obj.ref, step) for step in failure.get("done") or [])
         for name, machine in outcome.machines.items():
             self.observed[by_name[name].key]["machine"] = machine if machine.get("phase") != "Terminated" else None
             if getattr(by_name[name].dialect, "BACKUPS_IN_STATUS", False) and machine.get("phase") != "Terminated":

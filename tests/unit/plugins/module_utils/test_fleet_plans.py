@@ -282,3 +282,12 @@ def test_a_set_spreads_its_members_over_a_pool_label():
     assert ms.definition(desired(topology_spread=spread))["topology_spread"] == \
         [{"topology_key": "zone", "max_skew": 1, "when_unsatisfiable": "refuse"}]
     assert "topology_spread" not in ms.definition(desired())
+
+
+def test_members_no_pool_has_room_for_are_one_warning_per_reason():
+    plan = ms.plan_set(desired(replicas=400), observed([]))
+    made = [action for action in plan.actions if action.kind == "create"]
+    assert 0 < len(made) < 400
+    assert len(plan.warnings) == 1, plan.warnings
+    assert plan.warnings[0].startswith("%d of %d new member(s) cannot be placed (web-" % (400 - len(made), 400))
+    assert " and %d more): 0/3 pools available: " % (400 - len(made) - 3) in plan.warnings[0]
