@@ -347,6 +347,25 @@ def test_invalid_documents_all_reported_nothing_written(lab2):
     assert (machines(pools), registry_keys(pools[0]), pools[0].volumes()) == before
 
 
+def test_a_machine_no_pool_has_room_for_is_found_by_check_mode_too(lab2):
+    """Its class is made by the same documents, so the core cannot plan it in check mode: the scheduler still
+    places it with the class published, and finds what the apply would find."""
+    pools, entries, image = lab2
+    documents = [
+        {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "MachineClass", "metadata": {"name": "roomless"},
+         "capabilities": {"cpu": 200, "memory": "1Ti"}},
+        {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "Machine", "metadata": {"name": "roomless-1"},
+         "spec": {"machineClassRef": {"name": "roomless"}, "image": image}}]
+    said = "Machine/roomless-1: 0/%d pools available for roomless-1: %d insufficient cpu, %d insufficient memory" % (
+        (len(pools),) * 3)
+    planned = run_module("manifest", check=True, pools=entries, definition=documents)
+    assert planned["failed"] and said in planned["msg"], planned
+    applied = run_module("manifest", pools=entries, definition=documents)
+    assert applied["failed"] and said in applied["msg"], applied
+    assert "roomless-1" not in machines(pools)
+    run_module("manifest", pools=entries, definition=documents, state="absent")
+
+
 def upload_volume(pool, name, path):
     """A raw volume of the pool's storage with the content of ``path``."""
     size = os.path.getsize(path)

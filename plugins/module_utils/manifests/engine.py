@@ -18,6 +18,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets import ba
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import ensure_class
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import converge, with_done
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
@@ -407,7 +408,10 @@ class Run:
                 planned.append(obj)  # its class or volume is made by this run: the core cannot plan it yet
                 continue
             specs.append(spec)
-        for obj in planned:
+        for obj, refusal in zip(planned, self._placeable(planned, pools)):
+            if refusal:  # what the apply would find: no pool has room for it, with the run's classes published
+                self.failures.append("%s: %s" % (obj.ref, refusal))
+                continue
             self.actions.append("%s: create" % obj.ref)
             self.after[obj.ref] = {"state": obj.machine["state"]}
             self.observed[obj.key]["machine"] = None
@@ -438,6 +442,21 @@ class Run:
             for obj in objs:
                 self.observed[obj.key].update(machine=None, deletion="deleting" if outcome.actions.get(obj.name)
                                               else "gone")
+
+    def _placeable(self, planned, pools):
+        """For check mode, the scheduler's refusal (or None) of each machine whose class or volume this run makes:
+        placed on the pools as read, with the documents' classes published where they would be (every Ready
+        pool)."""
+        if not planned:
+            return []
+        classes = {cls.name: {"cpu": cls.data["cpu"], "memory": cls.data["memory"]} for cls in self.of("class")}
+        snapshots = [dict(snapshot, classes=dict(snapshot.get("classes") or {}, **classes))
+                     if snapshot.get("state") == "Ready" else snapshot for snapshot in pools.snapshots]
+        try:
+            placements = scheduler.schedule([obj.machine for obj in planned], snapshots, strict=False)
+        except MachineryError:
+            return [None] * len(planned)  # what the scheduler cannot read here, the apply reports
+        return [None if placement["uri"] else placement["reason"] for placement in placements]
 
     def _ready_for_check(self, obj, pools):
         cls = obj.params.get("machine_class")
