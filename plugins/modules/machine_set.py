@@ -220,6 +220,17 @@ out_of_date:
   type: list
   elements: str
   sample: ["workers-1f2aa"]
+created:
+  description: When the set was first recorded on the pools (ISO 8601, UTC); null for a set not recorded yet (check
+    mode) or recorded by a release that did not keep it.
+  returned: always
+  type: str
+  sample: "2026-11-25T03:10:00+00:00"
+age:
+  description: How long ago C(created) was, as kubectl shows an age (V(45s), V(12m), V(3h), V(2d)); null with it.
+  returned: always
+  type: str
+  sample: 12m
 planned_members:
   description: Names of the members the run creates (or would create in check mode).
   returned: always

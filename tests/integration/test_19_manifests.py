@@ -242,6 +242,7 @@ def test_openshift_machineset_with_health_check_export_and_prune(lab2):
     # remediationsAllowed: 40% of 2, rounded down
     assert shown["MachineHealthCheck"] == {"expectedMachines": 2, "currentHealthy": 2, "remediationsAllowed": 0}
     assert made["tables"]["MachineSet"][1].split()[:5] == ["workers", "2", "2", "2", "2"]
+    assert re.fullmatch(r"\d+[smhd]", made["tables"]["MachineSet"][1].split()[5]), made["tables"]  # its AGE
     header = made["tables"]["MachineHealthCheck"][0].split()
     assert header == ["NAME", "MAXUNHEALTHY", "EXPECTEDMACHINES", "CURRENTHEALTHY"]
     again = run_module("manifest", pools=entries, src=OPENSHIFT)

@@ -36,7 +36,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import AVAILABILITY_CONDITIONS, list_machines, table
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import (
+    AVAILABILITY_CONDITIONS, age, list_machines, now, table)
 
 OWNER_LABEL = "machinery.compute/machine-set"
 HASH_LABEL = "machinery.compute/template-hash"
@@ -159,9 +160,10 @@ def normalize_set(params):
     return desired
 
 
-def definition(desired, members_made=0):
-    """The document every pool of the set keeps; ``members_made`` counts the member names handed out (absent
-    while none was: the documents of sets made before it stay as they were)."""
+def definition(desired, members_made=0, created=None):
+    """The document every pool of the set keeps; ``members_made`` counts the member names handed out and
+    ``created`` is when the set was first recorded (each absent until known: the documents of sets made before
+    them stay as they were)."""
     document = {key: desired[key] for key in ("name", "replicas", "selector", "delete_policy", "strategy",
                                               "rollout", "template_hash")}
     document["template"] = public_template(desired["template"])
@@ -169,6 +171,8 @@ def definition(desired, members_made=0):
         document["topology_spread"] = desired["topology_spread"]
     if members_made:
         document["members_made"] = members_made
+    if created:
+        document["created"] = created
     return document
 
 
@@ -335,7 +339,11 @@ def plan_set(desired, observed):
                         % (len(stale), ", ".join(sorted(member["name"] for member in stale))))
     # the record goes first, with how many member names were handed out: a replacement never takes the name of
     # the member it replaces, as OpenShift's do not, even when this run fails before it is made
-    document = definition(desired, counter)
+    recorded = [pool["definition"] for pool in observed["pools"] if pool.get("definition") is not None]
+    # when the set was first recorded (its AGE); a set recorded before the field was kept has none
+    created = next((item.get("created") for item in recorded if item.get("created")), None) if recorded \
+        else observed.get("moment")
+    document = definition(desired, counter, created)
     records = [Action("record", pool["name"], steps=[step("write_document", set_key(name))], uri=pool["uri"],
                       document=document)
                for pool in observed["pools"] if pool.get("state") == "Ready" and pool.get("definition") != document]
@@ -478,7 +486,7 @@ class MachineSetResource(Resource):
         if any(machine["name"] == self.desired["name"] for machine in machines):
             raise ValidationError("a machine named %s exists on the pools: a set and its members' prefix would be "
                                   "confused with it; pick another name" % self.desired["name"], "name")
-        return {"snapshots": snapshots, "machines": machines, "pools": pools}
+        return {"snapshots": snapshots, "machines": machines, "pools": pools, "moment": now().isoformat()}
 
     def plan(self, observed):
         return plan_set(self.desired, observed)
@@ -573,8 +581,10 @@ def set_status(desired, observed, plan):
               "template_current": (member.get("labels") or {}).get(HASH_LABEL) == current,
               "ip_addresses": member.get("ip_addresses") or []} for member in members]
     result = counts(desired, members) if desired["state"] == "present" else {"replicas": len(members)}
+    created = next((pool["definition"]["created"] for pool in observed.get("pools") or []
+                    if (pool.get("definition") or {}).get("created")), None)
     result.update(members=shown, out_of_date=[m["name"] for m in shown if not m["template_current"]],
-                  table=table(members))
+                  table=table(members), created=created, age=age(created) if created else None)
     if plan is not None:
         result["planned_members"] = sorted(a.target for a in plan.actions if a.kind == "create")
     return result

@@ -43,6 +43,11 @@ def _phase(state, reason, record):
     return "Shutdown" if (record or {}).get("boots") else "Pending"
 
 
+def age(created, moment=None):
+    """How long ago ``created`` (an ISO time) was, as kubectl shows it: 45s, 12m, 3h, 2d."""
+    return _age(created, moment or now())
+
+
 def _age(created, moment):
     if not created:
         return "<unknown>"

@@ -350,7 +350,7 @@ def row(obj, shown, observed):
                 "", machine.get("age") or "-")
     if obj.kind == "MachineSet":
         return (obj.name, str(obj.params.get("replicas")), str(shown.get("replicas")), str(shown.get("readyReplicas")),
-                str(shown.get("availableReplicas")), "-")
+                str(shown.get("availableReplicas")), (observed.get("set") or {}).get("age") or "-")
     if obj.kind == "MachineHealthCheck":
         return (obj.name, str(obj.params.get("max_unhealthy", "100%")), str(shown.get("expectedMachines")),
                 str(shown.get("currentHealthy")))

@@ -291,3 +291,17 @@ def test_members_no_pool_has_room_for_are_one_warning_per_reason():
     assert len(plan.warnings) == 1, plan.warnings
     assert plan.warnings[0].startswith("%d of %d new member(s) cannot be placed (web-" % (400 - len(made), 400))
     assert " and %d more): 0/3 pools available: " % (400 - len(made) - 3) in plan.warnings[0]
+
+
+def test_the_record_keeps_when_the_set_was_first_recorded():
+    first = observed([], definition=None)
+    first["moment"] = "2026-11-25T03:00:00+00:00"
+    made = ms.plan_set(desired(replicas=1), first)
+    assert {a.data["document"].get("created") for a in made.actions if a.kind == "record"} == {first["moment"]}
+    members = [member(a.target, a.data["pool"]) for a in made.actions if a.kind == "create"]
+    later = observed(members, definition=ms.definition(desired(replicas=1), 1, first["moment"]))
+    later["moment"] = "2026-11-26T03:00:00+00:00"
+    assert ms.plan_set(desired(replicas=1), later).actions == []  # kept, not renewed
+    old = observed(members, definition=ms.definition(desired(replicas=1), 1))
+    old["moment"] = later["moment"]
+    assert ms.plan_set(desired(replicas=1), old).actions == []  # recorded before it was kept: left as it is
