@@ -340,6 +340,7 @@ MACHINE_SET = (
     Option("wait_timeout", "int", default=300),
     Option("shutdown_timeout", "int", default=60),
     Option("workers", "int", default=16),
+    Option("unreachable_timeout"),
 )
 
 MACHINE_SET_INFO = (
