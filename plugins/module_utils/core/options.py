@@ -363,6 +363,7 @@ MACHINE_HEALTH_CHECK = (
     Option("max_unhealthy", "raw", default="100%"),
     Option("remediation", choices=REMEDIATIONS, default="delete"),
     Option("shutdown_timeout", "int", default=10),
+    Option("unreachable_timeout"),
 )
 
 # --- pools and classes ------------------------------------------------------------------------------------------

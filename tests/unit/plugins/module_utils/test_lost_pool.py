@@ -162,3 +162,59 @@ def test_durations_and_their_errors():
         refused = exc
     assert refused is not None and refused.field == "unreachable_timeout"
 
+
+# --- the health check ---------------------------------------------------------------------------------------
+
+def check(**changes):
+    from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import normalize_check
+    params = {"name": "web", "selector": {"match_labels": {"app": "web"}}, "unhealthy_conditions": [],
+              "node_startup_timeout": "1h", "unreachable_timeout": "2m"}
+    params.update(changes)
+    return normalize_check(params)
+
+
+def watched(machine):
+    ready = {"ever_ready": {"status": "True", "since": LOST_AT}}
+    return dict(machine, ip_addresses=[], network_interfaces=[], health=ready)
+
+
+def lost_view(document):
+    return {"reachable": {uri("p1"): True, uri("p2"): True, uri("p3"): False},
+            "sets": [{"name": "web", "record": document, "uris": [uri("p1"), uri("p2")]}]}
+
+
+def test_the_check_records_the_mark_then_replaces_within_max_unhealthy():
+    from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import plan_check
+    machines = [watched(m) for m in REACHABLE]
+    first = plan_check(check(), machines, SOON, lost_view(record()))
+    assert first.kinds() == ["record"] and first.facts["unhealthy"] == [] and first.facts["covered"] == 3
+    assert first.actions[0].data["document"]["unreachable"] == {uri("p3"): SOON}
+    reach = {item["name"]: item["condition"] for item in first.facts["pool_reachable"]}
+    assert reach["web-c"] == {"type": "PoolReachable", "status": "False", "since": SOON}
+    assert reach["web-a"]["status"] == "True"
+
+    later = plan_check(check(), machines, LATER, lost_view(record(LOST_AT)))
+    assert later.kinds() == ["replace"] and [u["name"] for u in later.facts["unhealthy"]] == ["web-c"]
+    written = later.actions[0].data["document"]
+    assert "web-c" in written["replaced"] and "web-c" not in written["members"] and written["revision"] == 4
+    assert "PoolReachable=False for 300s" in later.facts["unhealthy"][0]["reasons"][0]
+
+    held = plan_check(check(max_unhealthy=0), machines, LATER, lost_view(record(LOST_AT)))
+    assert held.actions == [] and held.facts["remediation_allowed"] is False
+
+    # once replaced, the check has nothing more to do
+    assert plan_check(check(), machines, LATER, lost_view(written)).actions == []
+
+
+def test_without_the_option_the_check_does_not_look_at_unreachable_pools():
+    from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import plan_check
+    plain = check(unreachable_timeout=None)
+    plan = plan_check(plain, [watched(m) for m in REACHABLE], LATER, lost_view(record(LOST_AT)))
+    assert plan.actions == [] and plan.facts["covered"] == 2
+
+
+def test_a_check_covers_a_set_only_through_its_labels():
+    document = record()
+    assert lost_pool.covers(document, {"app": "web"})
+    assert lost_pool.covers(document, {ms.OWNER_LABEL: "web"})
+    assert not lost_pool.covers(document, {"app": "db"})
