@@ -394,8 +394,13 @@ def plan_set(desired, observed, moment=None):
         document = lost_pool.with_revision(dict(document, **lost_pool.lost_document(
             desired["unreachable_timeout"], membership(planned, actions), lost["unreachable"],
             {key: lost["replaced"][key] for key in lost["kept"]})), lost["record"])
-    records = [Action("record", pool["name"], steps=[step("write_document", set_key(name))], uri=pool["uri"],
-                      document=document)
+    # with unreachable_timeout, the diff shows what the record says of unreachable pools and replaced members
+    shown = ({}, {}) if lost is None else (
+        {"unreachable": dict((lost["record"] or {}).get("unreachable") or {}),
+         "replaced": sorted((lost["record"] or {}).get("replaced") or {})},
+        {"unreachable": dict(document["unreachable"]), "replaced": sorted(document["replaced"])})
+    records = [Action("record", pool["name"], shown[0], shown[1], steps=[step("write_document", set_key(name))],
+                      uri=pool["uri"], document=document)
                for pool in observed["pools"] if pool.get("state") == "Ready" and pool.get("definition") != document]
     # fences come before anything else, the set's record next (so a new member never runs before it is known)
     return Plan(first + records + actions, warnings, stale=sorted(member["name"] for member in stale), lost=lost)

@@ -218,3 +218,10 @@ def test_a_check_covers_a_set_only_through_its_labels():
     assert lost_pool.covers(document, {"app": "web"})
     assert lost_pool.covers(document, {ms.OWNER_LABEL: "web"})
     assert not lost_pool.covers(document, {"app": "db"})
+
+
+def test_the_diff_shows_the_mark_and_the_replacement():
+    plan = ms.plan_set(desired(), observed(REACHABLE, document=record(LOST_AT)), LATER)
+    before, after = plan.diff()
+    assert before["replaced"] == [] and after["replaced"] == ["web-c"]
+    assert before["unreachable"] == after["unreachable"] == {uri("p3"): LOST_AT}
