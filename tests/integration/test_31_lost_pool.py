@@ -194,6 +194,11 @@ def test_a_lost_pool_is_replaced_then_fenced_when_it_comes_back(lab_pools, modul
 
     restart_daemon_keeping_guests(lost_pool, command, stranded_pid)
     assert lost_pool.domain(stranded) is not None and lost_pool.domain(stranded).isActive()
+    # check mode: the fence is planned first, and the stale member still runs after it
+    planned = module("machine_set", check=True, **set_args(pools, image, "3s"))
+    assert planned["fenced_members"] == [stranded] and planned["actions"][0] == "fence", planned
+    assert planned["diff"]["before"]["replaced"] == [stranded] and planned["diff"]["after"]["replaced"] == []
+    assert lost_pool.domain(stranded).isActive() and alive(stranded_pid)
     back = module("machine_set", **set_args(pools, image, "3s"))
     assert not back.get("failed"), back
     assert back["fenced_members"] == [stranded] and back["actions"][:2] == ["fence", "reclaim"], back
