@@ -24,6 +24,10 @@ description:
   - When more machines are unhealthy than O(max_unhealthy) allows, nothing is remediated and the return says
     C(remediation_allowed=false). Remediation V(delete) deletes the machine, so its set (see
     M(machinery.compute.machine_set)) makes a replacement on its next run; V(restart) power-cycles it in place.
+  - With O(unreachable_timeout), the members of the sets the check covers that sit on a pool unreachable that
+    long are unhealthy (C(PoolReachable=False)) and count against O(max_unhealthy); their remediation is their
+    replacement, whatever O(remediation) says (their pool cannot be asked to do anything). The set's record says
+    they are replaced, and the set's next run makes others and fences them when their pool is back.
 version_added: 0.2.0
 author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
@@ -103,6 +107,14 @@ options:
     description: Seconds of graceful ACPI shutdown before a remediated machine is forced off.
     type: int
     default: 10
+  unreachable_timeout:
+    description:
+      - How long a member of a covered set may sit on an unreachable pool before it is unhealthy, as V(90s),
+        V(5m) or seconds. Counted from the first run (of the check or of the set) that found the pool
+        unreachable, as recorded in the set's record on the reachable pools.
+      - The sets must have O(machinery.compute.machine_set#module:unreachable_timeout) too, for their record to
+        say where their members are. Without this option the check does not look at unreachable pools.
+    type: str
 """
 
 EXAMPLES = r"""
@@ -156,11 +168,30 @@ remediation_allowed:
   type: bool
   sample: true
 actions:
-  description: The short form of each remediation (delete or restart), in order.
+  description: The short form of each remediation (delete or restart), in order; C(replace) or C(record) for a
+    set's record that gives up members on an unreachable pool or notes when a pool was first found unreachable.
   returned: always
   type: list
   elements: str
   sample: ["delete"]
+pool_reachable:
+  description: The condition C(PoolReachable) of each covered machine, with name and pool; C(since) when it is
+    C(False). Members on unreachable pools are listed only with O(unreachable_timeout).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - name: workers-483bc
+      pool: hv1
+      condition:
+        type: PoolReachable
+        status: "True"
+    - name: workers-1f2aa
+      pool: hv3
+      condition:
+        type: PoolReachable
+        status: "False"
+        since: "2026-01-01T10:00:00+00:00"
 plan:
   description: Each remediation with its target machine, phase before and after, and its reasons.
   returned: always
@@ -198,7 +229,8 @@ class MachineHealthCheckModule(MachineryModule):
             facts = resource.plan_facts
             return self.converged(plan, unhealthy=facts["unhealthy"], covered=facts["covered"],
                                   max_unhealthy=facts["max_unhealthy"],
-                                  remediation_allowed=facts["remediation_allowed"])
+                                  remediation_allowed=facts["remediation_allowed"],
+                                  pool_reachable=facts["pool_reachable"])
         finally:
             fleet.close()
 

@@ -23,6 +23,12 @@ description:
     C(replicas - max_unavailable) members running.
   - The set's definition is recorded in the registry of each of its pools (without the template's secrets), so
     M(machinery.compute.machine_set_info) and the health checks find it without the playbook's variables.
+  - With O(unreachable_timeout), the record also keeps where each member is, so a run that cannot reach a pool
+    still counts the members there (phase C(Unknown), condition C(PoolReachable=False)); once the pool has been
+    unreachable that long, counted from the first run that found it so, they are replaced on reachable pools.
+    When the pool answers again, what is left of the replaced members there is fenced before anything else
+    (destroyed, undefined, then the volumes they made for themselves removed), so no more than O(replicas)
+    members run. Only a machine carrying the set's owner label is ever fenced.
 version_added: 0.2.0
 author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
@@ -145,6 +151,16 @@ options:
     description: Members created or deleted at the same time.
     type: int
     default: 16
+  unreachable_timeout:
+    description:
+      - How long a pool of the set may stay unreachable (its libvirtd refuses or does not answer) before its
+        members are replaced on the other pools, as V(90s), V(5m), V(1h30m) or seconds; V(0s) replaces them at
+        once. The first run that finds the pool unreachable records when (in the set's record on the reachable
+        pools) and reports it; a run after the timeout replaces. A pool found reachable again loses its mark.
+      - Without it, the members of a pool the run cannot reach are not seen; the set then tries to make others
+        and fails, naming that pool, as it cannot make sure their names are free there. Nothing is replaced.
+      - Run the set on a schedule for the timeout to elapse, as a health check.
+    type: str
 """
 
 EXAMPLES = r"""
@@ -199,7 +215,10 @@ available_replicas:
   type: int
   sample: 3
 members:
-  description: Each member with name, pool, phase, template_current and ip_addresses.
+  description:
+    - Each member with name, pool, phase, template_current, ip_addresses and conditions (C(PoolReachable), with
+      C(since) when it is C(False)).
+    - A member on an unreachable pool that is not replaced yet shows phase C(Unknown).
   returned: always
   type: list
   elements: dict
@@ -209,11 +228,18 @@ members:
       phase: Running
       ip_addresses: []
       template_current: true
+      conditions:
+      - type: PoolReachable
+        status: "True"
     - name: workers-910e8
       pool: hv2
       phase: Running
       ip_addresses: []
       template_current: true
+      conditions:
+      - type: PoolReachable
+        status: "False"
+        since: "2026-01-01T10:00:00+00:00"
 out_of_date:
   description: Members made from another template than the current one.
   returned: always
@@ -237,6 +263,32 @@ planned_members:
   type: list
   elements: str
   sample: ["workers-910e8"]
+unreachable_pools:
+  description: The pools of the set found unreachable, with name, uri and since when (with O(unreachable_timeout)).
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - name: hv3
+      uri: qemu+ssh://root@hv3/system
+      since: "2026-01-01T10:00:00+00:00"
+replaced_members:
+  description: The members this run gave up on, their pool unreachable for O(unreachable_timeout), with name, pool,
+    uri and since when their pool was unreachable; the set makes others in their place.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - name: workers-1f2aa
+      pool: hv3
+      uri: qemu+ssh://root@hv3/system
+      since: "2026-01-01T10:00:00+00:00"
+fenced_members:
+  description: Replaced members found again on their pool and fenced (destroyed and undefined) by this run.
+  returned: always
+  type: list
+  elements: str
+  sample: ["workers-1f2aa"]
 table:
   description: Lines NAME POOL CLASS PHASE RESTARTS AGE IPS of the members.
   returned: always
@@ -247,7 +299,8 @@ table:
     - workers-483bc   hv1    small   Running   0          3m    <none>
     - workers-910e8   hv2    small   Running   0          4s    <none>
 actions:
-  description: The short form of each planned action (record, adopt, create, delete, forget), in order.
+  description: The short form of each planned action (fence, reclaim, record, adopt, create, delete, forget), in
+    order.
   returned: always
   type: list
   elements: str

@@ -340,6 +340,7 @@ MACHINE_SET = (
     Option("wait_timeout", "int", default=300),
     Option("shutdown_timeout", "int", default=60),
     Option("workers", "int", default=16),
+    Option("unreachable_timeout"),
 )
 
 MACHINE_SET_INFO = (
@@ -362,6 +363,7 @@ MACHINE_HEALTH_CHECK = (
     Option("max_unhealthy", "raw", default="100%"),
     Option("remediation", choices=REMEDIATIONS, default="delete"),
     Option("shutdown_timeout", "int", default=10),
+    Option("unreachable_timeout"),
 )
 
 # --- pools and classes ------------------------------------------------------------------------------------------

@@ -20,9 +20,6 @@ the machine last started; read from the console log's tail until it has, then ta
 
 from __future__ import annotations
 
-import datetime
-import re
-
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
@@ -35,29 +32,11 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import read_fleet
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import lost_pool
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.lost_pool import age, seconds
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 
 CONSOLE_TAIL = 256 * 1024  # how much of a console log the Booted condition reads
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-
-
-def seconds(value, field):
-    """A duration as Kubernetes writes it (``90s``, ``5m``, ``1h30m``) or a number of seconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    else:
-        text = str(value).strip()
-        match = _DURATION.match(text)
-        if text.isdigit():
-            number = float(text)
-        elif match and text:
-            hours, minutes, secs = (int(part or 0) for part in match.groups())
-            number = float(hours * 3600 + minutes * 60 + secs)
-        else:
-            raise ValidationError("%r is not a duration such as 90s, 5m or 1h30m" % (value,), field)
-    if number < 0:
-        raise ValidationError("must not be negative", field)
-    return number
 
 
 def normalize_check(params):
@@ -96,7 +75,9 @@ def normalize_check(params):
     return {"name": name, "match_labels": match, "rules": rules, "boot_marker": marker,
             "startup": seconds(params["node_startup_timeout"], "node_startup_timeout"),
             "max_unhealthy": limit,
-            "remediation": check.one_of(params["remediation"], options.REMEDIATIONS, "remediation")}
+            "remediation": check.one_of(params["remediation"], options.REMEDIATIONS, "remediation"),
+            "unreachable_timeout": None if params.get("unreachable_timeout") is None else
+            seconds(params["unreachable_timeout"], "unreachable_timeout")}
 
 
 def conditions_of(machine):
@@ -124,26 +105,17 @@ def transitions(machine, moment):
     return recorded
 
 
-def _age(since, moment):
-    try:
-        then = datetime.datetime.fromisoformat(since)
-        current = datetime.datetime.fromisoformat(moment)
-    except (TypeError, ValueError):
-        return 0.0
-    return max(0.0, (current - then).total_seconds())
-
-
 def verdict(desired, machine, health, moment):
     """The reasons ``machine`` is unhealthy (empty when it is healthy)."""
     reasons = []
     for rule in desired["rules"]:
         seen = health.get(rule["type"]) or {}
         if seen.get("status") == rule["status"]:
-            held = _age(seen.get("since"), moment)
+            held = age(seen.get("since"), moment)
             if held >= rule["timeout"]:
                 reasons.append("%s=%s for %ds (timeout %ds)" % (rule["type"], rule["status"], held, rule["timeout"]))
     if "ever_ready" not in health and machine.get("created"):
-        waited = _age(machine["created"], moment)
+        waited = age(machine["created"], moment)
         if waited >= desired["startup"]:
             reasons.append("not Ready %ds after its creation (node_startup_timeout %ds)" % (waited, desired["startup"]))
     return reasons
@@ -164,8 +136,13 @@ def allowed_count(limit, total):
     return limit["percent"] * total // 100
 
 
-def plan_check(desired, machines, moment):
-    """Remediations: pure, from the check, the machines (statuses with their recorded ``health``) and the time."""
+def plan_check(desired, machines, moment, lost=None):
+    """Remediations: pure, from the check, the machines (statuses with their recorded ``health``), the time and,
+    with ``unreachable_timeout``, ``lost``: {reachable: {pool URI: bool}, sets: [{name, record, uris}]}, the
+    documents of the sets the check covers that record their members (``lost_pool``) and the pools holding them.
+    A member on a pool Offline for the timeout is unhealthy (PoolReachable=False); its remediation, whatever
+    ``remediation`` says, is its replacement: the set's record says so, and the set's next run makes another
+    member and fences this one when its pool is back."""
     covered = [machine for machine in machines
                if all((machine.get("labels") or {}).get(key) == value for key, value in desired["match_labels"].items())]
     unhealthy, waiting = [], []
@@ -177,19 +154,56 @@ def plan_check(desired, machines, moment):
                               "phase": machine.get("phase"), "reasons": reasons})
         elif timing(desired, machine, health):
             waiting.append(machine["name"])
-    allowed = allowed_count(desired["max_unhealthy"], len(covered))
-    facts = {"covered": len(covered), "unhealthy": unhealthy, "waiting": sorted(waiting), "max_unhealthy": allowed,
-             "remediation_allowed": len(unhealthy) <= allowed}
+    stranded, reachability = [], [{"name": machine["name"], "pool": machine.get("pool"),
+                                   "condition": lost_pool.condition(True)} for machine in covered]
+    sets = (lost or {}).get("sets") or [] if desired.get("unreachable_timeout") is not None else []
+    seen = {machine["name"] for machine in machines}
+    for entry in sets:
+        facts = lost_pool.assess(entry["record"], lost["reachable"], seen, desired["unreachable_timeout"], moment)
+        for member in facts["lost"]:
+            stranded.append(member)
+            reachability.append({"name": member["name"], "pool": member["pool"],
+                                 "condition": lost_pool.condition(False, member["since"])})
+            if member["replace"]:
+                unhealthy.append({"name": member["name"], "pool": member["pool"], "uri": member["uri"],
+                                  "phase": "Unknown", "reasons": ["PoolReachable=False for %ds (unreachable_timeout "
+                                                                  "%ds)" % (member["for"],
+                                                                            desired["unreachable_timeout"])]})
+            else:  # its pool's timeout is still timing it
+                waiting.append(member["name"])
+    total = len(covered) + len(stranded)
+    allowed = allowed_count(desired["max_unhealthy"], total)
+    facts = {"covered": total, "unhealthy": unhealthy, "waiting": sorted(waiting), "max_unhealthy": allowed,
+             "remediation_allowed": len(unhealthy) <= allowed,
+             "pool_reachable": sorted(reachability, key=lambda item: item["name"])}
+    warnings = []
     if not facts["remediation_allowed"]:
-        return Plan(warnings=["%d of %d machines are unhealthy, more than max_unhealthy (%d): nothing is remediated"
-                              % (len(unhealthy), len(covered), allowed)], **facts)
-    kind = desired["remediation"]
-    actions = [Action(kind, machine["name"], {"phase": machine["phase"]},
-                      {"phase": "Terminated" if kind == "delete" else "Running"},
-                      [step("delete_machine" if kind == "delete" else "restart_machine", machine["name"],
-                            pool=machine["pool"])], uri=machine["uri"], reasons=machine["reasons"])
-               for machine in unhealthy]
-    return Plan(actions, **facts)
+        warnings.append("%d of %d machines are unhealthy, more than max_unhealthy (%d): nothing is remediated"
+                        % (len(unhealthy), total, allowed))
+    # the sets' records first: the unreachable marks (written whatever max_unhealthy says) and the replacements
+    actions = []
+    for entry in sets:
+        _assessed, document = lost_pool.check_update(
+            entry["record"], lost["reachable"], seen, desired["unreachable_timeout"], moment,
+            facts["remediation_allowed"])
+        if document is None:
+            continue
+        given_up = sorted(set(document["replaced"]) - set((entry["record"].get("replaced") or {})))
+        actions.append(Action("replace" if given_up else "record", entry["name"],
+                              {"replaced": sorted(entry["record"].get("replaced") or {})},
+                              {"replaced": sorted(document["replaced"])},
+                              [step("write_document", "set-%s" % entry["name"], pool=uri) for uri in entry["uris"]],
+                              uri=entry["uris"][0], uris=entry["uris"], document=document,
+                              reasons=["%s: replaced, its pool unreachable since %s" % (
+                                  name, document["replaced"][name]["since"]) for name in given_up]))
+    if facts["remediation_allowed"]:
+        kind = desired["remediation"]
+        actions += [Action(kind, machine["name"], {"phase": machine["phase"]},
+                           {"phase": "Terminated" if kind == "delete" else "Running"},
+                           [step("delete_machine" if kind == "delete" else "restart_machine", machine["name"],
+                                 pool=machine["pool"])], uri=machine["uri"], reasons=machine["reasons"])
+                    for machine in unhealthy if machine["phase"] != "Unknown"]
+    return Plan(actions, warnings, **facts)
 
 
 class HealthCheckResource(Resource):
@@ -202,6 +216,7 @@ class HealthCheckResource(Resource):
         self.desired = normalize_check(self.params)
         self.moment = now().isoformat()
         self.plan_facts = None
+        self.lost_view = None
 
     def describe(self):
         return "machine health check %s" % self.desired["name"]
@@ -228,7 +243,23 @@ class HealthCheckResource(Resource):
                 update_record(dom, lambda record: record.__setitem__("health", health))
                 machine["health"] = health
         in_parallel(covered, keep, 16)
+        self.lost_view = self.observe_sets(contexts) if self.desired["unreachable_timeout"] is not None else None
         return covered
+
+    def observe_sets(self, contexts):
+        """The documents of the sets this check covers that record their members, each the newest of those the
+        reachable pools hold, with the pools that hold one (where a change is written); and which pools answer."""
+        documents = {}
+        for ctx in contexts:
+            for key in ctx.registry.keys("set-"):
+                document = ctx.registry.get(key)
+                if isinstance(document, dict) and "members" in document and \
+                        lost_pool.covers(document, self.desired["match_labels"]):
+                    documents.setdefault(document["name"], []).append((ctx.uri, document))
+        reached = {ctx.uri for ctx in contexts}
+        return {"reachable": {uri: uri in reached for uri in self.fleet.uris},
+                "sets": [{"name": name, "record": lost_pool.trusted([doc for _uri, doc in held]),
+                          "uris": [uri for uri, _doc in held]} for name, held in sorted(documents.items())]}
 
     def observe_guest(self, ctx, dom, machine):
         """The guest's own signals of a running machine: its agent channel's state (live XML), and whether the
@@ -255,13 +286,15 @@ class HealthCheckResource(Resource):
         machine["booted"] = marker.encode() in tail
 
     def plan(self, observed):
-        plan = plan_check(self.desired, observed, self.moment)
+        plan = plan_check(self.desired, observed, self.moment, self.lost_view)
         if self.plan_facts is None:  # what the run found, before it remediated anything
             self.plan_facts = plan.facts
         return plan
 
     def apply(self, action, observed):
         super().apply(action, observed)
+        if action.kind in ("record", "replace"):
+            return
         # the remediated machine starts its health afresh
         dom = lv.lookup_domain(self.fleet.contexts[action.data["uri"]].conn, action.target)
         if dom is not None:
@@ -278,4 +311,9 @@ class HealthCheckResource(Resource):
                                             "shutdown_timeout": self.params["shutdown_timeout"]}))
         service.ensure(machine_spec.params({"name": action.target, "state": "running"}))
 
-    APPLY = {"delete": _delete, "restart": _restart}
+    def _record(self, action, _observed):
+        """The set's document, with its marks and replacements, to every reachable pool that holds one."""
+        for uri in action.data["uris"]:
+            self.fleet.contexts[uri].registry.put("set-%s" % action.target, action.data["document"])
+
+    APPLY = {"delete": _delete, "restart": _restart, "record": _record, "replace": _record}

@@ -25,6 +25,7 @@ import json
 import random
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
@@ -34,7 +35,10 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.progress im
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import lost_pool
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import (
     AVAILABILITY_CONDITIONS, age, list_machines, now, table)
@@ -155,6 +159,8 @@ def normalize_set(params):
                                               "delete_policy"),
                    strategy=check.one_of(params["strategy"], options.STRATEGIES, "strategy"),
                    rollout=rollout, topology_spread=placement_rules.spread_constraints(params.get("topology_spread")),
+                   unreachable_timeout=None if params.get("unreachable_timeout") is None else
+                   lost_pool.seconds(params["unreachable_timeout"], "unreachable_timeout"),
                    # the template's local image files, read once: the scheduler counts their size as storage
                    image_sizes=machine_spec.local_image_sizes([member]))
     return desired
@@ -174,6 +180,12 @@ def definition(desired, members_made=0, created=None):
     if created:
         document["created"] = created
     return document
+
+
+def lost_member(set_name, desired, entry):
+    """A member on an Offline pool, as the set counts it until it is replaced: its phase is Unknown."""
+    return {"name": entry["name"], "pool": entry["pool"], "uri": entry["uri"], "phase": "Unknown", "lost": True,
+            "labels": {OWNER_LABEL: set_name, HASH_LABEL: desired["template_hash"]}}
 
 
 # --- observation, classified --------------------------------------------------------------------------------
@@ -289,8 +301,41 @@ def _delete(member, wave=0, why="scale down"):
                   pool=member["pool"], wave=wave, why=why)
 
 
-def plan_set(desired, observed):
-    """The set's plan: pure, from the desired set and the observation (``MachineSetResource.observe``)."""
+def _fence(name, entry, volumes):
+    return Action("fence", name, {"pool": entry["pool"], "phase": "Replaced"}, {"phase": "Terminated"},
+                  [step("destroy", name, pool=entry["pool"]), step("undefine", name, pool=entry["pool"])],
+                  uri=entry["uri"], pool=entry["pool"], volumes=volumes, why="replaced while its pool was unreachable")
+
+
+def _reclaim(name, entry, volumes):
+    return Action("reclaim", name, {}, {}, [step("delete_volume", volume, pool=entry["pool"]) for volume in volumes],
+                  uri=entry["uri"], pool=entry["pool"], volumes=volumes)
+
+
+def lost_pools(desired, observed, seen, moment):
+    """The set's standing with pools it cannot reach (``lost_pool.assess``) and the fences and reclaims for the
+    members it replaced whose pool is back. Returns (facts, actions, warnings)."""
+    record = lost_pool.trusted([pool.get("definition") for pool in observed["pools"]])
+    reachable = {pool["uri"]: pool.get("state") != "Offline" for pool in observed["pools"]}
+    facts = lost_pool.assess(record, reachable, seen, desired["unreachable_timeout"], moment)
+    found = observed.get("replaced_found") or {}
+    fence, reclaim, settled, foreign = lost_pool.fence_plan(facts["replaced"], reachable, found, desired["name"])
+    actions = [_fence(name, facts["replaced"][name], reclaim.get(name, [])) for name in fence]
+    actions += [_reclaim(name, facts["replaced"][name], volumes) for name, volumes in sorted(reclaim.items())
+                if volumes]
+    warnings = ["%s on pool %s is not a member of set %s (it does not carry its owner label): left alone, though "
+                "the set replaced a member of that name there" % (name, facts["replaced"][name]["pool"], desired["name"])
+                for name in foreign]
+    # what the record says after the run: the fenced and reclaimed members are gone from their pool
+    facts.update(record=record, fenced=fence, foreign=foreign,
+                 kept=sorted(set(facts["replaced"]) - set(fence) - set(reclaim) - set(settled) - set(foreign)),
+                 newly_replaced=[entry["name"] for entry in facts["lost"] if entry["replace"]])
+    return facts, actions, warnings
+
+
+def plan_set(desired, observed, moment=None):
+    """The set's plan: pure, from the desired set, the observation (``MachineSetResource.observe``) and, for a
+    set with ``unreachable_timeout``, the time (``moment``, ISO)."""
     name = desired["name"]
     members, orphans, _foreign = classify(name, (desired.get("selector") or {}).get("match_labels")
                                           or {OWNER_LABEL: name}, observed["machines"])
@@ -300,14 +345,30 @@ def plan_set(desired, observed):
         actions += [Action("forget", pool["name"], steps=[step("delete_document", set_key(name))], uri=pool["uri"])
                     for pool in observed["pools"] if pool.get("definition") is not None]
         return Plan(actions)
+    lost, first = None, []
+    everyone = members + orphans
+    taken = {machine["name"] for machine in observed["machines"]}
+    if desired.get("unreachable_timeout") is not None:
+        seen = {member["name"]: member for member in everyone}
+        lost, first, warned = lost_pools(desired, observed, seen, moment)
+        warnings += warned
+        # a replaced member's copy on a pool that is back is no member: it is fenced
+        everyone = [member for member in everyone if member["name"] not in lost["replaced"]]
+        everyone = everyone + [lost_member(name, desired, entry) for entry in lost["lost"] if not entry["replace"]]
+        # a replaced member's name is never given again while the record knows it: one identity, one machine
+        taken |= set((lost["record"] or {}).get("members") or {}) | set(lost["replaced"])
+        for entry in lost["lost"]:
+            warnings.append("%s: pool %s unreachable for %ds (since %s)%s" % (
+                entry["name"], entry["pool"], entry["for"], entry["since"],
+                "; replaced on the reachable pools" if entry["replace"] else
+                "; replaced after %ds (unreachable_timeout)" % desired["unreachable_timeout"]))
     for orphan in orphans:
         actions.append(Action("adopt", orphan["name"], {"labels": orphan.get("labels") or {}},
                               {"labels": dict(orphan.get("labels") or {}, **{OWNER_LABEL: name})},
                               [step("update_labels", orphan["name"], pool=orphan["pool"])], uri=orphan["uri"],
                               pool=orphan["pool"], labels=dict(orphan.get("labels") or {}, **{OWNER_LABEL: name})))
-    everyone = members + orphans
-    taken = {machine["name"] for machine in observed["machines"]}
     counter = members_made(observed["pools"])
+    planned = list(everyone)
     if len(everyone) < desired["replicas"]:
         names = []
         for _index in range(desired["replicas"] - len(everyone)):
@@ -323,7 +384,8 @@ def plan_set(desired, observed):
         warnings += unplaced_warnings(unplaced, len(names))
     elif len(everyone) > desired["replicas"]:
         seed = "%s/%s" % (name, ",".join(sorted(member["name"] for member in everyone)))
-        doomed = victims(everyone, len(everyone) - desired["replicas"], desired["delete_policy"], seed)
+        here = [member for member in everyone if not member.get("lost")]  # one on an Offline pool cannot go
+        doomed = victims(here, min(len(here), len(everyone) - desired["replicas"]), desired["delete_policy"], seed)
         actions += [_delete(member) for member in doomed]
         everyone = [member for member in everyone if member not in doomed]
     stale = [member for member in everyone
@@ -344,10 +406,31 @@ def plan_set(desired, observed):
     created = next((item.get("created") for item in recorded if item.get("created")), None) if recorded \
         else observed.get("moment")
     document = definition(desired, counter, created)
-    records = [Action("record", pool["name"], steps=[step("write_document", set_key(name))], uri=pool["uri"],
-                      document=document)
+    if lost is not None:
+        document = lost_pool.with_revision(dict(document, **lost_pool.lost_document(
+            desired["unreachable_timeout"], membership(planned, actions), lost["unreachable"],
+            {key: lost["replaced"][key] for key in lost["kept"]})), lost["record"])
+    # with unreachable_timeout, the diff shows what the record says of unreachable pools and replaced members
+    shown = ({}, {}) if lost is None else (
+        {"unreachable": dict((lost["record"] or {}).get("unreachable") or {}),
+         "replaced": sorted((lost["record"] or {}).get("replaced") or {})},
+        {"unreachable": dict(document["unreachable"]), "replaced": sorted(document["replaced"])})
+    records = [Action("record", pool["name"], shown[0], shown[1], steps=[step("write_document", set_key(name))],
+                      uri=pool["uri"], document=document)
                for pool in observed["pools"] if pool.get("state") == "Ready" and pool.get("definition") != document]
-    return Plan(records + actions, warnings, stale=sorted(member["name"] for member in stale))
+    # fences come before anything else, the set's record next (so a new member never runs before it is known)
+    return Plan(first + records + actions, warnings, stale=sorted(member["name"] for member in stale), lost=lost)
+
+
+def membership(members, actions):
+    """{member: {pool, uri}} once ``actions`` are carried out, as the set's record keeps it."""
+    kept = {member["name"]: {"pool": member["pool"], "uri": member["uri"]} for member in members}
+    for action in actions:
+        if action.kind == "create":
+            kept[action.target] = {"pool": action.data["pool"], "uri": action.data["uri"]}
+        elif action.kind == "delete":
+            kept.pop(action.target, None)
+    return kept
 
 
 def unplaced_warnings(unplaced, wanted, shown=3):
@@ -473,6 +556,8 @@ class MachineSetResource(Resource):
         self.check_mode = check_mode
         self.desired = normalize_set(self.params)
         self.failures = []
+        self.moment = now().isoformat()  # one clock reading per run: its plans and its verification agree
+        self.unreachable = set()
 
     def describe(self):
         return "machine set %s" % self.desired["name"]
@@ -483,20 +568,32 @@ class MachineSetResource(Resource):
         for ctx in contexts:
             pools.append({"name": ctx.name or ctx.uri, "uri": ctx.uri, "state": "Ready" if ctx.registration
                           else "Error", "definition": ctx.registry.get(set_key(self.desired["name"]))})
+        reached = {ctx.uri for ctx in contexts}
+        # the pools that could not be read: members there are unknown (lost_pool)
+        pools += [{"name": snapshot["name"], "uri": snapshot["uri"], "state": "Offline", "definition": None}
+                  for snapshot in snapshots if snapshot["uri"] not in reached]
         if any(machine["name"] == self.desired["name"] for machine in machines):
             raise ValidationError("a machine named %s exists on the pools: a set and its members' prefix would be "
                                   "confused with it; pick another name" % self.desired["name"], "name")
-        return {"snapshots": snapshots, "machines": machines, "pools": pools, "moment": now().isoformat()}
+        observed = {"snapshots": snapshots, "machines": machines, "pools": pools, "moment": now().isoformat()}
+        self.unreachable = {pool["uri"] for pool in pools if pool["state"] == "Offline"}
+        if self.desired.get("unreachable_timeout") is not None:
+            record = lost_pool.trusted([pool["definition"] for pool in pools])
+            observed["replaced_found"] = read_replaced((record or {}).get("replaced") or {},
+                                                       {ctx.uri: ctx for ctx in contexts})
+        return observed
 
     def plan(self, observed):
-        return plan_set(self.desired, observed)
+        return plan_set(self.desired, observed, self.moment)
 
     def apply_plan(self, plan, observed):
         """Records and adoptions first; then each wave's creates and deletes, in parallel within a step (a
         rollout's creates run, and wait for Running, before its deletes)."""
         for action in plan.actions:
             self.applier(action.handler)  # a kind without a method is a bug: found before anything is done
-        steps = [[a for a in plan.actions if a.kind in ("record", "forget")],
+        # the stale copies of replaced members go first, before the set records or makes anything
+        steps = [[a for a in plan.actions if a.kind == "fence"], [a for a in plan.actions if a.kind == "reclaim"],
+                 [a for a in plan.actions if a.kind in ("record", "forget")],
                  [a for a in plan.actions if a.kind == "adopt"]]
         waves = sorted({a.data.get("wave", 0) for a in plan.actions if a.kind in ("create", "delete")})
         surge_first = not self.desired.get("rollout") or self.desired["rollout"]["max_surge"] > 0
@@ -557,8 +654,12 @@ class MachineSetResource(Resource):
         self.fleet.contexts[action.data["uri"]].registry.delete(set_key(self.desired["name"]))
 
     def _create(self, action, _observed):
+        # a new member's name is checked free on every pool; with unreachable_timeout, on those that answer (the
+        # set's record holds the names of its members on the others, and a new name avoids them)
+        unique = self.fleet.uris if self.desired.get("unreachable_timeout") is None else \
+            [uri for uri in self.fleet.uris if uri in self.fleet.contexts and uri not in self.unreachable]
         self._service(action).ensure(member_spec(self.desired, action.target, self.params["wait"],
-                                                 self.params["wait_timeout"], self.fleet.uris))
+                                                 self.params["wait_timeout"], unique))
 
     def _delete(self, action, _observed):
         self._service(action).ensure(machine_spec.params({"name": action.target, "state": "absent",
@@ -568,7 +669,57 @@ class MachineSetResource(Resource):
         self._service(action).ensure(machine_spec.params({"name": action.target, "state": "present",
                                                           "labels": action.data["labels"]}))
 
-    APPLY = {"record": _record, "forget": _forget, "create": _create, "delete": _delete, "adopt": _adopt}
+    def _fence(self, action, _observed):
+        """Destroy and undefine a replaced member that its pool still holds, keeping its volumes: their names go
+        to the pool's journal first (``pending-<member>``), so a run cut off after the undefine still knows them.
+        Only a domain carrying this set's owner label is touched."""
+        ctx = self.fleet.contexts[action.data["uri"]]
+        dom = lv.lookup_domain(ctx.conn, action.target)
+        if dom is None:
+            return
+        record = dx.read_record(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))) or {}
+        if ((record.get("spec") or {}).get("labels") or {}).get(OWNER_LABEL) != self.desired["name"]:
+            raise MachineryError("%s on pool %s is not a member of set %s: not fenced" % (
+                action.target, action.data["pool"], self.desired["name"]))
+        if action.data["volumes"]:
+            ctx.registry.put(reg.pending_key(action.target), {"machine": action.target,
+                                                              "volumes": action.data["volumes"]})
+        if dom.isActive():
+            dom.destroy()  # no ACPI shutdown: another member took its place already
+        dom.undefineFlags(lv.libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | lv.libvirt.VIR_DOMAIN_UNDEFINE_NVRAM |
+                          lv.libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA |
+                          lv.libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA)
+
+    def _reclaim(self, action, _observed):
+        """Remove the volumes a fenced member made for itself (its record's, never a volume it was given), then
+        its journal."""
+        ctx = self.fleet.contexts[action.data["uri"]]
+        ctx.storage.refresh(0)
+        for volume in action.data["volumes"]:
+            storage.delete_volume(ctx.storage, volume)
+        ctx.registry.delete(reg.pending_key(action.target))
+
+    APPLY = {"record": _record, "forget": _forget, "create": _create, "delete": _delete, "adopt": _adopt,
+             "fence": _fence, "reclaim": _reclaim}
+
+
+def read_replaced(replaced, contexts):
+    """What each replaced member left on its pool, for the pools in ``contexts`` ({uri: PoolContext}):
+    {member: {exists, owner, volumes, journal}}. ``volumes`` are those its record says it made for itself."""
+    found = {}
+    for name, entry in sorted(replaced.items()):
+        ctx = contexts.get(entry.get("uri"))
+        if ctx is None:
+            continue
+        reading = ctx.listing().get(name)
+        journal = ctx.registry.get(reg.pending_key(name)) or {}
+        there = {"exists": reading is not None, "owner": None, "volumes": [], "journal": journal.get("volumes")}
+        if reading is not None:
+            record = reading.record or {}
+            there["owner"] = ((record.get("spec") or {}).get("labels") or {}).get(OWNER_LABEL)
+            there["volumes"] = machine_spec.ephemeral_volumes(record)
+        found[name] = there
+    return found
 
 
 def set_status(desired, observed, plan):
@@ -577,16 +728,32 @@ def set_status(desired, observed, plan):
                                           or {OWNER_LABEL: desired["name"]}, observed["machines"])
     members = sorted(members + orphans, key=lambda machine: machine["name"])
     current = desired.get("template_hash")
+    lost = (plan.facts.get("lost") if plan is not None else None) or {}
+    # a member on a pool the run could not read is counted until it is replaced, its phase Unknown
+    members = [member for member in members if member["name"] not in (lost.get("replaced") or {})]
+    members += [lost_member(desired["name"], desired, entry) for entry in lost.get("lost") or ()
+                if not entry["replace"]]
+    members.sort(key=lambda machine: machine["name"])
+    since = {entry["name"]: entry["since"] for entry in lost.get("lost") or ()}
     shown = [{"name": member["name"], "pool": member.get("pool"), "phase": member["phase"],
               "template_current": (member.get("labels") or {}).get(HASH_LABEL) == current,
-              "ip_addresses": member.get("ip_addresses") or []} for member in members]
+              "ip_addresses": member.get("ip_addresses") or [],
+              "conditions": [lost_pool.condition(not member.get("lost"), since.get(member["name"]))]}
+             for member in members]
     result = counts(desired, members) if desired["state"] == "present" else {"replicas": len(members)}
     created = next((pool["definition"]["created"] for pool in observed.get("pools") or []
                     if (pool.get("definition") or {}).get("created")), None)
     result.update(members=shown, out_of_date=[m["name"] for m in shown if not m["template_current"]],
-                  table=table(members), created=created, age=age(created) if created else None)
+                  table=table([member for member in members if not member.get("lost")]), created=created,
+                  age=age(created) if created else None)
     if plan is not None:
         result["planned_members"] = sorted(a.target for a in plan.actions if a.kind == "create")
+        names = {pool["uri"]: pool["name"] for pool in observed["pools"]}
+        result.update(unreachable_pools=[{"name": names.get(uri, uri), "uri": uri, "since": mark} for uri, mark in
+                                         sorted((lost.get("unreachable") or {}).items())],
+                      replaced_members=[dict(lost["replaced"][name], name=name)
+                                        for name in lost.get("newly_replaced") or ()],
+                      fenced_members=sorted(a.target for a in plan.actions if a.kind == "fence"))
     return result
 
 
