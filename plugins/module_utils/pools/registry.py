@@ -28,6 +28,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 
 REGISTRY_POOL = "machinery-registry"
 EXPECTED_RETRY_SECONDS = 2.0
+PRUNE_RETRY_SECONDS = 8.0
 STORAGE_POOL = "machinery"
 POOL_KEY = "pool"
 _DOC = re.compile(r"^(?P<key>[a-z0-9][-a-z0-9]*)\.(?P<generation>[0-9]+)\.json$")
@@ -86,12 +87,12 @@ def holds_registration(names):
     return any(name.startswith(POOL_KEY + ".") for name in names)
 
 
-def reread(pool, read, believed, again=None):
+def reread(pool, read, believed, again=None, seconds=EXPECTED_RETRY_SECONDS):
     """``read()`` until ``believed`` of what it returns, refreshing the pool between reads (``again()`` reads after
-    the first), for up to EXPECTED_RETRY_SECONDS: libvirt refreshes a dir pool after every upload into it, and a
-    listing or lookup taken meanwhile misses volumes that are there. The last reading when none is believed."""
+    the first), for up to ``seconds``: libvirt refreshes a dir pool after every upload into it, and a listing or
+    lookup taken meanwhile misses volumes that are there. The last reading when none is believed."""
     found = read()
-    deadline = time.monotonic() + EXPECTED_RETRY_SECONDS
+    deadline = time.monotonic() + seconds
     while not believed(found) and time.monotonic() < deadline:
         time.sleep(0.05 + random.random() * 0.1)
         try:
@@ -250,7 +251,9 @@ class Registry:
                 return True
             names = listing(self.pool)
             return holds_registration(names) and name not in names
-        reread(self.pool, settled, bool)
+        # a volume known to be there: waiting longer costs nothing unless libvirt hides it (a loaded host's
+        # refresh took more than the 2 s other readings wait)
+        reread(self.pool, settled, bool, seconds=PRUNE_RETRY_SECONDS)
 
     def delete(self, key, locked=False, epoch=None, expected=False):
         """Delete every generation of ``key``; whether there was one. With ``expected`` (a journal this run wrote
