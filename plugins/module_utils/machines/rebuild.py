@@ -228,6 +228,7 @@ class Rebuild:
                 storage.delete_volume(self.ctx.storage, volume_name)
             except MachineryError as exc:
                 problems.append(str(exc))
+
         def note(record):
             if ran and dom.isActive():
                 bump_boots(record)  # it booted again from its old root
