@@ -194,12 +194,13 @@ def test_a_rebuild_whose_image_fails_its_checksum_changes_nothing(rebuilt):
 
 
 def test_a_rebuild_that_fails_after_the_shutdown_puts_the_machine_back_running(rebuilt):
-    """Another domain holds the volume name the new root would get: found after the shutdown, so the machine is
-    started again from its old root and seed, and the pool holds what it held."""
+    """Another domain holds the volume name the new seed would get: found after the shutdown and after the new
+    root was made, so the new root is deleted, the machine started again from its old root and seed, and the pool
+    holds what it held."""
     pool = rebuilt["pool"]
     before = seen(pool)
     path = os.path.join(os.path.dirname(pool.conn.storagePoolLookupByName("machinery").storageVolLookupByName(
-        NAME + "-root.qcow2").path()), NAME + ".r1-root.qcow2")
+        NAME + "-root.qcow2").path()), NAME + ".r1-cidata.iso")
     blocker = pool.conn.defineXML(
         "<domain type='qemu'><name>rb-blocker</name><memory unit='MiB'>64</memory><os><type arch='x86_64' "
         "machine='q35'>hvm</type></os><devices><disk type='file' device='disk'><driver name='qemu' type='qcow2'/>"

@@ -143,6 +143,7 @@ class Rebuild:
         try:
             paths = {"root": self._new_root(pool, made, data["made"]["root"], root_size, image_vol, fmt)}
             for kind, content in contents.items():
+                self._claim(data["made"][kind])
                 paths[kind] = storage.write_secret_volume(self.conn, pool, data["made"][kind], content).path()
                 made.append(data["made"][kind])
             point_disks(tree, paths)
@@ -169,13 +170,17 @@ class Rebuild:
                 self.warnings.append("the old %s volume %s of %s was left in the pool: %s"
                                      % (kind, volume_name, self.name, exc))
 
-    def _new_root(self, pool, made, volume_name, size, image_vol, fmt):
-        """The new root overlay. A volume of its name that a domain uses is refused; one that none uses is the
-        leftover of a rebuild cut off midway, and is replaced."""
+    def _claim(self, volume_name):
+        """Refuse a new volume's name that a domain uses. One that none uses is the leftover of a rebuild cut off
+        midway (the names are the collection's own, see domain.generation_volume), and is replaced."""
         users = storage.users_of(self.conn, self.ctx.storage_file(volume_name), None)
         if users:
-            raise ConflictError("volume %s, the new root of %s, is used by %s; nothing was changed"
+            raise ConflictError("volume %s, which the rebuild of %s makes, is used by %s"
                                 % (volume_name, self.name, ", ".join(users)), "rebuild")
+
+    def _new_root(self, pool, made, volume_name, size, image_vol, fmt):
+        """The new root: an overlay on the cached image, as a create makes it."""
+        self._claim(volume_name)
         vol = storage.create_volume(pool, volume_name, size, "qcow2", backing=(image_vol.path(), fmt), replace=True)
         made.append(volume_name)
         return vol.path()
