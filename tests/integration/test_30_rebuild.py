@@ -288,7 +288,7 @@ def test_a_machine_with_snapshots_is_not_rebuilt(rebuilt):
         dom = pool.domain(SNAPPED)
         before = (dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE), dom.ID(), pool.volumes())
         for check in (True, False):
-            refused = run_module("machine", check=check, **dict(args, image=OTHER, rebuild=True))
+            refused = run_module("machine", check=check, **{**args, "image": OTHER, "rebuild": True})
             assert refused.get("failed") and refused["field"] == "rebuild", refused
             assert "1 snapshot" in refused["msg"] and "nothing was changed" in refused["msg"], refused
             assert (dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE), dom.ID(), pool.volumes()) == before
@@ -376,7 +376,7 @@ def test_real_guest_runs_cloud_init_again_on_its_new_root(capsys):
         load = os.getloadavg()
         asked = time.monotonic()
         with Downtime(pool.uri, REAL) as downtime:
-            rebuilt = run_module("machine", **dict(args, image=REAL_IMAGE, rebuild=True))
+            rebuilt = run_module("machine", **{**args, "image": REAL_IMAGE, "rebuild": True})
         ran = time.monotonic() - asked
         assert rebuilt["changed"] is True and rebuilt["actions"] == ["rebuild"], rebuilt
         assert not rebuilt.get("warnings"), rebuilt  # shut down through ACPI, not forced
