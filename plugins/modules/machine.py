@@ -18,8 +18,8 @@ description:
   - The machine's record (spec, creation time, restart count) lives in the domain's metadata. Domains without it
     were not created by this collection and are refused unless O(adopt=true).
   - On an existing machine, O(cpu), O(memory), O(machine_class), O(labels) and the boot configuration are
-    changed in place (live where libvirt can, otherwise the return says C(restart_required)); a different image
-    or firmware is refused.
+    changed in place (live where libvirt can, otherwise the return says C(restart_required)); a different
+    firmware is refused, and a different image too unless O(rebuild=true) gives the machine a new root disk.
   - A resize (a new O(machine_class), O(cpu) or O(memory)) must fit the pool's free capacity, the machine's own
     current size not counted; one that does not is refused naming the option, with nothing changed, unless
     O(allow_move) moves the machine to a pool of O(pools) that fits first. A running
@@ -81,7 +81,8 @@ options:
         the name of an image published on the pool with M(machinery.compute.machine_image) (a DNS-1123 label
         with no V(/); a file of that name in the current directory is given as V(./name)).
       - Required to create a machine, unless it boots from an existing volume (O(volumes[].volume)); with no
-        image, the first existing volume attached is the boot disk. Fixed afterwards.
+        image, the first existing volume attached is the boot disk. Fixed afterwards, unless O(rebuild=true)
+        gives the machine a new root disk from it.
       - A qcow2 image must stand alone (no backing file) and be unencrypted. A raw image must look like a disk,
         a whole number of 512-byte sectors starting with a partition table (MBR or GPT) or a file system (ext,
         XFS, btrfs, squashfs, ISO 9660). Anything else is refused before anything is written.
@@ -93,7 +94,10 @@ options:
     description: sha256 of the image (V(sha256:<hex>) or V(<hex>)); required for a URL, verified for a path.
     type: str
   root_size:
-    description: Size of the root disk (at least the image's virtual size); defaults to the image's size.
+    description:
+      - Size of the root disk (at least the image's virtual size); defaults to the image's size.
+      - Read when the root disk is made, at creation and by a rebuild (O(rebuild)); a rebuild without it keeps
+        the size the root had, grown to the new image's size if that is larger.
     type: raw
   volumes:
     description: Extra disks, each a new empty volume (O(volumes[].size)), an existing volume of the pool's
@@ -336,6 +340,28 @@ options:
       - Without it, or when no pool of O(pools) fits, the resize is refused naming O(machine_class) (or
         O(cpu), O(memory)) and nothing is changed.
       - An instruction for this run only; it is not recorded.
+    type: bool
+    default: false
+  rebuild:
+    description:
+      - Whether a changed O(image) (or O(image_checksum)) of an existing machine gives it a new root disk made
+        from that image, as a create makes one (a thin overlay on the image cached in the pool). The name, UUID,
+        MACs, data volumes, labels and record are kept; the record's image is updated.
+      - The cloud-init seed is given again with a new instance id (C(iid-<name>.r<n>) for the n-th rebuild, unless
+        O(cloud_init.meta_data) sets its own), so cloud-init in the new root runs as on a first boot; the
+        O(cloud_init) of this run is used when given, else the seed the machine has. A new O(ignition) is
+        written too; an unchanged one is read again by the new root's first boot.
+      - The image is cached and the boot files made while the machine still runs; then it is shut down (ACPI,
+        forced off after O(shutdown_timeout)), the new root made under a new volume name, the domain redefined
+        to use it and started again if it ran (unless O(state=stopped)); only then are the old root and boot
+        files deleted. A failure before that deletes what the run made and leaves the machine as it was,
+        running if it ran.
+      - Refused, naming this option, for a machine with snapshots (they live inside the old root disk), an
+        adopted one, and one that boots from a volume.
+      - Without it a changed O(image) is refused as before. With the same image it changes nothing. An
+        instruction for this run only; it is not recorded. Only this module rebuilds (not
+        M(machinery.compute.machine_batch) or M(machinery.compute.machine_set), which would take their
+        machines down at once).
     type: bool
     default: false
   pools:

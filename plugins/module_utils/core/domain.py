@@ -165,6 +165,18 @@ def _sub(parent, tag, text=None, **attrib):
     return node
 
 
+def generation_volume(machine, generation, kind):
+    """The volume of a machine's root disk or boot file (``kind``: root.qcow2, cidata.iso, ignition.json) as
+    made by its creation (generation 0: web-1-root.qcow2) or by its n-th rebuild (web-1.r2-root.qcow2). A machine
+    name has no dot, so no other machine's volume has such a name."""
+    return "%s-%s" % (machine, kind) if not generation else "%s.r%d-%s" % (machine, generation, kind)
+
+
+def root_volume(spec):
+    """The root disk volume of a machine's recorded spec (a rebuilt machine records its own)."""
+    return spec.get("root_volume") or generation_volume(spec["name"], 0, "root.qcow2")
+
+
 def volume_alias(name):
     """Device aliases allow letters, digits, '_' and '-': a volume name like data.qcow2 becomes data-qcow2."""
     return "ua-vol-%s" % re.sub(r"[^A-Za-z0-9_-]", "-", name)

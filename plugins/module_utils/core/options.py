@@ -270,6 +270,8 @@ MACHINE = (
     Option("unique_across", "list", elements="str"),
     # what this run may do to resize a machine its pool has no room for (a run's instruction, never recorded)
     Option("allow_move", "bool", default=False),
+    # whether a changed image gives the machine a new root disk (machines/rebuild.py); a run's instruction as well
+    Option("rebuild", "bool", default=False),
     Option("server_group", "dict", options=SERVER_GROUP, check=_server_group,
            fixed=lambda spec: spec.get("server_group")),
 ) + MACHINE_CAPABILITIES

@@ -148,7 +148,10 @@ class Changes:
         if "ignition_data" in self.spec and files.get("ignition"):
             storage.write_secret_volume(self.conn, pool, files["ignition"], self.spec["ignition_data"])
         if "seed_files" in self.spec and files.get("seed"):
-            storage.write_secret_volume(self.conn, pool, files["seed"], seed.nocloud_iso(self.spec["seed_files"]))
+            # the instance id stays the one the machine's root was made with (a rebuild's): cloud-init in the guest
+            # reads the new seed at its next first boot only
+            given = seed.with_generation(self.spec["seed_files"], self.name, int(record.get("rebuilds") or 0))
+            storage.write_secret_volume(self.conn, pool, files["seed"], seed.nocloud_iso(given))
 
     def _set_live(self, dom, record, names, observed):
         """Carry the change into the running guest where libvirt can; the rest waits for a restart."""

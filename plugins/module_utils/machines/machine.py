@@ -34,6 +34,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.address
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import (
     bump_boots, shutdown, update_record)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import ephemeral_volumes
+from ansible_collections.machinery.compute.plugins.module_utils.machines.rebuild import (
+    Rebuild, rebuild_action, wants_rebuild)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import (
     PoolView, is_active, machine_status, now)
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
@@ -55,6 +57,7 @@ class Observed:
         self.state = state  # (state, reason)
         self.live_max_memory = live_max_memory  # bytes the running guest can balloon up to
         self.journal = None  # of a dead run, for a machine that does not exist
+        self.snapshots = 0  # how many snapshots it has: read only when a rebuild is wanted (they refuse it)
         self.security_groups = {}  # NIC name -> the groups guarding it, read from its nwfilter
 
     @property
@@ -245,6 +248,11 @@ def plan_machine(spec, observed, record=None):
     warnings = device_request_warnings(spec, record)
     current = options.owned_values(observed.tree, record)
     names = options.changed_fields(current, spec)
+    rebuild = rebuild_action(spec, record, observed.active, observed.snapshots)
+    if rebuild is not None and "boot_config" in names:
+        boot_files_conflict(spec, record)
+        names.remove("boot_config")  # the rebuild writes the boot files anew, beside the old ones
+        rebuild.before["boot_config"], rebuild.after["boot_config"] = current["boot_config"], spec["boot_config"]
     pending = []
     restart = None
     if names:
@@ -264,11 +272,15 @@ def plan_machine(spec, observed, record=None):
     changes = security_group_changes(spec, observed)
     if changes:
         actions.append(security_groups_action(name, changes, observed.active))
+    if rebuild is not None:
+        # it shuts a running machine down and starts it again: a resize restart would be a second one
+        actions.append(rebuild)
+        restart, pending = (None, []) if observed.active else (restart, pending)
     if restart is not None:
         actions.append(restart)
     if spec["state"] == "running" and not observed.active:
         actions.append(Action("start", name, steps=[step("start", name)]))
-    elif spec["state"] == "stopped" and observed.active:
+    elif spec["state"] == "stopped" and observed.active and rebuild is None:
         actions.append(Action("stop", name, steps=[step("shutdown", name)]))
     return Plan(actions, warnings, restart_required=bool(pending))
 
@@ -294,7 +306,7 @@ def observation_key(observed):
                        sort_keys=True, default=str))
 
 
-class MachineResource(Creation, Changes, Resource):
+class MachineResource(Creation, Changes, Rebuild, Resource):
     """One machine on one pool, for ``converge``. ``params`` are machine_spec.params' (validated once, frozen)."""
 
     def __init__(self, ctx, params, check_mode=False, prepared=None, room=True):
@@ -385,6 +397,8 @@ class MachineResource(Creation, Changes, Resource):
                 # the volumes a dead run of this name listed in its journal are replaced by the create
                 facts.taken_volumes -= set((observed.journal or {}).get("volumes") or [])
                 self.spec = machine_spec.normalize(self.params, facts, record, current)
+        if observed.exists and wants_rebuild(self.spec, record):
+            observed.snapshots = observed.dom.snapshotNum(0)
         plan = plan_machine(self.spec, observed, record)
         for action in plan.actions:
             if action.kind == "create":  # a plan that needs room is refused in check mode too
@@ -516,7 +530,8 @@ class MachineResource(Creation, Changes, Resource):
 
     APPLY = {"create": Creation._create, "clean_up": Creation._clean_up, "adopt": Changes._adopt,
              "update": Changes._update, "update_security_groups": Changes._update_security_groups, "start": _start,
-             "restart": _restart, "stop": _stop, "delete": _delete}
+             "restart": _restart, "stop": _stop, "delete": _delete,
+             "rebuild": Rebuild._rebuild}
 
 
 # --- the service the modules call -------------------------------------------------------------------------------

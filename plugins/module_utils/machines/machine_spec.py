@@ -42,8 +42,9 @@ SCHEDULED_ARGUMENTS = options.argument_spec(options.MACHINE + options.SCHEDULING
 SCHEDULING_KEYS = tuple(item.name for item in options.SCHEDULING)
 CHECKED = tuple(item for item in options.MACHINE if item.argument and item.check is not None)
 # what a scheduled machine takes (a batch's machines, a set's template): the machine's options but those the
-# caller sets itself, and allow_move (only the machine module moves a machine it resizes)
-SCHEDULED_KEYS = tuple(key for key in SCHEDULED_ARGUMENTS if key not in ("unique_across", "allow_move"))
+# caller sets itself, allow_move (only the machine module moves a machine it resizes) and rebuild (a batch or a
+# set rebuilding its machines at once would take them all down together: only the machine module rebuilds)
+SCHEDULED_KEYS = tuple(key for key in SCHEDULED_ARGUMENTS if key not in ("unique_across", "allow_move", "rebuild"))
 
 
 def _at(field, key):
@@ -303,6 +304,9 @@ def resolve(prm, ctx, record=None):
             if group not in facts.security_groups:
                 facts.security_groups[group] = sgs.read_group(ctx.conn, group, "security_groups") is not None
     if record is not None:
+        if rebuild_requested(prm, record.get("spec", {})):  # the image of its new root disk
+            facts.images["image"] = _image_facts(prm["image"] or record["spec"]["image"]["source"],
+                                                 prm["image_checksum"], ctx, "image")
         return facts  # an existing machine keeps its image, disks and NICs
     facts.storage_pool = ctx.storage.name()
     if prm["image"]:
@@ -590,18 +594,43 @@ def _comparable(item, value):
     return item.check(value, item.name) if item.check else value
 
 
-def check_fixed(prm, recorded):
-    """Options fixed at creation (declared ``fixed`` in options.MACHINE) may be repeated, never changed."""
+# the fixed options that belong to the root disk: rebuild: true makes a new root disk for a change of them
+ROOT_DISK_FIELDS = ("image", "image_checksum")
+
+
+def fixed_changes(prm, recorded):
+    """[(option, current, wanted)] of the options fixed at creation (declared ``fixed`` in options.MACHINE) that
+    ``prm`` gives with another value than the machine's record."""
+    changes = []
     for item in options.FIXED:
         wanted = prm[item.name]
         if wanted is None or wanted == "":
             continue
         current = item.fixed(recorded)
         if _comparable(item, wanted) != current:
-            raise ConflictError("the %s of an existing machine is fixed at creation and cannot change (it is %s); "
-                                "delete and recreate the machine to use %s"
-                                % (item.name.replace("_", " "), shown_fixed(item, current), shown_fixed(item, wanted)),
-                                item.name)
+            changes.append((item, current, wanted))
+    return changes
+
+
+def rebuild_requested(prm, recorded):
+    """Whether ``prm`` rebuilds the machine of ``recorded`` (its record's spec): rebuild: true and a root disk
+    option (ROOT_DISK_FIELDS) that differs from the record. rebuild: true with the same image asks nothing."""
+    return bool(prm.get("rebuild")) and any(item.name in ROOT_DISK_FIELDS for item, _current, _wanted
+                                            in fixed_changes(prm, recorded))
+
+
+def check_fixed(prm, recorded):
+    """Options fixed at creation may be repeated, never changed; a root disk option changes with rebuild: true."""
+    for item, current, wanted in fixed_changes(prm, recorded):
+        if item.name in ROOT_DISK_FIELDS:
+            if prm.get("rebuild"):
+                continue
+            hint = "set rebuild: true to give the machine a new root disk from %s (same name, UUID, MACs and " \
+                   "data volumes), or delete and recreate it" % shown_fixed(item, wanted)
+        else:
+            hint = "delete and recreate the machine to use %s" % shown_fixed(item, wanted)
+        raise ConflictError("the %s of an existing machine is fixed at creation and cannot change (it is %s); %s"
+                            % (item.name.replace("_", " "), shown_fixed(item, current), hint), item.name)
 
 
 def shown_fixed(item, value):
@@ -633,6 +662,8 @@ def normalize(prm, facts, record=None, current=None):
         check_fixed(prm, record.get("spec", {}))
         for key in ("image", "root_size", "volumes", "network_interfaces", "swap"):
             spec[key] = recorded.get(key)
+        if rebuild_requested(prm, record.get("spec", {})):
+            _rebuilt_root(prm, facts, record, spec)
         _existing_capabilities(prm, facts, spec, recorded)
         check_wait(prm, spec)
         return freeze(spec)
@@ -664,6 +695,22 @@ def normalize(prm, facts, record=None, current=None):
     return freeze(spec)
 
 
+def _rebuilt_root(prm, facts, record, spec):
+    """The image and size of the new root disk of a rebuild: the size given, else the one the machine had, but
+    never smaller than the new image."""
+    if record.get("adopted") or record["spec"].get("image") is None:
+        raise ConflictError("%s has no root disk of the collection's to rebuild (it %s)"
+                            % (prm["name"], "was adopted" if record.get("adopted") else "boots from a volume"),
+                            "rebuild")
+    image = facts.images["image"]
+    spec["image"], spec["rebuild"] = image["image"], True
+    size = prm["root_size"] or record["spec"].get("root_size")
+    if prm["root_size"] and image["size"] and prm["root_size"] < image["size"]:
+        raise ValidationError("%s is smaller than the image (%s)" % (format_quantity(prm["root_size"]),
+                                                                     format_quantity(image["size"])), "root_size")
+    spec["root_size"] = max(size or 0, image["size"] or 0) or None
+
+
 def desired(prm, ctx, record=None, current=None):
     """``normalize`` of what ``resolve`` reads for ``prm`` on the pool of ``ctx``."""
     return normalize(prm, resolve(prm, ctx, record), record, current)
@@ -677,7 +724,7 @@ def ephemeral_volumes(record):
     if record.get("adopted") or not spec.get("name"):
         return []  # not ours to delete: only the domain goes
     # a machine booted from an existing volume records image None: it has no root disk of its own
-    names = ["%s-root.qcow2" % spec.get("name")] if spec.get("image", {}) is not None else []
+    names = [dx.root_volume(spec)] if spec.get("image", {}) is not None else []
     names.extend(vol["volume"] for vol in spec.get("volumes") or [] if vol.get("ephemeral"))
     names.extend(spec.get("files", {}).values())
     return names

@@ -145,7 +145,7 @@ def nocloud_files(name, cloud_init, ssh_keys=None, hostname=None):
     else:
         if meta is not None and not isinstance(meta, dict):
             raise ValidationError("must be a string or a mapping", "cloud_init.meta_data")
-        merged = {"instance-id": "iid-%s" % name, "local-hostname": hostname or name}
+        merged = {"instance-id": instance_id(name), "local-hostname": hostname or name}
         merged.update(meta or {})
         meta_text = _yaml_text(merged, "cloud_init.meta_data")
     files = {
@@ -157,6 +157,51 @@ def nocloud_files(name, cloud_init, ssh_keys=None, hostname=None):
     network = _yaml_text(cloud_init.get("network_config"), "cloud_init.network_config")
     if network is not None:
         files["network-config"] = network.encode()
+    return files
+
+
+def instance_id(name, generation=0):
+    """The instance id the collection gives machine ``name``: a rebuild (``generation`` 1, 2, ...) gets a new one,
+    so cloud-init in the new root takes the seed as a new instance's."""
+    return "iid-%s" % name if not generation else "iid-%s.r%d" % (name, generation)
+
+
+def with_generation(files, name, generation):
+    """The seed ``files`` ({file name: bytes}) with the instance id of ``generation``. Only an instance id the
+    collection gave is replaced: one the user set in meta_data is the user's, and is kept as it is."""
+    meta = files.get("meta-data")
+    if meta is None:
+        return dict(files)
+    data = parsed_mapping(meta.decode(), "cloud_init.meta_data", "meta-data")
+    current = str(data.get("instance-id") or "")
+    if current != instance_id(name) and not current.startswith(instance_id(name) + ".r"):
+        return dict(files)
+    wanted = instance_id(name, generation)
+    if current == wanted:
+        return dict(files)
+    data["instance-id"] = wanted
+    return dict(files, **{"meta-data": _yaml_text(data, "cloud_init.meta_data").encode()})
+
+
+def read_nocloud_iso(data):
+    """{file name: bytes} of a NoCloud ISO that ``nocloud_iso`` wrote (a rebuild gives its seed again)."""
+    try:
+        import pycdlib
+    except ImportError:
+        raise MachineryError("pycdlib is needed to read the cloud-init seed (pip install pycdlib)") from None
+    iso = pycdlib.PyCdlib()
+    iso.open_fp(io.BytesIO(data))
+    files = {}
+    try:
+        for child in iso.list_children(rr_path="/"):
+            if child.is_dot() or child.is_dotdot() or not child.is_file():
+                continue
+            name = child.rock_ridge.name().decode()
+            out = io.BytesIO()
+            iso.get_file_from_iso_fp(out, rr_path="/" + name)
+            files[name] = out.getvalue()
+    finally:
+        iso.close()
     return files
 
 

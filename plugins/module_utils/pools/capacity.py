@@ -24,7 +24,7 @@ def machine_disks(record):
     spec = record.get("spec", {})
     if record.get("adopted") or not spec.get("name"):
         return {}
-    disks = {"%s-root.qcow2" % spec["name"]: spec.get("root_size") or 0}
+    disks = {dx.root_volume(spec): spec.get("root_size") or 0}
     for vol in spec.get("volumes") or []:
         disks[vol["volume"]] = vol.get("size") or 0
     return disks
