@@ -48,7 +48,7 @@ HASH_LABEL = "machinery.compute/template-hash"
 DELETE_LABEL = "machinery.compute/delete-machine"
 # the template takes what the machine module takes, but name and uri (the set names its members)
 TEMPLATE_KEYS = tuple(item.name for item in options.MACHINE + options.SCHEDULING if item.argument and
-                      item.name not in ("name", "uri", "unique_across", "adopt", "allow_move", "wait",
+                      item.name not in ("name", "uri", "unique_across", "adopt", "allow_move", "rebuild", "wait",
                                         "wait_timeout"))
 SCHEDULING_KEYS = tuple(item.name for item in options.SCHEDULING)
 NOT_RUNNING = ("Failed", "Shutdown", "Terminating", "Terminated")

@@ -305,3 +305,10 @@ def test_the_record_keeps_when_the_set_was_first_recorded():
     old = observed(members, definition=ms.definition(desired(replicas=1), 1))
     old["moment"] = later["moment"]
     assert ms.plan_set(desired(replicas=1), old).actions == []  # recorded before it was kept: left as it is
+
+
+@pytest.mark.parametrize("key", ["rebuild", "allow_move"])
+def test_a_template_refuses_what_only_the_machine_module_does(key):
+    message = refused("template", desired, template=dict(TEMPLATE, **{key: True}))
+    said, takes = message.split("; a template takes ")
+    assert said == "unknown option %s" % key and key not in takes.split(", "), message
