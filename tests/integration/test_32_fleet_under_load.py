@@ -25,7 +25,7 @@ SPINNERS = 2 * (os.cpu_count() or 2)  # the load goes up by about this much whil
 @contextlib.contextmanager
 def busy_cores(count):
     """``count`` processes that spin on the CPU, stopped by their pids when the block ends."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _index in range(count)]
     try:
         yield spinners
     finally:

@@ -284,9 +284,9 @@ def _image_exists(obj, params, fields, pools):
     where = [pinned] if pinned else sorted(pools.by_name)
     if is_reference(image):
         if not any(image in pools.images.get(pool, {}) for pool in where):
-            fields.error(shown, "no image named %r is published on %s (publish it with machinery.compute."
-                                "machine_image)" % (image, "pool %s" % pinned if pinned
-                                                     else "any pool of this run (%s)" % ", ".join(where)))
+            place = "pool %s" % pinned if pinned else "any pool of this run (%s)" % ", ".join(where)
+            fields.error(shown, "no image named %r is published on %s (publish it with "
+                                "machinery.compute.machine_image)" % (image, place))
     elif "://" not in image and not os.path.isfile(image):
         fields.error(shown, "%r is neither an image published on a pool of this run nor a file" % image)
 
