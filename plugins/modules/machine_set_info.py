@@ -51,6 +51,11 @@ machine_sets:
     - Each set with name, replicas (members now), desired_replicas, ready_replicas, available_replicas, selector,
       template (its secrets shown as C(<secret>)), template_hash, delete_policy, strategy, rollout, the pools
       that record it, members and out_of_date.
+    - What the set's record keeps besides, when it has it - C(members_made) (how many member names the set has
+      handed out), C(created) (when the set was first recorded), C(topology_spread), and with
+      C(unreachable_timeout) the pools found unreachable (C(unreachable), since when), the members replaced
+      because of them (C(replaced)) and the record's C(revision); see the machine_set module and the lost-pool
+      guide.
   returned: always
   type: list
   elements: dict
