@@ -336,6 +336,18 @@ def start_or_undefine(obj, *starts):
         raise
 
 
+def undefine_domain(dom, name):
+    """Undefine a domain with its managed save image, NVRAM and snapshot and checkpoint metadata; one already gone
+    (another run undefined it meanwhile) is no failure."""
+    flags = (libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA |
+             libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA)
+    try:
+        dom.undefineFlags(flags)
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+            raise LibvirtFailure("cannot undefine %s: %s" % (name, describe(exc))) from None
+
+
 def _lookup(find, name, missing_code, what):
     """``find(name)``, or None when libvirt says there is no such object; other errors are raised."""
     try:

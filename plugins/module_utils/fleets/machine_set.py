@@ -686,9 +686,7 @@ class MachineSetResource(Resource):
                                                               "volumes": action.data["volumes"]})
         if dom.isActive():
             dom.destroy()  # no ACPI shutdown: another member took its place already
-        dom.undefineFlags(lv.libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | lv.libvirt.VIR_DOMAIN_UNDEFINE_NVRAM |
-                          lv.libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA |
-                          lv.libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA)
+        lv.undefine_domain(dom, action.target)
 
     def _reclaim(self, action, _observed):
         """Remove the volumes a fenced member made for itself (its record's, never a volume it was given), then

@@ -23,7 +23,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.power i
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import (
     live_transport, move_key, relocate)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.volume_stream import (
-    refresh, stream_volume, undefine, volume_facts)
+    refresh, stream_volume, volume_facts)
 
 
 class Run:
@@ -240,7 +240,7 @@ class RemovalSteps(Steps):
         if dom is not None and dom.UUIDString() == run.journal["uuid"]:
             if dom.isActive():
                 dom.destroy()
-            undefine(dom, self.machine)
+            lv.undefine_domain(dom, self.machine)
 
 
 class Rollback(Steps):
@@ -255,7 +255,7 @@ class Rollback(Steps):
                 if dom is not None and dom.UUIDString() == journal["uuid"]:
                     if dom.isActive():
                         dom.destroy()
-                    undefine(dom, self.machine)
+                    lv.undefine_domain(dom, self.machine)
             for name in run.made:
                 vol = lv.lookup_volume(target.ctx.storage, name)
                 if vol is not None and not storage.users_of(target.ctx.conn, vol.path(), None):

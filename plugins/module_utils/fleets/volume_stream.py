@@ -97,17 +97,3 @@ def stream_volume(source_conn, source_vol, target_conn, target_vol, backing=None
         raise
     return digest.hexdigest()
 
-
-UNDEFINE_FLAGS = ("VIR_DOMAIN_UNDEFINE_MANAGED_SAVE", "VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA",
-                  "VIR_DOMAIN_UNDEFINE_NVRAM", "VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA")
-
-
-def undefine(dom, name):
-    flags = 0
-    for flag in UNDEFINE_FLAGS:
-        flags |= getattr(lv.libvirt, flag)
-    try:
-        dom.undefineFlags(flags)
-    except lv.libvirt.libvirtError as exc:
-        if exc.get_error_code() != lv.libvirt.VIR_ERR_NO_DOMAIN:
-            raise LibvirtFailure("cannot undefine %s: %s" % (name, lv.describe(exc))) from None

@@ -492,13 +492,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         timeout = self.params["shutdown_timeout"]
         if dom.isActive() and shutdown(dom, timeout):
             self.warnings.append("%s did not power off within %ss and was forced off" % (self.name, timeout))
-        flags = (lv.libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | lv.libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA |
-                 lv.libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | lv.libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA)
-        try:
-            dom.undefineFlags(flags)
-        except lv.libvirt.libvirtError as exc:
-            if exc.get_error_code() != lv.libvirt.VIR_ERR_NO_DOMAIN:
-                raise LibvirtFailure("cannot undefine %s: %s" % (self.name, lv.describe(exc))) from None
+        lv.undefine_domain(dom, self.name)
         for interface in elements.read_interfaces(observed.tree):
             if (interface["filterref"] or "").startswith(sgs.NIC_PREFIX):
                 sgs.undefine_filter(self.conn, interface["filterref"])
