@@ -334,8 +334,8 @@ def lost_pools(desired, observed, seen, moment):
 
 
 def plan_set(desired, observed, moment=None):
-    """The set's plan: pure, from the desired set, the observation (``MachineSetResource.observe``) and, for a
-    set with ``unreachable_timeout``, the time (``moment``, ISO)."""
+    """The set's plan: pure, from the desired set, the observation (``MachineSetResource.observe``) and the time
+    (``moment``, ISO): when a set first recorded is made, and how long pools were unreachable."""
     name = desired["name"]
     members, orphans, _foreign = classify(name, (desired.get("selector") or {}).get("match_labels")
                                           or {OWNER_LABEL: name}, observed["machines"])
@@ -404,7 +404,7 @@ def plan_set(desired, observed, moment=None):
     recorded = [pool["definition"] for pool in observed["pools"] if pool.get("definition") is not None]
     # when the set was first recorded (its AGE); a set recorded before the field was kept has none
     created = next((item.get("created") for item in recorded if item.get("created")), None) if recorded \
-        else observed.get("moment")
+        else moment
     document = definition(desired, counter, created)
     if lost is not None:
         document = lost_pool.with_revision(dict(document, **lost_pool.lost_document(
@@ -575,7 +575,7 @@ class MachineSetResource(Resource):
         if any(machine["name"] == self.desired["name"] for machine in machines):
             raise ValidationError("a machine named %s exists on the pools: a set and its members' prefix would be "
                                   "confused with it; pick another name" % self.desired["name"], "name")
-        observed = {"snapshots": snapshots, "machines": machines, "pools": pools, "moment": now().isoformat()}
+        observed = {"snapshots": snapshots, "machines": machines, "pools": pools}
         self.unreachable = {pool["uri"] for pool in pools if pool["state"] == "Offline"}
         if self.desired.get("unreachable_timeout") is not None:
             record = lost_pool.trusted([pool["definition"] for pool in pools])

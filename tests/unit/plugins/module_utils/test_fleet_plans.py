@@ -294,17 +294,14 @@ def test_members_no_pool_has_room_for_are_one_warning_per_reason():
 
 
 def test_the_record_keeps_when_the_set_was_first_recorded():
-    first = observed([], definition=None)
-    first["moment"] = "2026-11-25T03:00:00+00:00"
-    made = ms.plan_set(desired(replicas=1), first)
-    assert {a.data["document"].get("created") for a in made.actions if a.kind == "record"} == {first["moment"]}
+    first, later = "2026-11-25T03:00:00+00:00", "2026-11-26T03:00:00+00:00"
+    made = ms.plan_set(desired(replicas=1), observed([], definition=None), first)
+    assert {a.data["document"].get("created") for a in made.actions if a.kind == "record"} == {first}
     members = [member(a.target, a.data["pool"]) for a in made.actions if a.kind == "create"]
-    later = observed(members, definition=ms.definition(desired(replicas=1), 1, first["moment"]))
-    later["moment"] = "2026-11-26T03:00:00+00:00"
-    assert ms.plan_set(desired(replicas=1), later).actions == []  # kept, not renewed
+    recorded = observed(members, definition=ms.definition(desired(replicas=1), 1, first))
+    assert ms.plan_set(desired(replicas=1), recorded, later).actions == []  # kept, not renewed
     old = observed(members, definition=ms.definition(desired(replicas=1), 1))
-    old["moment"] = later["moment"]
-    assert ms.plan_set(desired(replicas=1), old).actions == []  # recorded before it was kept: left as it is
+    assert ms.plan_set(desired(replicas=1), old, later).actions == []  # recorded before it was kept: left as it is
 
 
 @pytest.mark.parametrize("key", ["rebuild", "allow_move"])
