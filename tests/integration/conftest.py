@@ -39,6 +39,21 @@ def lab_file():
     return os.path.abspath(os.environ.get("MACHINERY_LAB") or os.path.join(REPO, ".lab", "lab.json"))
 
 
+def labelled_domains(pools, key, value):
+    """[(pool, domain, record)] of the collection's machines whose record has the label ``key``: ``value``, read
+    from each domain's inactive XML."""
+    found = []
+    for pool in pools:
+        for dom in pool.conn.listAllDomains(0):
+            xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+            if NS not in xml:
+                continue
+            record = json.loads(xml.split("<machinery:machine")[1].split(">", 1)[1].split("</machinery:machine")[0])
+            if record["spec"]["labels"].get(key) == value:
+                found.append((pool, dom, record))
+    return found
+
+
 def defined_on(pools, names):
     """{machine: [names of the pools it is defined on]} for the machines of ``names``, read from libvirt: a name on
     two pools shows twice."""

@@ -1,12 +1,11 @@
 """machine_set, machine_set_info and machine_health_check against the 3-pool lab; every effect seen from libvirt."""
 
-import json
 import threading
 import time
 
 import libvirt
 
-from conftest import NS, assert_failed
+from conftest import assert_failed, labelled_domains
 
 OWNER = "machinery.compute/machine-set"
 DELETE = "machinery.compute/delete-machine"
@@ -15,16 +14,8 @@ SET = "fleet"
 
 def members(pools):
     """{name: (pool, created, active)} of the set's members, read from the domains' records."""
-    found = {}
-    for pool in pools:
-        for dom in pool.conn.listAllDomains(0):
-            xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
-            if NS not in xml:
-                continue
-            record = json.loads(xml.split("<machinery:machine")[1].split(">", 1)[1].split("</machinery:machine")[0])
-            if record["spec"]["labels"].get(OWNER) == SET:
-                found[dom.name()] = (pool.name, record["created"], bool(dom.isActive()))
-    return found
+    return {dom.name(): (pool.name, record["created"], bool(dom.isActive()))
+            for pool, dom, record in labelled_domains(pools, OWNER, SET)}
 
 
 def set_args(pools, image, replicas, **extra):

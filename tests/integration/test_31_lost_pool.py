@@ -17,7 +17,7 @@ import time
 import libvirt
 import pytest
 
-from conftest import NS, lab_file, lab_pid, start_daemons, stop_daemon
+from conftest import labelled_domains, lab_file, lab_pid, start_daemons, stop_daemon
 
 SET = "lostpool"
 OWNER = "machinery.compute/machine-set"
@@ -37,16 +37,8 @@ def set_args(pools, image, timeout, replicas=3, **extra):
 
 def members(pools):
     """{name: (pool, uuid, active)} of the set's members on the pools whose daemon answers."""
-    found = {}
-    for pool in pools:
-        for dom in pool.conn.listAllDomains(0):
-            xml = dom.XMLDesc(2)  # inactive: the record
-            if NS not in xml:
-                continue
-            record = json.loads(xml.split("<machinery:machine")[1].split(">", 1)[1].split("</machinery:machine")[0])
-            if record["spec"]["labels"].get(OWNER) == SET:
-                found[dom.name()] = (pool.name, dom.UUIDString(), bool(dom.isActive()))
-    return found
+    return {dom.name(): (pool.name, dom.UUIDString(), bool(dom.isActive()))
+            for pool, dom, _record in labelled_domains(pools, OWNER, SET)}
 
 
 def qemu_pid(uuid):

@@ -8,14 +8,11 @@ is the same domain (UUID), still running, never replaced.
 """
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
 
-import libvirt
-
-from conftest import NS, run_module
+from conftest import labelled_domains, run_module
 
 SET = "steady"
 ROUNDS = 3
@@ -36,16 +33,8 @@ def busy_cores(count):
 
 def members(pools):
     """{name: (pool, uuid, active)} of the set's members, read from the domains' records."""
-    found = {}
-    for pool in pools:
-        for dom in pool.conn.listAllDomains(0):
-            xml = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
-            if NS not in xml:
-                continue
-            record = json.loads(xml.split("<machinery:machine")[1].split(">", 1)[1].split("</machinery:machine")[0])
-            if record["spec"]["labels"].get("app") == SET:
-                found[dom.name()] = (pool, dom.UUIDString(), bool(dom.isActive()))
-    return found
+    return {dom.name(): (pool, dom.UUIDString(), bool(dom.isActive()))
+            for pool, dom, _record in labelled_domains(pools, "app", SET)}
 
 
 def test_the_fleet_sequence_remediates_exactly_the_destroyed_member_under_load(registered, image):
