@@ -96,4 +96,3 @@ def stream_volume(source_conn, source_vol, target_conn, target_vol, backing=None
             raise LibvirtFailure("copying volume %s failed: %s" % (source_vol.name(), exc)) from None
         raise
     return digest.hexdigest()
-
