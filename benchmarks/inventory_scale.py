@@ -33,6 +33,7 @@ import time
 import libvirt
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
 
 BIN = os.path.dirname(sys.executable)
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,7 +89,9 @@ def define_machines(conns, count):
                 "disks": [{"name": "root", "path": "/var/lib/libvirt/machinery/%s-root.qcow2" % name,
                            "format": "qcow2", "device": "vda", "boot": True}],
                 "console_path": "/var/lib/libvirt/machinery/%s-console.log" % name}
-        conns[uri].defineXML(dx.tostring(dx.build_domain(plan)))
+        spec = dict(record["spec"], firmware="bios", tolerations=[], topology=None, boot_config=None, disk_qos={},
+                    ip_reservations={})
+        conns[uri].defineXML(dx.tostring(options.build(plan, spec)))
 
 
 def undefine_machines(conns):
