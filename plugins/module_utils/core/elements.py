@@ -132,6 +132,17 @@ def read_disks(tree):
     return [read_disk(node) for node in tree.findall("devices/disk")]
 
 
+def disk_files(tree):
+    """{alias: source file} of a domain's disks and cdroms: what a status needs of them (read_disks reads all)."""
+    files = {}
+    for node in tree.iterfind("devices/disk"):
+        alias = node.find("alias")
+        if alias is not None:
+            source = node.find("source")
+            files[alias.get("name")] = source.get("file") if source is not None else None
+    return files
+
+
 # --- interface ------------------------------------------------------------------------------------------------
 
 def interface(mac, model="virtio", network=None, bridge=None, alias=None, filterref=None):
@@ -209,6 +220,11 @@ def read_nwfilter(tree):
 def read_interfaces(tree):
     """The NICs of a domain, in document order."""
     return [read_interface(node) for node in tree.findall("devices/interface")]
+
+
+def interface_macs(tree):
+    """The MAC addresses of a domain's NICs."""
+    return {node.get("address") for node in tree.iterfind("devices/interface/mac")}
 
 
 # --- controller -----------------------------------------------------------------------------------------------

