@@ -34,8 +34,14 @@ def _checksum_field(field):
     return field[:-len("image")] + "image_checksum" if field.endswith("image") else field + "_checksum"
 
 
+_CHECKSUMS = {}  # storage.file_key -> sha256, for this process (the file below keeps them across runs)
+
+
 def _remembered_checksum(path):
     """sha256 of a local file, remembered by (path, size, mtime) so a large image is hashed once."""
+    own = storage.file_key(path)
+    if own in _CHECKSUMS:
+        return _CHECKSUMS[own]
     stat = os.stat(path)
     key = "%s:%d:%d" % (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
     memo_path = os.path.join(cache_dir(), "checksums.json")
@@ -53,6 +59,7 @@ def _remembered_checksum(path):
             os.replace(handle.name, memo_path)
         except OSError:
             pass  # a read-only home only costs a second hash next time
+    _CHECKSUMS[own] = memo[key]
     return memo[key]
 
 

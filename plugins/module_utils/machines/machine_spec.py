@@ -395,12 +395,19 @@ def image_format(image, field):
     if not path:
         return None
     try:
+        key = storage.file_key(path)
+        if key in _IMAGE_FORMATS:
+            return _IMAGE_FORMATS[key]
         with open(path, "rb") as handle:
             header = handle.read(check.IMAGE_HEADER_BYTES)
             size = os.fstat(handle.fileno()).st_size
     except OSError as exc:
         raise NotFoundError("cannot read image %s: %s" % (path, exc.strerror), field) from None
-    return check.disk_image(header, size, field)
+    _IMAGE_FORMATS[key] = check.disk_image(header, size, field)  # a refused image raises: not remembered
+    return _IMAGE_FORMATS[key]
+
+
+_IMAGE_FORMATS = {}  # storage.file_key -> format of a local image that passed the check, for this process
 
 
 # --- 3. normalize: pure ----------------------------------------------------------------------------------------

@@ -24,13 +24,25 @@ def image_format(path):
         return "qcow2" if handle.read(4) == QCOW2_MAGIC else "raw"
 
 
+def file_key(path):
+    """What tells one state of a local file from another without reading it: (path, inode, size, mtime). A run
+    reads the same image for each of its machines; what it learned of it holds until the file changes."""
+    stat = os.stat(path)
+    return (path, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+_VIRTUAL_SIZES = {}  # file_key -> virtual size, for this process
+
+
 def virtual_size(path):
     """The disk size the guest sees: the qcow2 header's size field, or the file size of a raw image."""
-    with open(path, "rb") as handle:
-        header = handle.read(32)
-    if header[:4] == QCOW2_MAGIC and len(header) == 32:
-        return struct.unpack(">Q", header[24:32])[0]
-    return os.path.getsize(path)
+    key = file_key(path)
+    if key not in _VIRTUAL_SIZES:
+        with open(path, "rb") as handle:
+            header = handle.read(32)
+        _VIRTUAL_SIZES[key] = struct.unpack(">Q", header[24:32])[0] \
+            if header[:4] == QCOW2_MAGIC and len(header) == 32 else os.path.getsize(path)
+    return _VIRTUAL_SIZES[key]
 
 
 def sha256_file(path):
