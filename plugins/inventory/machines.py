@@ -170,7 +170,7 @@ def read_pool(ctx, entry, include_unmanaged, include_pools, sources, guest_facts
     result = unread_pool(entry, None)
     if ctx.name:
         result["name"] = ctx.name
-    machines = list_machines(ctx, include_unmanaged, guest=guest_facts)
+    machines = list_machines(ctx, include_unmanaged, guest=guest_facts, keep=False)
     for machine in machines:
         if machine["pool"] is None:
             machine["pool"] = result["name"]

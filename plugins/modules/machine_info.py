@@ -145,7 +145,7 @@ class MachineInfoModule(MachineryModule):
         warnings = []
 
         def read(ctx, _entry):
-            machines = [machine for machine in list_machines(ctx, self.params["include_unmanaged"])
+            machines = [machine for machine in list_machines(ctx, self.params["include_unmanaged"], keep=False)
                         if selected(machine, self.params["name"], labels, self.params["phase"])]
             if lines > 0 and machines:
                 tails = console_tail(ctx, [machine["name"] for machine in machines], lines)

@@ -305,16 +305,17 @@ def table(machines):
     return ["   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
-def list_machines(ctx, include_unmanaged=False, guest=True):
+def list_machines(ctx, include_unmanaged=False, guest=True, keep=True):
     """Status of every machine of the pool (domains the collection created, unless include_unmanaged).
 
     With ``guest``, the agents of the machines whose agent channel is connected are asked for their facts, up to
-    GUEST_WORKERS at a time; the rest of the reading stays one pass over the domains."""
+    GUEST_WORKERS at a time; the rest of the reading stays one pass over the domains. Without ``keep`` (a reader
+    that needs only the statuses: machine_info, the inventory), the parsed domains are not kept for the run."""
     view = ctx.view()
     moment = now()
     entries = []
     # the pool's listing: one call for every domain's state, each domain's XML read once per run
-    for reading in ctx.listing().values():
+    for reading in ctx.readings(keep):
         if reading.record is None and not include_unmanaged:
             continue
         entries.append((reading.dom,) + _base_status(reading.dom, ctx, view, reading.tree, moment, reading.state,

@@ -47,31 +47,39 @@ def _inactive_xml(dom):
         raise
 
 
-def read_domains(conn):
-    """{name: Reading} of every domain of the host: one bulk stats call for the states (and the balloon maximum of
-    the running ones), then the one read of each domain's XML that nothing else gives in bulk (LISTING_READERS at
-    a time)."""
+# Domains whose XML is read before their readings are handed on (stream_domains): a reading holds the parsed XML
+# (about 80 KiB a domain), so a reader that does not keep them holds this many at a time, not the pool's.
+LISTING_CHUNK = 64
+
+
+def _reading(dom, stats, xml):
+    state = (stats.get("state.state"), stats.get("state.reason"))
+    if state[0] is None:
+        state = tuple(dom.state())
+    live_max = None
+    if state[0] not in (lv.libvirt.VIR_DOMAIN_SHUTOFF, lv.libvirt.VIR_DOMAIN_CRASHED, lv.libvirt.VIR_DOMAIN_NOSTATE):
+        maximum = stats.get("balloon.maximum")
+        live_max = (maximum if maximum is not None else dom.maxMemory()) * 1024
+    return Reading(dom, dx.parse(xml), state, live_max)
+
+
+def stream_domains(conn):
+    """A Reading of every domain of the host, one at a time: one bulk stats call for the states (and the balloon
+    maximum of the running ones), then the one read of each domain's XML that nothing else gives in bulk
+    (LISTING_READERS at a time, LISTING_CHUNK domains ahead)."""
     flags = lv.libvirt.VIR_DOMAIN_STATS_STATE | lv.libvirt.VIR_DOMAIN_STATS_BALLOON
     found = conn.getAllDomainStats(flags, 0)
-    if len(found) > LISTING_READERS:
-        with ThreadPoolExecutor(max_workers=LISTING_READERS) as executor:
-            xmls = list(executor.map(_inactive_xml, [dom for dom, _stats in found]))
-    else:
-        xmls = [_inactive_xml(dom) for dom, _stats in found]
-    listing = {}
-    for (dom, stats), xml in zip(found, xmls):
-        if xml is None:
-            continue  # undefined since the stats call
-        state = (stats.get("state.state"), stats.get("state.reason"))
-        if state[0] is None:
-            state = tuple(dom.state())
-        live_max = None
-        if state[0] not in (lv.libvirt.VIR_DOMAIN_SHUTOFF, lv.libvirt.VIR_DOMAIN_CRASHED,
-                            lv.libvirt.VIR_DOMAIN_NOSTATE):
-            maximum = stats.get("balloon.maximum")
-            live_max = (maximum if maximum is not None else dom.maxMemory()) * 1024
-        listing[dom.name()] = Reading(dom, dx.parse(xml), state, live_max)
-    return listing
+    with ThreadPoolExecutor(max_workers=LISTING_READERS) as executor:
+        for start in range(0, len(found), LISTING_CHUNK):
+            chunk = found[start:start + LISTING_CHUNK]
+            for (dom, stats), xml in zip(chunk, executor.map(_inactive_xml, [dom for dom, _stats in chunk])):
+                if xml is not None:  # else undefined since the stats call
+                    yield _reading(dom, stats, xml)
+
+
+def read_domains(conn):
+    """{name: Reading} of every domain of the host (stream_domains)."""
+    return {reading.dom.name(): reading for reading in stream_domains(conn)}
 
 
 # libvirtd serves at most max_client_requests calls of one connection at once (5 unless the host says otherwise)
@@ -98,6 +106,7 @@ class PoolContext:
         self.url_opener = None  # set by the Ansible side: how to fetch images given by URL
         self.peer_connections = {}  # uri -> open connection of other pools, shared by a batch run
         self._listing = None
+        self.streamed_sizes = None  # the machines' sizes when the domains were read without a listing (readings)
         self._view = None
         self._lock_cleared = False
         self.records = {}  # uuid -> record (or None) of the domains seen by capacity.current_sizes
@@ -124,6 +133,24 @@ class PoolContext:
     def listed(self):
         """The listing when one was read in this run (else None: observe the machine by itself)."""
         return self._listing
+
+    def readings(self, keep=True):
+        """Every domain's Reading: from the run's listing (read now and kept, with ``keep``), or, when no listing
+        was read and none is to be kept, one at a time from the pool (a reader of a large pool that only builds
+        statuses holds a few parsed domains at a time, not all). Read that way, the machines' sizes are kept
+        (``streamed_sizes``) for the pool's status."""
+        if keep or self._listing is not None:
+            return list(self.listing().values())
+        return self._streamed()
+
+    def _streamed(self):
+        sizes = []
+        for reading in stream_domains(self.conn):
+            size = capacity.size_of(reading.dom.name(), reading.tree, reading.record)
+            if size is not None:
+                sizes.append(size)
+            yield reading
+        self.streamed_sizes = sizes
 
     def view(self):
         """The pool's leases and volume names for statuses, shared by the machines of one run until ``reset``

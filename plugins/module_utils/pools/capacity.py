@@ -44,14 +44,16 @@ def machine_sizes(conn, listing=None):
             readings.append((dom.name(), tree, dx.read_record(tree)))
     else:
         readings = [(name, reading.tree, reading.record) for name, reading in listing.items()]
-    sizes = []
-    for name, tree, record in readings:
-        if record is None:
-            continue
-        sizes.append(MachineSize(name, dx.read_cpu(tree), dx.read_memory(tree), record["spec"].get("machine_class"),
-                                 machine_disks(record), record["spec"].get("tolerations") or [],
-                                 record["spec"].get("server_group")))
-    return sizes
+    return [size for size in (size_of(name, tree, record) for name, tree, record in readings) if size is not None]
+
+
+def size_of(name, tree, record):
+    """The MachineSize of one domain from its parsed XML and record; None for a domain the collection did not
+    create."""
+    if record is None:
+        return None
+    return MachineSize(name, dx.read_cpu(tree), dx.read_memory(tree), record["spec"].get("machine_class"),
+                       machine_disks(record), record["spec"].get("tolerations") or [], record["spec"].get("server_group"))
 
 
 def current_sizes(conn, known):
@@ -139,8 +141,9 @@ def pool_status(ctx, registration=None, sizes=None, capacity=None):
     """The public ``pool`` return: registration plus live capacity, allocation and class fit."""
     conn = ctx.conn
     registration = registration or ctx.registration or {}
-    if sizes is None:  # from the run's listing of the pool when it read one (the inventory)
-        sizes = machine_sizes(conn, ctx.listed())
+    if sizes is None:  # from the run's reading of the pool when it read one (the inventory)
+        sizes = ctx.streamed_sizes if getattr(ctx, "streamed_sizes", None) is not None else \
+            machine_sizes(conn, ctx.listed())
     capacity = capacity_of(conn) if capacity is None else capacity
     allocatable = allocatable_for(capacity, registration)
     allocated = {"cpu": sum(size.cpu or 0 for size in sizes), "memory": sum(size.memory or 0 for size in sizes)}
