@@ -9,6 +9,7 @@ import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.batch import validated
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 
 from conftest import refused
 
@@ -34,3 +35,17 @@ def test_bad_defaults_name_the_field(defaults, message):
 def test_a_bad_default_is_reported_at_the_machine_it_reaches():
     assert "wait" in refused("machines[0]", validated, [{"name": "a", "cpu": 1, "memory": "128Mi"}],
                              {"wait": "forever"})
+
+
+def test_machines_alike_but_for_their_names_are_each_what_params_makes_of_them():
+    machine = {"cpu": 2, "memory": "256Mi", "labels": {"app": "web"}, "tolerations": [{"key": "gpu"}]}
+    specs = validated([dict(machine, name="web-%d" % index) for index in range(3)] + [dict(machine, name="db", cpu=1)])
+    assert [spec["name"] for spec in specs] == ["web-0", "web-1", "web-2", "db"]
+    for index, spec in enumerate(specs[:3]):
+        assert spec == machine_spec.params(dict(machine, name="web-%d" % index), scheduling=True)
+    assert specs[3]["cpu"] == 1
+
+
+def test_a_bad_name_among_machines_alike_is_refused_at_its_own_element():
+    machines = [{"name": name, "cpu": 1, "memory": "128Mi"} for name in ("a", "b", "Not_A_Label")]
+    assert "DNS-1123" in refused("machines[2].name", validated, machines)
