@@ -9,7 +9,9 @@ parallel_floor.py). With --before DIR (a directory holding ansible_collections/m
 commit unpacked with git archive) the same module runs from that copy too, in turns with this one, so the two
 are compared under the same load. "ansible floor playbook" is ansible-playbook running static_module.py with the
 role's input (the same machines list) and returning the batch's very output: what ansible-core alone spends on a
-task of that size. Prints the medians and the load average.
+task of that size; "ansible floor set playbook" the same with the set's input and output. "read floor" is the
+same with read_floor_module.py, which also reads and parses every domain's XML on the pools in parallel: the least
+a no-op can do. Prints the medians, each playbook's ratio to its floors and the load average.
 """
 
 import argparse
@@ -50,6 +52,23 @@ PLAY_FLOOR = """
         path: "{{ output }}"
         pools: "{{ pools }}"
         machines: "{{ machines }}"
+"""
+
+
+PLAY_SET_FLOOR = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - static_module:
+        path: "{{ output }}"
+        pools: "{{ pools }}"
+        name: bnset
+        replicas: "{{ replicas }}"
+        selector: {match_labels: {bench: set}}
+        template: {machine_class: bench, image: "{{ image }}", labels: {bench: set}, network_interfaces: [],
+                   state: present}
+        wait: none
 """
 
 
@@ -101,9 +120,12 @@ def main():
     if "set" in kinds:
         playbook(PLAY_SET, {"pools": pools, "image": image, "replicas": options.count})  # members, if missing
     floor_output = os.path.join(tempfile.mkdtemp(), "batch-output.json")
+    set_output = os.path.join(os.path.dirname(floor_output), "set-output.json")
+    os.environ["ANSIBLE_LIBRARY"] = HERE
     if "batch" in kinds:  # ansible-playbook's own floor: a module taking the role's input, returning this output
-        os.environ["ANSIBLE_LIBRARY"] = HERE
         module_output("machine_batch", batch_args(pools, image, options.count), floor_output)
+    if "set" in kinds:  # the same for the set: its input, its output
+        module_output("machine_set", set_args(pools, image, options.count), set_output)
     sides = [("after", None)] + ([("before", os.path.abspath(options.before))] if options.before else [])
     samples = {}
     for _round in range(options.rounds):
@@ -119,13 +141,28 @@ def main():
             samples.setdefault("role playbook", []).append(playbook(PLAY_ROLE, {"pools": pools, "machines": machines}))
             samples.setdefault("ansible floor playbook", []).append(playbook(
                 PLAY_FLOOR, {"pools": pools, "machines": machines, "output": floor_output}))
+            samples.setdefault("read floor playbook", []).append(playbook(
+                PLAY_FLOOR.replace("static_module", "read_floor_module"),
+                {"pools": pools, "machines": machines, "output": floor_output}))
         if "set" in kinds:
             samples.setdefault("set playbook", []).append(
                 playbook(PLAY_SET, {"pools": pools, "image": image, "replicas": options.count}))
+            samples.setdefault("ansible floor set playbook", []).append(playbook(
+                PLAY_SET_FLOOR, {"pools": pools, "image": image, "replicas": options.count, "output": set_output}))
+            samples.setdefault("read floor set playbook", []).append(playbook(
+                PLAY_SET_FLOOR.replace("static_module", "read_floor_module"),
+                {"pools": pools, "image": image, "replicas": options.count, "output": set_output}))
     report = {"machines": options.count, "pools": options.pools, "rounds": options.rounds,
               "load": [round(value, 2) for value in os.getloadavg()]}
     report.update((key, round(statistics.median(values), 2)) for key, values in samples.items())
     report["samples"] = {key: [round(value, 2) for value in values] for key, values in samples.items()}
+    for playbook_key, floor_key, read_key in (
+            ("role playbook", "ansible floor playbook", "read floor playbook"),
+            ("set playbook", "ansible floor set playbook", "read floor set playbook")):
+        if playbook_key in report:
+            report[playbook_key + " / floor"] = round(report[playbook_key] / report[floor_key], 2)
+            report[read_key + " / floor"] = round(report[read_key] / report[floor_key], 2)
+            report[playbook_key + " / read floor"] = round(report[playbook_key] / report[read_key], 2)
     if options.before:
         for kind in kinds:
             report[kind + " before/after"] = round(report[kind + " before"] / report[kind + " after"], 2)

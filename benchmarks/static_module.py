@@ -10,9 +10,13 @@ from ansible.module_utils.basic import AnsibleModule
 def main():
     # machines and pools are taken and ignored: a play can hand it the very arguments the role hands
     # machine_batch, so ansible-core's cost for that input is in the figure too (noop_scale.py)
+    # (and machine_set's: its name, replicas, selector, template and wait)
     module = AnsibleModule(argument_spec={"path": {"type": "path", "required": True},
                                           "machines": {"type": "list", "elements": "dict"},
-                                          "pools": {"type": "list", "elements": "raw"}})
+                                          "pools": {"type": "list", "elements": "raw"},
+                                          "name": {"type": "str"}, "replicas": {"type": "int"},
+                                          "selector": {"type": "dict"}, "template": {"type": "dict"},
+                                          "wait": {"type": "str"}})
     with open(module.params["path"]) as handle:
         result = json.load(handle)
     result.pop("invocation", None)
