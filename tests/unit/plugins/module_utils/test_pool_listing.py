@@ -17,6 +17,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_status
+from ansible_collections.machinery.compute.plugins.module_utils.machines import pool_context
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext, read_domains
 
@@ -75,6 +77,44 @@ def test_listing_reads_each_domain_once_and_sizes_agree():
     assert [dom.reads for dom in conn.domains] == [1, 1, 1]
     assert conn.stats_calls == 1
     assert sorted(name for name, _reading in read_domains(conn).items()) == ["a", "b", "other"]
+
+
+class GoneDomain(FakeDomain):
+    """A domain undefined between the stats call and the read of its XML."""
+
+    def XMLDesc(self, _flags=0):  # noqa: N802
+        error = libvirt.libvirtError("no domain")
+        error.err = (libvirt.VIR_ERR_NO_DOMAIN,) + (None,) * 8
+        raise error
+
+
+def test_a_domain_undefined_while_the_pool_is_read_is_left_out():
+    conn = fleet()
+    conn.domains.insert(1, GoneDomain("gone", domain_xml("gone", 1, 64 * MIB)))
+    assert sorted(read_domains(conn)) == ["a", "b", "other"]
+
+
+def test_statuses_streamed_keep_no_listing_and_give_the_sizes(monkeypatch):
+    monkeypatch.setattr(pool_context, "LISTING_CHUNK", 2)  # more domains than one chunk
+    conn = FakeConn([FakeDomain("m%d" % index, domain_xml("m%d" % index, 1, 128 * MIB)) for index in range(5)] +
+                    [FakeDomain("other", domain_xml("other", 1, 64 * MIB, managed=False))])
+    ctx = PoolContext(conn, "test:///a")
+    ctx._view, ctx._registration = FakeView(), {"name": "pool-a"}
+    names = [machine["name"] for machine in machine_status.list_machines(ctx, guest=False, keep=False)]
+    assert names == ["m0", "m1", "m2", "m3", "m4"]
+    assert ctx.listed() is None
+    assert ctx.streamed_sizes == capacity.machine_sizes(conn)
+    assert [dom.reads for dom in conn.domains] == [2] * 6  # once streamed, once by machine_sizes above
+
+
+class FakeView:
+    """A pool's leases and volume names: none leased, none missing."""
+
+    def addresses(self, _network, _mac):
+        return []
+
+    def missing(self, _path):
+        return False
 
 
 def test_observation_from_the_listing_then_fresh():
