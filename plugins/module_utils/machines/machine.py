@@ -335,7 +335,9 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
     def apply_plan(self, plan, observed):
         """Apply while holding the machine on its pool: another run changing it waits its turn, and a move of it
         (which holds it from before it stops the guest until the copy has taken over) refuses this run."""
-        with reg.machine_hold(self.conn, self.name, reg.LOCK_WAIT_SECONDS, refuse=self._being_moved):
+        registry = self.ctx.registry if self.ctx.registration else None  # the run's, opened once
+        with reg.machine_hold(self.conn, self.name, reg.LOCK_WAIT_SECONDS, refuse=self._being_moved,
+                              registry=registry):
             super().apply_plan(plan, observed)
 
     def _being_moved(self, marker):
@@ -372,6 +374,8 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         """A journal for the console log of this name that no domain uses and no journal lists (a run that died
         left it): the log is the collection's own file, so a create replaces it and ``absent`` removes it."""
         log = "%s-console.log" % self.name
+        if self.ctx.view().missing(self.ctx.storage_file(log)):
+            return None  # not among the volumes this run listed: no lookup (one made since is a live run's)
         vol = lv.lookup_volume(self.ctx.storage, log)
         if vol is None or storage.users_of(self.conn, vol.path(), None):
             return None

@@ -367,6 +367,16 @@ def _delete_quietly(pool, name):
             time.sleep(0.05)
 
 
+def _delete_made(pool, volume, name):
+    """Delete a lock volume this run made, by the handle its creation gave (no lookup); by its name when the
+    handle fails (busy for a moment, say)."""
+    try:
+        volume.delete(0)
+    except lv.libvirt.libvirtError as exc:
+        if exc.get_error_code() != lv.libvirt.VIR_ERR_NO_STORAGE_VOL:
+            _delete_quietly(pool, name)
+
+
 class AdmissionLock:
     """A lock on one pool host made from libvirt alone: creating a storage volume is atomic, so whoever creates
     ``admission.lock`` in the registry pool holds it; beside it, the volume ``admission.holder.<controller>.<pid>.
@@ -386,6 +396,7 @@ class AdmissionLock:
         self.field = field
         self.volume = None
         self.marker = None
+        self.marker_volume = None
 
     def _current(self):
         """(age in seconds, holder markers) of the lock as it is now, or None when it is free. One marker is the
@@ -427,7 +438,7 @@ class AdmissionLock:
         marker = holder_marker(self.holder_prefix)
         while True:
             # named first: a run killed at any point leaves no lock without its (dead, so breakable) holder
-            storage.create_volume(self.pool, marker, 1, "raw", mode="0600", replace=True)
+            marker_volume = storage.create_volume(self.pool, marker, 1, "raw", mode="0600", replace=True)
             try:
                 volume = self.pool.createXML(storage.volume_xml(self.name, 1, "raw", mode="0600"), 0)
             except lv.libvirt.libvirtError as exc:
@@ -439,7 +450,7 @@ class AdmissionLock:
                 _delete_quietly(self.pool, marker)
                 raise
             else:
-                self.volume, self.marker = volume, marker
+                self.volume, self.marker, self.marker_volume = volume, marker, marker_volume
                 return self
             current = self._current()
             if current is None:
@@ -501,11 +512,11 @@ class AdmissionLock:
     def release(self):
         # the lock before its marker: a run killed between the two leaves a dead marker, never a nameless lock
         if self.volume is not None:
-            _delete_quietly(self.pool, self.name)
+            _delete_made(self.pool, self.volume, self.name)
             self.volume = None
         if self.marker is not None:
-            _delete_quietly(self.pool, self.marker)
-            self.marker = None
+            _delete_made(self.pool, self.marker_volume, self.marker)
+            self.marker, self.marker_volume = None, None
 
     def __enter__(self):
         return self.acquire()
@@ -536,15 +547,19 @@ def holder_description(marker, prefix):
     return "pid %s on this controller" % pid if controller == _controller() else "on controller %s" % controller
 
 
-def machine_hold(conn, machine, timeout, refuse=None, field="name"):
+def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=None):
     """The hold on ``machine`` in the registry of the pool behind ``conn`` (nothing when the pool has no
     registry): one run at a time changes the machine there. ``refuse(marker)`` says why not to wait for the
-    run holding it (a move, for the machine module), or None to wait up to ``timeout``."""
-    pool = lv.lookup_storage_pool(conn, REGISTRY_POOL)
+    run holding it (a move, for the machine module), or None to wait up to ``timeout``. ``registry`` (the run's
+    Registry of that pool, opened and started already) spares looking the storage pool up again."""
+    if registry is not None:
+        pool = registry.pool
+    else:
+        pool = lv.lookup_storage_pool(conn, REGISTRY_POOL)
+        if pool is not None and not pool.isActive():
+            pool.create(0)
     if pool is None:
         return _Held()
-    if not pool.isActive():
-        pool.create(0)
     return AdmissionLock(conn, pool, timeout, "hold-%s.lock" % machine, hold_prefix(machine), MOVE_STALE_SECONDS,
                          "the hold on machine %s" % machine, refuse, field)
 

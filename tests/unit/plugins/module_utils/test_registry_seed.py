@@ -2,6 +2,7 @@ import io
 import json
 import time
 
+import libvirt
 import pycdlib
 import pytest
 
@@ -194,3 +195,40 @@ def test_a_superseded_generation_hidden_by_a_refresh_is_still_pruned(monkeypatch
     monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
     reg.Registry(None, pool)._prune("pool.1.json")
     assert pool.volumes == {"pool.2.json"}
+
+
+class CountingPool:
+    """A storage pool that makes volumes and counts the lookups by name."""
+
+    def __init__(self):
+        self.volumes = {}
+        self.lookups = 0
+
+    def createXML(self, xml, _flags):  # noqa: N802
+        name = xml.split("<name>")[1].split("</name>")[0]
+        if name in self.volumes:
+            error = libvirt.libvirtError("exists")
+            error.err = (libvirt.VIR_ERR_STORAGE_VOL_EXIST,) + (None,) * 8
+            raise error
+        self.volumes[name] = MadeVolume(self, name)
+        return self.volumes[name]
+
+    def storageVolLookupByName(self, name):  # noqa: N802
+        self.lookups += 1
+        return self.volumes[name]
+
+
+class MadeVolume:
+    def __init__(self, pool, name):
+        self.pool, self.name = pool, name
+
+    def delete(self, _flags):
+        del self.pool.volumes[self.name]
+
+
+def test_a_hold_is_taken_and_given_back_without_looking_its_volumes_up():
+    pool = CountingPool()
+    registry = reg.Registry(None, pool)
+    with reg.machine_hold(None, "web-1", 5, registry=registry) as hold:  # no storage pool lookup: no conn needed
+        assert sorted(pool.volumes) == sorted(["hold-web-1.lock", hold.marker])
+    assert pool.volumes == {} and pool.lookups == 0
