@@ -1,13 +1,22 @@
 """Scale-out over processes: N machines converged on the lab's pools three ways, from nothing each time.
 
-  one     machine_batch over every pool in one task of one ansible-playbook process (the machines role's way);
-  forks   extensions/awx/playbooks/machines_by_pool.yml with the pools as hosts, one process, --forks F;
-  slices  the same playbook as S ansible-playbook processes started at once, each on an inventory holding only
-          its share of the pool hosts (as AWX runs a job sliced S ways).
+  one               machine_batch over every pool in one task of one ansible-playbook process (the machines
+                    role's way);
+  forks             extensions/awx/playbooks/machines_by_pool.yml with the pools as hosts and a task per pool
+                    (machinery_task_per_pool), one process, --forks F;
+  slices            the same playbook as S ansible-playbook processes started at once, each on an inventory
+                    holding only its share of the pool hosts (as AWX runs a job sliced S ways), one task a slice
+                    (the playbook's default);
+  slices-per-pool   the same S slices with a task per pool and --forks F in each.
 
 The machines are class small, the lab image, no NIC, state present (defined with their disks, not started), as in
 the other fleet benchmarks. After each way, the fleet is read back from libvirt: every machine defined once, and no
 pool's allocated cpu or memory over what it offers. Prints the wall times, the ratios to "one" and the load.
+
+Beside each wall time, the CPU the whole machine spent meanwhile (every process: ansible, the modules, the
+libvirtds and their qemu-img, from /proc/stat) and "cpu floor": that CPU spread over every core, the least wall
+time that work could take here however it is split. For one process, cpu floor / wall is the best ratio any
+split of the same work can reach on this machine.
 """
 
 import argparse
@@ -39,13 +48,15 @@ ONE = """
 """
 
 
-def playbook(path, variables, inventory=None, forks=None):
+def playbook(path, variables, inventory=None, forks=None, per_pool=False):
     env = dict(os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
     args = [os.path.join(BIN, "ansible-playbook"), path, "-e", "@" + variables]
     if inventory:
         args += ["-i", inventory]
     if forks:
         args += ["--forks", str(forks)]
+    if per_pool:
+        args += ["-e", "machinery_task_per_pool=true"]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
@@ -79,6 +90,13 @@ def fleet_check(pools, names):
             conn.close()
     problems += ["%s on %s" % (name, ", ".join(found)) for name, found in where.items() if len(found) > 1]
     return len(where), problems
+
+
+def busy_seconds():
+    """CPU seconds every core of the machine has spent busy since boot (all but idle and iowait)."""
+    with open("/proc/stat") as handle:
+        fields = [int(value) for value in handle.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def main():
@@ -118,26 +136,35 @@ def main():
     shares = [hosts[index::options.slices] for index in range(options.slices)]
     ways = {
         "one": lambda path: [playbook(one_play, path)],
-        "forks": lambda path: [playbook(BY_POOL, path, everyone, options.forks)],
+        "forks": lambda path: [playbook(BY_POOL, path, everyone, options.forks, per_pool=True)],
         "slices": lambda path: [playbook(BY_POOL, path, inventory_of(directory, "slice%d" % index, share))
                                 for index, share in enumerate(shares) if share],
+        "slices-per-pool": lambda path: [
+            playbook(BY_POOL, path, inventory_of(directory, "slice%d" % index, share), options.forks, per_pool=True)
+            for index, share in enumerate(shares) if share],
     }
     finish(ways["one"](absent))
     times = {way: [] for way in ways}
+    cpu = {way: [] for way in ways}
     for _round in range(options.rounds):
         for way, start_runs in ways.items():
-            began = time.monotonic()
+            began, busy = time.monotonic(), busy_seconds()
             finish(start_runs(present))
             times[way].append(time.monotonic() - began)
+            cpu[way].append(busy_seconds() - busy)
             found, problems = fleet_check(pools, set(names))
             if found != len(names) or problems:
                 raise SystemExit("%s: %d of %d machines, %s" % (way, found, len(names), problems))
             finish(ways["one"](absent))
     best = {way: min(values) for way, values in times.items()}
-    print("%d machines on %d pools, forks %d, %d slices; load %s" % (
-        options.machines, len(pools), options.forks, options.slices, " ".join("%.2f" % v for v in os.getloadavg())))
+    spent = {way: cpu[way][times[way].index(best[way])] for way in ways}
+    cores = os.cpu_count()
+    print("%d machines on %d pools, forks %d, %d slices, %d cores; load %s" % (
+        options.machines, len(pools), options.forks, options.slices, cores,
+        " ".join("%.2f" % v for v in os.getloadavg())))
     for way in ways:
-        print("  %-7s %7.1f s   %.2fx one" % (way, best[way], best[way] / best["one"]))
+        print("  %-16s %7.1f s   %.2fx one   cpu %6.1f s   cpu floor %5.1f s (%.2fx one)" % (
+            way, best[way], best[way] / best["one"], spent[way], spent[way] / cores, spent[way] / cores / best["one"]))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ all slices started at once and competing for the same, nearly full pools."""
 
 import json
 import os
+import re
 import threading
 import time
 
@@ -22,18 +23,28 @@ def placed(pools):
     return defined_on(pools, NAMES)
 
 
-def slice_run(tmp_path, tag, hosts, pools, machines):
+def slice_run(tmp_path, tag, hosts, pools, machines, per_pool=False):
     """One slice: an inventory of ``hosts`` alone (AWX pares a slice's inventory down to its hosts), every pool of
-    the fleet in the job's variables. (start, end, process)."""
+    the fleet in the job's variables; one task for the slice, or one per pool. (start, end, process)."""
     inventory = tmp_path / ("inventory-%s.json" % tag)
     inventory.write_text(json.dumps({"machine_pools": {"hosts": {host: {} for host in hosts}}}))
     variables = tmp_path / ("vars-%s.json" % tag)
     variables.write_text(json.dumps({"machinery_pools": [{"name": p.name, "uri": p.uri} for p in pools],
-                                     "machinery_machines": machines, "machinery_wait": "none"}))
+                                     "machinery_machines": machines, "machinery_wait": "none",
+                                     "machinery_task_per_pool": per_pool}))
     start = time.monotonic()
     proc = ansible("ansible-playbook", "-i", inventory, PLAYBOOK, "-e", "@%s" % variables,
                    env={"ANSIBLE_LOCALHOST_WARNING": "false"}, timeout=600)
     return start, time.monotonic(), proc
+
+
+def task_hosts(stdout, title):
+    """{host: ok|changed|fatal|skipping} of the task of a playbook's output whose name ends with ``title``; {} when
+    the play ended before it."""
+    sections = [section for section in stdout.split("TASK [") if section.split("]", 1)[0].endswith(title)]
+    assert len(sections) <= 1, stdout[-4000:]
+    return dict((host, status) for section in sections
+                for status, host in re.findall(r"^(ok|changed|fatal|skipping): \[([^\]]+)\]", section, re.MULTILINE))
 
 
 @pytest.fixture()
@@ -84,9 +95,20 @@ def test_slices_competing_for_the_same_pools_never_over_admit(two_cpus_each, ima
         for pool in pools:
             assert all(name in runs[pool.name][2].stdout for name in shares[pool.name]), runs[pool.name][2].stdout[-4000:]
 
-        # the job again, unsliced (one process, the pools as hosts, forks 5): what was placed stays where it is
+        # the job again, unsliced, one task: what was placed stays where it is
         _start, _end, again = slice_run(tmp_path, "again", [p.name for p in pools], pools, machines)
         assert placed(pools) == found, again.stdout[-4000:]
+        names = [p.name for p in pools]
+        ran = task_hosts(again.stdout, "what the slice's pools drive")
+        assert len(ran) == 1 and set(ran.values()) <= {"ok", "changed", "fatal"}, again.stdout[-4000:]
+        assert task_hosts(again.stdout, "what this pool drives") == dict.fromkeys(names, "skipping")
+        # and with a task per pool (forks 5): each pool's task finds its machines where they are
+        _start, _end, per_pool = slice_run(tmp_path, "per-pool", [p.name for p in pools], pools, machines,
+                                           per_pool=True)
+        assert placed(pools) == found, per_pool.stdout[-4000:]
+        assert set(task_hosts(per_pool.stdout, "what the slice's pools drive").values()) <= {"skipping"}
+        each = task_hosts(per_pool.stdout, "what this pool drives")
+        assert sorted(each) == sorted(names) and "skipping" not in each.values(), per_pool.stdout[-4000:]
     finally:
         slice_run(tmp_path, "cleanup", [p.name for p in pools], pools, gone)
     assert placed(pools) == {}

@@ -8,9 +8,10 @@ Every machine gets exactly one driver among all the pools, decided from the mach
 (or their URIs, when the pools are given as URIs alone) and nothing else (rendezvous hashing). A slice of a sliced
 job sees only its own hosts, yet the slices agree, since each computes the same answer for every machine (the
 slices of one job are given the same pools). A machine pinned to a pool by name (``machine_pool``) is driven by
-that pool. Adding a pool moves only the machines it now wins. The driver converges its machines over every pool
-(where they are placed, as the scheduler decides, is another matter), so drivers on several processes compete for
-the same pools, and the admission protocol keeps each pool from being over-admitted.
+that pool. Adding a pool moves only the machines it now wins. One task may drive what several pools drive (a
+slice's hosts, in one process). The driver converges its machines over every pool (where they are placed, as the
+scheduler decides, is another matter), so drivers on several processes compete for the same pools, and the
+admission protocol keeps each pool from being over-admitted.
 """
 
 from __future__ import annotations
@@ -56,17 +57,30 @@ def driver(machine, entries):
     return max(entries, key=lambda entry: _weight(entry, machine["name"]))
 
 
+def _matching(pool, entries, field):
+    found = isinstance(pool, str) and [entry for entry in entries
+                                       if pool == entry.get("name") or _identity(pool) == _identity(entry["uri"])]
+    if not found:
+        raise ValidationError("%s is none of the pools given (%s)" % (pool, ", ".join(
+            entry.get("name") or entry["uri"] for entry in entries)), field)
+    return found[0]
+
+
 def driven_by(machines, pool, pools, field="machines"):
-    """The machines of ``machines`` that the pool ``pool`` (its name or URI) drives, in the order given; ``pools``
-    every pool of the fleet, as URIs or mappings with name and uri."""
+    """The machines of ``machines`` that the pool ``pool`` drives, in the order given: ``pool`` is one pool (its
+    name or URI) or a list of them (the hosts of a slice, whose one task drives what any of them drives);
+    ``pools`` every pool of the fleet, as URIs or mappings with name and uri."""
     if not pools:
         raise ValidationError("give every pool of the fleet, not only this host's", "pools")
     entries = pool_entries(pools)
-    matching = [entry for entry in entries if pool == entry.get("name") or _identity(pool) == _identity(entry["uri"])]
-    if not matching:
-        raise ValidationError("%s is none of the pools given (%s)" % (pool, ", ".join(
-            entry.get("name") or entry["uri"] for entry in entries)), "pool")
+    if isinstance(pool, (list, tuple)):
+        if not pool:
+            raise ValidationError("give at least one pool", "pool")
+        drivers = [_matching(item, entries, "pool[%d]" % index) for index, item in enumerate(pool)]
+    else:
+        drivers = [_matching(pool, entries, "pool")]
     for index, machine in enumerate(machines):
         if not isinstance(machine, dict) or not machine.get("name"):
             raise ValidationError("each machine needs a name", "%s[%d]" % (field, index))
-    return [machine for machine in machines if driver(machine, entries) is matching[0]]
+    chosen = {id(entry) for entry in drivers}
+    return [machine for machine in machines if id(driver(machine, entries)) in chosen]

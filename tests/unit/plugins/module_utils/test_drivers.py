@@ -61,3 +61,19 @@ def test_bad_input_names_the_field(machines, pool, pools, field):
     with pytest.raises(ValidationError) as caught:
         driven_by(machines, pool, pools)
     assert caught.value.field == field
+
+
+def test_a_slice_drives_what_any_of_its_pools_drives():
+    """A slice's one task: the union of its hosts' shares, in the order given; the slices still cover the fleet once."""
+    first, second = [POOLS[0]["name"], POOLS[3]["uri"]], [POOLS[1]["name"], POOLS[2]["name"], POOLS[4]["name"]]
+    union = driven_by(MACHINES, first, POOLS)
+    alone = driven_by(MACHINES, POOLS[0]["name"], POOLS) + driven_by(MACHINES, POOLS[3]["name"], POOLS)
+    assert union == [machine for machine in MACHINES if machine in alone]
+    assert sorted(m["name"] for m in union + driven_by(MACHINES, second, POOLS)) == sorted(m["name"] for m in MACHINES)
+
+
+@pytest.mark.parametrize("pool, field", [([], "pool"), (["hv1", "hv9"], "pool[1]"), (["hv1", 7], "pool[1]")])
+def test_a_bad_slice_names_the_pool(pool, field):
+    with pytest.raises(ValidationError) as caught:
+        driven_by(MACHINES, pool, POOLS)
+    assert caught.value.field == field
