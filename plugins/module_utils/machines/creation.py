@@ -157,8 +157,9 @@ class Creation:
                                           % (format_quantity(root_size), format_quantity(image_size)), "root_size")
                 learned.root_size = root_size
                 root = {"name": "root", "device": "vda", "boot": True}
+                # the cached image is in the same storage pool: its path is the pool's path and its name
                 disks.append(self._new_volume(pool, created, "%s-root.qcow2" % name, root_size,
-                                              (image_vol.path(), fmt), root))
+                                              (self.ctx.storage_file(image_vol.name()), fmt), root))
             for vol in spec["volumes"]:
                 disks.append(self._volume_disk(pool, created, vol, learned))
             files = {"console": "%s-console.log" % name}
@@ -210,13 +211,13 @@ class Creation:
             raise
         return record
 
-    @staticmethod
-    def _new_volume(pool, created, volume_name, size, backing, disk):
+    def _new_volume(self, pool, created, volume_name, size, backing, disk):
         # a volume of this name with no domain is an orphan of a run that died (the caller holds the lock and
         # found no domain): it is replaced
-        new = storage.create_volume(pool, volume_name, size, "qcow2", backing=backing, replace=True)
+        storage.create_volume(pool, volume_name, size, "qcow2", backing=backing, replace=True)
         created.append(volume_name)
-        return dict(disk, path=new.path(), format="qcow2")
+        # a volume of a directory pool is at the pool's path and its name, as libvirt itself makes it: no round trip
+        return dict(disk, path=self.ctx.storage_file(volume_name), format="qcow2")
 
     def _volume_disk(self, pool, created, vol, learned):
         disk = {"name": vol["name"], "device": vol["device"], "bus": vol["bus"], "boot": vol.get("boot", False),
@@ -234,7 +235,7 @@ class Creation:
                                                             self.ctx.images)
             size = learned.volume_sizes[vol["name"]] = max(self._virtual_size(pool, backing_vol, vol["image"]),
                                                            vol.get("size") or 0)
-            backing = (backing_vol.path(), backing_fmt)
+            backing = (self.ctx.storage_file(backing_vol.name()), backing_fmt)
         return self._new_volume(pool, created, vol["volume"], size, backing, disk)
 
     def _encrypted_volume(self, pool, created, vol, disk, learned):

@@ -577,8 +577,11 @@ class MachineService:
         else:
             if not self.check_mode and resource.state == "running":
                 self.wait(observed.dom, spec, params, resource.earlier_leases)
-            if plan.actions or params["wait"] == "address":
+            if params["wait"] == "address":  # waited for since the observation: read again
                 machine = machine_status(observed.dom, self.ctx, PoolView(self.ctx, volumes_of=self.ctx.view()))
+            elif plan.actions:  # the observation after the apply is fresh; the pool's leases and volumes read anew
+                machine = machine_status(observed.dom, self.ctx, PoolView(self.ctx, volumes_of=self.ctx.view()),
+                                         observed.tree, state=observed.state, record=observed.record)
             else:  # as observed: the pool's leases and volumes as this run read them
                 machine = machine_status(observed.dom, self.ctx, self.ctx.view(), observed.tree, state=observed.state,
                                          record=observed.record)
