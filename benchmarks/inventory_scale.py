@@ -12,6 +12,9 @@ and three floors that involve no plugin work at all:
                        itself spends on 1,000 hosts, whatever the plugin
   static full          a script inventory printing machinery's own --list output: what ansible-core spends
                        reading and printing exactly this inventory (its output is checked to be identical)
+  read full            static full, whose script first reads every pool as the least reading of a cold
+                       inventory must (a thread and a connection per pool, one stats call, each domain's XML read
+                       and parsed): ansible-core's cost plus libvirt's, the floor of a cold run
 
 With --core VERSION (repeatable) the whole set runs again under that ansible-core release, from a virtual
 environment of its own made under .venv/bench-cores/ on first use.
@@ -113,6 +116,40 @@ def static_script(work, name, data):
     return script
 
 
+READ_FULL = """#!%(python)s
+import sys
+import threading
+
+import libvirt
+from lxml import etree
+
+sys.path.insert(0, %(here)r)
+from read_floor_module import read_pool
+
+libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+counts = []
+threads = [threading.Thread(target=read_pool, args=(uri, counts)) for uri in %(uris)r]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+with open(%(body)r) as handle:
+    sys.stdout.write(handle.read())
+"""
+
+
+def read_script(work, name, data, uris):
+    """A script inventory that reads every pool of ``uris`` as a cold inventory must, then prints ``data``."""
+    body = os.path.join(work, name + ".json")
+    with open(body, "w") as handle:
+        json.dump(data, handle)
+    script = os.path.join(work, name + ".py")
+    with open(script, "w") as handle:
+        handle.write(READ_FULL % {"python": sys.executable, "here": HERE, "uris": uris, "body": body})
+    os.chmod(script, 0o755)
+    return script
+
+
 def run_set(bindir, lab, work, env, rounds, community):
     """Every measurement of the module docstring under the ansible-core installed in ``bindir``.
 
@@ -137,6 +174,8 @@ def run_set(bindir, lab, work, env, rounds, community):
         ("static_hosts", [inventory, "-i", static_script(work, "bare", dict(listing, _meta={"hostvars": {}})),
                           "--list"], env, None),
         ("static_full", [inventory, "-i", static_script(work, "full", listing), "--list"], env, None),
+        ("read_full", [inventory, "-i", read_script(work, "read", listing, [p["uri"] for p in lab["pools"]]),
+                       "--list"], env, None),
     ]
     if community:
         sources = []
@@ -159,6 +198,10 @@ def run_set(bindir, lab, work, env, rounds, community):
     result.update((name, summary(values)) for name, values in samples.items())
     result["cached_output_identical"] = outputs["machinery_cached"] == outputs["machinery_cold"]
     result["static_full_identical"] = json.loads(outputs["static_full"]) == json.loads(outputs["machinery_cold"])
+    result["read_full_identical"] = json.loads(outputs["read_full"]) == json.loads(outputs["machinery_cold"])
+    result["read_full_over_static_full"] = round(result["read_full"]["wall_s"] / result["static_full"]["wall_s"], 2)
+    result["machinery_cold_over_read_full"] = round(result["machinery_cold"]["wall_s"] /
+                                                    result["read_full"]["wall_s"], 2)
     for name in ("static_full", "community_libvirt"):
         if name in result:
             result["%s_over_machinery_cold" % name] = round(result[name]["wall_s"] /

@@ -12,6 +12,10 @@ The three run back to back within a size, so a busy spell of the shared machine 
 machines are removed (straight through libvirt, untimed) before the next. The ratios role/floor and set/floor
 and seconds per machine are printed, and the same net of a run's fixed cost (the role with no machine:
 ansible-playbook starting, the module shipped, a connection and a listing per pool); --json writes them, --plot draws seconds per machine against size.
+Each timed side also records the CPU the whole machine spent on it (every process, the libvirtds and qemu-img
+too, from /proc/stat): floor_cores_busy says how many cores the floor kept busy (on two cores, near 2 means the
+floor is the CPU's), and role_net_cpu_vs_floor / set_net_cpu_vs_floor compare the CPU each spent net of the empty
+run with the floor's: where the floor already fills the cores, the wall-time ratio cannot go below that.
 --keep leaves the role's machines of the last size defined (for profiling the no-op).
 """
 
@@ -27,7 +31,7 @@ import libvirt
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
-from common import run_module
+from common import cpu_of, run_module
 from fleet_sets import playbook
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -156,18 +160,18 @@ def measure(lab, count, pool_count, keep):
         names[pools[index % pool_count]["uri"]].append("bench-f-%04d" % index)
     load = [round(value, 2) for value in os.getloadavg()]
     row = {"machines": count, "pools": pool_count}
-    row["floor_s"] = floor(pools, names, templates, checksum)
+    row["floor_s"], row["floor_cpu_s"] = cpu_of(floor, pools, names, templates, checksum)
     wipe(pools, "bench-f-")
     machines = [{"name": "bench-r-%04d" % index, "machine_class": "bench", "image": image, "state": "present",
                  "network_interfaces": []} for index in range(count)]
     role = {"pools": pools, "machines": machines}
     # what a run costs whatever its size: ansible-playbook, the module, a connection and a listing per pool
-    row["role_empty_s"] = playbook(PLAY_ROLE, dict(role, machines=[]))
-    row["role_s"] = playbook(PLAY_ROLE, role)
+    row["role_empty_s"], row["role_empty_cpu_s"] = cpu_of(playbook, PLAY_ROLE, dict(role, machines=[]))
+    row["role_s"], row["role_cpu_s"] = cpu_of(playbook, PLAY_ROLE, role)
     row["role_noop_s"] = playbook(PLAY_ROLE, role)
     wipe(pools, "bench-r-")
     extra = {"pools": pools, "image": image, "replicas": count}
-    row["set_s"] = playbook(PLAY_SET, extra)
+    row["set_s"], row["set_cpu_s"] = cpu_of(playbook, PLAY_SET, extra)
     row["set_noop_s"] = playbook(PLAY_SET, extra)
     wipe(pools, "bnset-")
     playbook(PLAY_SET, dict(extra, replicas=0, state="absent"))
@@ -181,6 +185,11 @@ def measure(lab, count, pool_count, keep):
     row["role_net_vs_floor"] = round((row["role_s"] - row["role_empty_s"]) / row["floor_s"], 2)
     row["set_net_vs_floor"] = round((row["set_s"] - row["role_empty_s"]) / row["floor_s"], 2)
     row["set_vs_floor"] = round(row["set_s"] / row["floor_s"], 2)
+    # the CPU the whole machine spent (every process: the libvirtds and their qemu-img too): on two cores a run
+    # whose CPU is more than its wall time kept both busy, and a ratio of CPU is one no scheduling can beat
+    row["floor_cores_busy"] = round(row["floor_cpu_s"] / row["floor_s"], 2)
+    row["role_net_cpu_vs_floor"] = round((row["role_cpu_s"] - row["role_empty_cpu_s"]) / row["floor_cpu_s"], 2)
+    row["set_net_cpu_vs_floor"] = round((row["set_cpu_s"] - row["role_empty_cpu_s"]) / row["floor_cpu_s"], 2)
     for key in list(row):
         if key.endswith("_s"):
             row[key] = round(row[key], 2)

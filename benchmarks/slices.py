@@ -30,7 +30,7 @@ import time
 
 import libvirt
 
-from common import run_module
+from common import busy_seconds, run_module
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -90,13 +90,6 @@ def fleet_check(pools, names):
             conn.close()
     problems += ["%s on %s" % (name, ", ".join(found)) for name, found in where.items() if len(found) > 1]
     return len(where), problems
-
-
-def busy_seconds():
-    """CPU seconds every core of the machine has spent busy since boot (all but idle and iowait)."""
-    with open("/proc/stat") as handle:
-        fields = [int(value) for value in handle.readline().split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def main():
