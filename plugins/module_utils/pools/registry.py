@@ -242,13 +242,16 @@ class Registry:
     def _prune(self, name):
         """Delete a superseded generation that the listing showed. Right after an upload, libvirt refreshes the
         pool, and a lookup then may not find a volume that is there; a generation left that way beside the new one
-        was seen after a re-registration. So a miss is tried again (reread) until the volume is deleted, is busy
-        (a reader has it open: the next put prunes it), or a complete listing shows it gone."""
+        was seen after a re-registration. So a miss is tried again (reread) until the volume is deleted or a
+        complete listing shows it gone. A busy one (a download stream has it open) is tried again too: a live
+        reader is done within milliseconds, and a reader killed midway keeps its stream open in libvirtd only until
+        the daemon sees its connection close (a killed run's re-run left two generations that way, under load).
+        One still busy when the time is up is left to the next put."""
         def settled():
             if storage.delete_volume(self.pool, name, keep_if_busy=True):
                 return True
             if lv.lookup_volume(self.pool, name) is not None:
-                return True
+                return False  # busy: again
             names = listing(self.pool)
             return holds_registration(names) and name not in names
         # a volume known to be there: waiting longer costs nothing unless libvirt hides it (a loaded host's

@@ -232,3 +232,32 @@ def test_a_hold_is_taken_and_given_back_without_looking_its_volumes_up():
     with reg.machine_hold(None, "web-1", 5, registry=registry) as hold:  # no storage pool lookup: no conn needed
         assert sorted(pool.volumes) == sorted(["hold-web-1.lock", hold.marker])
     assert pool.volumes == {} and pool.lookups == 0
+
+
+def test_a_superseded_generation_a_killed_reader_still_holds_is_pruned_once_released(monkeypatch):
+    """A run killed while it downloaded the old generation leaves its stream open in libvirtd until the daemon sees
+    the connection close: the volume is busy for a moment, and the prune waits for it instead of leaving it."""
+    pool = LaggingRegistry(["pool.1.json", "pool.2.json"], lag=0)
+    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
+    busy = [3]  # the daemon notices the dead connection after three tries
+
+    def delete_volume(p, name, keep_if_busy=False):
+        assert keep_if_busy
+        if busy[0]:
+            busy[0] -= 1
+            return False
+        p.volumes.discard(name)
+        return True
+    monkeypatch.setattr(reg.storage, "delete_volume", delete_volume)
+    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
+    reg.Registry(None, pool)._prune("pool.1.json")
+    assert pool.volumes == {"pool.2.json"} and busy == [0]
+
+
+def test_a_generation_busy_past_the_wait_is_left_to_the_next_put(monkeypatch):
+    pool = LaggingRegistry(["pool.1.json", "pool.2.json"], lag=0)
+    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
+    monkeypatch.setattr(reg.storage, "delete_volume", lambda _p, _name, keep_if_busy=False: False)
+    monkeypatch.setattr(reg, "PRUNE_RETRY_SECONDS", 0.05)
+    reg.Registry(None, pool)._prune("pool.1.json")  # no failure: the next put prunes it
+    assert pool.volumes == {"pool.1.json", "pool.2.json"}
