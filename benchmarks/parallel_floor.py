@@ -15,7 +15,9 @@ ansible-playbook starting, the module shipped, a connection and a listing per po
 Each timed side also records the CPU the whole machine spent on it (every process, the libvirtds and qemu-img
 too, from /proc/stat): floor_cores_busy says how many cores the floor kept busy (on two cores, near 2 means the
 floor is the CPU's), and role_net_cpu_vs_floor / set_net_cpu_vs_floor compare the CPU each spent net of the empty
-run with the floor's: where the floor already fills the cores, the wall-time ratio cannot go below that.
+run with the floor's: where the floor already fills the cores, the wall-time ratio cannot go below that. The
+*_daemons_cpu_s part of each is what the pools' libvirtds spent (with the qemu-img they ran): the rest is the
+controller's (ansible-playbook, the module, or the floor's script).
 --keep leaves the role's machines of the last size defined (for profiling the no-op).
 """
 
@@ -160,18 +162,20 @@ def measure(lab, count, pool_count, keep):
         names[pools[index % pool_count]["uri"]].append("bench-f-%04d" % index)
     load = [round(value, 2) for value in os.getloadavg()]
     row = {"machines": count, "pools": pool_count}
-    row["floor_s"], row["floor_cpu_s"] = cpu_of(floor, pools, names, templates, checksum)
+    row["floor_s"], row["floor_cpu_s"], row["floor_daemons_cpu_s"] = cpu_of(floor, pools, names, templates,
+                                                                            checksum)
     wipe(pools, "bench-f-")
     machines = [{"name": "bench-r-%04d" % index, "machine_class": "bench", "image": image, "state": "present",
                  "network_interfaces": []} for index in range(count)]
     role = {"pools": pools, "machines": machines}
     # what a run costs whatever its size: ansible-playbook, the module, a connection and a listing per pool
-    row["role_empty_s"], row["role_empty_cpu_s"] = cpu_of(playbook, PLAY_ROLE, dict(role, machines=[]))
-    row["role_s"], row["role_cpu_s"] = cpu_of(playbook, PLAY_ROLE, role)
+    row["role_empty_s"], row["role_empty_cpu_s"], row["role_empty_daemons_cpu_s"] = cpu_of(
+        playbook, PLAY_ROLE, dict(role, machines=[]))
+    row["role_s"], row["role_cpu_s"], row["role_daemons_cpu_s"] = cpu_of(playbook, PLAY_ROLE, role)
     row["role_noop_s"] = playbook(PLAY_ROLE, role)
     wipe(pools, "bench-r-")
     extra = {"pools": pools, "image": image, "replicas": count}
-    row["set_s"], row["set_cpu_s"] = cpu_of(playbook, PLAY_SET, extra)
+    row["set_s"], row["set_cpu_s"], row["set_daemons_cpu_s"] = cpu_of(playbook, PLAY_SET, extra)
     row["set_noop_s"] = playbook(PLAY_SET, extra)
     wipe(pools, "bnset-")
     playbook(PLAY_SET, dict(extra, replicas=0, state="absent"))
