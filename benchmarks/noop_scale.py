@@ -43,7 +43,7 @@ def set_args(pools, image, count):
                          "network_interfaces": [], "state": "present"}, "wait": "none"}
 
 
-PLAY_FLOOR = """
+FLOOR_TASK = """
 - hosts: localhost
   connection: local
   gather_facts: false
@@ -51,19 +51,10 @@ PLAY_FLOOR = """
     - static_module:
         path: "{{ output }}"
         pools: "{{ pools }}"
-        machines: "{{ machines }}"
 """
-
-
-PLAY_SET_FLOOR = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - static_module:
-        path: "{{ output }}"
-        pools: "{{ pools }}"
-        name: bnset
+PLAY_FLOOR = FLOOR_TASK + """        machines: "{{ machines }}"
+"""
+PLAY_SET_FLOOR = FLOOR_TASK + """        name: bnset
         replicas: "{{ replicas }}"
         selector: {match_labels: {bench: set}}
         template: {machine_class: bench, image: "{{ image }}", labels: {bench: set}, network_interfaces: [],

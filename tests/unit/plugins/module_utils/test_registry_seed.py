@@ -191,10 +191,15 @@ def test_a_superseded_generation_hidden_by_a_refresh_is_still_pruned(monkeypatch
             return False
         p.volumes.discard(name)
         return True
+    pruned(monkeypatch, pool, delete_volume)
+    assert pool.volumes == {"pool.2.json"}
+
+
+def pruned(monkeypatch, pool, delete_volume):
+    """Prune pool.1.json of ``pool`` with libvirt's volume delete played by ``delete_volume``, the waits skipped."""
     monkeypatch.setattr(reg.storage, "delete_volume", delete_volume)
     monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
     reg.Registry(None, pool)._prune("pool.1.json")
-    assert pool.volumes == {"pool.2.json"}
 
 
 class CountingPool:
@@ -248,9 +253,7 @@ def test_a_superseded_generation_a_killed_reader_still_holds_is_pruned_once_rele
             return False
         p.volumes.discard(name)
         return True
-    monkeypatch.setattr(reg.storage, "delete_volume", delete_volume)
-    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
-    reg.Registry(None, pool)._prune("pool.1.json")
+    pruned(monkeypatch, pool, delete_volume)
     assert pool.volumes == {"pool.2.json"} and busy == [0]
 
 
