@@ -22,7 +22,7 @@ from lxml import etree
 
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 
-from conftest import REPO, ModuleRun, assert_failed, run_module, start_daemons, stop_daemon
+from conftest import OVERCOMMIT, REPO, ModuleRun, assert_failed, run_module, start_daemons, stop_daemon
 
 SEED = int(os.environ.get("MACHINERY_HARDENING_SEED", "20261122"))
 REPORT = {"seed": SEED, "kills": {}, "kill_attempts": {}, "orphans_found": 0, "race_rounds": 0,
@@ -370,6 +370,42 @@ def test_killed_batches_and_registrations_converge(registered, image):
         registry.refresh(0)
         assert len([v for v in registry.listVolumes() if v.startswith("pool.")]) == 1
     assert_killed_enough("batch", "registration")
+
+
+def registrations(pool):
+    """The generations of the pool's registration in its registry, as libvirt lists them after a refresh."""
+    registry = pool.conn.storagePoolLookupByName(REGISTRY)
+    registry.refresh(0)
+    return sorted(v for v in registry.listVolumes() if v.startswith("pool."))
+
+
+def test_a_generation_a_killed_writer_left_unreadable_goes_with_the_next_run(registered):
+    """A registration killed between creating its new generation's volume and the end of its upload leaves an
+    unreadable pool.N+1.json beside pool.N.json. A re-run with nothing to change (the killed run's labels were
+    the ones the pool had) must still leave one generation: it deletes the dead writer's volume and nothing else.
+    The volume is made here as the killed writer leaves it (created, never uploaded), so the case is certain."""
+    pool = registered[1]
+    registration = dict(uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}], overcommit=OVERCOMMIT)
+    current = registrations(pool)
+    assert len(current) == 1, current
+    generation = int(current[0].split(".")[1])
+    dead = "pool.%d.json" % (generation + 1)
+    registry = pool.conn.storagePoolLookupByName(REGISTRY)
+    registry.createXML("<volume><name>%s</name><capacity>200</capacity><target><format type='raw'/>"
+                       "<permissions><mode>0600</mode></permissions></target></volume>" % dead, 0)
+    try:
+        planned, _ = run("machine_pool", check=True, **registration)
+        assert planned["changed"] is True and planned["actions"] == ["prune_registration"], planned
+        assert registrations(pool) == sorted([current[0], dead])  # check mode wrote nothing
+        done, _ = run("machine_pool", **registration)
+        assert done["changed"] is True and done["actions"] == ["prune_registration"], done
+        assert registrations(pool) == current  # the dead writer's volume went, the registration stayed
+        assert done["pool"]["state"] == "Ready" and done["pool"]["name"] == pool.name
+        again, _ = run("machine_pool", **registration)
+        assert again["changed"] is False, again
+    finally:
+        if dead in registrations(pool):
+            registry.storageVolLookupByName(dead).delete(0)
 
 
 # --- a daemon restarted under a run -------------------------------------------------------------------------

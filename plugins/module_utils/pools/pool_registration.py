@@ -268,6 +268,12 @@ def plan_pool(params, observed):
         steps = [] if "virt_type" in desired else [step("probe_virt_type", name)]
         actions.append(Action("register", name, before=current, after=desired,
                               steps=steps + [step("write_document", reg.POOL_KEY)], registration=desired))
+    elif observed.get("superseded"):
+        # a generation beside the registration: a writer killed midway left it unreadable, or a prune missed it
+        # (the write above would prune it; with nothing to write, it goes on its own)
+        actions.append(Action("prune_registration", name, before={"generations": observed["superseded"]},
+                              after={"generations": []},
+                              steps=[step("delete_document", found) for found in observed["superseded"]]))
     for image in observed.get("unused_images") or []:
         actions.append(Action("prune_image", image, {"image": image}, {},
                               [step("delete_volume", image), step("delete_volume", image + ".complete")]))
@@ -295,6 +301,7 @@ class PoolResource(Resource):
         names = [entry.get("name") if isinstance(entry, dict) else entry for entry in self.params.get("networks") or []]
         return {
             "registration": registry.pool_registration(),
+            "superseded": registry.superseded(reg.POOL_KEY),
             "documents": registry.keys(),
             "storage_pools": {name: seen(lv.lookup_storage_pool(conn, name))
                               for name in (reg.REGISTRY_POOL, reg.STORAGE_POOL)},
@@ -337,6 +344,9 @@ class PoolResource(Resource):
         self.ctx.reset()
         self.ctx.registry.put(reg.POOL_KEY, registration)
 
+    def _prune_registration(self, _action, _observed):
+        self.ctx.registry.prune_superseded(reg.POOL_KEY)
+
     def _unregister(self, _action, _observed):
         for key in self.ctx.registry.keys():
             self.ctx.registry.delete(key)
@@ -354,7 +364,7 @@ class PoolResource(Resource):
     APPLY = {"define_storage_pool": _define_storage_pool, "start_storage_pool": _start_storage_pool,
              "autostart_storage_pool": _autostart_storage_pool, "define_network": _define_network,
              "start_network": _start_network, "autostart_network": _autostart_network, "register": _register,
-             "unregister": _unregister, "prune_image": _prune_image}
+             "unregister": _unregister, "prune_image": _prune_image, "prune_registration": _prune_registration}
 
 
 def unused_images(conn):

@@ -112,6 +112,7 @@ class Registry:
         self._index = None
         self._listed_in = None  # the admission lock epoch the index was listed under (see put)
         self._bodies = {}
+        self._read_from = {}  # key: the volume its body was read from (the newest readable generation)
         # the threads of one run (a batch, a set) share a pool's registry: one of them at a time in its caches
         self._guard = threading.RLock()
 
@@ -173,6 +174,7 @@ class Registry:
                 continue
             body = decode(data, key)
             if body is not None:
+                self._read_from[key] = name
                 return body
         if vanished and not relisted:
             # a concurrent put wrote a newer generation and pruned the ones listed here: list again, once
@@ -257,6 +259,33 @@ class Registry:
         # a volume known to be there: waiting longer costs nothing unless libvirt hides it (a loaded host's
         # refresh took more than the 2 s other readings wait)
         reread(self.pool, settled, bool, seconds=PRUNE_RETRY_SECONDS)
+
+    def superseded(self, key):
+        """The generations of ``key`` listed beside the one its body was read from (``get`` first): an older one a
+        prune could not delete, or a newer one a writer killed midway left unreadable. Another run's put between
+        its upload and its prune shows here for a moment too; ``prune_superseded`` tells them apart."""
+        with self._guard:
+            current = self._read_from.get(key)
+            if current is None:
+                return []
+            return [name for _generation, name in self._generations().get(key, []) if name != current]
+
+    def prune_superseded(self, key):
+        """Under the host's admission lock, which every writer holds from its volume's creation to its prune: read
+        ``key`` afresh and delete every other generation of it. A newer one that cannot be read then is a dead
+        writer's, never a live one's. Returns the names deleted."""
+        with _held(self.conn, self.pool, False), self._guard:
+            self._index = None
+            self._bodies.pop(key, None)
+            self._read_from.pop(key, None)
+            body = self._read(key)
+            doomed = self.superseded(key) if body is not None else []
+            for name in doomed:
+                self._prune(name)
+            self._index = None
+            if body is not None:
+                self._bodies[key] = body
+            return doomed
 
     def delete(self, key, locked=False, epoch=None, expected=False):
         """Delete every generation of ``key``; whether there was one. With ``expected`` (a journal this run wrote

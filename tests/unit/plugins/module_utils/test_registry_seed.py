@@ -1,3 +1,4 @@
+import contextlib
 import io
 import json
 import time
@@ -264,3 +265,34 @@ def test_a_generation_busy_past_the_wait_is_left_to_the_next_put(monkeypatch):
     monkeypatch.setattr(reg, "PRUNE_RETRY_SECONDS", 0.05)
     reg.Registry(None, pool)._prune("pool.1.json")  # no failure: the next put prunes it
     assert pool.volumes == {"pool.1.json", "pool.2.json"}
+
+
+class WrittenRegistry:
+    """A registry pool whose volumes hold bytes: a download returns them, delete removes them."""
+
+    def __init__(self, volumes):
+        self.volumes = dict(volumes)
+
+    def listVolumes(self):  # noqa: N802
+        return sorted(self.volumes)
+
+    def refresh(self, _flags):
+        pass
+
+
+def test_a_newer_generation_a_killed_writer_left_unreadable_is_superseded_and_pruned(monkeypatch):
+    """The killed writer created pool.2.json and died before its upload ended: readers take pool.1.json, the
+    registry names pool.2.json as superseded, and its prune (under the lock) deletes it and keeps pool.1.json."""
+    good = reg.encode(reg.POOL_KEY, 1, {"name": "hv1"})
+    pool = WrittenRegistry({"pool.1.json": good, "pool.2.json": b"\0" * len(good)})
+    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: name if name in p.volumes else None)
+    monkeypatch.setattr(reg.storage, "download_bytes", lambda _conn, name, limit=None: pool.volumes[name])
+    monkeypatch.setattr(reg.storage, "delete_volume",
+                        lambda p, name, keep_if_busy=False: p.volumes.pop(name, None) is not None)
+    monkeypatch.setattr(reg, "_held", lambda _conn, _pool, _locked: contextlib.nullcontext())
+    registry = reg.Registry(None, pool)
+    assert registry.get(reg.POOL_KEY) == {"name": "hv1"}
+    assert registry.superseded(reg.POOL_KEY) == ["pool.2.json"]
+    assert registry.prune_superseded(reg.POOL_KEY) == ["pool.2.json"]
+    assert sorted(pool.volumes) == ["pool.1.json"] and registry.superseded(reg.POOL_KEY) == []
+    assert registry.get(reg.POOL_KEY) == {"name": "hv1"}

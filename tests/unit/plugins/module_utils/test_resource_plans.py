@@ -52,6 +52,16 @@ def test_registered_pool_is_left_alone():
     assert plan_pool({"name": "hv1"}, pool_seen(REGISTERED)).actions == []
 
 
+def test_a_generation_beside_the_registration_is_pruned_when_nothing_else_is_written():
+    """A writer killed midway left an unreadable newer generation (or a prune missed an older one): a re-run with
+    nothing to change still leaves one generation; one that writes prunes it with its write."""
+    seen = dict(pool_seen(REGISTERED), superseded=["pool.4.json"])
+    plan = plan_pool({"name": "hv1"}, seen)
+    assert plan.kinds() == ["prune_registration"]
+    assert plan.find("prune_registration").before == {"generations": ["pool.4.json"]}
+    assert plan_pool({"name": "hv1", "labels": {"zone": "b"}}, seen).kinds() == ["register"]
+
+
 def test_inactive_pieces_are_started():
     plan = plan_pool({"name": "hv1", "networks": ["net"]},
                      pool_seen(dict(REGISTERED, networks=["net"]), {"active": False, "autostart": False},
