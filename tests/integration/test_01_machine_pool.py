@@ -124,8 +124,14 @@ def test_cut_off_registry_write_falls_back(pools, module):
     stream.finish()
     result = module("machine_pool", uri=pool.uri, name=pool.name, labels={"zone": "c"},
                     networks=[{"name": "machinery"}])
-    assert result["changed"] is False, "the previous generation must still be read: %s" % result
+    # the previous generation is still read (nothing to register again); the dead write's volume is deleted
+    assert result["actions"] == ["prune_registration"], "the previous generation must still be read: %s" % result
     assert result["pool"]["labels"] == {"zone": "c"}
+    registry.refresh(0)
+    assert [n for n in registry.listVolumes() if n.startswith("pool.")] == [current]
+    again = module("machine_pool", uri=pool.uri, name=pool.name, labels={"zone": "c"},
+                   networks=[{"name": "machinery"}])
+    assert again["changed"] is False, again
 
 
 def test_registry_writes_wait_for_the_admission_lock(pools, module):
