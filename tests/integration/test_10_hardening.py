@@ -394,14 +394,14 @@ def test_a_generation_a_killed_writer_left_unreadable_goes_with_the_next_run(reg
     registry.createXML("<volume><name>%s</name><capacity>200</capacity><target><format type='raw'/>"
                        "<permissions><mode>0600</mode></permissions></target></volume>" % dead, 0)
     try:
-        planned, _ = run("machine_pool", check=True, **registration)
+        planned = run_module("machine_pool", check=True, **registration)
         assert planned["changed"] is True and planned["actions"] == ["prune_registration"], planned
         assert registrations(pool) == sorted([current[0], dead])  # check mode wrote nothing
-        done, _ = run("machine_pool", **registration)
+        done = run_module("machine_pool", **registration)
         assert done["changed"] is True and done["actions"] == ["prune_registration"], done
         assert registrations(pool) == current  # the dead writer's volume went, the registration stayed
         assert done["pool"]["state"] == "Ready" and done["pool"]["name"] == pool.name
-        again, _ = run("machine_pool", **registration)
+        again = run_module("machine_pool", **registration)
         assert again["changed"] is False, again
     finally:
         if dead in registrations(pool):
