@@ -240,6 +240,7 @@ class Registry:
                 self._prune(old_name)
             self._index[key] = [(generation, name)]
             self._bodies[key] = body
+            self._read_from[key] = name
 
     def _prune(self, name):
         """Delete a superseded generation that the listing showed. Right after an upload, libvirt refreshes the
@@ -294,6 +295,7 @@ class Registry:
         look like a bug. The pool is refreshed and listed again, as ``get(expected=True)`` does."""
         with _held(self.conn, self.pool, locked), self._guard:
             self._bodies.pop(key, None)
+            self._read_from.pop(key, None)
             self._relist(epoch if locked else None)
             if expected and self.pool is not None:
                 self._confirmed(self._generations, lambda index: key in index)

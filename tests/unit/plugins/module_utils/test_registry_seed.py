@@ -296,3 +296,19 @@ def test_a_newer_generation_a_killed_writer_left_unreadable_is_superseded_and_pr
     assert registry.prune_superseded(reg.POOL_KEY) == ["pool.2.json"]
     assert sorted(pool.volumes) == ["pool.1.json"] and registry.superseded(reg.POOL_KEY) == []
     assert registry.get(reg.POOL_KEY) == {"name": "hv1"}
+
+
+def test_after_its_own_put_the_registry_names_no_generation_superseded(monkeypatch):
+    pool = WrittenRegistry({"pool.1.json": reg.encode(reg.POOL_KEY, 1, {"name": "hv1"})})
+    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: name if name in p.volumes else None)
+    monkeypatch.setattr(reg.storage, "download_bytes", lambda _conn, name, limit=None: pool.volumes[name])
+    monkeypatch.setattr(reg.storage, "create_volume",
+                        lambda p, name, _size, _fmt, mode=None: p.volumes.setdefault(name, b"") or name)
+    monkeypatch.setattr(reg.storage, "upload_bytes", lambda _conn, name, data: pool.volumes.__setitem__(name, data))
+    monkeypatch.setattr(reg.storage, "delete_volume",
+                        lambda p, name, keep_if_busy=False: p.volumes.pop(name, None) is not None)
+    monkeypatch.setattr(reg, "_held", lambda _conn, _pool, _locked: contextlib.nullcontext())
+    registry = reg.Registry(None, pool)
+    assert registry.get(reg.POOL_KEY) == {"name": "hv1"}
+    registry.put(reg.POOL_KEY, {"name": "hv1", "labels": {"zone": "a"}})
+    assert sorted(pool.volumes) == ["pool.2.json"] and registry.superseded(reg.POOL_KEY) == []
