@@ -579,11 +579,11 @@ class MachineService:
                 self.wait(observed.dom, spec, params, resource.earlier_leases)
             if params["wait"] == "address":  # waited for since the observation: read again
                 machine = machine_status(observed.dom, self.ctx, PoolView(self.ctx, volumes_of=self.ctx.view()))
-            elif plan.actions:  # the observation after the apply is fresh; the pool's leases and volumes read anew
-                machine = machine_status(observed.dom, self.ctx, PoolView(self.ctx, volumes_of=self.ctx.view()),
-                                         observed.tree, state=observed.state, record=observed.record)
-            else:  # as observed: the pool's leases and volumes as this run read them
-                machine = machine_status(observed.dom, self.ctx, self.ctx.view(), observed.tree, state=observed.state,
+            else:
+                # the observation is the run's first, or the fresh one after the apply: its XML and state are the
+                # status's; after a change the pool's leases and volumes are read anew, else as this run read them
+                view = PoolView(self.ctx, volumes_of=self.ctx.view()) if plan.actions else self.ctx.view()
+                machine = machine_status(observed.dom, self.ctx, view, observed.tree, state=observed.state,
                                          record=observed.record)
         restart_required = resource.restart_required or (self.check_mode and plan.facts.get("restart_required"))
         outcome = Outcome(plan, machine, resource.warnings, bool(restart_required))
