@@ -8,7 +8,6 @@ from __future__ import annotations
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.urls import open_url
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
@@ -18,6 +17,15 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import thaw
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
+
+
+def open_url(*args, **kwargs):
+    """ansible-core's open_url, imported on the first download: ansible.module_utils.urls pulls in http, email and
+    cryptography, a sixth of a module's start-up, and most runs download nothing."""
+    from ansible.module_utils.urls import open_url as opener
+
+    return opener(*args, **kwargs)
+
 
 # The common options of the action group machinery.compute.machinery. Every member takes them, because
 # module_defaults of the group gives them to every member and a module fails on an option it does not know.
