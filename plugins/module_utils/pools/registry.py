@@ -301,7 +301,7 @@ class Registry:
                 self._confirmed(self._generations, lambda index: key in index)
             versions = self._generations().pop(key, [])
             for _generation, name in versions:
-                storage.delete_volume(self.pool, name)
+                _delete_when_read(self.pool, name)
         return bool(versions)
 
     def pool_registration(self):
@@ -389,6 +389,21 @@ def image_upload_lock(conn, pool, checksum):
     return AdmissionLock(conn, pool, UPLOAD_WAIT_SECONDS, "upload-%s.lock" % checksum[:32],
                          "upload-%s.holder." % checksum[:32], UPLOAD_STALE_SECONDS,
                          "the upload lock of image %s" % checksum[:12])
+
+
+def _delete_when_read(pool, name, seconds=None):
+    """Delete the registry volume ``name``. While another run reads it (its download stream keeps the volume busy)
+    libvirt refuses: a reader is done within milliseconds, so try again for PRUNE_RETRY_SECONDS, then fail naming
+    the volume. Two runs creating one name at once, under load, failed that way on deleting their own journal, and
+    the journal left behind stopped the host's later runs."""
+    deadline = time.monotonic() + (PRUNE_RETRY_SECONDS if seconds is None else seconds)
+    while not storage.delete_volume(pool, name, keep_if_busy=True):
+        if lv.lookup_volume(pool, name) is None:
+            return
+        if time.monotonic() >= deadline:
+            storage.delete_volume(pool, name)  # still busy: the failure, naming the volume
+            return
+        time.sleep(0.05)
 
 
 def _delete_quietly(pool, name):

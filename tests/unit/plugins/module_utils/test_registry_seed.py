@@ -123,7 +123,7 @@ class HidingPool:
 
 def test_an_expected_journal_hidden_by_a_refresh_is_still_deleted(monkeypatch):
     pool = HidingPool(["pool.1.json", "pending-vm-7.1.json"], hidden=["pending-vm-7.1.json"])
-    monkeypatch.setattr(reg.storage, "delete_volume", lambda _pool, name, **_kw: pool.deleted.append(name))
+    monkeypatch.setattr(reg.storage, "delete_volume", lambda _pool, name, **_kw: pool.deleted.append(name) or True)
     registry = reg.Registry(None, pool)
     assert registry.delete("pending-vm-7", locked=True, expected=True) is True
     assert pool.deleted == ["pending-vm-7.1.json"]
@@ -131,7 +131,7 @@ def test_an_expected_journal_hidden_by_a_refresh_is_still_deleted(monkeypatch):
 
 def test_an_unexpected_key_is_believed_gone_at_once(monkeypatch):
     pool = HidingPool(["pool.1.json", "pending-vm-7.1.json"], hidden=["pending-vm-7.1.json"])
-    monkeypatch.setattr(reg.storage, "delete_volume", lambda _pool, name, **_kw: pool.deleted.append(name))
+    monkeypatch.setattr(reg.storage, "delete_volume", lambda _pool, name, **_kw: pool.deleted.append(name) or True)
     assert reg.Registry(None, pool).delete("pending-vm-7", locked=True) is False
     assert pool.deleted == []
 
@@ -265,6 +265,41 @@ def test_a_generation_busy_past_the_wait_is_left_to_the_next_put(monkeypatch):
     monkeypatch.setattr(reg, "PRUNE_RETRY_SECONDS", 0.05)
     reg.Registry(None, pool)._prune("pool.1.json")  # no failure: the next put prunes it
     assert pool.volumes == {"pool.1.json", "pool.2.json"}
+
+
+def test_a_journal_another_run_is_reading_is_deleted_once_read(monkeypatch):
+    """A concurrent run's download keeps the journal busy for a moment: the delete waits for it instead of failing
+    the run and leaving the journal behind."""
+    pool = LaggingRegistry(["pending-race-3.1.json"], lag=0)
+    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
+    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
+    busy = [3]
+
+    def delete_volume(p, name, keep_if_busy=False):
+        assert keep_if_busy
+        if busy[0]:
+            busy[0] -= 1
+            return False
+        p.volumes.discard(name)
+        return True
+    monkeypatch.setattr(reg.storage, "delete_volume", delete_volume)
+    reg._delete_when_read(pool, "pending-race-3.1.json")
+    assert pool.volumes == set() and busy == [0]
+
+
+def test_a_journal_busy_past_the_wait_fails_naming_it(monkeypatch):
+    pool = LaggingRegistry(["pending-race-3.1.json"], lag=0)
+    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
+    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
+
+    def delete_volume(_p, name, keep_if_busy=False):
+        if keep_if_busy:
+            return False
+        raise reg.LibvirtFailure("cannot delete volume %s: busy" % name)
+    monkeypatch.setattr(reg.storage, "delete_volume", delete_volume)
+    with pytest.raises(reg.LibvirtFailure, match="pending-race-3.1.json"):
+        reg._delete_when_read(pool, "pending-race-3.1.json", seconds=0)
+    assert pool.volumes == {"pending-race-3.1.json"}
 
 
 class WrittenRegistry:
