@@ -39,15 +39,6 @@ def _file_of(nodeid):
     return nodeid.split("::")[0].rsplit("/", 1)[-1]
 
 
-def pytest_collection_modifyitems(items):
-    """The longest files first, each file's tests in their own order. make integration hands whole files to the
-    labs in this order (pytest-xdist --dist loadfile --no-loadscope-reorder), so the files that boot real guests
-    start first and the run ends with short files on both labs, not with one lab still booting a guest."""
-    with open(DURATIONS, encoding="utf-8") as handle:
-        seconds = json.load(handle)
-    items.sort(key=lambda item: (-seconds.get(_file_of(item.nodeid), NEW_FILE_SECONDS), _file_of(item.nodeid)))
-
-
 def pytest_runtest_logreport(report):
     _spent[_file_of(report.nodeid)] += report.duration
 
