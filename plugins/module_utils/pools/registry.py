@@ -391,19 +391,15 @@ def image_upload_lock(conn, pool, checksum):
                          "the upload lock of image %s" % checksum[:12])
 
 
-def _delete_when_read(pool, name, seconds=None):
+def _delete_when_read(pool, name, seconds=PRUNE_RETRY_SECONDS):
     """Delete the registry volume ``name``. While another run reads it (its download stream keeps the volume busy)
-    libvirt refuses: a reader is done within milliseconds, so try again for PRUNE_RETRY_SECONDS, then fail naming
-    the volume. Two runs creating one name at once, under load, failed that way on deleting their own journal, and
-    the journal left behind stopped the host's later runs."""
-    deadline = time.monotonic() + (PRUNE_RETRY_SECONDS if seconds is None else seconds)
-    while not storage.delete_volume(pool, name, keep_if_busy=True):
-        if lv.lookup_volume(pool, name) is None:
-            return
-        if time.monotonic() >= deadline:
-            storage.delete_volume(pool, name)  # still busy: the failure, naming the volume
-            return
-        time.sleep(0.05)
+    libvirt refuses: a reader is done within milliseconds, so try again for ``seconds``, as a prune does, then fail
+    naming the volume. Two runs creating one name at once, under load, failed that way on deleting their own
+    journal, and the journal left behind stopped the host's later runs."""
+    def settled():
+        return storage.delete_volume(pool, name, keep_if_busy=True) or lv.lookup_volume(pool, name) is None
+    if not reread(pool, settled, bool, seconds=seconds):
+        storage.delete_volume(pool, name)  # still busy: the failure, naming the volume
 
 
 def _delete_quietly(pool, name):

@@ -245,7 +245,15 @@ def test_a_superseded_generation_a_killed_reader_still_holds_is_pruned_once_rele
     the connection close: the volume is busy for a moment, and the prune waits for it instead of leaving it."""
     pool = LaggingRegistry(["pool.1.json", "pool.2.json"], lag=0)
     monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
-    busy = [3]  # the daemon notices the dead connection after three tries
+    delete_volume, busy = busy_for(3)  # the daemon notices the dead connection after three tries
+    pruned(monkeypatch, pool, delete_volume)
+    assert pool.volumes == {"pool.2.json"} and busy == [0]
+
+
+def busy_for(tries):
+    """libvirt's volume delete, played for a volume a download stream keeps busy for ``tries`` attempts; and the
+    attempts left."""
+    busy = [tries]
 
     def delete_volume(p, name, keep_if_busy=False):
         assert keep_if_busy
@@ -254,8 +262,7 @@ def test_a_superseded_generation_a_killed_reader_still_holds_is_pruned_once_rele
             return False
         p.volumes.discard(name)
         return True
-    pruned(monkeypatch, pool, delete_volume)
-    assert pool.volumes == {"pool.2.json"} and busy == [0]
+    return delete_volume, busy
 
 
 def test_a_generation_busy_past_the_wait_is_left_to_the_next_put(monkeypatch):
@@ -273,15 +280,7 @@ def test_a_journal_another_run_is_reading_is_deleted_once_read(monkeypatch):
     pool = LaggingRegistry(["pending-race-3.1.json"], lag=0)
     monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
     monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
-    busy = [3]
-
-    def delete_volume(p, name, keep_if_busy=False):
-        assert keep_if_busy
-        if busy[0]:
-            busy[0] -= 1
-            return False
-        p.volumes.discard(name)
-        return True
+    delete_volume, busy = busy_for(3)
     monkeypatch.setattr(reg.storage, "delete_volume", delete_volume)
     reg._delete_when_read(pool, "pending-race-3.1.json")
     assert pool.volumes == set() and busy == [0]
