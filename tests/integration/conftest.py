@@ -5,6 +5,7 @@ from libvirt itself.
 """
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 
 import libvirt
 import pytest
@@ -285,6 +287,24 @@ def registered(pools):
 @pytest.fixture
 def pool(registered):
     return registered[0]
+
+
+def unheld_addresses(network, below, count):
+    """The first ``count`` addresses of a libvirt network's DHCP range, from ``below`` down, that no host entry
+    reserves and no lease holds. A lease outlives its guest (for its lease time) and dnsmasq picks a guest's
+    address from a hash of its MAC, so a fixed address a test chose could be leased by a guest an earlier file on
+    the same lab deleted; the module rightly refuses an address leased to another MAC."""
+    tree = ET.fromstring(network.XMLDesc(0))
+    held = {host.get("ip") for host in tree.findall("ip/dhcp/host")} | \
+        {lease["ipaddr"] for lease in network.DHCPLeases()}
+    start = ipaddress.IPv4Address(tree.find("ip/dhcp/range").get("start"))
+    address, found = ipaddress.IPv4Address(below), []
+    while len(found) < count and address >= start:
+        if str(address) not in held:
+            found.append(str(address))
+        address -= 1
+    assert len(found) == count, "no %d unheld addresses below %s" % (count, below)
+    return found
 
 
 def plain(value):

@@ -25,7 +25,7 @@ import libvirt
 import pytest
 import yaml
 
-from conftest import run_module
+from conftest import run_module, unheld_addresses
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS_FILE = os.path.join(HERE, "bad_input.yml")
@@ -274,7 +274,7 @@ def values(registered, home, image, target):
            "target_root": "%s-root.qcow2" % TARGET, "target_mac": tree.find("devices/interface/mac").get("address"),
            "image_cache": caches[0], "bridge": network.bridgeName(), "cidr": str(subnet),
            "cidr_half": str(list(subnet.subnets(1))[0]), "unregistered": "test:///default",
-           "gateway": address.get("address"), "dhcp_ip": str(subnet.broadcast_address - 30),
+           "gateway": address.get("address"), "dhcp_ip": unheld_addresses(network, subnet.broadcast_address - 30, 1)[0],
            "unreachable": "qemu+unix:///system?socket=%s/nothing/libvirt-sock" % scratch, "tmp": scratch}
     shutil.rmtree(scratch, ignore_errors=True)
 

@@ -6,7 +6,6 @@ Changes that wait for a restart (topology, a new fixed address) are checked in t
 the network, without a second boot (a TCG boot of 2 vCPUs is the bulk of this file's time).
 """
 
-import ipaddress
 import json
 import re
 import time
@@ -15,7 +14,7 @@ import xml.etree.ElementTree as ET
 import libvirt
 import pytest
 
-from conftest import Pool, load_lab, register, run_module, warnings_of
+from conftest import Pool, load_lab, register, run_module, unheld_addresses, warnings_of
 
 NAME = "cap-1"
 OTHER = "cap-2"
@@ -45,20 +44,9 @@ sed 's/^/CAP-SWAPS /' /proc/swaps
 
 def addresses(pool):
     """The two highest addresses of the DHCP range of the pool's network machinery that no host entry reserves and
-    no lease holds. A lease outlives its guest (for its lease time), and the module rightly refuses an address
-    leased to another MAC; a fixed pick near the end of the range met the lease of a guest an earlier test file
-    had deleted, whenever dnsmasq's pick for that guest's MAC happened to fall on it."""
+    no lease holds (a fixed pick met the lease of a guest an earlier file had deleted)."""
     net = pool.conn.networkLookupByName("machinery")
-    tree = ET.fromstring(net.XMLDesc(0))
-    held = {host.get("ip") for host in tree.findall("ip/dhcp/host")} | {lease["ipaddr"] for lease in net.DHCPLeases()}
-    start = ipaddress.IPv4Address(tree.find("ip/dhcp/range").get("start"))
-    address = ipaddress.IPv4Address(tree.find("ip/dhcp/range").get("end"))
-    free = []
-    while len(free) < 2 and address >= start:
-        if str(address) not in held:
-            free.append(str(address))
-        address -= 1
-    return tuple(free)
+    return unheld_addresses(net, ET.fromstring(net.XMLDesc(0)).find("ip/dhcp/range").get("end"), 2)
 
 
 def hosts(pool):
