@@ -112,6 +112,7 @@ packaging: venv
 
 # The integration suite runs on two labs at once (pytest-xdist, one test file at a time per lab): most of its time
 # is guests booting and runs waiting on them, so two labs share the two cores. INTEGRATION_LABS=1 runs it on one.
+# Files go to the labs longest first (tests/integration/durations.json), so no lab ends the run alone on a long one.
 # The inventory tests run a second time under the minimum ansible-core: before 2.19 the plugin marks strings
 # unsafe itself, and warnings and constructed values look different.
 INTEGRATION_LABS ?= 2
@@ -122,6 +123,7 @@ integration: venv core-venv image image-real
 		MACHINERY_LABS=$$(for n in $$(seq 1 $(INTEGRATION_LABS)); do printf '%s:' $(TEST_LAB)$$n/lab.json; done) \
 		MACHINERY_REAL_IMAGE=$(IMAGE_DIR)/machinery-real.qcow2; \
 		$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 -n $(INTEGRATION_LABS) --dist loadfile \
+			--no-loadscope-reorder \
 			tests/integration && \
 		echo "-- the inventory tests under ansible-core $(MIN_CORE)" && \
 		$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py; \

@@ -4,6 +4,7 @@ Modules run as Ansible runs them on a host (their own process, arguments as JSON
 from libvirt itself.
 """
 
+import collections
 import contextlib
 import ipaddress
 import json
@@ -28,6 +29,43 @@ CLASS_SMALL = {"name": "small", "cpu": 1, "memory": "128Mi"}
 OVERCOMMIT = {"cpu": 16.0, "memory": 1.0}
 
 libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+# Seconds each test file took (MACHINERY_DURATIONS_UPDATE=1: a run of whole files that passed writes its files' times
+# into it). A file not in it yet counts as this many.
+DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+NEW_FILE_SECONDS = 60
+_spent = collections.Counter()
+
+
+def _file_of(nodeid):
+    return nodeid.split("::")[0].rsplit("/", 1)[-1]
+
+
+def pytest_collection_modifyitems(items):
+    """The longest files first, each file's tests in their own order. make integration hands whole files to the
+    labs in this order (pytest-xdist --dist loadfile --no-loadscope-reorder), so the files that boot real guests
+    start first and the run ends with short files on both labs, not with one lab still booting a guest."""
+    with open(DURATIONS, encoding="utf-8") as handle:
+        seconds = json.load(handle)
+    items.sort(key=lambda item: (-seconds.get(_file_of(item.nodeid), NEW_FILE_SECONDS), _file_of(item.nodeid)))
+
+
+def pytest_runtest_logreport(report):
+    _spent[_file_of(report.nodeid)] += report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # the files' times as this process saw them: with pytest-xdist, the controller sees every worker's reports
+    if exitstatus != 0 or not os.environ.get("MACHINERY_DURATIONS_UPDATE") or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if session.config.getoption("deselect") or session.config.getoption("keyword"):
+        return
+    with open(DURATIONS, encoding="utf-8") as handle:
+        seconds = json.load(handle)
+    seconds.update((name, round(spent)) for name, spent in _spent.items())
+    with open(DURATIONS, "w", encoding="utf-8") as handle:
+        json.dump(dict(sorted(seconds.items(), key=lambda kv: (-kv[1], kv[0]))), handle, indent=1)
+        handle.write("\n")
 
 
 def lab_file():
