@@ -1,6 +1,6 @@
 """The user story on a real Debian guest: the machines role creates machines from the real image (make image-real),
-the inventory plugin hands them over, a play runs inside them over SSH, the guest agent answers, and a stop goes
-through ACPI to systemd.
+the inventory plugin hands them over, a play runs inside them over SSH, the guest agent answers, a rebuild gives
+one of them a new root on which cloud-init runs again (issue 25), and a stop goes through ACPI to systemd.
 
 The guests are reachable only inside the lab's network namespaces: ssh gets there through a ProxyCommand that
 enters the namespace of the pool's libvirtd (see playbooks/real_guest.yml), the lab's way in.
@@ -18,6 +18,8 @@ import pytest
 
 from conftest import REPO, Pool, load_lab, lab_file, register, run_module, warnings_of
 
+from ansible_collections.machinery.compute.plugins.module_utils.machines import guest as guest_agent
+
 BIN = os.path.dirname(sys.executable)
 PLAYBOOK = os.path.join(REPO, "tests", "integration", "playbooks", "real_guest.yml")
 NAMES = ["real-1", "real-2"]
@@ -26,6 +28,12 @@ CLASS_REAL = {"name": "real", "cpu": 1, "memory": "512Mi"}
 LABELS = {"suite": "real-guest"}
 SHUTDOWN_TIMEOUT = 120
 ROOT_SIZE = "3Gi"
+# The guest the rebuild test gives a new root: it has a data volume, which the rebuild keeps.
+REBUILT = NAMES[1]
+REBUILT_IMAGE = "real-rebuild"
+DATA_VOLUME = {"name": "data", "size": "64Mi"}
+HANDMADE = "/root/written-by-hand"
+RUNCMD_FILE = "/var/tmp/machinery-runcmd"
 
 
 def real_image():
@@ -88,6 +96,7 @@ def story(tmp_path_factory):
     checksum = sha256(image)
     for pool in pools:
         run_module("machine_class", uri=pool.uri, name=CLASS_REAL["name"], state="absent")
+        run_module("machine_image", uri=pool.uri, name=REBUILT_IMAGE, state="absent", force=True)
         # the pool's cached copy of the image, unless a volume still has it as its backing file
         storage = pool.conn.storagePoolLookupByName("machinery")
         storage.refresh(0)
@@ -101,15 +110,18 @@ def story(tmp_path_factory):
 
 def spec(name, public_key, image):
     # root_size beyond the image's 2 GiB: cloud-init's growpart grows the root partition and file system into it
-    return {"name": name, "machine_class": CLASS_REAL["name"], "image": image, "root_size": ROOT_SIZE,
-            "labels": LABELS, "ssh_authorized_keys": [public_key],
-            "cloud_init": {"user_data": {
-                "users": ["default", {"name": "alice", "gecos": "Machinery test user", "shell": "/bin/bash",
-                                      "ssh_authorized_keys": [public_key]}],
-                "write_files": [{"path": "/etc/machinery/cloud-init.txt",
-                                 "content": "written by cloud-init on %s\n" % name}],
-                "runcmd": [["sh", "-c", 'echo "runcmd ran as $(id -un) on $(hostname)" >/var/tmp/machinery-runcmd']],
-            }}}
+    machine = {"name": name, "machine_class": CLASS_REAL["name"], "image": image, "root_size": ROOT_SIZE,
+               "labels": LABELS, "ssh_authorized_keys": [public_key],
+               "cloud_init": {"user_data": {
+                   "users": ["default", {"name": "alice", "gecos": "Machinery test user", "shell": "/bin/bash",
+                                         "ssh_authorized_keys": [public_key]}],
+                   "write_files": [{"path": "/etc/machinery/cloud-init.txt",
+                                    "content": "written by cloud-init on %s\n" % name}],
+                   "runcmd": [["sh", "-c", 'echo "runcmd ran as $(id -un) on $(hostname)" >%s' % RUNCMD_FILE]],
+               }}}
+    if name == REBUILT:
+        machine["volumes"] = [DATA_VOLUME]
+    return machine
 
 
 def playbook(story, **extra):
@@ -235,6 +247,58 @@ def test_tasks_through_the_guest_agent(story):
     rc, result = adhoc(story, name, "ansible.builtin.stat", "path=/etc/machinery-agent.txt")
     assert result["stat"]["mode"] == "0640" and result["stat"]["pw_name"] == "root", result
     print("\ncommand, copy twice, fetch and stat through the guest agent: %.0f s" % (time.monotonic() - started))
+
+
+def in_guest(dom, script, timeout=120):
+    """``script`` run with sh in the guest through its agent: (exit code, stdout and stderr)."""
+    code, out, err = guest_agent.Agent(dom).run("/bin/sh", ["-c", script], timeout=timeout)
+    return code, (out + err).decode(errors="replace")
+
+
+def guest_file(pool, name, path, timeout=600):
+    """The content of ``path`` in the guest once its agent answers and the file is there (cloud-init writes it
+    late in the boot): asked again until the deadline, each answer is the guest's own."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            return guest_agent.Agent(pool.domain(name)).read_file(path).decode()
+        except guest_agent.AgentError as exc:
+            last = exc
+        time.sleep(1)
+    raise AssertionError("%s never had %s: %s" % (name, path, last))
+
+
+def test_rebuild_runs_cloud_init_again_on_a_new_root(story, capsys):
+    """A rebuild of a running real guest (rebuild: true and another image): the machine shuts down through ACPI and
+    starts on a new root where cloud-init runs again for the new instance id; a file written by hand on the old
+    root is gone; the data volume keeps its file system and its file."""
+    pool = where(story["pools"], REBUILT)
+    assert guest_file(pool, REBUILT, "/var/lib/cloud/data/instance-id").strip() == "iid-%s" % REBUILT
+    code, out = in_guest(pool.domain(REBUILT), "mkfs.ext4 -q /dev/vdb && mount /dev/vdb /mnt && echo kept "
+                         ">/mnt/data-file && umount /mnt && echo old-root >%s && rm %s && sync"
+                         % (HANDMADE, RUNCMD_FILE))
+    assert code == 0, out
+    # the same file published under a name: another image for the machine, so a rebuild; its root is new
+    published = run_module("machine_image", uri=pool.uri, name=REBUILT_IMAGE, path=story["image"])
+    assert not published.get("failed"), published
+    load = os.getloadavg()
+    asked = time.monotonic()
+    rebuilt = run_module("machine", uri=pool.uri, shutdown_timeout=SHUTDOWN_TIMEOUT, rebuild=True,
+                         **dict(spec(REBUILT, story["public_key"], story["image"]), image=REBUILT_IMAGE))
+    ran = time.monotonic() - asked
+    assert rebuilt["changed"] is True and rebuilt["actions"] == ["rebuild"], rebuilt
+    assert not rebuilt.get("warnings"), rebuilt  # shut down through ACPI, not forced
+    assert guest_file(pool, REBUILT, "/var/lib/cloud/data/instance-id").strip() == "iid-%s.r1" % REBUILT
+    # runcmd ran again in the new root (the file was removed from the old one before the rebuild)
+    assert guest_file(pool, REBUILT, RUNCMD_FILE) == "runcmd ran as root on %s\n" % REBUILT
+    ready = time.monotonic() - asked
+    code, out = in_guest(pool.domain(REBUILT), "test -e %s; echo gone=$?; mount /dev/vdb /mnt && cat /mnt/data-file; "
+                         "umount /mnt" % HANDMADE)
+    assert code == 0 and out.split() == ["gone=1", "kept"], out
+    with capsys.disabled():
+        print("\nreal guest rebuild: the run %.1f s (ACPI shutdown included), until cloud-init ran again %.1f s; "
+              "load average before %.2f %.2f %.2f" % ((ran, ready) + load))
 
 
 def test_graceful_stop_through_acpi(story):

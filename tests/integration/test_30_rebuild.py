@@ -4,8 +4,9 @@ running; a machine with snapshots is refused.
 
 Every effect is checked from libvirt, and what the guest got from inside it: the busybox test image runs the
 user-data script at each boot, and the script prints the instance id of the seed it was given (the console log
-starts over at each start of the domain). The last test does it on the real Debian image: cloud-init runs again in
-the new root, a file written by hand on the old root is gone, and the data volume's file is still there.
+starts over at each start of the domain). The same on the real Debian image (cloud-init runs again in the new root,
+a file written by hand on the old root is gone, the data volume's file is still there) is in test_12, on one of its
+guests: a real guest's boot is the costliest thing in the suite.
 """
 
 import contextlib
@@ -23,8 +24,6 @@ import libvirt
 import pytest
 
 from conftest import NS, first_pool, load_lab, run_module
-
-from ansible_collections.machinery.compute.plugins.module_utils.machines import guest
 
 NAME = "rb-web"
 DATA = "rb-data"
@@ -324,90 +323,3 @@ def test_delete_removes_the_rebuilt_roots_volumes(rebuilt):
     assert deleted["changed"] is True and not deleted.get("failed"), deleted
     assert [name for name in pool.volumes() if name.startswith(NAME)] == []
     assert DATA in pool.volumes()  # an existing volume is not the machine's
-
-
-# --- on the real Debian image: cloud-init runs again in the new root ---------------------------------------------
-
-REAL = "rb-real"
-REAL_IMAGE = "rb-real-image"
-CLASS_REAL = {"name": "rb-real", "cpu": 1, "memory": "512Mi"}
-IID_FILE = "/var/tmp/rebuild-iid"
-HANDMADE = "/root/written-by-hand"
-GUEST_TIMEOUT = 600
-
-
-def real_image():
-    """machinery-real.qcow2 beside the lab's busybox image (make image-real), or $MACHINERY_REAL_IMAGE."""
-    path = os.environ.get("MACHINERY_REAL_IMAGE") or os.path.join(os.path.dirname(load_lab()["image"]),
-                                                                  "machinery-real.qcow2")
-    if not os.path.isfile(path):
-        pytest.skip("no real test image at %s (make image-real)" % path)
-    return path
-
-
-def in_guest(agent, script, timeout=120):
-    """Run ``script`` with sh in the guest through its agent: (exit code, stdout)."""
-    code, out, err = agent.run("/bin/sh", ["-c", script], timeout=timeout)
-    return code, (out + err).decode(errors="replace")
-
-
-def guest_file(pool, name, path, timeout=GUEST_TIMEOUT):
-    """The content of ``path`` in the guest once its agent answers and the file is there (cloud-init writes it
-    late in the boot): asked again until the deadline, each answer is the guest's own."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            return guest.Agent(pool.domain(name)).read_file(path).decode()
-        except guest.AgentError as exc:
-            last = exc
-        time.sleep(1)
-    raise AssertionError("%s never had %s: %s" % (name, path, last))
-
-
-def clean_real(pool):
-    run_module("machine", uri=pool.uri, name=REAL, state="absent", shutdown_timeout=5)
-    run_module("machine_image", uri=pool.uri, name=REAL_IMAGE, state="absent", force=True)
-    run_module("machine_class", uri=pool.uri, name=CLASS_REAL["name"], state="absent", force=True)
-
-
-def test_real_guest_runs_cloud_init_again_on_its_new_root(capsys):
-    """One machine of the real image: a file written by hand on the old root is gone after the rebuild, cloud-init
-    wrote the new instance id, and the file system of the data volume still holds its file."""
-    image = real_image()
-    started = time.monotonic()
-    with first_pool(clean_real) as pool:
-        published = run_module("machine_class", uri=pool.uri, **CLASS_REAL)
-        assert not published.get("failed"), published
-        args = dict(uri=pool.uri, name=REAL, image=image, machine_class=CLASS_REAL["name"], root_size="3Gi",
-                    volumes=[{"name": "data", "size": "64Mi"}], shutdown_timeout=120,
-                    cloud_init={"user_data": {"runcmd": [
-                        ["sh", "-c", "cat /var/lib/cloud/data/instance-id > %s.new && mv %s.new %s"
-                         % (IID_FILE, IID_FILE, IID_FILE)]]}})
-        created = run_module("machine", **args)
-        assert not created.get("failed"), created
-        assert guest_file(pool, REAL, IID_FILE).strip() == "iid-%s" % REAL
-        agent = guest.Agent(pool.domain(REAL))
-        code, out = in_guest(agent, "mkfs.ext4 -q /dev/vdb && mount /dev/vdb /mnt && echo kept >/mnt/data-file && "
-                                    "umount /mnt && echo old-root >%s && sync" % HANDMADE)
-        assert code == 0, out
-        # the same file published under a name: another image for the machine, so a rebuild; its root is new
-        published = run_module("machine_image", uri=pool.uri, name=REAL_IMAGE, path=image)
-        assert not published.get("failed"), published
-        load = os.getloadavg()
-        asked = time.monotonic()
-        with Downtime(pool.uri, REAL) as downtime:
-            rebuilt = run_module("machine", **{**args, "image": REAL_IMAGE, "rebuild": True})
-        ran = time.monotonic() - asked
-        assert rebuilt["changed"] is True and rebuilt["actions"] == ["rebuild"], rebuilt
-        assert not rebuilt.get("warnings"), rebuilt  # shut down through ACPI, not forced
-        assert guest_file(pool, REAL, IID_FILE).strip() == "iid-%s.r1" % REAL  # cloud-init ran again
-        ready = time.monotonic() - asked
-        agent = guest.Agent(pool.domain(REAL))
-        code, out = in_guest(agent, "test -e %s; echo gone=$?; mount /dev/vdb /mnt && cat /mnt/data-file; "
-                                    "umount /mnt" % HANDMADE)
-        assert code == 0 and out.split() == ["gone=1", "kept"], out
-        with capsys.disabled():
-            print("\nreal guest: rebuild run %.1f s (ACPI shutdown included), shut off -> running %.1f s, from the "
-                  "run's start until cloud-init wrote the new instance id %.1f s; load average before %.2f %.2f %.2f; whole test %.0f s"
-                  % ((ran, downtime.seconds, ready) + load + (time.monotonic() - started,)))
