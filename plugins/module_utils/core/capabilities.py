@@ -17,6 +17,7 @@ planner and apply use them. Nothing here talks to libvirt.
 from __future__ import annotations
 
 import ipaddress
+import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
@@ -243,7 +244,8 @@ def address(value, field):
 def check_reservation(ip, mac, network, net_info, leases, field, owner_of=None):
     """Refuse an address outside the network's DHCP range, or one another MAC holds (a host entry or a lease).
 
-    ``net_info`` is elements.read_network of the network, ``leases`` [(mac, ip)] its current leases,
+    ``net_info`` is elements.read_network of the network, ``leases`` [(mac, ip, expiry time or None)] its current
+    leases,
     ``owner_of(mac)`` names the machine of a MAC (for the message)."""
     ip = address(ip, field)
     if not net_info.get("cidr") or not net_info.get("dhcp_start"):
@@ -258,9 +260,14 @@ def check_reservation(ip, mac, network, net_info, leases, field, owner_of=None):
             holder = (owner_of and owner_of(host.get("mac"))) or host.get("name") or host.get("mac")
             raise ConflictError("%s is reserved on network %s for %s (MAC %s)" % (ip, network, holder, host.get("mac")),
                                 field)
-    for lease_mac, lease_ip in leases or []:
+    for lease_mac, lease_ip, expiry in leases or []:
         if lease_ip == str(ip) and (lease_mac or "").lower() != mac:
-            raise ConflictError("%s is leased on network %s to MAC %s" % (ip, network, lease_mac), field)
+            # dnsmasq hands no configured address to a MAC while another MAC's lease holds it, and a lease
+            # outlives its guest: say until when, for the user who deleted that guest a moment ago
+            until = " until %s" % time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expiry)) if expiry else ""
+            raise ConflictError("%s is leased on network %s to MAC %s%s; a lease outlives its guest, and the "
+                                "network's DHCP server gives no other MAC the address before the lease ends"
+                                % (ip, network, lease_mac, until), field)
     return str(ip)
 
 

@@ -335,7 +335,7 @@ def network_facts(net):
     leases = []
     if net.isActive():
         try:
-            leases = [(lease.get("mac"), lease.get("ipaddr")) for lease in net.DHCPLeases()]
+            leases = [(lease.get("mac"), lease.get("ipaddr"), lease.get("expirytime")) for lease in net.DHCPLeases()]
         except lv.libvirt.libvirtError:
             leases = []
     return {"info": info, "leases": leases}

@@ -120,7 +120,7 @@ def test_reservation_inside_the_range_and_free():
     assert cap.check_reservation("192.168.100.20", MAC, "machinery", NETWORK, [], "ip") == "192.168.100.20"
     # the NIC's own reservation and lease are no conflict
     assert cap.check_reservation("192.168.100.50", "52:54:00:aa:bb:cc", "machinery", NETWORK,
-                                 [("52:54:00:aa:bb:cc", "192.168.100.50")], "ip") == "192.168.100.50"
+                                 [("52:54:00:aa:bb:cc", "192.168.100.50", None)], "ip") == "192.168.100.50"
 
 
 @pytest.mark.parametrize("ip, leases, error, words", [
@@ -129,7 +129,11 @@ def test_reservation_inside_the_range_and_free():
     ("192.168.100.255", [], ValidationError, "outside the DHCP range"),
     ("not-an-ip", [], ValidationError, "not an IPv4 address"),
     ("192.168.100.50", [], ConflictError, "reserved on network machinery for db-1"),
-    ("192.168.100.60", [("52:54:00:99:99:99", "192.168.100.60")], ConflictError, "leased"),
+    ("192.168.100.60", [("52:54:00:99:99:99", "192.168.100.60", None)], ConflictError,
+     "leased on network machinery to MAC 52:54:00:99:99:99; a lease outlives its guest"),
+    # the lease's end, in UTC, when libvirt tells it
+    ("192.168.100.60", [("52:54:00:99:99:99", "192.168.100.60", 1795000000)], ConflictError,
+     "to MAC 52:54:00:99:99:99 until 2026-11-18T11:06:40Z;"),
 ])
 def test_reservation_refused(ip, leases, error, words):
     with pytest.raises(error) as raised:
