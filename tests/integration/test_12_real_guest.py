@@ -285,7 +285,7 @@ def test_rebuild_runs_cloud_init_again_on_a_new_root(story, capsys):
     load = os.getloadavg()
     asked = time.monotonic()
     rebuilt = run_module("machine", uri=pool.uri, shutdown_timeout=SHUTDOWN_TIMEOUT, rebuild=True,
-                         **dict(spec(REBUILT, story["public_key"], story["image"]), image=REBUILT_IMAGE))
+                         **spec(REBUILT, story["public_key"], REBUILT_IMAGE))
     ran = time.monotonic() - asked
     assert rebuilt["changed"] is True and rebuilt["actions"] == ["rebuild"], rebuilt
     assert not rebuilt.get("warnings"), rebuilt  # shut down through ACPI, not forced
