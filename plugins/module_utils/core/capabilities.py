@@ -245,8 +245,7 @@ def check_reservation(ip, mac, network, net_info, leases, field, owner_of=None):
     """Refuse an address outside the network's DHCP range, or one another MAC holds (a host entry or a lease).
 
     ``net_info`` is elements.read_network of the network, ``leases`` [(mac, ip, expiry time or None)] its current
-    leases,
-    ``owner_of(mac)`` names the machine of a MAC (for the message)."""
+    leases, ``owner_of(mac)`` names the machine of a MAC (for the message)."""
     ip = address(ip, field)
     if not net_info.get("cidr") or not net_info.get("dhcp_start"):
         raise ValidationError("network %s has no DHCP range to reserve an address in" % network, field)
