@@ -30,11 +30,13 @@ done
 echo listening
 """ % (ALLOWED, BLOCKED)
 
+# busybox nc's -w bounds the connect only: a connection made just before the server's groups change, whose
+# answer the new rules then drop, would block its read, and with it every later round. timeout ends such a probe.
 CLIENT_SCRIPT = """#!/bin/sh
 round=0
 while :; do
     for port in %d %d; do
-        if [ "$(nc -w 3 %%s "$port" </dev/null 2>/dev/null)" = open ]; then
+        if [ "$(timeout -s KILL 6 nc -w 3 %%s "$port" </dev/null 2>/dev/null)" = open ]; then
             echo "MACHINERY-PROBE $round $port open"
         else
             echo "MACHINERY-PROBE $round $port closed"
