@@ -19,6 +19,7 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt
 	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils
 
 .PHONY: help deps venv core-venv image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
+	sanity-and-lint molecule-and-packaging \
 	packaging integration molecule docs docs-lint benchmark benchmark-scale clean
 
 help:
@@ -117,9 +118,14 @@ packaging: venv
 # The inventory tests run a second time under the minimum ansible-core: before 2.19 the plugin marks strings
 # unsafe itself, and warnings and constructed values look different.
 INTEGRATION_LABS ?= 3
+# The labs come up at once (each takes about 14 s, mostly waiting on its daemons); when one fails, all go down.
 integration: venv core-venv image image-real
-	for n in $$(seq 1 $(INTEGRATION_LABS)); do \
-		python3 lab/lab.py up --pools 3 --dir $(TEST_LAB)$$n --image $(IMAGE_DIR)/machinery-test.qcow2 || exit 1; done
+	pids=; for n in $$(seq 1 $(INTEGRATION_LABS)); do \
+		python3 lab/lab.py up --pools 3 --dir $(TEST_LAB)$$n --image $(IMAGE_DIR)/machinery-test.qcow2 & \
+		pids="$$pids $$!"; done; \
+	status=0; for pid in $$pids; do wait $$pid || status=1; done; \
+	if [ $$status -ne 0 ]; then \
+		for n in $$(seq 1 $(INTEGRATION_LABS)); do python3 lab/lab.py down --dir $(TEST_LAB)$$n; done; exit 1; fi
 	set -o pipefail; export MACHINERY_LAB=$(TEST_LAB)1/lab.json \
 		MACHINERY_LABS=$$(for n in $$(seq 1 $(INTEGRATION_LABS)); do printf '%s:' $(TEST_LAB)$$n/lab.json; done) \
 		MACHINERY_REAL_IMAGE=$(IMAGE_DIR)/machinery-real.qcow2; \
@@ -131,17 +137,31 @@ integration: venv core-venv image image-real
 		status=$$?; for n in $$(seq 1 $(INTEGRATION_LABS)); do python3 lab/lab.py down --dir $(TEST_LAB)$$n; done; \
 		exit $$status
 
-# The checks that need no lab run beside the roles' molecule scenarios: they use the CPU while molecule's guests
-# boot and its plays wait on them. Each of the two shows its output whole when it ends (molecule first or second).
-# (The real image is not built beside them: it competes for the same CPU, and the stage took longer that way.)
-test: venv core-venv image
-	$(MAKE) --no-print-directory unit
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse checks molecule
+# make test in three stages, each keeping both cores busy:
+# 1. the virtual environments, the busybox image and the unit tests, beside the real image's build (pip and
+#    mmdebstrap each keep about one core busy, and the unit tests need no image);
+# 2. the checks that need no lab beside the roles' molecule scenarios, which use the CPU while molecule's guests
+#    boot and its plays wait on them. ansible-test sanity and ansible-lint on one side, molecule then the docs lint
+#    and the packaging test on the other, so the two sides end together;
+# 3. the integration suite.
+# Each parallel job shows its output whole when it ends. The apt packages come first, so no two jobs run apt-get.
+test:
+	$(MAKE) --no-print-directory deps
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse unit image image-real
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse sanity-and-lint molecule-and-packaging
 	$(MAKE) --no-print-directory integration
 
 checks: venv
+	$(MAKE) --no-print-directory sanity-and-lint
+	$(MAKE) --no-print-directory docs-lint
+	$(MAKE) --no-print-directory packaging
+
+sanity-and-lint: venv
 	$(MAKE) --no-print-directory sanity
 	$(MAKE) --no-print-directory lint
+
+molecule-and-packaging: venv image
+	$(MAKE) --no-print-directory molecule
 	$(MAKE) --no-print-directory docs-lint
 	$(MAKE) --no-print-directory packaging
 
