@@ -118,24 +118,24 @@ packaging: venv
 # The inventory tests run a second time under the minimum ansible-core: before 2.19 the plugin marks strings
 # unsafe itself, and warnings and constructed values look different.
 INTEGRATION_LABS ?= 3
+INTEGRATION_LAB_DIRS = $(foreach n,$(shell seq 1 $(INTEGRATION_LABS)),$(TEST_LAB)$(n))
+INTEGRATION_LABS_DOWN = for dir in $(INTEGRATION_LAB_DIRS); do python3 lab/lab.py down --dir $$dir; done
 # The labs come up at once (each takes about 14 s, mostly waiting on its daemons); when one fails, all go down.
 integration: venv core-venv image image-real
-	pids=; for n in $$(seq 1 $(INTEGRATION_LABS)); do \
-		python3 lab/lab.py up --pools 3 --dir $(TEST_LAB)$$n --image $(IMAGE_DIR)/machinery-test.qcow2 & \
-		pids="$$pids $$!"; done; \
+	pids=; for dir in $(INTEGRATION_LAB_DIRS); do \
+		python3 lab/lab.py up --pools 3 --dir $$dir --image $(IMAGE_DIR)/machinery-test.qcow2 & pids="$$pids $$!"; \
+	done; \
 	status=0; for pid in $$pids; do wait $$pid || status=1; done; \
-	if [ $$status -ne 0 ]; then \
-		for n in $$(seq 1 $(INTEGRATION_LABS)); do python3 lab/lab.py down --dir $(TEST_LAB)$$n; done; exit 1; fi
+	if [ $$status -ne 0 ]; then $(INTEGRATION_LABS_DOWN); exit 1; fi
 	set -o pipefail; export MACHINERY_LAB=$(TEST_LAB)1/lab.json \
-		MACHINERY_LABS=$$(for n in $$(seq 1 $(INTEGRATION_LABS)); do printf '%s:' $(TEST_LAB)$$n/lab.json; done) \
+		MACHINERY_LABS=$$(printf '%s/lab.json:' $(INTEGRATION_LAB_DIRS)) \
 		MACHINERY_REAL_IMAGE=$(IMAGE_DIR)/machinery-real.qcow2; \
 		$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 -n $(INTEGRATION_LABS) --dist loadfile \
 			--no-loadscope-reorder \
 			tests/integration && \
 		echo "-- the inventory tests under ansible-core $(MIN_CORE)" && \
 		$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py; \
-		status=$$?; for n in $$(seq 1 $(INTEGRATION_LABS)); do python3 lab/lab.py down --dir $(TEST_LAB)$$n; done; \
-		exit $$status
+		status=$$?; $(INTEGRATION_LABS_DOWN); exit $$status
 
 # make test in three stages, each keeping both cores busy:
 # 1. the virtual environments, the busybox image and the unit tests, beside the real image's build (pip and
