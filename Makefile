@@ -55,8 +55,11 @@ venv: $(VENV)/.stamp
 core-venv: venv
 	bash tests/core_venv.sh $(VENV) $(MIN_CORE) >/dev/null
 
+# The busybox image, and the idle image (lab/image/idle) for tests that need a machine running but never look
+# inside it.
 image: deps
 	@bash lab/image/build.sh $(IMAGE_DIR) | tail -n 1
+	@bash lab/image/idle/build.sh $(IMAGE_DIR) | tail -n 1
 
 # A real Debian 12 guest (systemd, cloud-init, sshd, Python, the guest agent) for the tests and the demo that
 # work inside machines; the busybox image above stays the fast default.

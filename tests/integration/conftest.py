@@ -147,6 +147,16 @@ def image(lab):
     return lab["image"]
 
 
+@pytest.fixture(scope="session")
+def idle_image(lab):
+    """The idle image beside the lab's busybox image (make image): a guest that runs, prints MACHINERY-IDLE and
+    powers off at the ACPI power button, and does nothing else: no network, no agent, no hot-unplug. For tests
+    that read a running machine from libvirt only, it saves the busybox boot's 7 CPU seconds."""
+    path = os.path.join(os.path.dirname(lab["image"]), "machinery-idle.qcow2")
+    assert os.path.isfile(path), "the lab has no idle image at %s (make image)" % path
+    return path
+
+
 class ModuleRun:
     """machinery.compute.<name> started in a process (and process group) of its own, its arguments as JSON in a
     file, as Ansible runs a module on a host. Its output goes to files, so a run nobody reads never blocks."""
