@@ -1,6 +1,14 @@
 """machine_class: lifecycle, in-use protection, bad input."""
 
+import pytest
+
 from conftest import OVERCOMMIT, assert_failed
+
+
+@pytest.fixture(name="image", scope="session")
+def idle_guest_image(idle_image):
+    """Nothing here looks inside a guest: its machines run the idle image (conftest.idle_image), at no CPU cost."""
+    return idle_image
 
 
 def class_volumes(pool, name):

@@ -13,12 +13,14 @@ def play(lab_file, tmp_path, tag, **extra):
     return run_playbook(PLAYBOOK, tmp_path / ("vars-%s.json" % tag), dict(extra, lab_file=lab_file))
 
 
-def test_roles_converge_idempotent_and_delete(registered, image, tmp_path):
+def test_roles_converge_idempotent_and_delete(registered, image, idle_image, tmp_path):
     pools = registered
     names = ["role-%d" % index for index in range(6)]
-    machines = [{"name": name, "machine_class": "small", "image": image, "labels": {"suite": "roles"},
+    # only role-0 boots an operating system (the busybox image): it waits for its DHCP address; the others run the
+    # idle image (conftest.idle_image)
+    machines = [{"name": name, "machine_class": "small", "image": idle_image, "labels": {"suite": "roles"},
                  "network_interfaces": []} for name in names]
-    machines[0].update(network_interfaces=[{"name": "eth0", "network": "machinery"}], wait="address")
+    machines[0].update(image=image, network_interfaces=[{"name": "eth0", "network": "machinery"}], wait="address")
     gone = [{"name": name, "state": "absent"} for name in names]
     play(lab_file(), tmp_path, "clean", machines=gone)
     assert defined_on(pools, names) == {}

@@ -2,7 +2,16 @@
 
 import json
 
+import pytest
+
 from conftest import assert_failed
+
+
+@pytest.fixture(name="image", scope="session")
+def idle_guest_image(idle_image):
+    """Nothing here looks inside a guest: its machines run the idle image (conftest.idle_image), at no CPU cost."""
+    return idle_image
+
 
 SECRET = "batch-secret-value-91c2"
 

@@ -3,7 +3,16 @@ of the action group reaching every module of it in a real play."""
 
 import os
 
+import pytest
+
 from conftest import OVERCOMMIT, REPO, assert_failed, lab_file, register, run_playbook, warnings_of
+
+
+@pytest.fixture(name="image", scope="session")
+def idle_guest_image(idle_image):
+    """Nothing here looks inside a guest: its machines run the idle image (conftest.idle_image), at no CPU cost."""
+    return idle_image
+
 
 PLAYBOOK = os.path.join(REPO, "tests", "integration", "playbooks", "module_defaults.yml")
 UNREACHABLE = "qemu+unix:///system?socket=/nonexistent/sock"

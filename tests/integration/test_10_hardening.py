@@ -304,13 +304,13 @@ def kill_a_delete(pool, image, name, rng):
 KILL_ROUNDS = [(kill_a_create, delete), (kill_a_create, converge, delete), (kill_a_create, delete), (kill_a_delete,)]
 
 
-def test_killed_creates_and_deletes_leave_nothing_behind(pool, image):
+def test_killed_creates_and_deletes_leave_nothing_behind(pool, idle_image):
     rng = random.Random(SEED)
     for index in range(16):
         name = "kill-%d" % index
         run("machine", uri=pool.uri, name=name, state="absent")
         for step in KILL_ROUNDS[index % len(KILL_ROUNDS)]:
-            step(pool, image, name, rng)
+            step(pool, idle_image, name, rng)
         assert pool.domain(name) is None
         assert orphans(pool, name + "-") == [], name
         assert registry_leftovers(pool) == []

@@ -217,13 +217,13 @@ def whole(pool, name):
     return files - {"%s-console.log" % name} <= set(listed(pool))
 
 
-def test_moves_killed_midway_are_finished_or_rolled_back_by_a_rerun(registered, image, capsys):
+def test_moves_killed_midway_are_finished_or_rolled_back_by_a_rerun(registered, idle_image, capsys):
     pools = registered
     name = "mig-kill"
     rng = random.Random(SEED)
     killed = 0
     try:
-        make(pools[1], image, name, data="8Mi")
+        make(pools[1], idle_image, name, data="8Mi")
         for round_number, moment in enumerate(rng.sample(sorted(MOMENTS), len(MOMENTS))):
             source = homes(pools, name)[0]
             target = pools[2] if source is pools[1] else pools[1]

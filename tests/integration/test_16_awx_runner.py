@@ -33,6 +33,13 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from conftest import OVERCOMMIT, Pool, load_lab, run_module
 
+
+@pytest.fixture(name="image", scope="session")
+def idle_guest_image(idle_image):
+    """Nothing here looks inside a guest: its machines run the idle image (conftest.idle_image), at no CPU cost."""
+    return idle_image
+
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 CREDENTIAL_TYPE = REPO / "extensions" / "awx" / "credential_type_libvirt_pools.yml"

@@ -18,6 +18,13 @@ import pytest
 
 from conftest import REPO, load_lab
 
+
+@pytest.fixture(name="image", scope="session")
+def idle_guest_image(idle_image):
+    """Nothing here looks inside a guest: its machines run the idle image (conftest.idle_image), at no CPU cost."""
+    return idle_image
+
+
 BIN = os.path.dirname(sys.executable)
 
 

@@ -8,11 +8,19 @@ import threading
 import time
 
 import libvirt
+import pytest
 
 from conftest import ModuleRun, run_module
 from test_13_migrate import fleet, homes, journals, listed, make, owned_volumes, play, remove
 
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+
+
+@pytest.fixture(name="image", scope="session")
+def idle_guest_image(idle_image):
+    """Nothing here looks inside a guest: its machines run the idle image (conftest.idle_image), at no CPU cost."""
+    return idle_image
+
 
 FILES = ("cidata.iso", "data.qcow2", "root.qcow2")
 

@@ -65,10 +65,10 @@ def kill_mid_run(proc, args_file):
 
 # --- 1. secrets ---------------------------------------------------------------------------------------------
 
-def test_a_sets_registry_document_keeps_no_passphrase(registered, image):
+def test_a_sets_registry_document_keeps_no_passphrase(registered, idle_image):
     pools = registered
     args = dict(pools=entries(pools), name="lf-secret", replicas=0, selector={"match_labels": {"app": "lf-secret"}},
-                template={"machine_class": "small", "image": image, "labels": {"app": "lf-secret"},
+                template={"machine_class": "small", "image": idle_image, "labels": {"app": "lf-secret"},
                           "network_interfaces": [],
                           "volumes": [{"name": "secure", "size": "16Mi", "encrypted": True,
                                        "passphrase": PASSPHRASE}]})
@@ -165,11 +165,11 @@ def make_volume(pool, name, size=4096):
                       "</target></volume>" % (name, size), 0)
 
 
-def test_an_orphan_console_log_is_replaced_by_a_move_and_removed_by_absent(registered, image):
+def test_an_orphan_console_log_is_replaced_by_a_move_and_removed_by_absent(registered, idle_image):
     source, target = registered[0], registered[1]
     name = "lf-mover"
     try:
-        made = run_module("machine", uri=source.uri, name=name, machine_class="small", image=image,
+        made = run_module("machine", uri=source.uri, name=name, machine_class="small", image=idle_image,
                           network_interfaces=[])  # running: it has a console log the move takes along
         assert not made.get("failed"), made
         assert "%s-console.log" % name in source.volumes()
@@ -209,10 +209,10 @@ def settled(pool, timeout=120):
         time.sleep(0.1)
 
 
-def test_a_killed_create_leaves_no_passphrase_secret_after_absent(registered, image):
+def test_a_killed_create_leaves_no_passphrase_secret_after_absent(registered, idle_image):
     pool = registered[0]
     name = "lf-luks"
-    proc, args_file = start_module("machine", uri=pool.uri, name=name, machine_class="small", image=image,
+    proc, args_file = start_module("machine", uri=pool.uri, name=name, machine_class="small", image=idle_image,
                                    network_interfaces=[], state="present",
                                    volumes=[{"name": "secure", "size": "16Mi", "encrypted": True,
                                              "passphrase": PASSPHRASE}])
@@ -272,11 +272,11 @@ def running_members(pools, set_name):
     return count
 
 
-def test_a_rollout_keeps_its_floor_and_finishes(registered, image):
+def test_a_rollout_keeps_its_floor_and_finishes(registered, idle_image):
     pools = registered
     name = "lf-roll"
     args = dict(pools=entries(pools), name=name, replicas=3, selector={"match_labels": {"app": name}},
-                template={"machine_class": "small", "image": image, "labels": {"app": name},
+                template={"machine_class": "small", "image": idle_image, "labels": {"app": name},
                           "network_interfaces": []}, wait="running", shutdown_timeout=2)
     try:
         made = run_module("machine_set", **args)
@@ -309,13 +309,13 @@ VOLUME_DOC = {"apiVersion": "storage.ironcore.dev/v1alpha1", "kind": "Volume", "
               "spec": {"resources": {"storage": "16Mi"}}}
 
 
-def test_a_failed_absent_says_what_it_did_and_a_rerun_finishes(registered, image):
+def test_a_failed_absent_says_what_it_did_and_a_rerun_finishes(registered, idle_image):
     pools = registered
     user = pools[2]
     try:
         applied = run_module("manifest", pools=entries(pools), definition=[CLASS_DOC, VOLUME_DOC])
         assert not applied.get("failed"), applied
-        used = run_module("machine", uri=user.uri, name="lf-user", machine_class="lf-cls", image=image,
+        used = run_module("machine", uri=user.uri, name="lf-user", machine_class="lf-cls", image=idle_image,
                           network_interfaces=[], state="present")
         assert not used.get("failed"), used
         failed = run_module("manifest", pools=entries(pools), definition=[CLASS_DOC, VOLUME_DOC], state="absent")
@@ -333,11 +333,11 @@ def test_a_failed_absent_says_what_it_did_and_a_rerun_finishes(registered, image
         run_module("manifest", pools=entries(pools), definition=[CLASS_DOC, VOLUME_DOC], state="absent")
 
 
-def test_a_failed_set_run_reports_changed_and_what_it_made(registered, image):
+def test_a_failed_set_run_reports_changed_and_what_it_made(registered, idle_image):
     pools = registered
     name = "lf-half"
     args = dict(pools=entries(pools), name=name, replicas=2, selector={"match_labels": {"app": name}},
-                template={"machine_class": "small", "image": image, "labels": {"app": name},
+                template={"machine_class": "small", "image": idle_image, "labels": {"app": name},
                           "network_interfaces": [], "volumes": [{"name": "data", "size": "16Mi"}]},
                 shutdown_timeout=2)
     try:

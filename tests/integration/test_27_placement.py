@@ -3,6 +3,13 @@ scheduler. Every placement is checked from libvirt itself; every machine made he
 
 import pytest
 
+
+@pytest.fixture(name="image", scope="session")
+def idle_guest_image(idle_image):
+    """Nothing here looks inside a guest: its machines run the idle image (conftest.idle_image), at no CPU cost."""
+    return idle_image
+
+
 PREFIX = "place-"
 
 
