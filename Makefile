@@ -124,7 +124,11 @@ INTEGRATION_LABS ?= 3
 INTEGRATION_LAB_DIRS = $(foreach n,$(shell seq 1 $(INTEGRATION_LABS)),$(TEST_LAB)$(n))
 INTEGRATION_LABS_DOWN = for dir in $(INTEGRATION_LAB_DIRS); do python3 lab/lab.py down --dir $$dir; done
 # The labs come up at once (each takes about 14 s, mostly waiting on its daemons); when one fails, all go down.
+# The suite starts some 1,500 Python processes (module runs, ansible-playbook) that import the collection's code
+# from this tree: it is compiled once first, so none compiles it again (0.4 CPU s a module run without bytecode,
+# 0.25 with; Python reads bytecode even where PYTHONDONTWRITEBYTECODE keeps it from writing any).
 integration: venv core-venv image image-real
+	$(PY) -m compileall -q plugins
 	pids=; for dir in $(INTEGRATION_LAB_DIRS); do \
 		python3 lab/lab.py up --pools 3 --dir $$dir --image $(IMAGE_DIR)/machinery-test.qcow2 & pids="$$pids $$!"; \
 	done; \
