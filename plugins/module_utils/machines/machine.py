@@ -214,9 +214,10 @@ def resize_refusal(prm, spec, grows, pool, cause):
     return refusal
 
 
-def plan_machine(spec, observed, record=None):
+def plan_machine(spec, observed, record=None, current=None):
     """The actions that take the machine from ``observed`` to ``spec``; ``record`` is the machine's record
-    (the one about to be written when the plan adopts the domain)."""
+    (the one about to be written when the plan adopts the domain); ``current`` its owned values
+    (options.owned_values of the observed tree and that record) when the caller read them already."""
     name = spec["name"]
     if spec["state"] == "absent":
         if not observed.exists:
@@ -246,7 +247,7 @@ def plan_machine(spec, observed, record=None):
         actions.append(Action("adopt", name, steps=[step("write_record", name), step("define", name)],
                               record=record))
     warnings = device_request_warnings(spec, record)
-    current = options.owned_values(observed.tree, record)
+    current = current if current is not None else options.owned_values(observed.tree, record)
     names = options.changed_fields(current, spec)
     rebuild = rebuild_action(spec, record, observed.active, observed.snapshots)
     if rebuild is not None and "boot_config" in names:
@@ -289,12 +290,29 @@ def plan_machine(spec, observed, record=None):
 
 
 class Prepared:
-    """A spec normalized against one observation (a batch's check-mode preflight), for the real run to reuse
-    while its own observation says the same."""
+    """A spec normalized against one observation of the machine on one pool (a batch's check-mode preflight), for
+    the real run on that pool to reuse while its own observation says the same.
 
-    def __init__(self, spec, observed):
+    The key is taken when the real run first compares it: most machines of a batch are converged already and
+    never need it, and until then nothing has written to what the preflight observed (a check-mode run writes
+    nothing, and the real run compares before it applies)."""
+
+    def __init__(self, spec, observed, uri):
         self.spec = spec
-        self.key = observation_key(observed)
+        self.uri = uri
+        self._observed = observed
+        self._key = None
+
+    @property
+    def key(self):
+        if self._observed is not None:
+            self._key, self._observed = observation_key(self._observed), None
+        return self._key
+
+    def matches(self, observed, uri):
+        """Whether the real run on ``uri`` observes what the preflight did (a machine rescheduled to another
+        pool is normalized anew, against that pool's images, networks and storage)."""
+        return uri == self.uri and self.key == observation_key(observed)
 
 
 def observation_key(observed):
@@ -390,8 +408,9 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         record = observed.record
         if observed.exists and record is None:
             record = adoption_record(observed, self.params["image"], now().isoformat())
+        current = None  # the owned values, when read here already
         if self.spec is None:
-            if self.prepared is not None and self.prepared.key == observation_key(observed):
+            if self.prepared is not None and self.prepared.matches(observed, self.ctx.uri):
                 self.spec = self.prepared.spec  # the preflight normalized against what this run observes too
             else:
                 if not observed.exists and self.state != "absent":
@@ -403,7 +422,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
                 self.spec = machine_spec.normalize(self.params, facts, record, current)
         if observed.exists and wants_rebuild(self.spec, record):
             observed.snapshots = observed.dom.snapshotNum(0)
-        plan = plan_machine(self.spec, observed, record)
+        plan = plan_machine(self.spec, observed, record, current)
         for action in plan.actions:
             if action.kind == "create":  # a plan that needs room is refused in check mode too
                 check_room(self.ctx, self.spec, new_disks(self.spec))
@@ -587,7 +606,7 @@ class MachineService:
                                          record=observed.record)
         restart_required = resource.restart_required or (self.check_mode and plan.facts.get("restart_required"))
         outcome = Outcome(plan, machine, resource.warnings, bool(restart_required))
-        outcome.prepared = Prepared(resource.spec, observed) if resource.spec is not None else None
+        outcome.prepared = Prepared(resource.spec, observed, self.ctx.uri) if resource.spec is not None else None
         return outcome
 
     def wait(self, dom, spec, params, earlier_leases=None):
