@@ -351,17 +351,31 @@ def _process_start(pid):
         return None
 
 
+# {pid: (controller token, process start)}: read once by a process (and again by a child forked from it), not for
+# every marker named or checked; a batch of 300 creates named and checked a few thousand (80 us each)
+_IDENTITY = {}
+
+
+def _identity():
+    pid = os.getpid()
+    found = _IDENTITY.get(pid)
+    if found is None:
+        token = hashlib.sha256(("%s/%s" % (socket.gethostname(), _boot_id())).encode()).hexdigest()[:12]
+        found = _IDENTITY[pid] = (token, _process_start(pid))
+    return found
+
+
 def _controller():
     """This controller, as a short stable token: its host name and boot."""
-    return hashlib.sha256(("%s/%s" % (socket.gethostname(), _boot_id())).encode()).hexdigest()[:12]
+    return _identity()[0]
 
 
 def holder_marker(prefix=HOLDER_PREFIX):
     """The name of the volume that says who holds the lock: this controller, this process (pid and start time)
     and its thread (threads of one run take a pool's lock in turn). A name, not content: it is read with a
     listing, never with a stream that would keep the lock busy."""
-    return "%s%s.%d.%s.%d" % (prefix, _controller(), os.getpid(), _process_start(os.getpid()),
-                              threading.get_ident() % 10 ** 9)
+    controller, start = _identity()
+    return "%s%s.%d.%s.%d" % (prefix, controller, os.getpid(), start, threading.get_ident() % 10 ** 9)
 
 
 def holder_is_dead(marker, prefix=HOLDER_PREFIX):
