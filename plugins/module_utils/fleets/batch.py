@@ -104,10 +104,11 @@ def validated(machines, defaults=None):
         raise ValidationError("nothing was changed; %s" % problems[0].message, problems[0].field)
     if problems:  # every bad machine at once, as the preflight reports what only the pools can tell
         raise ValidationError("nothing was changed; %s" % "; ".join(str(exc) for exc in problems), "machines")
-    names = [spec["name"] for spec in specs]
-    for index, name in enumerate(names):
-        if name in names[:index]:
-            raise ValidationError("machine %s is listed twice" % name, "machines[%d].name" % index)
+    seen = set()
+    for index, spec in enumerate(specs):
+        if spec["name"] in seen:
+            raise ValidationError("machine %s is listed twice" % spec["name"], "machines[%d].name" % index)
+        seen.add(spec["name"])
     return specs
 
 
