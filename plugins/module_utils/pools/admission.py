@@ -249,11 +249,13 @@ def check_room(ctx, spec, disks=None, locked=False, epoch=None, elsewhere=None):
     if locked and epoch is not None and ctx.locked_sizes[0] == epoch:
         sizes = ctx.locked_sizes[1]
     elif locked:
-        sizes = capacity.current_sizes(ctx.conn, ctx.records)
+        sizes = capacity.current_sizes(ctx.conn, ctx.known_records())
         if epoch is not None:
             ctx.locked_sizes = (epoch, sizes)
     else:
-        sizes = capacity.machine_sizes(ctx.conn, ctx.listed())
+        sizes = ctx.listing_sizes()
+        if sizes is None:
+            sizes = capacity.machine_sizes(ctx.conn)
     allocatable = capacity.allocatable_for(ctx.host_capacity(), registration)
     others = [size for size in sizes if size.name != spec["name"]]
     used_cpu = sum(size.cpu or 0 for size in others)
