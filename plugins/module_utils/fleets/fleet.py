@@ -33,8 +33,8 @@ def pool_entries(items, field="pools"):
 def snapshot_of(ctx, given_name=None):
     """What the scheduler needs of one connected pool, in raw numbers."""
     registration = ctx.registration
-    ctx.listing()
-    sizes = ctx.listing_sizes()
+    ctx.listing()  # read now: the run's listing, which its machines' first observations take too
+    sizes = ctx.machine_sizes()
     snapshot = {"name": (registration or {}).get("name") or given_name or ctx.uri, "uri": ctx.uri,
                 "labels": {}, "taints": [], "classes": {}, "machines": [size.name for size in sizes],
                 "allocated": {"cpu": sum(size.cpu or 0 for size in sizes),

@@ -106,12 +106,12 @@ class PoolContext:
         self.url_opener = None  # set by the Ansible side: how to fetch images given by URL
         self.peer_connections = {}  # uri -> open connection of other pools, shared by a batch run
         self._listing = None
-        self._listing_sizes = None  # (listing, its machine sizes): listing_sizes
+        self._listing_sizes = None  # (listing, its machine sizes): machine_sizes
         self.streamed_sizes = None  # the machines' sizes when the domains were read without a listing (readings)
         self._view = None
         self._lock_cleared = False
         self.records = {}  # uuid -> record (or None) of the domains seen by capacity.current_sizes
-        self._records_seeded = False  # the listing's records are among them (known_records)
+        self._records_seeded = None  # the listing whose records are among them (known_records)
         self.locked_sizes = (None, [])  # (admission epoch, machine sizes) for the checks under a held lock
         self._host_capacity = None
         self._storage_size = None
@@ -132,15 +132,16 @@ class PoolContext:
             self._listing = read_domains(self.conn)
         return self._listing
 
-    def listing_sizes(self):
-        """capacity.machine_sizes of the run's listing, worked out once per listing; None when none was read.
+    def machine_sizes(self):
+        """capacity.machine_sizes of the pool: of the run's listing when one was read, worked out once per listing,
+        else read from the pool now.
 
         A plan that creates a machine checks the pool's room against them: recounted for every create, a batch
         adding 100 machines to pools of 100 read 21,000 domains' sizes. The list is shared: read it, never
         change it."""
         listing = self._listing
         if listing is None:
-            return None
+            return capacity.machine_sizes(self.conn)
         kept = self._listing_sizes
         if kept is None or kept[0] is not listing:
             kept = self._listing_sizes = (listing, capacity.machine_sizes(self.conn, listing))
@@ -148,12 +149,13 @@ class PoolContext:
 
     def known_records(self):
         """{uuid: record or None} of the domains whose records this run read, for capacity.current_sizes: seeded
-        from the run's listing, so the first check under the admission lock reads the XML of the domains made
-        since, not of every domain again while it holds the lock."""
-        if self._listing is not None and not self._records_seeded:
-            for reading in list(self._listing.values()):
+        from each listing the run reads, so the first check under the admission lock reads the XML of the domains
+        made since, not of every domain again while it holds the lock."""
+        listing = self._listing
+        if listing is not None and self._records_seeded is not listing:
+            for reading in listing.values():
                 self.records.setdefault(reading.dom.UUIDString(), reading.record)
-            self._records_seeded = True
+            self._records_seeded = listing
         return self.records
 
     def listed(self):

@@ -253,9 +253,7 @@ def check_room(ctx, spec, disks=None, locked=False, epoch=None, elsewhere=None):
         if epoch is not None:
             ctx.locked_sizes = (epoch, sizes)
     else:
-        sizes = ctx.listing_sizes()
-        if sizes is None:
-            sizes = capacity.machine_sizes(ctx.conn)
+        sizes = ctx.machine_sizes()
     allocatable = capacity.allocatable_for(ctx.host_capacity(), registration)
     others = [size for size in sizes if size.name != spec["name"]]
     used_cpu = sum(size.cpu or 0 for size in others)

@@ -142,8 +142,7 @@ def pool_status(ctx, registration=None, sizes=None, capacity=None):
     conn = ctx.conn
     registration = registration or ctx.registration or {}
     if sizes is None:  # from the run's reading of the pool when it read one (the inventory)
-        sizes = ctx.streamed_sizes if getattr(ctx, "streamed_sizes", None) is not None else \
-            machine_sizes(conn, ctx.listed())
+        sizes = ctx.streamed_sizes if getattr(ctx, "streamed_sizes", None) is not None else ctx.machine_sizes()
     capacity = capacity_of(conn) if capacity is None else capacity
     allocatable = allocatable_for(capacity, registration)
     allocated = {"cpu": sum(size.cpu or 0 for size in sizes), "memory": sum(size.memory or 0 for size in sizes)}
