@@ -16,12 +16,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 
-from common import MODULES, cpu_of
+from common import cpu_of, timed_module
 from parallel_floor import prepare, wipe
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,15 +34,10 @@ def batch_file(pools, image, prefix, count):
 
 def batch(path, pythonpath=None):
     """(wall seconds, CPU seconds of the module process) of one machine_batch run; exits unless it succeeded."""
-    env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else dict(os.environ)
-    before, start = os.times(), time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", MODULES + "machine_batch", path], capture_output=True, text=True,
-                          env=env, check=False)
-    elapsed, after = time.perf_counter() - start, os.times()
-    result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    result, elapsed, cpu = timed_module("machine_batch", path, pythonpath)
     if result.get("failed"):
         raise SystemExit("machine_batch failed: %s" % result.get("msg"))
-    return elapsed, (after.children_user + after.children_system - before.children_user - before.children_system)
+    return elapsed, cpu
 
 
 def main():

@@ -21,9 +21,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-from common import MODULES
+from common import MODULES, timed_module
 from fleet_sets import playbook
 from parallel_floor import PLAY_ROLE, PLAY_SET
 
@@ -78,15 +77,10 @@ def module_run(name, args, pythonpath=None):
     """Wall seconds of the module in its own process; fails unless it reports changed=false."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", MODULES + name, handle.name], capture_output=True, text=True,
-                          env=env, check=False)
-    elapsed = time.perf_counter() - start
-    os.unlink(handle.name)
-    result = json.loads(proc.stdout[proc.stdout.index("{"):])
+    try:
+        result, elapsed, _cpu = timed_module(name, handle.name, pythonpath)
+    finally:
+        os.unlink(handle.name)
     if result.get("failed") or result.get("changed"):
         raise SystemExit("%s was not a no-op: %s" % (name, result.get("msg") or result.get("actions")))
     return elapsed
