@@ -20,6 +20,7 @@ import libvirt
 import pytest
 from lxml import etree
 
+from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 
 from conftest import OVERCOMMIT, REPO, ModuleRun, assert_failed, run_module, start_daemons, stop_daemon
@@ -103,10 +104,10 @@ def orphans(pool, prefix):
 
 
 def registry_leftovers(pool):
-    """An admission lock or a machine journal left in the pool's registry."""
+    """An admission lock or a journal (a machine's, or a wave of creates) left in the pool's registry."""
     registry = pool.conn.storagePoolLookupByName(REGISTRY)
     registry.refresh(0)
-    return sorted(name for name in registry.listVolumes() if name.startswith(("admission.", "pending-")))
+    return sorted(name for name in registry.listVolumes() if name.startswith(("admission.", "pending-", "wave-")))
 
 
 def leftover_story(pool):
@@ -412,13 +413,14 @@ def test_a_generation_a_killed_writer_left_unreadable_goes_with_the_next_run(reg
 
 def begun(pool, prefix):
     """Machines named ``<prefix>...`` whose creation on the pool has begun and not yet defined their domain: their
-    journal is in the registry (as its daemon lists it now: libvirt lists a volume made through it at once, and a
-    refresh would race the run), their domain is not there."""
+    root volume is in the storage pool (as its daemon lists it now: libvirt lists a volume made through it at once,
+    and a refresh would race the run), their domain is not there."""
     try:
-        volumes = pool.conn.storagePoolLookupByName(REGISTRY).listVolumes()
+        volumes = pool.conn.storagePoolLookupByName(STORAGE).listVolumes()
     except libvirt.libvirtError:
         return []
-    names = {volume[len("pending-"):].split(".")[0] for volume in volumes if volume.startswith("pending-" + prefix)}
+    names = {volume[:-len("-root.qcow2")] for volume in volumes
+             if volume.startswith(prefix) and volume.endswith("-root.qcow2")}
     return sorted(name for name in names if pool.domain(name) is None)
 
 
@@ -433,7 +435,7 @@ def restart_outcome(result, pool):
 
 
 def test_daemon_restart_under_a_batch(registered, image):
-    """The batch is frozen while it creates a machine on the second pool (its journal is there, its domain not yet),
+    """The batch is frozen while it creates a machine on the second pool (its root volume is there, its domain not yet),
     whose daemon is restarted meanwhile: the batch goes on over a connection that died under it."""
     pools = registered
     names = ["restart-%d" % index for index in range(4)]
@@ -457,6 +459,69 @@ def test_daemon_restart_under_a_batch(registered, image):
     # where it failed, the pool whose daemon went away is named, with the cause
     assert restart_outcome(result, pools[1]) in ("converged", "failed naming the pool"), result
     batch_converges_then_goes(pools, specs, "restart-")
+
+
+# --- the journal of a batch's creates (one wave per pool and hold of its lock) ----------------------------------
+
+def waves(pool):
+    """{key: body} of the waves in the pool's registry, read as a run reads them."""
+    registry = reg.Registry.open(pool.conn)
+    return {key: registry.get(key) for key in registry.keys(journal.WAVE_PREFIX)}
+
+
+def test_a_batch_killed_within_a_wave_leaves_what_the_next_run_removes(registered, image):
+    """The batch is frozen while it creates on the pool (a root volume is there, its domain not yet), then killed:
+    its wave lists every create it had planned there, named before the first was made; the next run removes what
+    the dead one made and makes each machine once."""
+    pool = registered[0]
+    names = ["wave-kill-%d" % index for index in range(4)]
+    specs = [{"name": n, "machine_class": "small", "image": image, "state": "present", "network_interfaces": []}
+             for n in names]
+    run("machine_batch", pools=[pool.uri], machines=[{"name": n, "state": "absent"} for n in names])
+    batch = ModuleRun("machine_batch", pools=[pool.uri], machines=specs)
+    deadline = time.monotonic() + 60
+    while not begun(pool, "wave-kill-"):
+        assert batch.running(), "the batch ended before it was seen creating a machine"
+        assert time.monotonic() < deadline, "the batch never began a machine"
+        time.sleep(0.002)
+    os.killpg(batch.proc.pid, signal.SIGSTOP)
+    left = waves(pool)
+    assert count("batch", batch.kill()), "the batch was not killed mid-run"
+    assert len(left) == 1, left
+    (key, body), = left.items()
+    assert "-%d-" % batch.proc.pid in key  # it names the run that wrote it
+    assert sorted(body["machines"]) == names  # every create planned there, not only those begun
+    assert all("%s-root.qcow2" % n in body["machines"][n] for n in names)
+    assert begun(pool, "wave-kill-")  # a create cut off midway: its root volume with no domain
+    batch_converges_then_goes([pool], specs, "wave-kill-")
+
+
+def test_a_wave_of_a_run_gone_after_its_creates_goes_with_the_next_run(pool, image):
+    """A batch of this controller killed after its last create, before it deleted its wave, leaves a wave whose
+    machines are there: the next run on the pool, a no-op, removes it, and of what it lists only a volume no domain
+    uses."""
+    name = "wave-kept"
+    first = run("machine", **machine_args(pool, image, name, ignition=None, volumes=[]))[0]
+    assert not first.get("failed"), first
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    controller, _start = reg.controller_identity()
+    key = "%s%s-%d-1-1" % (journal.WAVE_PREFIX, controller, gone.pid)
+    storage = pool.conn.storagePoolLookupByName(STORAGE)
+    storage.createXML("<volume><name>wave-cut-root.qcow2</name><capacity>1048576</capacity>"
+                      "<target><format type='qcow2'/></target></volume>", 0)
+    reg.Registry.open(pool.conn).put(key, {"machines": {name: ["%s-root.qcow2" % name, "%s-console.log" % name],
+                                                        "wave-cut": ["wave-cut-root.qcow2"]}})
+    assert list(waves(pool)) == [key]
+    again = run("machine", **machine_args(pool, image, name, ignition=None, volumes=[]))[0]
+    assert again["changed"] is False, again
+    assert waves(pool) == {}
+    assert orphans(pool, "wave-cut") == []
+    assert pool.domain(name) is not None and orphans(pool, name) == []
+    storage.refresh(0)
+    assert "%s-root.qcow2" % name in storage.listVolumes()
+    assert registry_leftovers(pool) == []
+    run("machine", uri=pool.uri, name=name, state="absent")
 
 
 # --- detach right after boot --------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
     MachineryError, NameTaken, PoolFull, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
 from ansible_collections.machinery.compute.plugins.module_utils.core.progress import Progress
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
@@ -187,8 +187,7 @@ def journaled_names(fleet, snapshots):
     for snapshot in snapshots:
         ctx = fleet.contexts.get(snapshot["uri"])
         if ctx is not None and snapshot["state"] == "Ready":
-            prefix = reg.pending_key("")
-            found[snapshot["uri"]] = {key[len(prefix):] for key in ctx.registry.keys(prefix)}
+            found[snapshot["uri"]] = journal.journaled(ctx.registry)
     return found
 
 

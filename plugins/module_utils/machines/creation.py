@@ -11,6 +11,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
@@ -106,39 +107,28 @@ class Creation:
             admission.check_unique(spec["name"])
             check_room(self.ctx, spec, new_disks(spec), locked=True, epoch=admission.epoch,
                        elsewhere=admission.group_members(spec.get("server_group")))
+            # a journal of this name alone: a deletion killed midway (or a create of an earlier version)
             registry = self.ctx.registry
             key = reg.pending_key(spec["name"])
-            self._remove_orphans(registry.get(key))
-            registry.put(key, {"machine": spec["name"], "volumes": planned_volumes(spec)}, locked=True,
-                         epoch=admission.epoch)
-            try:
-                record = self._create_locked(spec, pool, image_vol, fmt)
-                admitted(self.ctx, admission.epoch, record)
-            finally:
+            if key in registry.keys(key, admission.epoch):
+                left = registry.get(key)
+                journal.remove_orphans(self.ctx, left)
                 registry.delete(key, locked=True, epoch=admission.epoch, expected=True)
-
-    def _remove_orphans(self, journal):
-        """Delete the volumes a dead run of this name listed in its journal, and the passphrase secret an
-        encrypted one got (defined before its volume, so it may be there without it), unless a domain uses them."""
-        if not journal:
-            return
-        pool = self.ctx.storage
-        pool.refresh(0)
-        for volume_name in journal.get("volumes") or []:
-            vol = lv.lookup_volume(pool, volume_name)
-            path = vol.path() if vol is not None else self.ctx.storage_file(volume_name)
-            if storage.users_of(self.conn, path, None):
-                continue
-            if vol is not None:
-                storage.delete_volume(pool, volume_name)
-            storage.delete_volume_secret(self.conn, path)
+            # what this create makes is listed before it is made, in the wave of the pool's lock (journal.py)
+            admission.journal(spec["name"], planned_volumes(spec))
+            record = self._create_locked(spec, pool, image_vol, fmt)
+            admitted(self.ctx, admission.epoch, record)
 
     def _clean_up(self, action, _observed):
         with Admission(self.ctx, [], self.name) as admission:
             if lv.lookup_domain(self.conn, self.name) is not None:
                 return  # created meanwhile by another run: its volumes are in use
-            self._remove_orphans(action.data["journal"])
-            self.ctx.registry.delete(reg.pending_key(self.name), locked=True, epoch=admission.epoch, expected=True)
+            journal.remove_orphans(self.ctx, action.data["journal"])
+            if action.data["journal"].get("wave"):
+                admission.clean_dead_waves()  # the whole wave: under the lock, it is a dead run's
+            else:
+                self.ctx.registry.delete(reg.pending_key(self.name), locked=True, epoch=admission.epoch,
+                                         expected=True)
 
     def _create_locked(self, spec, pool, image_vol, fmt):
         name = spec["name"]

@@ -17,6 +17,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import doma
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.pools.journal import journal_of
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import check_room
@@ -28,7 +29,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.frozen impo
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.changes import Changes, live_effects
 from ansible_collections.machinery.compute.plugins.module_utils.machines.creation import (
-    Creation, create_steps, new_disks)
+    Creation, create_steps, new_disks, planned_volumes)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import (
     lease_expiries, observe_reservations, release_address, reserved_nics, wait_for_address)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import (
@@ -89,13 +90,7 @@ def observe_machine(conn, name, journal=False, listing=None, registry=None):
     if dom is None:
         observed = Observed(name)
         if journal:
-            registry = registry or reg.Registry.open(conn)
-            key = reg.pending_key(name)
-            observed.journal = registry.get(key)
-            if observed.journal is None and key in registry.keys(key):
-                # listed, not readable: a run killed while it wrote the journal, before it made anything (its
-                # volumes are made after the journal is written); the clean-up, under the lock, deletes it
-                observed.journal = {"machine": name, "volumes": [], "unreadable": True}
+            observed.journal = journal_of(registry or reg.Registry.open(conn), name)
         return observed
     tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
     state = tuple(dom.state())
@@ -426,6 +421,9 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         for action in plan.actions:
             if action.kind == "create":  # a plan that needs room is refused in check mode too
                 check_room(self.ctx, self.spec, new_disks(self.spec))
+                # the run's journal of the pool lists it from the first create on (a batch's check-mode
+                # preflight plans every create of the batch before the first is made)
+                self.ctx.planned_creates[self.name] = planned_volumes(self.spec)
             elif action.kind == "update" and action.data["grows"] and self.room:
                 self.check_resize_room(action.data["grows"])
         return plan

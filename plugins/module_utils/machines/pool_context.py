@@ -11,9 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NotFoundError
+from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import PoolView
 
 
@@ -116,6 +118,9 @@ class PoolContext:
         self._host_capacity = None
         self._storage_size = None
         self.images = {}  # checksum -> (volume, format) of the images cached on the pool, looked up once a run
+        # name -> volumes of the creates this run plans on the pool (MachineResource.plan): the journal of the
+        # creates lists them all at once (admission.Admission.journal)
+        self.planned_creates = {}
 
     def reset(self):
         """Forget what was read from the registry and the domains, so the next read is fresh."""
@@ -224,6 +229,10 @@ class PoolContext:
         pool = self.registry.pool if self.registration else None
         if pool is not None:
             reg.AdmissionLock(self.conn, pool).clear_abandoned()
+            # a wave of this controller's run killed after its last create: no later create on the pool meets it
+            if any(journal.wave_is_dead(key) for key in self.registry.keys(journal.WAVE_PREFIX)):
+                with Admission(self, []) as admission:
+                    admission.clean_dead_waves()
 
     @property
     def registration(self):

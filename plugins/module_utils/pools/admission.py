@@ -11,11 +11,12 @@ import threading
 import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
+from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules as rules
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NameTaken, PoolFull
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, NameTaken, PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
 
@@ -32,7 +33,7 @@ HAND_OVER_SECONDS = 5.0
 class _PoolHold:
     """This process's hold on one pool's admission lock, shared by the admissions of its threads."""
 
-    __slots__ = ("lock", "conn", "held", "busy", "taken", "users", "closing", "names", "epoch")
+    __slots__ = ("lock", "conn", "held", "busy", "taken", "users", "closing", "names", "epoch", "wave")
 
     def __init__(self):
         self.lock = None  # registry.AdmissionLock, or None for a pool without a registry (nothing to lock)
@@ -46,9 +47,21 @@ class _PoolHold:
         # other run creates a domain there, so a name not in it needs no lookup (one in it is looked up)
         self.names = None
         self.epoch = None  # a number of its own each time the lock is taken from libvirt (registry.Registry.put)
+        self.wave = None  # journal.Wave of the creates admitted in this epoch, deleted before the lock goes back
 
     def stale(self):
         return self.closing or time.monotonic() - self.taken >= HAND_OVER_SECONDS
+
+
+def _end_wave(wave, epoch):
+    """Delete the wave of a hold (journal.Wave, or None) before its lock goes back: every create it lists has
+    ended. One that cannot be deleted now is removed as a dead run's by the next holder of the lock."""
+    if wave is None:
+        return
+    try:
+        wave.delete(epoch)
+    except (MachineryError, lv.libvirt.libvirtError):
+        pass
 
 
 class Admission:
@@ -131,10 +144,12 @@ class Admission:
                 for other in giving_back:
                     other.busy = True
                 expired, hold.lock, hold.held, hold.busy = hold.lock, None, False, True
+                expired_wave, hold.wave = hold.wave, None
                 break
         try:
             self._give_back(giving_back)
             if expired is not None:
+                _end_wave(expired_wave, hold.epoch)
                 expired.release()
             registry_pool = lv.lookup_storage_pool(conn, reg.REGISTRY_POOL)
             lock = reg.AdmissionLock(conn, registry_pool).acquire() if registry_pool is not None else None
@@ -155,14 +170,44 @@ class Admission:
     def _give_back(self, holds):
         try:
             for hold in holds:
+                wave, hold.wave = hold.wave, None
+                _end_wave(wave, hold.epoch)
                 if hold.lock is not None:
                     hold.lock.release()
         finally:
             with self._guard:
                 for hold in holds:
                     hold.lock, hold.conn, hold.held, hold.busy, hold.users = None, None, False, False, 0
-                    hold.names = None
+                    hold.names, hold.wave = None, None
                 self._guard.notify_all()
+
+    def journal(self, name, volumes):
+        """List the create of ``name`` and the ``volumes`` it makes in this epoch's wave on the pool (journal.py)
+        before any of them is made. The first create of an epoch removes what dead runs' waves list, and writes
+        the wave with every create the run has planned on the pool (PoolContext.planned_creates), so the others
+        of the epoch find themselves listed and write nothing."""
+        hold = Admission._holds[self.ctx.uri]
+        if hold.lock is None:
+            return  # a pool without a registry: nothing to journal in
+        if hold.wave is None:
+            key = journal.wave_key(self.epoch)
+            registry = self.ctx.registry
+            journal.clean_waves(self.ctx, [other for other in registry.keys(journal.WAVE_PREFIX, self.epoch)
+                                           if other != key], self.epoch)
+            hold.wave = journal.Wave(registry, key)
+        if not hold.wave.lists(name, volumes):
+            machines = dict(hold.wave.machines)
+            machines.update(self.ctx.planned_creates.copy())  # other threads plan meanwhile
+            machines[name] = volumes
+            hold.wave.write(machines, self.epoch)
+
+    def clean_dead_waves(self):
+        """Under the lock: remove what every wave on the pool but this epoch's lists (all are dead runs')."""
+        hold = Admission._holds[self.ctx.uri]
+        own = hold.wave.key if hold.wave is not None else None
+        registry = self.ctx.registry
+        journal.clean_waves(self.ctx, [key for key in registry.keys(journal.WAVE_PREFIX, self.epoch) if key != own],
+                            self.epoch)
 
     def check_unique(self, name):
         for uri, conn in self.peers:

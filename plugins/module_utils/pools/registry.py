@@ -137,8 +137,20 @@ class Registry:
                     versions.sort(reverse=True)
         return self._index
 
-    def keys(self, prefix=""):
+    def forget(self):
+        """Forget every document read and the listing: the next read is fresh."""
         with self._guard:
+            self._index = None
+            self._listed_in = None
+            self._bodies.clear()
+            self._read_from.clear()
+
+    def keys(self, prefix="", epoch=None):
+        """The keys starting with ``prefix``; with ``epoch`` (the caller holds the admission lock, see put), as
+        listed under it."""
+        with self._guard:
+            if epoch is not None:
+                self._relist(epoch)
             return sorted(key for key in self._generations() if key.startswith(prefix))
 
     def get(self, key, expected=False):
@@ -363,6 +375,12 @@ def _identity():
         token = hashlib.sha256(("%s/%s" % (socket.gethostname(), _boot_id())).encode()).hexdigest()[:12]
         found = _IDENTITY[pid] = (token, _process_start(pid))
     return found
+
+
+def controller_identity():
+    """(this controller's token, this process's start time), as holder markers and waves (journal.py) name them."""
+    controller, start = _identity()
+    return controller, start or "0"
 
 
 def _controller():

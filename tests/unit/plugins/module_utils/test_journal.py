@@ -1,0 +1,194 @@
+"""The journal of the creates on a pool (pools/journal.py) and the wave an admission writes (Admission.journal):
+what a reader finds, whose a wave is, and how many documents a run writes."""
+
+import os
+import subprocess
+
+import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils.pools import admission as adm
+from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+
+
+class Documents:
+    """A registry's documents as Registry shows them: keys listed, bodies read (None: listed, not readable)."""
+
+    def __init__(self, bodies):
+        self.bodies = dict(bodies)
+        self.puts = []
+        self.deleted = []
+        self.listed_in = []
+
+    def keys(self, prefix="", epoch=None):
+        self.listed_in.append(epoch)
+        return sorted(key for key in self.bodies if key.startswith(prefix))
+
+    def get(self, key):
+        return self.bodies.get(key)
+
+    def put(self, key, body, locked=False, epoch=None):
+        assert locked and epoch is not None
+        self.puts.append((key, body))
+        self.bodies[key] = body
+
+    def delete(self, key, locked=False, epoch=None, expected=False):
+        assert locked and expected
+        self.deleted.append(key)
+        return self.bodies.pop(key, None) is not None
+
+
+def a_dead_pid():
+    """The pid of a process that has ended (and was reaped)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_wave_key_is_a_registry_key_and_names_its_process():
+    key = journal.wave_key(7)
+    assert reg._DOC.match("%s.1.json" % key), key
+    assert key.startswith(journal.WAVE_PREFIX) and key.endswith("-7")
+    assert journal.wave_is_dead(key) is False  # this process is running
+
+
+def test_a_wave_of_a_gone_process_of_this_controller_is_dead():
+    controller, start = reg.controller_identity()
+    assert journal.wave_is_dead("wave-%s-%d-%s-3" % (controller, a_dead_pid(), start)) is True
+    # same pid, another start time: the pid was reused, the writer is gone
+    assert journal.wave_is_dead("wave-%s-%d-1-3" % (controller, os.getpid())) is True
+
+
+@pytest.mark.parametrize("key", ["wave-0123456789ab-1-2-3", "wave-nodashes", "pending-web"])
+def test_a_wave_that_cannot_be_told_is_not_called_dead(key):
+    assert journal.wave_is_dead(key) is None
+
+
+def test_a_machine_journal_comes_before_a_wave_and_an_unreadable_one_is_reported():
+    docs = Documents({"pending-web": {"machine": "web", "volumes": ["web-root.qcow2"]},
+                      "pending-db": None,
+                      "wave-a-1-2-3": {"machines": {"web": ["x"], "app": ["app-root.qcow2", "app-console.log"]}}})
+    assert journal.journal_of(docs, "web") == {"machine": "web", "volumes": ["web-root.qcow2"]}
+    assert journal.journal_of(docs, "db") == {"machine": "db", "volumes": [], "unreadable": True}
+    assert journal.journal_of(docs, "app") == {"machine": "app", "volumes": ["app-root.qcow2", "app-console.log"],
+                                               "wave": "wave-a-1-2-3"}
+    assert journal.journal_of(docs, "ap") is None  # a prefix of a listed name is not listed
+    assert journal.journaled(docs) == {"web", "db", "app"}
+
+
+def test_this_processs_own_wave_journals_nothing():
+    """A create of this run listed in its own wave is no dead run's: the machines a batch is about to make read
+    as not journaled, so they plan as the preflight planned them."""
+    docs = Documents({journal.wave_key(3): {"machines": {"web": ["web-root.qcow2"]}}})
+    assert journal.journal_of(docs, "web") is None
+    assert journal.journaled(docs) == set()
+
+
+def test_an_unreadable_wave_lists_nothing():
+    docs = Documents({"wave-a-1-2-3": None})
+    assert journal.journal_of(docs, "web") is None
+    assert journal.journaled(docs) == set()
+
+
+class Ctx:
+    def __init__(self, docs, planned=None):
+        self.uri = "test:///journal"
+        self.registry = docs
+        self.planned_creates = dict(planned or {})
+
+
+@pytest.fixture
+def held(monkeypatch):
+    """An admission inside its epoch on a pool whose lock this process holds (no libvirt): what it cleans."""
+    cleaned = []
+    monkeypatch.setattr(journal, "remove_orphans", lambda ctx, entry, skip_defined=False: cleaned.append(
+        (entry["machine"], tuple(entry["volumes"]), skip_defined)))
+    holds = {}
+    monkeypatch.setattr(adm.Admission, "_holds", holds)
+
+    def admission(ctx, epoch=5):
+        hold = holds[ctx.uri] = adm._PoolHold()
+        hold.lock, hold.held, hold.epoch = object(), True, epoch
+        admitted = adm.Admission(ctx, [])
+        admitted.epoch = epoch
+        return admitted, hold
+    admission.cleaned = cleaned
+    return admission
+
+
+def test_one_wave_a_hold_lists_every_planned_create(held):
+    planned = {"m%d" % index: ["m%d-root.qcow2" % index] for index in range(20)}
+    docs = Documents({})
+    ctx = Ctx(docs, planned)
+    admission, hold = held(ctx)
+    for name, volumes in planned.items():
+        admission.journal(name, volumes)
+    assert len(docs.puts) == 1  # the first create wrote the wave, the 19 others found themselves listed
+    key, body = docs.puts[0]
+    assert key == journal.wave_key(5) and body == {"machines": planned}
+    assert docs.listed_in[0] == 5  # dead waves were looked for in a listing taken under the lock
+    assert hold.wave.key == key
+
+
+def test_a_create_planned_later_writes_the_wave_again_with_what_is_planned_by_then(held):
+    docs = Documents({})
+    ctx = Ctx(docs, {"a": ["a-root.qcow2"]})
+    admission, _hold = held(ctx)
+    admission.journal("a", ["a-root.qcow2"])
+    ctx.planned_creates.update(b=["b-root.qcow2"], c=["c-root.qcow2"])
+    admission.journal("b", ["b-root.qcow2"])
+    admission.journal("c", ["c-root.qcow2"])
+    assert [sorted(body["machines"]) for _key, body in docs.puts] == [["a"], ["a", "b", "c"]]
+
+
+def test_a_create_whose_volumes_changed_since_its_plan_is_written_as_it_is_made(held):
+    docs = Documents({})
+    ctx = Ctx(docs, {"a": ["a-root.qcow2"]})
+    admission, _hold = held(ctx)
+    admission.journal("a", ["a-root.qcow2", "a-data.qcow2"])
+    assert docs.puts[-1][1]["machines"]["a"] == ["a-root.qcow2", "a-data.qcow2"]
+
+
+def test_the_first_create_of_a_hold_removes_what_dead_waves_list_and_them(held):
+    docs = Documents({"wave-dead-1-2-3": {"machines": {"x": ["x-root.qcow2"], "y": ["y-root.qcow2"]}},
+                      "pending-z": {"machine": "z", "volumes": ["z-root.qcow2"]}})
+    admission, _hold = held(Ctx(docs))
+    admission.journal("a", ["a-root.qcow2"])
+    assert held.cleaned == [("x", ("x-root.qcow2",), True), ("y", ("y-root.qcow2",), True)]
+    assert docs.deleted == ["wave-dead-1-2-3"]
+    assert "pending-z" in docs.bodies  # a machine's own journal is its create's or delete's to clear
+    admission.journal("b", ["b-root.qcow2"])
+    assert len(held.cleaned) == 2  # looked for once a hold
+
+
+def test_a_clean_up_under_the_lock_keeps_the_holds_own_wave(held):
+    docs = Documents({"wave-dead-1-2-3": {"machines": {"x": ["x-root.qcow2"]}}})
+    admission, hold = held(Ctx(docs))
+    admission.journal("a", ["a-root.qcow2"])
+    docs.bodies["wave-dead-4-5-6"] = {"machines": {"y": ["y-root.qcow2"]}}
+    admission.clean_dead_waves()
+    assert docs.deleted == ["wave-dead-1-2-3", "wave-dead-4-5-6"]
+    assert hold.wave.key in docs.bodies
+
+
+def test_giving_the_lock_back_deletes_the_wave_first(held, monkeypatch):
+    docs = Documents({})
+    admission, hold = held(Ctx(docs))
+    admission.journal("a", ["a-root.qcow2"])
+    order = []
+
+    class Lock:
+        def release(self):
+            order.append("lock released, waves left: %s" % sorted(k for k in docs.bodies if k.startswith("wave-")))
+    hold.lock = Lock()
+    adm.Admission._give_back(admission, [hold])
+    assert order == ["lock released, waves left: []"]
+    assert hold.wave is None and hold.lock is None
+
+
+def test_a_pool_without_a_registry_journals_nothing(held):
+    docs = Documents({})
+    admission, hold = held(Ctx(docs))
+    hold.lock = None
+    admission.journal("a", ["a-root.qcow2"])
+    assert docs.puts == [] and hold.wave is None
