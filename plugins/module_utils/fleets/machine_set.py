@@ -558,6 +558,7 @@ class MachineSetResource(Resource):
         self.failures = []
         self.moment = now().isoformat()  # one clock reading per run: its plans and its verification agree
         self.unreachable = set()
+        self.prepared = {}  # member -> machine.Prepared of its create (prepare_creates)
 
     def describe(self):
         return "machine set %s" % self.desired["name"]
@@ -612,6 +613,7 @@ class MachineSetResource(Resource):
             finally:
                 progress.end(name)
         for group in steps:
+            self.prepare_creates(group)
             outcomes = in_parallel(group, one, self.params["workers"])
             for action, outcome in zip(group, outcomes):
                 if isinstance(outcome, MachineryError):
@@ -653,13 +655,32 @@ class MachineSetResource(Resource):
     def _forget(self, action, _observed):
         self.fleet.contexts[action.data["uri"]].registry.delete(set_key(self.desired["name"]))
 
-    def _create(self, action, _observed):
+    def _member_spec(self, action):
         # a new member's name is checked free on every pool; with unreachable_timeout, on those that answer (the
         # set's record holds the names of its members on the others, and a new name avoids them)
         unique = self.fleet.uris if self.desired.get("unreachable_timeout") is None else \
             [uri for uri in self.fleet.uris if uri in self.fleet.contexts and uri not in self.unreachable]
-        self._service(action).ensure(member_spec(self.desired, action.target, self.params["wait"],
-                                                 self.params["wait_timeout"], unique))
+        return member_spec(self.desired, action.target, self.params["wait"], self.params["wait_timeout"], unique)
+
+    def prepare_creates(self, group):
+        """The creates of a step planned in check mode first, as machine_batch's preflight does: each member's
+        spec is normalized once and reused by its create, and every create of the step is planned on its pool
+        before the first is made, so the pool's journal lists them all at once (admission.Admission.journal). A
+        member that cannot be planned now is left to its create, which says why."""
+        creates = [action for action in group if action.kind == "create"]
+
+        def prepare(action):
+            try:
+                outcome = MachineService(self.fleet.contexts[action.data["uri"]], True).ensure(
+                    self._member_spec(action))
+            except (MachineryError, lv.libvirt.libvirtError):
+                return None
+            return outcome.prepared
+        for action, prepared in zip(creates, in_parallel(creates, prepare, self.params["workers"])):
+            self.prepared[action.target] = prepared
+
+    def _create(self, action, _observed):
+        self._service(action).ensure(self._member_spec(action), self.prepared.pop(action.target, None))
 
     def _delete(self, action, _observed):
         self._service(action).ensure(machine_spec.params({"name": action.target, "state": "absent",
