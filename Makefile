@@ -201,6 +201,7 @@ benchmark-scale: venv lab-up
 	$(PY) benchmarks/parallel_floor.py --lab $(LAB)/lab.json 30:3 300:10 1000:10 --plot docs/images/create.png
 	$(PY) benchmarks/info_scale.py --lab $(LAB)/lab.json --plot docs/images/info.png 30 300 1000
 	$(PY) benchmarks/grow_scale.py --lab $(LAB)/lab.json --hold 1000 --add 100 --pools 10
+	$(PY) benchmarks/grow_scale.py --lab $(LAB)/lab.json --kind set --hold 1000 --add 100 --pools 10
 	$(PY) benchmarks/inventory_scale.py --lab $(LAB)/lab.json --count 10000 --rounds 3
 
 clean:
