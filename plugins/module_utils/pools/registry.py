@@ -137,14 +137,6 @@ class Registry:
                     versions.sort(reverse=True)
         return self._index
 
-    def forget(self):
-        """Forget every document read and the listing: the next read is fresh."""
-        with self._guard:
-            self._index = None
-            self._listed_in = None
-            self._bodies.clear()
-            self._read_from.clear()
-
     def keys(self, prefix="", epoch=None):
         """The keys starting with ``prefix``; with ``epoch`` (the caller holds the admission lock, see put), as
         listed under it."""
