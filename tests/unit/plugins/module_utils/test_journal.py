@@ -192,3 +192,55 @@ def test_a_pool_without_a_registry_journals_nothing(held):
     hold.lock = None
     admission.journal("a", ["a-root.qcow2"])
     assert docs.puts == [] and hold.wave is None
+
+
+class FakeLock:
+    """A pool's libvirt admission lock as Admission takes it: records when it is released and which waves the
+    registry still held then."""
+
+    def __init__(self, docs, events):
+        self.docs = docs
+        self.events = events
+
+    def acquire(self):
+        self.events.append("taken")
+        return self
+
+    def release(self):
+        self.events.append("released, waves left: %d" % len([k for k in self.docs.bodies if k.startswith("wave-")]))
+
+
+class FakeConn:
+    def listAllDomains(self, _flags):
+        return []
+
+
+def test_a_hold_handed_over_mid_run_deletes_its_wave_before_the_lock_goes_back(monkeypatch):
+    """A run that holds a pool longer than HAND_OVER_SECONDS gives the lock back and takes it again between two
+    creates (while other admissions of the process are inside): the old hold's wave goes first, and the new hold
+    writes its own."""
+    events = []
+    docs = Documents({})
+    for name, value in (("_holds", {}), ("_targets", {}), ("_names", set()), ("_inside", 0)):
+        monkeypatch.setattr(adm.Admission, name, value)
+    monkeypatch.setattr(adm.lv, "lookup_storage_pool", lambda conn, name: object())
+    busy, ctx = Ctx(Documents({})), Ctx(docs, {"a": ["a-root.qcow2"], "b": ["b-root.qcow2"]})
+    busy.uri, busy.conn, busy.peer_connections = "test:///busy", FakeConn(), {}
+    ctx.conn, ctx.peer_connections = FakeConn(), {}
+    monkeypatch.setattr(adm.reg, "AdmissionLock", lambda conn, pool: FakeLock(
+        docs, events) if conn is ctx.conn else FakeLock(busy.registry, []))
+    with adm.Admission(busy, []):  # another admission of the process stays inside: no hold goes back at its exit
+        with adm.Admission(ctx, [], "a") as first:
+            first.journal("a", ["a-root.qcow2"])
+        hold = adm.Admission._holds[ctx.uri]
+        first_wave = hold.wave.key
+        assert hold.held and first_wave in docs.bodies
+        hold.taken -= adm.HAND_OVER_SECONDS  # held long enough: the next admission hands it over
+        with adm.Admission(ctx, [], "b") as second:
+            assert second.epoch != first.epoch
+            assert first_wave not in docs.bodies  # deleted before the lock went back
+            second.journal("b", ["b-root.qcow2"])
+        assert hold.wave.key != first_wave and hold.wave.key in docs.bodies
+    # the pool's lock went back twice (handed over, then at the end), each time with no wave left
+    assert events == ["taken", "released, waves left: 0", "taken", "released, waves left: 0"]
+    assert docs.deleted == [first_wave, journal.wave_key(second.epoch)]
