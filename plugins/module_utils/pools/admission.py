@@ -190,11 +190,8 @@ class Admission:
         if hold.lock is None:
             return  # a pool without a registry: nothing to journal in
         if hold.wave is None:
-            key = journal.wave_key(self.epoch)
-            registry = self.ctx.registry
-            journal.clean_waves(self.ctx, [other for other in registry.keys(journal.WAVE_PREFIX, self.epoch)
-                                           if other != key], self.epoch)
-            hold.wave = journal.Wave(registry, key)
+            self.clean_dead_waves()  # this epoch's own is not written yet: every wave there is a dead run's
+            hold.wave = journal.Wave(self.ctx.registry, journal.wave_key(self.epoch))
         if not hold.wave.lists(name, volumes):
             machines = dict(hold.wave.machines)
             machines.update(self.ctx.planned_creates.copy())  # other threads plan meanwhile
