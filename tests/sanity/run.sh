@@ -6,9 +6,11 @@ shift
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 # ansible-test runs pip with a whitelisted environment (PIP_* variables are dropped) but keeps HOME. Give it a
-# HOME of its own, kept beside the virtual environment so its test venvs are reused, whose pip.conf carries
-# the caller's effective pip settings (index, certificates).
-home="$venv/ansible-test-home"
+# HOME of its own, one per virtual environment so its test venvs are reused, whose pip.conf carries the caller's
+# effective pip settings (index, certificates). It lives outside the working tree: make test builds the collection
+# from the working tree while this runs, and ansible-galaxy's build walks every file there, so the files pip
+# writes and renames in the test venvs meanwhile failed the build ("No such file or directory" on a .pyc).
+home="${XDG_CACHE_HOME:-$HOME/.cache}/machinery-compute/ansible-test-$(printf %s "$venv" | sha256sum | cut -c1-12)"
 mkdir -p "$home/.config/pip" "$home/.ansible/test/cache"
 "$venv/bin/pip" config list 2>/dev/null | python3 -c '
 import re, sys
