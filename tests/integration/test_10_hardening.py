@@ -104,10 +104,12 @@ def orphans(pool, prefix):
 
 
 def registry_leftovers(pool):
-    """An admission lock or a journal (a machine's, or a wave of creates) left in the pool's registry."""
+    """An admission lock, a hold on a machine or a journal (a machine's, or a wave of creates) left in the pool's
+    registry."""
     registry = pool.conn.storagePoolLookupByName(REGISTRY)
     registry.refresh(0)
-    return sorted(name for name in registry.listVolumes() if name.startswith(("admission.", "pending-", "wave-")))
+    return sorted(name for name in registry.listVolumes()
+                  if name.startswith(("admission.", "pending-", "wave-", "hold-")))
 
 
 def leftover_story(pool):

@@ -227,3 +227,117 @@ def test_a_document_still_being_written_is_not_there_yet(pool):
         if big is not None:
             big.delete(0)
         conn.close()
+
+
+# --- a create's hold on its machine, through its wave (registry.claim) ---------------------------------------
+
+REGISTRY = "machinery-registry"
+
+
+def markers_of(pool, name, pid):
+    """The holder markers of process ``pid`` on the hold of machine ``name``: a run waiting for the hold makes one
+    each time it tries to take it."""
+    prefix = reg.hold_prefix(name)
+    return [volume for volume in listed(pool, REGISTRY)
+            if volume.startswith(prefix) and volume[len(prefix):].split(".")[1:2] == [str(pid)]]
+
+
+def waves(pool):
+    return [volume for volume in listed(pool, REGISTRY) if volume.startswith(reg.WAVE_PREFIX)]
+
+
+def test_a_create_lets_the_lock_go_and_waits_for_a_run_that_holds_its_machine(pool, image):
+    """A create holds its machine with a lock volume alone, named by its wave. Meeting a hold another run took (a
+    move of that name, an update, a deletion), it makes nothing, lets the pool's admission lock go and waits for
+    that hold as a change does, then creates the machine."""
+    name = "race-held"
+    run_module("machine", uri=pool.uri, name=name, state="absent")
+    registry = reg.Registry(pool.conn, pool.conn.storagePoolLookupByName(REGISTRY))
+    hold = reg.machine_hold(pool.conn, name, 30, registry=registry).acquire()  # this test's process holds it
+    creator = None
+    try:
+        creator = ModuleRun("machine", diff=False, uri=pool.uri, name=name, machine_class="small", image=image,
+                            state="present", network_interfaces=[])
+
+        def waiting():
+            """the create trying to take the hold the test has"""
+            return bool(markers_of(pool, name, creator.proc.pid))
+        wait_for(waiting)
+        assert creator.running()
+        names = listed(pool, REGISTRY)
+        assert reg.LOCK_VOLUME not in names and not waves(pool)  # it waits outside the admission lock
+        assert pool.domain(name) is None and owned_volumes(pool, name) == []
+    finally:
+        hold.release()
+    result = creator.finish()
+    assert result.get("changed") and not result.get("failed"), result
+    assert pool.domain(name) is not None
+    assert holds(pool, name) == [] and waves(pool) == []
+    run_module("machine", uri=pool.uri, name=name, state="absent")
+
+
+def continued(creator):
+    """Let the frozen create go on: (whether it made the machine, its result)."""
+    os.kill(creator.proc.pid, signal.SIGCONT)
+    made = creator.finish()
+    return bool(made.get("changed") and not made.get("failed")), made
+
+
+def killed(creator):
+    """Kill the frozen create: (whether it was killed while it ran, what it was)."""
+    return creator.kill(), "the create had ended before the kill"
+
+
+ENDINGS = {"continued": continued, "killed": killed}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_delete_waits_for_the_create_holding_its_machine_unless_that_create_died(pool, image, ending):
+    """A create holds its machine from before its first volume until its guest is started, with a lock volume
+    whose holder its wave names. A deletion of the machine meanwhile waits for it, and deletes the machine once
+    the create is done; when the create is killed, its hold is a dead run's and the deletion breaks it at once."""
+    name = "race-claimed-%s" % ending
+    run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=1)
+    args = dict(uri=pool.uri, name=name, machine_class="small", image=image, state="running", wait="none",
+                network_interfaces=[])
+    creator = deleter = None
+    try:
+        frozen = False
+        for _attempt in range(10):
+            creator = ModuleRun("machine", diff=False, **args)
+
+            def starting():
+                """the create's hold with no marker, and its domain defined: it is starting the guest"""
+                names = listed(pool, REGISTRY)
+                return reg.hold_volume(name) in names and pool.domain(name) is not None and \
+                    not any(volume.startswith(reg.hold_prefix(name)) for volume in names)
+            while creator.running() and not starting():
+                time.sleep(0.002)
+            os.kill(creator.proc.pid, signal.SIGSTOP)
+            frozen = creator.running() and starting()
+            if frozen:
+                break
+            os.kill(creator.proc.pid, signal.SIGCONT)  # it was done before the stop: once more
+            assert not creator.finish().get("failed")
+            run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=1)
+        assert frozen, "never froze a create while it held its machine"
+        deleter = ModuleRun("machine", diff=False, uri=pool.uri, name=name, state="absent", shutdown_timeout=1)
+
+        def waiting():
+            """the deletion trying to take the hold the frozen create has"""
+            return bool(markers_of(pool, name, deleter.proc.pid))
+        wait_for(waiting)
+        assert deleter.running() and pool.domain(name) is not None
+        assert reg.hold_volume(name) in listed(pool, REGISTRY)  # the live create's hold was not broken
+        ended, detail = ENDINGS[ending](creator)
+        assert ended, detail
+        gone = deleter.finish()
+        assert gone.get("changed") and not gone.get("failed"), gone
+        assert pool.domain(name) is None and owned_volumes(pool, name) == []
+        assert holds(pool, name) == [] and waves(pool) == []
+    finally:
+        for run in (creator, deleter):
+            if run is not None and run.running():
+                os.kill(run.proc.pid, signal.SIGCONT)
+                run.kill()
+        run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=1)

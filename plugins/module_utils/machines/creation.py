@@ -93,31 +93,44 @@ class Creation:
     """How MachineResource creates a machine (and cleans up after a dead run of its name). It uses the resource's ctx, conn, params, spec and _define."""
 
     def _create(self, _action, _observed):
+        if self.admission is not None:
+            # admitted already, the machine held through the wave (MachineResource.apply_plan): what follows the
+            # create (its start) lets the process's next create onto the pool in
+            self._create_admitted(self.admission, self.cached)
+            self.admission.step_aside()
+            return
+        cached = self.cache_image()
+        with Admission(self.ctx, self.params["unique_across"] or [], self.spec["name"]) as admission:
+            self._create_admitted(admission, cached)
+
+    def cache_image(self):
+        """(volume, format) of the machine's image in the pool's cache, uploaded when it is not there yet: an upload
+        can take long, so it happens before the pool's admission lock is taken."""
         spec = self.spec
-        pool = self.ctx.storage
-        # the image upload can take long: it happens before the pool's admission lock is taken
-        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener, self.ctx.images) \
-            if spec.get("image") else (None, None)
-        with Admission(self.ctx, self.params["unique_across"] or [], spec["name"]) as admission:
-            # under the lock: a domain of this name defined meanwhile belongs to another run, whose volumes
-            # (of the same names) must not be touched
-            if lv.lookup_domain(self.conn, spec["name"]) is not None:
-                raise NameTaken("another run created a machine named %s on this pool meanwhile" % spec["name"],
-                                "name")
-            admission.check_unique(spec["name"])
-            check_room(self.ctx, spec, new_disks(spec), locked=True, epoch=admission.epoch,
-                       elsewhere=admission.group_members(spec.get("server_group")))
-            # a journal of this name alone: a deletion killed midway (or a create of an earlier version)
-            registry = self.ctx.registry
-            key = reg.pending_key(spec["name"])
-            if key in registry.keys(key, admission.epoch):
-                left = registry.get(key)
-                journal.remove_orphans(self.ctx, left)
-                registry.delete(key, locked=True, epoch=admission.epoch, expected=True)
-            # what this create makes is listed before it is made, in the wave of the pool's lock (journal.py)
-            admission.journal(spec["name"], planned_volumes(spec))
-            record = self._create_locked(spec, pool, image_vol, fmt)
-            admitted(self.ctx, admission.epoch, record)
+        if not spec.get("image"):
+            return None, None
+        return images.ensure_cached(self.conn, self.ctx.storage, spec["image"], self.ctx.url_opener, self.ctx.images)
+
+    def _create_admitted(self, admission, cached):
+        spec = self.spec
+        # under the lock: a domain of this name defined meanwhile belongs to another run, whose volumes (of the
+        # same names) must not be touched
+        if lv.lookup_domain(self.conn, spec["name"]) is not None:
+            raise NameTaken("another run created a machine named %s on this pool meanwhile" % spec["name"], "name")
+        admission.check_unique(spec["name"])
+        check_room(self.ctx, spec, new_disks(spec), locked=True, epoch=admission.epoch,
+                   elsewhere=admission.group_members(spec.get("server_group")))
+        # a journal of this name alone: a deletion killed midway (or a create of an earlier version)
+        registry = self.ctx.registry
+        key = reg.pending_key(spec["name"])
+        if key in registry.keys(key, admission.epoch):
+            left = registry.get(key)
+            journal.remove_orphans(self.ctx, left)
+            registry.delete(key, locked=True, epoch=admission.epoch, expected=True)
+        # what this create makes is listed before it is made, in the wave of the pool's lock (journal.py)
+        admission.journal(spec["name"], planned_volumes(spec))
+        record = self._create_locked(spec, self.ctx.storage, *cached)
+        admitted(self.ctx, admission.epoch, record)
 
     def _clean_up(self, action, _observed):
         with Admission(self.ctx, [], self.name) as admission:

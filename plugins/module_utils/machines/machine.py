@@ -20,7 +20,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools.journal import journal_of
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
-from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import check_room
+from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, check_room
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
@@ -339,6 +339,9 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         self.restart_required = False
         self.resize_backup = None  # {xml, running, fields}: the definition a resize replaced (Changes._update)
         self.observations = 0
+        # while a create holds the machine through its wave (_apply_claimed): its admission and cached image
+        self.admission = None
+        self.cached = None
         # the leases listed for the machine's NICs when this run booted it (lease_expiries)
         self.earlier_leases = None
 
@@ -347,11 +350,33 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
 
     def apply_plan(self, plan, observed):
         """Apply while holding the machine on its pool: another run changing it waits its turn, and a move of it
-        (which holds it from before it stops the guest until the copy has taken over) refuses this run."""
+        (which holds it from before it stops the guest until the copy has taken over) refuses this run. A create
+        holds it through its wave first (``_apply_claimed``)."""
+        if plan.actions and plan.actions[0].kind == "create" and self._apply_claimed(plan, observed):
+            return
         registry = self.ctx.registry if self.ctx.registration else None  # the run's, opened once
         with reg.machine_hold(self.conn, self.name, reg.LOCK_WAIT_SECONDS, refuse=self._being_moved,
                               registry=registry):
             super().apply_plan(plan, observed)
+
+    def _apply_claimed(self, plan, observed):
+        """Create the machine (and start it) holding it the cheap way (registry.claim): admitted onto the pool
+        first, then held with a lock volume alone once the process's wave there lists it, until the start is
+        done; the wave stays as long. False, with nothing made, when another run holds the machine: the caller
+        then waits for that hold as a change does, outside the admission lock."""
+        cached = self.cache_image()
+        with Admission(self.ctx, self.params["unique_across"] or [], self.name) as admission:
+            admission.journal(self.name, planned_volumes(self.spec))
+            claimed = admission.claim(self.name)
+            if claimed is None:
+                return False
+            self.admission, self.cached = admission, cached
+            try:
+                super().apply_plan(plan, observed)
+            finally:
+                self.admission = self.cached = None
+                admission.unclaim(self.name, claimed)
+        return True
 
     def _being_moved(self, marker):
         """Why this run must not wait for ``marker``: it is a move of the machine (its journal names it)."""
@@ -529,6 +554,11 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
             release_address(self.ctx, nic)
         if volumes:
             self.ctx.registry.delete(reg.pending_key(self.name), expected=True)
+        # a create of the machine killed after its define (while it started the guest) left its wave listing it:
+        # under the pool's lock every wave but this process's is a dead run's (a live one goes before its lock)
+        if self.ctx.registration and (journal_of(self.ctx.registry, self.name) or {}).get("wave"):
+            with Admission(self.ctx, []) as admission:
+                admission.clean_dead_waves()
 
     # the record of a running machine
 

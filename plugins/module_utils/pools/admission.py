@@ -76,6 +76,7 @@ class Admission:
     _targets = {}  # uri -> threading.Lock: one thread of the process admits onto a pool at a time
     _names = set()  # machine names being admitted by a thread of this process
     _inside = 0  # admissions of this process entered and not left
+    _claimed = {}  # uri -> names of the machines this process holds for a create there (claim)
     _epochs = itertools.count(1)
 
     def __init__(self, ctx, peer_uris, name=None):
@@ -203,8 +204,48 @@ class Admission:
         hold = Admission._holds[self.ctx.uri]
         own = hold.wave.key if hold.wave is not None else None
         registry = self.ctx.registry
+        with self._guard:
+            claimed = set(Admission._claimed.get(self.ctx.uri, ()))
         journal.clean_waves(self.ctx, [key for key in registry.keys(journal.WAVE_PREFIX, self.epoch) if key != own],
-                            self.epoch)
+                            self.epoch, claimed)
+
+    def claim(self, name):
+        """Hold machine ``name`` on the pool for its create (registry.claim), once this epoch's wave lists it: a
+        handle to give to ``unclaim``, True on a pool without a registry (nothing to hold), or None when another
+        run holds the machine (the caller lets the lock go and waits for that hold)."""
+        hold = Admission._holds[self.ctx.uri]
+        if hold.lock is None:
+            return True
+        volume = reg.claim(self.ctx.registry.pool, name)
+        if volume is not None:
+            with self._guard:
+                Admission._claimed.setdefault(self.ctx.uri, set()).add(name)
+        return volume
+
+    def unclaim(self, name, volume):
+        """Give back the hold ``claim`` took, before this admission leaves (so before the wave goes)."""
+        if volume is True or volume is None:
+            return
+        try:
+            reg.unclaim(self.ctx.registry.pool, volume, name)
+        finally:
+            with self._guard:
+                Admission._claimed.get(self.ctx.uri, set()).discard(name)
+
+    def step_aside(self):
+        """Let the next admission of this process onto the pool in while this one keeps its share of the locks:
+        the create is made, and what follows it (its start) needs no room check, only the wave to stay."""
+        if self.target is not None:
+            self.target.release()
+            self.target = None
+        with self._guard:
+            if self.named:
+                Admission._names.discard(self.name)
+                names = Admission._holds[self.ctx.uri].names
+                if names is not None:
+                    names.add(self.name)
+                self.named = False
+                self._guard.notify_all()
 
     def check_unique(self, name):
         for uri, conn in self.peers:

@@ -23,7 +23,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 
-WAVE_PREFIX = "wave-"
+WAVE_PREFIX = reg.WAVE_PREFIX
 
 
 def _own_prefix():
@@ -47,11 +47,8 @@ def others_waves(registry):
 def wave_is_dead(key):
     """True when the wave ``key`` was written by a process of this controller that is gone; None when it cannot be
     told (another controller, or not a wave)."""
-    try:
-        controller, pid, start = key[len(WAVE_PREFIX):].split("-")[:3]
-    except ValueError:
-        return None
-    return reg.holder_is_dead("%s.%s.%s" % (controller, pid, start), "")
+    owner = reg.wave_owner(key)
+    return reg.holder_is_dead(owner, "") if owner is not None else None
 
 
 def journal_of(registry, name):
@@ -101,13 +98,24 @@ def remove_orphans(ctx, journal, skip_defined=False):
         storage.delete_volume_secret(ctx.conn, path)
 
 
-def clean_waves(ctx, keys, epoch=None):
-    """Under the pool's admission lock: remove what the dead waves ``keys`` list, then the waves."""
+def clean_waves(ctx, keys, epoch=None, claimed=()):
+    """Under the pool's admission lock: remove what the dead waves ``keys`` list, the holds their creates had on
+    the machines (registry.claim), then the waves. The machines this process holds that way (``claimed``) are
+    left alone; a machine another run holds with a marker (a move of it, say) keeps its volumes."""
+    if not keys:
+        return
     registry = ctx.registry
+    names = set(reg.listing(registry.pool))
     for key in keys:
         body = registry.get(key) or {}
         for name, volumes in sorted((body.get("machines") or {}).items()):
+            if name in claimed:
+                continue
+            if any(volume.startswith(reg.hold_prefix(name)) for volume in names):
+                continue  # held by a live run, which owns what is there of the name
             remove_orphans(ctx, {"machine": name, "volumes": volumes}, skip_defined=True)
+            if reg.hold_volume(name) in names:
+                storage.delete_volume(registry.pool, reg.hold_volume(name))  # the dead create's claim
         registry.delete(key, locked=True, epoch=epoch, expected=True)
 
 

@@ -453,7 +453,8 @@ class AdmissionLock:
     run; one older than LOCK_STALE_SECONDS is broken by anyone. Works over any URI, across hosts and processes."""
 
     def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS, name=LOCK_VOLUME, holder_prefix=HOLDER_PREFIX,
-                 stale=LOCK_STALE_SECONDS, what="the admission lock of this pool", refuse=None, field="uri"):
+                 stale=LOCK_STALE_SECONDS, what="the admission lock of this pool", refuse=None, field="uri",
+                 markerless=None):
         self.conn = conn
         self.pool = pool
         self.timeout = timeout
@@ -463,6 +464,9 @@ class AdmissionLock:
         self.what = what
         self.refuse = refuse  # refuse(holder marker): why not to wait for that holder, or None to wait
         self.field = field
+        # markerless(age): whether a lock of this age with no holder marker is abandoned (machine_hold: a create
+        # holds its machine that way, named by its wave); None: once it has had no marker for MARKERLESS_SECONDS
+        self.markerless = markerless
         self.volume = None
         self.marker = None
         self.marker_volume = None
@@ -487,7 +491,7 @@ class AdmissionLock:
         if age > self.stale:
             return True
         if not markers:
-            return age > MARKERLESS_SECONDS
+            return self.markerless(age) if self.markerless is not None else age > MARKERLESS_SECONDS
         return all(holder_is_dead(marker, self.holder_prefix) for marker in markers)
 
     def _break(self, markers):
@@ -620,7 +624,8 @@ def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=Non
     """The hold on ``machine`` in the registry of the pool behind ``conn`` (nothing when the pool has no
     registry): one run at a time changes the machine there. ``refuse(marker)`` says why not to wait for the
     run holding it (a move, for the machine module), or None to wait up to ``timeout``. ``registry`` (the run's
-    Registry of that pool, opened and started already) spares looking the storage pool up again."""
+    Registry of that pool, opened and started already) spares looking the storage pool up again. A hold with no
+    holder marker is a create's claim (``claim``): it is waited for while a live wave lists the machine."""
     if registry is not None:
         pool = registry.pool
     else:
@@ -629,8 +634,73 @@ def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=Non
             pool.create(0)
     if pool is None:
         return _Held()
-    return AdmissionLock(conn, pool, timeout, "hold-%s.lock" % machine, hold_prefix(machine), MOVE_STALE_SECONDS,
-                         "the hold on machine %s" % machine, refuse, field)
+    return AdmissionLock(conn, pool, timeout, hold_volume(machine), hold_prefix(machine), MOVE_STALE_SECONDS,
+                         "the hold on machine %s" % machine, refuse, field,
+                         lambda age: claim_abandoned(conn, pool, machine, age))
+
+
+# A create holds its machine too, but more cheaply than a change does (a marker and a lock volume, made and deleted,
+# for each machine of a batch). Under the pool's admission lock, once the wave of its process (journal.py) lists
+# the machine, the create makes the hold's lock volume alone: the wave names its holder. It deletes it before its
+# process's hold of the admission lock ends, and the wave goes only then, so a claim without a live wave listing it
+# is a dead run's. A run that finds the machine held otherwise (a move of it, an update, a deletion) lets the
+# admission lock go and waits for that hold as any change does (machine_hold).
+WAVE_PREFIX = "wave-"
+
+
+def hold_volume(machine):
+    return "hold-%s.lock" % machine
+
+
+def claim(pool, machine):
+    """Hold ``machine`` for a create, with no holder marker (see above): the lock volume's handle, or None when
+    the machine is held already."""
+    try:
+        return pool.createXML(storage.volume_xml(hold_volume(machine), 1, "raw", mode="0600"), 0)
+    except lv.libvirt.libvirtError as exc:
+        if exc.get_error_code() in (lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST, lv.libvirt.VIR_ERR_INTERNAL_ERROR,
+                                    lv.libvirt.VIR_ERR_OPERATION_FAILED):
+            return None
+        raise LibvirtFailure("cannot hold machine %s: %s" % (machine, lv.describe(exc))) from None
+
+
+def unclaim(pool, volume, machine):
+    _delete_made(pool, volume, hold_volume(machine))
+
+
+def wave_owner(key):
+    """"controller.pid.start" of the process that wrote the wave ``key``, or None."""
+    parts = key[len(WAVE_PREFIX):].split("-")
+    return ".".join(parts[:3]) if key.startswith(WAVE_PREFIX) and len(parts) == 4 else None
+
+
+def claim_abandoned(conn, pool, machine, age):
+    """Whether the hold on ``machine`` in the registry ``pool``, of this ``age`` and with no holder marker, is
+    abandoned. A wave that lists the machine names the create holding it: a wave is live while its process holds
+    the pool's admission lock (its marker is there), or runs on this controller; one that cannot be read yet is
+    taken to list it. While a live wave lists the machine it is not abandoned; when only dead ones do, it is at
+    once; a claim that no wave lists (its dead wave cleaned already), or a lock killed before its holder named
+    itself, after MARKERLESS_SECONDS."""
+    names = reread(pool, lambda: listing(pool), holds_registration)
+    holders = [name[len(HOLDER_PREFIX):] for name in names if name.startswith(HOLDER_PREFIX)]
+    waves = sorted({match.group("key") for match in map(_DOC.match, names)
+                    if match and match.group("key").startswith(WAVE_PREFIX)})
+    registry = Registry(conn, pool)
+    dead = False
+    for key in waves:
+        owner = wave_owner(key)
+        if owner is None:
+            continue
+        body = registry.get(key)
+        if body is not None and machine not in (body.get("machines") or {}):
+            continue
+        gone = holder_is_dead(owner, "")
+        if gone is None:  # another controller's: live while it holds the admission lock
+            gone = not any(holder.startswith(owner + ".") for holder in holders)
+        if not gone:
+            return False
+        dead = True
+    return dead or age > MARKERLESS_SECONDS
 
 
 class _Held:

@@ -11,10 +11,21 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import jou
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 
 
+class Listed:
+    """A registry's storage pool, as far as a listing of its volume names goes."""
+
+    def __init__(self, names=()):
+        self.names = list(names)
+
+    def listVolumes(self):  # noqa: N802 - libvirt's name
+        return list(self.names)
+
+
 class Documents:
     """A registry's documents as Registry shows them: keys listed, bodies read (None: listed, not readable)."""
 
-    def __init__(self, bodies):
+    def __init__(self, bodies, volumes=()):
+        self.pool = Listed(volumes)  # the volumes other than documents: holds and their markers
         self.bodies = dict(bodies)
         self.puts = []
         self.deleted = []
@@ -244,3 +255,82 @@ def test_a_hold_handed_over_mid_run_deletes_its_wave_before_the_lock_goes_back(m
     # the pool's lock went back twice (handed over, then at the end), each time with no wave left
     assert events == ["taken", "released, waves left: 0", "taken", "released, waves left: 0"]
     assert docs.deleted == [first_wave, journal.wave_key(second.epoch)]
+
+
+# A create's hold on its machine (registry.claim): a lock volume with no marker, named by the wave that lists it
+
+
+def claim_of(monkeypatch, waves, volumes=(), age=1.0):
+    """claim_abandoned of machine web in a registry holding ``waves`` ({key: body, None when unreadable}) and the
+    other ``volumes``, for a claim of ``age`` seconds."""
+    docs = Documents(waves)
+    names = ["pool.1.json", "hold-web.lock"] + ["%s.1.json" % key for key in waves] + list(volumes)
+    monkeypatch.setattr(reg, "Registry", lambda conn, pool: docs)
+    return reg.claim_abandoned(None, Listed(names), "web", age)
+
+
+def test_a_claim_listed_in_a_live_wave_of_this_controller_is_kept_however_old(monkeypatch):
+    assert claim_of(monkeypatch, {journal.wave_key(4): {"machines": {"web": []}}}, age=3600) is False
+
+
+def test_a_claim_listed_only_in_a_dead_wave_is_abandoned_at_once(monkeypatch):
+    controller, start = reg.controller_identity()
+    dead = "wave-%s-%d-%s-2" % (controller, a_dead_pid(), start)
+    assert claim_of(monkeypatch, {dead: {"machines": {"web": []}}}, age=0.1) is True
+
+
+def test_a_wave_of_another_controller_is_live_while_its_process_holds_the_admission_lock(monkeypatch):
+    wave = {"wave-0123456789ab-77-9-3": {"machines": {"web": []}}}
+    holder = reg.HOLDER_PREFIX + "0123456789ab.77.9.140"
+    assert claim_of(monkeypatch, wave, [reg.LOCK_VOLUME, holder], age=3600) is False
+    # its process let the lock go (or another holds it now): the wave is a dead run's
+    other = reg.HOLDER_PREFIX + "0123456789ab.78.9.140"
+    assert claim_of(monkeypatch, wave, [reg.LOCK_VOLUME, other], age=0.1) is True
+
+
+def test_an_unreadable_live_wave_may_list_the_machine(monkeypatch):
+    assert claim_of(monkeypatch, {journal.wave_key(4): None}, age=3600) is False
+
+
+def test_a_claim_no_wave_lists_is_abandoned_once_markerless_long_enough(monkeypatch):
+    other = {journal.wave_key(4): {"machines": {"db": []}}}  # a live wave of other machines does not hold web
+    assert claim_of(monkeypatch, other, age=reg.MARKERLESS_SECONDS - 1) is False
+    assert claim_of(monkeypatch, other, age=reg.MARKERLESS_SECONDS + 1) is True
+
+
+def test_a_machine_hold_asks_the_waves_about_a_markerless_lock(monkeypatch):
+    asked = []
+    monkeypatch.setattr(reg, "claim_abandoned", lambda conn, pool, machine, age: asked.append((machine, age)) or 1)
+    hold = reg.machine_hold(None, "web", 5, registry=reg.Registry(None, Listed()))
+    assert hold.name == "hold-web.lock" and hold._abandoned(2.0, []) == 1 and asked == [("web", 2.0)]
+    # a lock with its holder's marker (another controller's here) is judged by the marker, as before
+    assert hold._abandoned(2.0, [reg.hold_prefix("web") + "0123456789ab.1.2.3"]) is False
+    assert asked == [("web", 2.0)]
+
+
+def test_cleaning_a_dead_wave_removes_its_creates_claims_but_not_this_processs_or_a_held_machines(held, monkeypatch):
+    docs = Documents({"wave-dead-1-2-3": {"machines": {"x": ["x-root.qcow2"], "y": ["y-root.qcow2"],
+                                                       "z": ["z-root.qcow2"]}}},
+                     ["hold-x.lock", "hold-y.lock", "hold-z.lock", reg.hold_prefix("z") + "c.1.2.3"])
+    deleted = []
+    monkeypatch.setattr(journal.storage, "delete_volume", lambda pool, name: deleted.append(name))
+    journal.clean_waves(Ctx(docs), ["wave-dead-1-2-3"], 5, claimed={"y"})
+    assert deleted == ["hold-x.lock"]  # y is this process's create; z is held by a live run with a marker
+    assert held.cleaned == [("x", ("x-root.qcow2",), True)]
+    assert docs.deleted == ["wave-dead-1-2-3"]
+
+
+def test_an_admission_passes_this_processs_claims_to_the_clean_up(held, monkeypatch):
+    docs = Documents({"wave-dead-1-2-3": {"machines": {"x": ["x-root.qcow2"]}}}, ["hold-x.lock"])
+    ctx = Ctx(docs)
+    admission, _hold = held(ctx)
+    monkeypatch.setattr(adm.Admission, "_claimed", {ctx.uri: {"x"}})
+    admission.journal("a", ["a-root.qcow2"])
+    assert held.cleaned == [] and docs.deleted == ["wave-dead-1-2-3"]
+
+
+def test_a_claim_on_a_pool_without_a_registry_holds_nothing(held):
+    admission, hold = held(Ctx(Documents({})))
+    hold.lock = None
+    assert admission.claim("a") is True
+    admission.unclaim("a", True)
