@@ -506,6 +506,12 @@ class AdmissionLock:
                 for marker in markers:
                     _delete_quietly(self.pool, marker)
 
+    def break_abandoned(self, markers):
+        """Break the lock when it still has ``markers`` (a listing's) and no live holder."""
+        current = self._current()
+        if current is not None and current[1] == markers and self._abandoned(*current):
+            self._break(markers)
+
     def acquire(self):
         deadline = time.monotonic() + self.timeout
         marker = holder_marker(self.holder_prefix)
@@ -575,12 +581,13 @@ class AdmissionLock:
                 if current is not None:
                     if current[1] and self._abandoned(*current):
                         self._break(current[1])
-                    return
+                    return names
                 self._complete_names()  # listed a moment ago, looked up in a refresh's window: again
-            return
+            return names
         for marker in names:
             if marker.startswith(self.holder_prefix) and holder_is_dead(marker, self.holder_prefix):
                 _delete_quietly(self.pool, marker)
+        return names
 
     def release(self):
         # the lock before its marker: a run killed between the two leaves a dead marker, never a nameless lock
@@ -701,6 +708,31 @@ def claim_abandoned(conn, pool, machine, age):
             return False
         dead = True
     return dead or age > MARKERLESS_SECONDS
+
+
+def clear_dead_holds(conn, pool, names):
+    """Break the holds on machines (machine_hold, claim) in the registry ``pool`` that runs killed while they held
+    them left, as ``names`` (a listing of it) shows them, and delete dead runs' markers beside no lock: a machine
+    that no run changes again would keep them. Only a hold whose every marker names a gone process of this
+    controller, or a create's claim that claim_abandoned calls abandoned, is touched."""
+    locks, markers = set(), {}
+    for name in names:
+        if not name.startswith("hold-"):
+            continue
+        if name.endswith(".lock"):
+            locks.add(name[len("hold-"):-len(".lock")])
+        elif ".holder." in name:
+            markers.setdefault(name[len("hold-"):name.index(".holder.")], []).append(name)
+    for machine in sorted(locks | set(markers)):
+        held = sorted(markers.get(machine, []))
+        prefix = hold_prefix(machine)
+        if held and not all(holder_is_dead(marker, prefix) for marker in held):
+            continue  # a live holder, or one that cannot be told
+        if machine not in locks:
+            for marker in held:
+                _delete_quietly(pool, marker)
+            continue
+        machine_hold(conn, machine, 0, registry=Registry(conn, pool)).break_abandoned(held)
 
 
 class _Held:
