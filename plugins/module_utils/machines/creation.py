@@ -115,7 +115,7 @@ class Creation:
         spec = self.spec
         # under the lock: a domain of this name defined meanwhile belongs to another run, whose volumes (of the
         # same names) must not be touched
-        if lv.lookup_domain(self.conn, spec["name"]) is not None:
+        if admission.may_exist(spec["name"]) and lv.lookup_domain(self.conn, spec["name"]) is not None:
             raise NameTaken("another run created a machine named %s on this pool meanwhile" % spec["name"], "name")
         admission.check_unique(spec["name"])
         check_room(self.ctx, spec, new_disks(spec), locked=True, epoch=admission.epoch,
@@ -184,7 +184,7 @@ class Creation:
                 nics.append(nic)
             inputs = dict(paths, name=name, virt_type=spec["virt_type"], record=record, disks=disks, nics=nics,
                           console_path=self.ctx.storage_file(files["console"]))
-            self._define(options.build(inputs, spec), "define machine")
+            self.defined = self._define(options.build(inputs, spec), "define machine")
             for nic in reserved_nics(record):
                 reserve_address(self.ctx, nic, name)
                 reserved.append(nic)

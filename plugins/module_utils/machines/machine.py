@@ -74,25 +74,31 @@ class Observed:
         return self.exists and is_active(self.state[0])
 
 
-def observe_machine(conn, name, journal=False, listing=None, registry=None):
+def observe_machine(conn, name, journal=False, listing=None, registry=None, dom=None):
     """One read of the machine; with ``journal``, a missing machine also brings the journal a dead run of that
     name left in the pool's registry (the volumes it created or was deleting). With ``listing`` (the pool's
     domains as this run read them, pool_context.read_domains) the machine is taken from it, no round trip, and a
-    missing one's journal from ``registry`` (the run's)."""
+    missing one's journal from ``registry`` (the run's). ``dom``: the domain's handle, when the run has it (the
+    one its define returned), so it is not looked up."""
     if listing is not None:
         reading = listing.get(name)
         if reading is not None:
             return Observed(name, reading.dom, reading.tree, reading.record, reading.state,
                             reading.live_max_memory)
         dom = None
-    else:
+    elif dom is None:
         dom = lv.lookup_domain(conn, name)
     if dom is None:
         observed = Observed(name)
         if journal:
             observed.journal = journal_of(registry or reg.Registry.open(conn), name)
         return observed
-    tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+    try:
+        tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+    except lv.libvirt.libvirtError as exc:
+        if listing is not None or exc.get_error_code() != lv.libvirt.VIR_ERR_NO_DOMAIN:
+            raise
+        return observe_machine(conn, name, journal, registry=registry)  # undefined since: as it is now
     state = tuple(dom.state())
     live_max = dom.maxMemory() * 1024 if is_active(state[0]) else None
     record = dx.read_record(tree)
@@ -342,6 +348,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         # while a create holds the machine through its wave (_apply_claimed): its admission and cached image
         self.admission = None
         self.cached = None
+        self.defined = None  # the handle of the domain this run's create defined, for the observation after it
         # the leases listed for the machine's NICs when this run booted it (lease_expiries)
         self.earlier_leases = None
 
@@ -402,8 +409,9 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         # the first observation may come from the pool's listing of this run; the one after apply is fresh
         listing = self.ctx.listed() if not self.observations else None
         self.observations += 1
+        dom, self.defined = self.defined, None
         observed = observe_machine(self.conn, self.name, journal=bool(self.ctx.registration), listing=listing,
-                                   registry=self.ctx.registry if listing is not None else None)
+                                   registry=self.ctx.registry if listing is not None else None, dom=dom)
         if not observed.exists and not observed.journal and self.ctx.registration:
             observed.journal = self._orphan_log()
         return observed
@@ -471,7 +479,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
             raise LibvirtFailure("cannot %s %s: %s" % (what, tree.findtext("name"), lv.describe(exc))) from None
 
     def _start(self, _action, _observed):
-        dom = lv.lookup_domain(self.conn, self.name)
+        dom = self.defined or lv.lookup_domain(self.conn, self.name)  # created just now: its define's handle
         state, reason = dom.state()
         try:
             if state == lv.libvirt.VIR_DOMAIN_PAUSED and reason != lv.libvirt.VIR_DOMAIN_PAUSED_CRASHED:

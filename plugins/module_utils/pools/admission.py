@@ -247,6 +247,12 @@ class Admission:
                 self.named = False
                 self._guard.notify_all()
 
+    def may_exist(self, name):
+        """Whether a domain ``name`` may be defined on the pool: not when the names listed as the lock was taken
+        (and admitted since) lack it, as no other run creates there while the process holds the lock."""
+        names = Admission._holds[self.ctx.uri].names
+        return names is None or name in names
+
     def check_unique(self, name):
         for uri, conn in self.peers:
             names = Admission._holds[uri].names
