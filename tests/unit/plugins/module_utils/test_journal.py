@@ -334,3 +334,24 @@ def test_a_claim_on_a_pool_without_a_registry_holds_nothing(held):
     hold.lock = None
     assert admission.claim("a") is True
     admission.unclaim("a", True)
+
+
+def test_a_runs_clean_up_breaks_only_holds_whose_holders_are_gone(monkeypatch):
+    """clear_dead_holds: a hold whose every marker names a gone process of this controller, or a create's claim
+    (no marker), is looked at and broken if still abandoned; a live or foreign holder's is left; a dead marker
+    beside no lock goes."""
+    controller, start = reg.controller_identity()
+    dead = "%s.%d.%s.1" % (controller, a_dead_pid(), start)
+    live = "%s.%d.%s.1" % (controller, os.getpid(), start)
+    names = ["hold-a.lock", "hold-a.holder." + dead,                   # killed while it held a
+             "hold-b.lock", "hold-b.holder." + live,                   # held by this process
+             "hold-c.lock", "hold-c.holder.0123456789ab.1.2.3",        # another controller's
+             "hold-d.lock",                                            # a create's claim
+             "hold-e.holder." + dead,                                  # a dead waiter's marker
+             "pool.1.json", "admission.lock"]
+    broken, deleted = [], []
+    monkeypatch.setattr(reg.AdmissionLock, "break_abandoned", lambda self, markers: broken.append((self.name, markers)))
+    monkeypatch.setattr(reg, "_delete_quietly", lambda pool, name: deleted.append(name))
+    reg.clear_dead_holds(None, Listed(names), names)
+    assert broken == [("hold-a.lock", ["hold-a.holder." + dead]), ("hold-d.lock", [])]
+    assert deleted == ["hold-e.holder." + dead]
