@@ -111,10 +111,12 @@ def clean_waves(ctx, keys, epoch=None, claimed=()):
         for name, volumes in sorted((body.get("machines") or {}).items()):
             if name in claimed:
                 continue
-            if any(volume.startswith(reg.hold_prefix(name)) for volume in names):
-                continue  # held by a live run, which owns what is there of the name
+            prefix = reg.hold_prefix(name)
+            markers = [volume for volume in names if volume.startswith(prefix)]
+            if not all(reg.holder_is_dead(marker, prefix) for marker in markers):
+                continue  # held by a live run (or one that cannot be told), which owns what is there of the name
             remove_orphans(ctx, {"machine": name, "volumes": volumes}, skip_defined=True)
-            if reg.hold_volume(name) in names:
+            if reg.hold_volume(name) in names and not markers:
                 storage.delete_volume(registry.pool, reg.hold_volume(name))  # the dead create's claim
         registry.delete(key, locked=True, epoch=epoch, expected=True)
 

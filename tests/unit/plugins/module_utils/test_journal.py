@@ -309,14 +309,19 @@ def test_a_machine_hold_asks_the_waves_about_a_markerless_lock(monkeypatch):
 
 
 def test_cleaning_a_dead_wave_removes_its_creates_claims_but_not_this_processs_or_a_held_machines(held, monkeypatch):
-    docs = Documents({"wave-dead-1-2-3": {"machines": {"x": ["x-root.qcow2"], "y": ["y-root.qcow2"],
-                                                       "z": ["z-root.qcow2"]}}},
-                     ["hold-x.lock", "hold-y.lock", "hold-z.lock", reg.hold_prefix("z") + "c.1.2.3"])
+    controller, start = reg.controller_identity()
+    dead = reg.hold_prefix("w") + "%s.%d.%s.1" % (controller, a_dead_pid(), start)
+    docs = Documents({"wave-dead-1-2-3": {"machines": {"w": ["w-root.qcow2"], "x": ["x-root.qcow2"],
+                                                       "y": ["y-root.qcow2"], "z": ["z-root.qcow2"]}}},
+                     ["hold-w.lock", dead, "hold-x.lock", "hold-y.lock", "hold-z.lock",
+                      reg.hold_prefix("z") + "0123456789ab.1.2.3"])
     deleted = []
     monkeypatch.setattr(journal.storage, "delete_volume", lambda pool, name: deleted.append(name))
     journal.clean_waves(Ctx(docs), ["wave-dead-1-2-3"], 5, claimed={"y"})
-    assert deleted == ["hold-x.lock"]  # y is this process's create; z is held by a live run with a marker
-    assert held.cleaned == [("x", ("x-root.qcow2",), True)]
+    # y is this process's create; z is held by a run that cannot be told dead; w's hold, with a dead marker, is
+    # the run's clean-up's to break (clear_dead_holds), its volumes go with the wave
+    assert deleted == ["hold-x.lock"]
+    assert held.cleaned == [("w", ("w-root.qcow2",), True), ("x", ("x-root.qcow2",), True)]
     assert docs.deleted == ["wave-dead-1-2-3"]
 
 
