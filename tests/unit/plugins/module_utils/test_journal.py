@@ -360,3 +360,29 @@ def test_a_runs_clean_up_breaks_only_holds_whose_holders_are_gone(monkeypatch):
     reg.clear_dead_holds(None, Listed(names), names)
     assert broken == [("hold-a.lock", ["hold-a.holder." + dead]), ("hold-d.lock", [])]
     assert deleted == ["hold-e.holder." + dead]
+
+
+def test_a_name_the_holds_listing_lacks_needs_no_lookup(held):
+    admission, hold = held(Ctx(Documents({})))
+    hold.names = None  # a pool without a registry: nothing was listed, anything may be there
+    assert admission.may_exist("web") is True
+    hold.names = {"db"}
+    assert admission.may_exist("web") is False and admission.may_exist("db") is True
+
+
+def test_a_create_steps_aside_after_its_define_keeping_its_share(held, monkeypatch):
+    """The start that follows a create lets the process's next create onto the pool in; the share (and so the
+    wave) stays until the admission leaves."""
+    monkeypatch.setattr(adm.Admission, "_names", {"web"})
+    monkeypatch.setattr(adm.Admission, "_targets", {})
+    admission, hold = held(Ctx(Documents({})))
+    hold.names, hold.users = {"db"}, 1
+    admission.target = adm.Admission.process_lock(admission.ctx.uri)
+    admission.target.acquire()
+    admission.named, admission.name = True, "web"
+    admission.step_aside()
+    assert not adm.Admission.process_lock(admission.ctx.uri).locked()
+    assert "web" not in adm.Admission._names and hold.names == {"db", "web"}
+    assert hold.users == 1 and hold.held  # still shared: the wave stays
+    admission.step_aside()  # twice, or then left: nothing more to give back
+    assert admission.target is None and not admission.named
