@@ -229,7 +229,7 @@ class PoolContext:
         pool = self.registry.pool if self.registration else None
         if pool is not None:
             names = reg.AdmissionLock(self.conn, pool).clear_abandoned()
-            if any(name.startswith("hold-") for name in names):
+            if any(name.startswith(reg.HOLD_PREFIX) for name in names):
                 reg.clear_dead_holds(self.conn, pool, names)
             # a wave of this controller's run killed after its last create: no later create on the pool meets it
             if any(journal.wave_is_dead(key) for key in self.registry.keys(journal.WAVE_PREFIX)):

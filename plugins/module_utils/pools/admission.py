@@ -233,8 +233,9 @@ class Admission:
                 Admission._claimed.get(self.ctx.uri, set()).discard(name)
 
     def step_aside(self):
-        """Let the next admission of this process onto the pool in while this one keeps its share of the locks:
-        the create is made, and what follows it (its start) needs no room check, only the wave to stay."""
+        """Let the next admission of this process onto the pool (and of the name) in while this one keeps its
+        share of the locks: the create is made, and what follows it (its start) needs no room check, only the wave
+        to stay. Leaving does it first."""
         if self.target is not None:
             self.target.release()
             self.target = None
@@ -243,7 +244,7 @@ class Admission:
                 Admission._names.discard(self.name)
                 names = Admission._holds[self.ctx.uri].names
                 if names is not None:
-                    names.add(self.name)
+                    names.add(self.name)  # created, or maybe: the next admission of the name looks it up
                 self.named = False
                 self._guard.notify_all()
 
@@ -281,17 +282,9 @@ class Admission:
         return found
 
     def __exit__(self, *exc_info):
-        if self.target is not None:
-            self.target.release()
-            self.target = None
+        self.step_aside()
         giving_back = []
         with self._guard:
-            if self.named:
-                Admission._names.discard(self.name)
-                names = Admission._holds[self.ctx.uri].names
-                if names is not None:
-                    names.add(self.name)  # created, or maybe: the next admission of the name looks it up
-                self.named = False
             for uri in self.shared:
                 Admission._holds[uri].users -= 1
             self.shared = []

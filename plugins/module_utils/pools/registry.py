@@ -614,8 +614,11 @@ MOVE_STALE_SECONDS = UPLOAD_STALE_SECONDS
 MOVE_WAIT_SECONDS = UPLOAD_WAIT_SECONDS
 
 
+HOLD_PREFIX = "hold-"  # the holds on machines in a registry: hold-<machine>.lock and its holder markers
+
+
 def hold_prefix(machine):
-    return "hold-%s.holder." % machine
+    return "%s%s.holder." % (HOLD_PREFIX, machine)
 
 
 def holder_description(marker, prefix):
@@ -656,7 +659,7 @@ WAVE_PREFIX = "wave-"
 
 
 def hold_volume(machine):
-    return "hold-%s.lock" % machine
+    return "%s%s.lock" % (HOLD_PREFIX, machine)
 
 
 def claim(pool, machine):
@@ -717,12 +720,12 @@ def clear_dead_holds(conn, pool, names):
     controller, or a create's claim that claim_abandoned calls abandoned, is touched."""
     locks, markers = set(), {}
     for name in names:
-        if not name.startswith("hold-"):
+        if not name.startswith(HOLD_PREFIX):
             continue
         if name.endswith(".lock"):
-            locks.add(name[len("hold-"):-len(".lock")])
+            locks.add(name[len(HOLD_PREFIX):-len(".lock")])
         elif ".holder." in name:
-            markers.setdefault(name[len("hold-"):name.index(".holder.")], []).append(name)
+            markers.setdefault(name[len(HOLD_PREFIX):name.index(".holder.")], []).append(name)
     for machine in sorted(locks | set(markers)):
         held = sorted(markers.get(machine, []))
         prefix = hold_prefix(machine)
