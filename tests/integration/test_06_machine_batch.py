@@ -50,10 +50,20 @@ def test_batch_lifecycle(registered, module, image):
     assert again["changed"] is False, again
     assert [p["reason"] for p in again["placements"]] == ["already exists on pool %s" % found[n][0] for n in names]
 
-    resized = module("machine_batch", pools=[p.uri for p in pools],
-                     machines=[dict(spec, labels={"tier": "web"}) for spec in specs[:1]])
+    quiet = module("machine_batch", pools=[p.uri for p in pools], machines=specs, return_machines="none")
+    assert quiet["changed"] is False
+    assert (quiet["machines"], quiet["placements"]) == ([], [])
+    assert quiet["counts"] == again["counts"] and sum(quiet["counts"].values()) == 4
+    assert [line.split()[0] for line in quiet["table"]] == [line.split()[0] for line in again["table"]]
+
+    resized = module("machine_batch", pools=[p.uri for p in pools], return_machines="changed",
+                     machines=[dict(spec, labels={"tier": "web"}) for spec in specs[:1]] + specs[1:])
     assert resized["changed"] is True
-    assert resized["diff"]["after"][names[0]] == {"labels": {"tier": "web"}}
+    assert resized["diff"]["after"] == {names[0]: {"labels": {"tier": "web"}}}
+    assert [machine["name"] for machine in resized["machines"]] == names[:1]
+    assert resized["machines"][0]["labels"] == {"tier": "web"}
+    assert [placement["name"] for placement in resized["placements"]] == names[:1]
+    assert sum(resized["counts"].values()) == 4 and len(resized["table"]) == 5
 
     gone = module("machine_batch", pools=[p.uri for p in pools],
                   machines=[{"name": n, "state": "absent"} for n in names])

@@ -304,6 +304,7 @@ MACHINE_BATCH = (
     Option("strategy", choices=STRATEGIES, default="spread"),
     Option("retries", "int", default=3),
     Option("workers", "int", default=16),
+    Option("return_machines", choices=("all", "changed", "none"), default="all"),
 )
 
 MACHINE_INFO = (

@@ -288,10 +288,23 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
     return result
 
 
-def summary(result, specs):
+def summary(result, specs, returned="all"):
+    """The result of a batch: ``machines`` and ``placements`` list every machine (``returned`` all), those the run
+    changed or would change in check mode (changed), or none; the table and ``counts`` (machines by phase) always
+    cover them all. A fleet of thousands returns its statuses only when asked: each costs the module, and
+    ansible-core on both ends, about 1.4 KB of JSON."""
     machines = [result.machines[spec["name"]] for spec in specs if spec["name"] in result.machines]
-    placements = [result.placements[spec["name"]] for spec in specs if spec["name"] in result.placements]
     shown = [machine for machine in machines if machine.get("phase") != "Terminated"]
-    return {"machines": machines, "placements": placements, "failures": result.failures,
+    counts = {}
+    for machine in machines:
+        counts[machine["phase"]] = counts.get(machine["phase"], 0) + 1
+    if returned == "all":
+        listed = set(result.machines)
+    else:
+        listed = set(result.actions) if returned == "changed" else set()
+    return {"machines": [machine for machine in machines if machine["name"] in listed],
+            "placements": [result.placements[spec["name"]] for spec in specs
+                           if spec["name"] in result.placements and spec["name"] in listed],
+            "failures": result.failures, "counts": counts,
             "table": table(sorted(shown, key=lambda machine: (machine.get("pool") or "", machine["name"]))),
             "attempts": result.attempts}

@@ -1,14 +1,15 @@
 # -*- coding: utf-8 -*-
 # Copyright: contributors to machinery.compute
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""machine_batch's defaults: merged under each machine's own keys before the machine is validated."""
+"""machine_batch's defaults, merged under each machine's own keys before the machine is validated, and what its
+result lists."""
 
 from __future__ import annotations
 
 import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.fleets.batch import validated
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.batch import BatchOutcome, summary, validated
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 
 from conftest import refused
@@ -49,3 +50,29 @@ def test_machines_alike_but_for_their_names_are_each_what_params_makes_of_them()
 def test_a_bad_name_among_machines_alike_is_refused_at_its_own_element():
     machines = [{"name": name, "cpu": 1, "memory": "128Mi"} for name in ("a", "b", "Not_A_Label")]
     assert "DNS-1123" in refused("machines[2].name", validated, machines)
+
+
+def _outcome():
+    """A batch that created a, left b as it was and deleted c."""
+    outcome = BatchOutcome()
+    for name, phase, actions in (("a", "Pending", ["create"]), ("b", "Running", []), ("c", "Terminated", ["delete"])):
+        outcome.machines[name] = {"name": name, "pool": "p1", "phase": phase, "machine_class": "small"}
+        outcome.placements[name] = {"name": name, "pool": "p1", "uri": "test:///default", "reason": "spread"}
+        if actions:
+            outcome.actions[name] = actions
+    return outcome, [{"name": name} for name in ("a", "b", "c")]
+
+
+@pytest.mark.parametrize("returned, listed", [("all", ["a", "b", "c"]), ("changed", ["a", "c"]), ("none", [])])
+def test_the_statuses_returned_are_those_asked_and_the_table_and_counts_cover_every_machine(returned, listed):
+    outcome, specs = _outcome()
+    result = summary(outcome, specs, returned)
+    assert [machine["name"] for machine in result["machines"]] == listed
+    assert [placement["name"] for placement in result["placements"]] == listed
+    assert result["counts"] == {"Pending": 1, "Running": 1, "Terminated": 1}
+    assert [line.split()[0] for line in result["table"]] == ["NAME", "a", "b"]  # a deleted machine has no row
+
+
+def test_statuses_are_returned_in_the_order_of_the_machines_given():
+    outcome, specs = _outcome()
+    assert [machine["name"] for machine in summary(outcome, specs[::-1])["machines"]] == ["c", "b", "a"]
