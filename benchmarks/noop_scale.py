@@ -18,13 +18,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 
-from common import MODULES, timed_module
+from common import timed_module
 from fleet_sets import playbook
-from parallel_floor import PLAY_ROLE, PLAY_SET
+from parallel_floor import PLAY_ROLE, PLAY_SET, module_output
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -60,17 +58,6 @@ PLAY_SET_FLOOR = FLOOR_TASK + """        name: bnset
                    state: present}
         wait: none
 """
-
-
-def module_output(name, args, path):
-    """Run the module once and keep its result in ``path`` (what the floor play returns)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
-    proc = subprocess.run([sys.executable, "-m", MODULES + name, handle.name], capture_output=True, text=True,
-                          check=False)
-    os.unlink(handle.name)
-    with open(path, "w") as out:
-        out.write(proc.stdout[proc.stdout.index("{"):])
 
 
 def module_run(name, args, pythonpath=None):

@@ -19,12 +19,19 @@ run with the floor's: where the floor already fills the cores, the wall-time rat
 *_daemons_cpu_s part of each is what the pools' libvirtds spent (with the qemu-img they ran): the rest is the
 controller's (ansible-playbook, the module, or the floor's script).
 --keep leaves the role's machines of the last size defined (for profiling the no-op).
+--kept adds two floors: the kept floor, the raw floor doing also what the collection's create keeps on purpose and
+libvirt has no cheaper form of (per machine, the hold: a lock volume made in the pool's registry and deleted; and
+the read-back of the defined domain's XML and state), and ansible-core's floor of the role's input and output
+(static_module.py returning the very result machine_batch returned, net of the same with no machine). Their sum
+is the composite floor: role_net_vs_composite is what the collection's own code costs beyond both.
 """
 
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -33,7 +40,8 @@ import libvirt
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
-from common import cpu_of, run_module
+from ansible_collections.machinery.compute.plugins.module_utils.pools.registry import hold_volume
+from common import MODULES, cpu_of, run_module
 from fleet_sets import playbook
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -131,25 +139,37 @@ def prepare(pools, image, per_pool):
     return templates
 
 
-def floor(pools, names, templates, checksum):
-    """Seconds the parallel raw floor takes to define ``names[uri]`` on every pool."""
+def floor(pools, names, templates, checksum, kept=False):
+    """Seconds the parallel raw floor takes to define ``names[uri]`` on every pool. ``kept``: each create also
+    does the two things of the collection's create that libvirt has no cheaper form of and that the collection
+    keeps on purpose: the hold on the machine (a lock volume made in the pool's registry before the create and
+    deleted after: the only atomic primitive a libvirt connection offers, which keeps a create and a move,
+    update or deletion of the same name apart) and the read-back of what was defined (its XML and state: the
+    check that the create converged, and the status)."""
     def one(entry):
         conn = libvirt.open(entry["uri"])
         pool = conn.storagePoolLookupByName("machinery")
+        registry = conn.storagePoolLookupByName("machinery-registry") if kept else None
         image_vol, fmt = images.cached_volume(pool, checksum)
         backing = (image_vol.path(), fmt)
         capacity = image_vol.info()[1]
         template = templates[entry["uri"]]
         for name in names[entry["uri"]]:
+            hold = registry.createXML(storage.volume_xml(hold_volume(name), 1, "raw", mode="0600"), 0) if kept \
+                else None
             root = storage.create_volume(pool, name + "-root.qcow2", capacity, "qcow2", backing=backing)
-            conn.defineXML(template.replace("@ROOT@", root.path()).replace("@NAME@", name))
+            dom = conn.defineXML(template.replace("@ROOT@", root.path()).replace("@NAME@", name))
+            if kept:
+                dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+                dom.state()
+                hold.delete(0)
         conn.close()
     start = time.perf_counter()
     each_pool(pools, one)
     return time.perf_counter() - start
 
 
-def measure(lab, count, pool_count, keep):
+def measure(lab, count, pool_count, keep, kept=False):
     pools = [{"name": entry["name"], "uri": entry["uri"]} for entry in lab["pools"][:pool_count]]
     if len(pools) < pool_count:
         raise SystemExit("the lab has %d pools, %d wanted: lab.py up --pools %d"
@@ -165,6 +185,10 @@ def measure(lab, count, pool_count, keep):
     row["floor_s"], row["floor_cpu_s"], row["floor_daemons_cpu_s"] = cpu_of(floor, pools, names, templates,
                                                                             checksum)
     wipe(pools, "bench-f-")
+    if kept:
+        row["kept_floor_s"], row["kept_floor_cpu_s"], row["kept_floor_daemons_cpu_s"] = cpu_of(
+            floor, pools, names, templates, checksum, kept=True)
+        wipe(pools, "bench-f-")
     machines = [{"name": "bench-r-%04d" % index, "machine_class": "bench", "image": image, "state": "present",
                  "network_interfaces": []} for index in range(count)]
     role = {"pools": pools, "machines": machines}
@@ -174,6 +198,8 @@ def measure(lab, count, pool_count, keep):
     row["role_s"], row["role_cpu_s"], row["role_daemons_cpu_s"] = cpu_of(playbook, PLAY_ROLE, role)
     row["role_noop_s"] = playbook(PLAY_ROLE, role)
     wipe(pools, "bench-r-")
+    if kept:
+        io_floor(row, pools, machines)
     extra = {"pools": pools, "image": image, "replicas": count}
     row["set_s"], row["set_cpu_s"], row["set_daemons_cpu_s"] = cpu_of(playbook, PLAY_SET, extra)
     row["set_noop_s"] = playbook(PLAY_SET, extra)
@@ -194,10 +220,71 @@ def measure(lab, count, pool_count, keep):
     row["floor_cores_busy"] = round(row["floor_cpu_s"] / row["floor_s"], 2)
     row["role_net_cpu_vs_floor"] = round((row["role_cpu_s"] - row["role_empty_cpu_s"]) / row["floor_cpu_s"], 2)
     row["set_net_cpu_vs_floor"] = round((row["set_cpu_s"] - row["role_empty_cpu_s"]) / row["floor_cpu_s"], 2)
+    if kept:
+        # the floor of the collection's create through ansible-playbook: the kept floor, and what ansible-core
+        # spends carrying this many machines in and their statuses out (net of a play with neither)
+        row["composite_floor_s"] = row["kept_floor_s"] + row["io_floor_s"] - row["io_empty_s"]
+        row["composite_floor_cpu_s"] = row["kept_floor_cpu_s"] + row["io_floor_cpu_s"] - row["io_empty_cpu_s"]
+        row["kept_floor_vs_floor"] = round(row["kept_floor_s"] / row["floor_s"], 2)
+        row["kept_floor_cpu_vs_floor"] = round(row["kept_floor_cpu_s"] / row["floor_cpu_s"], 2)
+        row["composite_floor_vs_floor"] = round(row["composite_floor_s"] / row["floor_s"], 2)
+        row["composite_floor_cpu_vs_floor"] = round(row["composite_floor_cpu_s"] / row["floor_cpu_s"], 2)
+        row["role_net_vs_composite"] = round((row["role_s"] - row["role_empty_s"]) / row["composite_floor_s"], 2)
+        row["role_net_cpu_vs_composite"] = round((row["role_cpu_s"] - row["role_empty_cpu_s"])
+                                                 / row["composite_floor_cpu_s"], 2)
+        row["set_net_vs_kept"] = round((row["set_s"] - row["role_empty_s"]) / row["kept_floor_s"], 2)
+        row["set_net_cpu_vs_kept"] = round((row["set_cpu_s"] - row["role_empty_cpu_s"]) / row["kept_floor_cpu_s"],
+                                           2)
     for key in list(row):
         if key.endswith("_s"):
             row[key] = round(row[key], 2)
     return row
+
+
+PLAY_IO = """
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  tasks:
+    - static_module:
+        path: "{{ output }}"
+        pools: "{{ pools }}"
+        machines: "{{ machines }}"
+"""
+
+
+def module_output(name, args, path):
+    """Run machinery.compute.<name> once in its own process and keep its result in ``path``."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
+    proc = subprocess.run([sys.executable, "-m", MODULES + name, handle.name], capture_output=True, text=True,
+                          check=False)
+    os.unlink(handle.name)
+    with open(path, "w") as out:
+        out.write(proc.stdout[proc.stdout.index("{"):])
+
+
+def io_floor(row, pools, machines):
+    """ansible-core's own floor of the role's create: ansible-playbook running static_module.py with the role's
+    input (these machines) and returning the very result machine_batch returned creating them (taken from an
+    untimed run of the module, whose machines are removed again), and the same with no machine."""
+    os.environ["ANSIBLE_LIBRARY"] = HERE
+    directory = tempfile.mkdtemp()
+    full, empty = os.path.join(directory, "create.json"), os.path.join(directory, "empty.json")
+    try:
+        module_output("machine_batch", {"pools": pools, "machines": machines, "defaults": {"wait": "none"}}, full)
+        wipe(pools, "bench-r-")
+        module_output("machine_batch", {"pools": pools, "machines": [], "defaults": {"wait": "none"}}, empty)
+        row["io_floor_s"], row["io_floor_cpu_s"], _daemons = cpu_of(
+            playbook, PLAY_IO, {"pools": pools, "machines": machines, "output": full})
+        row["io_empty_s"], row["io_empty_cpu_s"], _daemons = cpu_of(
+            playbook, PLAY_IO, {"pools": pools, "machines": [], "output": empty})
+        row["io_output_bytes"] = os.path.getsize(full)
+    finally:
+        for path in (full, empty):
+            if os.path.exists(path):
+                os.unlink(path)
+        os.rmdir(directory)
 
 
 def plot(rows, path, title, series):
@@ -226,6 +313,9 @@ def main():
     parser.add_argument("sizes", nargs="*", default=["30:3", "300:10"], help="COUNT:POOLS (default 30:3 300:10)")
     parser.add_argument("--keep", action="store_true", help="leave the role's machines of the last size")
     parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--kept", action="store_true",
+                        help="also measure the kept floor (the raw floor with the collection's hold and read-back "
+                             "per create) and ansible-core's floor of the role's input and output")
     parser.add_argument("--plot", help="write a PNG of ms per machine against size")
     options = parser.parse_args()
     with open(options.lab) as handle:
@@ -234,7 +324,8 @@ def main():
     rows = []
     for index, size in enumerate(options.sizes):
         count, pool_count = (int(part) for part in size.split(":"))
-        rows.append(measure(lab, count, pool_count, options.keep and index == len(options.sizes) - 1))
+        rows.append(measure(lab, count, pool_count, options.keep and index == len(options.sizes) - 1,
+                            options.kept))
         print(json.dumps(rows[-1]), flush=True)
     print("%-14s %8s %8s %8s %8s %10s %10s %8s %8s" % (
         "size", "floor s", "empty s", "role s", "set s", "role/floor", "set/floor", "role 0p", "set 0p"))
