@@ -57,6 +57,7 @@ PLAY_ROLE = """
         machines_pools: "{{ pools }}"
         machines_wait: none
         machines_show_table: false
+        machines_return_machines: "{{ return_machines | default('all') }}"
         machines_list: "{{ machines }}"
 """
 PLAY_SET = """
@@ -169,7 +170,7 @@ def floor(pools, names, templates, checksum, kept=False):
     return time.perf_counter() - start
 
 
-def measure(lab, count, pool_count, keep, kept=False):
+def measure(lab, count, pool_count, keep, kept=False, returned="all"):
     pools = [{"name": entry["name"], "uri": entry["uri"]} for entry in lab["pools"][:pool_count]]
     if len(pools) < pool_count:
         raise SystemExit("the lab has %d pools, %d wanted: lab.py up --pools %d"
@@ -181,7 +182,7 @@ def measure(lab, count, pool_count, keep, kept=False):
     for index in range(count):
         names[pools[index % pool_count]["uri"]].append("bench-f-%04d" % index)
     load = [round(value, 2) for value in os.getloadavg()]
-    row = {"machines": count, "pools": pool_count}
+    row = {"machines": count, "pools": pool_count, "return_machines": returned}
     row["floor_s"], row["floor_cpu_s"], row["floor_daemons_cpu_s"] = cpu_of(floor, pools, names, templates,
                                                                             checksum)
     wipe(pools, "bench-f-")
@@ -191,7 +192,7 @@ def measure(lab, count, pool_count, keep, kept=False):
         wipe(pools, "bench-f-")
     machines = [{"name": "bench-r-%04d" % index, "machine_class": "bench", "image": image, "state": "present",
                  "network_interfaces": []} for index in range(count)]
-    role = {"pools": pools, "machines": machines}
+    role = {"pools": pools, "machines": machines, "return_machines": returned}
     # what a run costs whatever its size: ansible-playbook, the module, a connection and a listing per pool
     row["role_empty_s"], row["role_empty_cpu_s"], row["role_empty_daemons_cpu_s"] = cpu_of(
         playbook, PLAY_ROLE, dict(role, machines=[]))
@@ -199,7 +200,7 @@ def measure(lab, count, pool_count, keep, kept=False):
     row["role_noop_s"] = playbook(PLAY_ROLE, role)
     wipe(pools, "bench-r-")
     if kept:
-        io_floor(row, pools, machines)
+        io_floor(row, pools, machines, returned)
     extra = {"pools": pools, "image": image, "replicas": count}
     row["set_s"], row["set_cpu_s"], row["set_daemons_cpu_s"] = cpu_of(playbook, PLAY_SET, extra)
     row["set_noop_s"] = playbook(PLAY_SET, extra)
@@ -264,7 +265,7 @@ def module_output(name, args, path):
         out.write(proc.stdout[proc.stdout.index("{"):])
 
 
-def io_floor(row, pools, machines):
+def io_floor(row, pools, machines, returned="all"):
     """ansible-core's own floor of the role's create: ansible-playbook running static_module.py with the role's
     input (these machines) and returning the very result machine_batch returned creating them (taken from an
     untimed run of the module, whose machines are removed again), and the same with no machine."""
@@ -272,7 +273,8 @@ def io_floor(row, pools, machines):
     directory = tempfile.mkdtemp()
     full, empty = os.path.join(directory, "create.json"), os.path.join(directory, "empty.json")
     try:
-        module_output("machine_batch", {"pools": pools, "machines": machines, "defaults": {"wait": "none"}}, full)
+        module_output("machine_batch", {"pools": pools, "machines": machines, "defaults": {"wait": "none"},
+                                        "return_machines": returned}, full)
         wipe(pools, "bench-r-")
         module_output("machine_batch", {"pools": pools, "machines": [], "defaults": {"wait": "none"}}, empty)
         row["io_floor_s"], row["io_floor_cpu_s"], _daemons = cpu_of(
@@ -313,6 +315,8 @@ def main():
     parser.add_argument("sizes", nargs="*", default=["30:3", "300:10"], help="COUNT:POOLS (default 30:3 300:10)")
     parser.add_argument("--keep", action="store_true", help="leave the role's machines of the last size")
     parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--return-machines", choices=("all", "changed", "none"), default="all",
+                        help="the role's machines_return_machines (which statuses its result carries)")
     parser.add_argument("--kept", action="store_true",
                         help="also measure the kept floor (the raw floor with the collection's hold and read-back "
                              "per create) and ansible-core's floor of the role's input and output")
@@ -325,7 +329,7 @@ def main():
     for index, size in enumerate(options.sizes):
         count, pool_count = (int(part) for part in size.split(":"))
         rows.append(measure(lab, count, pool_count, options.keep and index == len(options.sizes) - 1,
-                            options.kept))
+                            options.kept, options.return_machines))
         print(json.dumps(rows[-1]), flush=True)
     print("%-14s %8s %8s %8s %8s %10s %10s %8s %8s" % (
         "size", "floor s", "empty s", "role s", "set s", "role/floor", "set/floor", "role 0p", "set 0p"))
