@@ -149,7 +149,7 @@ class PoolContext:
             return capacity.machine_sizes(self.conn)
         kept = self._listing_sizes
         if kept is None or kept[0] is not listing:
-            kept = self._listing_sizes = (listing, capacity.machine_sizes(self.conn, listing))
+            kept = self._listing_sizes = (listing, capacity.Tally(capacity.machine_sizes(self.conn, listing)))
         return kept[1]
 
     def known_records(self):

@@ -331,25 +331,28 @@ def check_room(ctx, spec, disks=None, locked=False, epoch=None, elsewhere=None):
     if locked and epoch is not None and ctx.locked_sizes[0] == epoch:
         sizes = ctx.locked_sizes[1]
     elif locked:
-        sizes = capacity.current_sizes(ctx.conn, ctx.known_records())
+        sizes = capacity.Tally(capacity.current_sizes(ctx.conn, ctx.known_records()))
         if epoch is not None:
             ctx.locked_sizes = (epoch, sizes)
     else:
         sizes = ctx.machine_sizes()
     allocatable = capacity.allocatable_for(ctx.host_capacity(), registration)
-    others = [size for size in sizes if size.name != spec["name"]]
-    used_cpu = sum(size.cpu or 0 for size in others)
-    used_memory = sum(size.memory or 0 for size in others)
+    if isinstance(sizes, capacity.Tally):  # summed as it grew: no pass over the pool's machines per create
+        used_cpu, used_memory = sizes.used_except(spec["name"])
+    else:
+        used_cpu = sum(size.cpu or 0 for size in sizes if size.name != spec["name"])
+        used_memory = sum(size.memory or 0 for size in sizes if size.name != spec["name"])
     if used_cpu + spec["cpu"] > allocatable["cpu"] or used_memory + spec["memory"] > allocatable["memory"]:
         raise PoolFull("pool %s is full: %d/%d cpu and %s/%s memory are allocated, %s needs %d cpu and %s"
                        % (ctx.name, used_cpu, allocatable["cpu"], format_quantity(used_memory),
                           format_quantity(allocatable["memory"]), spec["name"], spec["cpu"],
                           format_quantity(spec["memory"])), "machine_pool")
     # a hard anti-affinity rule is re-checked here as capacity is: a concurrent run may have placed a member
-    refused = rules.admission_refusal(spec.get("server_group"), ctx.name,
-                                      [(size.name, size.server_group) for size in others], elsewhere)
-    if refused:
-        raise PoolFull(refused, "server_group")
+    if spec.get("server_group"):
+        refused = rules.admission_refusal(spec["server_group"], ctx.name, [
+            (size.name, size.server_group) for size in sizes if size.name != spec["name"]], elsewhere)
+        if refused:
+            raise PoolFull(refused, "server_group")
     check_storage(ctx, disks or [], sizes)
 
 

@@ -83,8 +83,51 @@ def current_sizes(conn, known):
     return sizes
 
 
+class Tally(list):
+    """MachineSizes that keep their sums as they grow. The room checks of a run take the cpu, memory and storage
+    of every machine on the pool but one, once per create; summed anew each time, a pool of n machines cost O(n)
+    a create, under the admission lock (0.3 ms at 100 machines, ten times that at 1,000). It grows by
+    ``append`` only (admission.admitted); nothing takes a size out of it."""
+
+    def __init__(self, sizes=()):
+        super().__init__()
+        self.cpu = 0
+        self.memory = 0
+        self.disk_bytes = 0  # as disks_allocated counts them: a volume of several machines once, its last size
+        self._disks = {}
+        self._named = {}
+        for size in sizes:
+            self.append(size)
+
+    def append(self, size):  # pylint: disable=arguments-renamed
+        super().append(size)
+        self.cpu += size.cpu or 0
+        self.memory += size.memory or 0
+        for volume, virtual in size.disks.items():
+            self.disk_bytes += virtual - self._disks.get(volume, 0)
+            self._disks[volume] = virtual
+        self._named.setdefault(size.name, []).append(size)
+
+    def extend(self, sizes):
+        for size in sizes:
+            self.append(size)
+
+    def _refuse(self, *_args, **_kwargs):
+        raise TypeError("a Tally of machine sizes only grows")
+
+    insert = remove = pop = clear = __setitem__ = __delitem__ = __iadd__ = _refuse
+
+    def used_except(self, name):
+        """(cpu, memory bytes) the machines other than ``name`` take."""
+        own = self._named.get(name, ())
+        return (self.cpu - sum(size.cpu or 0 for size in own),
+                self.memory - sum(size.memory or 0 for size in own))
+
+
 def disks_allocated(sizes, except_machine=None):
     """The virtual size of every machine disk on the pool, a volume shared by several machines counted once."""
+    if isinstance(sizes, Tally) and except_machine is None:
+        return sizes.disk_bytes
     disks = {}
     for size in sizes:
         if size.name != except_machine:

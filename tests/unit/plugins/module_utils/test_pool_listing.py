@@ -297,3 +297,44 @@ def test_checks_under_one_held_lock_read_the_sizes_once_and_count_what_was_admit
     assert conn.stats_calls == 1
     admission.check_room(ctx, {"name": "d", "cpu": 2, "memory": 128 * MIB}, locked=True, epoch=8)
     assert conn.stats_calls == 2  # a new hold of the lock reads the pool again (c was never really made)
+
+
+def test_a_tally_keeps_the_sums_a_recount_gives_as_it_grows():
+    sizes = [capacity.MachineSize("a", 1, 128 * MIB, "small", {"a-root": 10, "shared": 5}, [], None),
+             capacity.MachineSize("b", 2, 256 * MIB, "small", {"b-root": 20, "shared": 7}, [], None),
+             capacity.MachineSize("c", None, None, None, {}, [], None),  # adopted: no size of its own
+             capacity.MachineSize("a", 1, 64 * MIB, "small", {"a-root": 12}, [], None)]  # read twice
+    tally = capacity.Tally(sizes[:1])
+    for size in sizes[1:]:
+        tally.append(size)
+    assert list(tally) == sizes
+    assert capacity.disks_allocated(tally) == capacity.disks_allocated(list(tally)) == 12 + 7 + 20
+    for name in ("a", "b", "c", "new"):
+        others = [size for size in sizes if size.name != name]
+        assert tally.used_except(name) == (sum(size.cpu or 0 for size in others),
+                                           sum(size.memory or 0 for size in others))
+    assert capacity.disks_allocated(tally, except_machine="b") == capacity.disks_allocated(sizes, "b")
+    for change in (lambda: tally.remove(sizes[0]), tally.pop, lambda: tally.insert(0, sizes[0]),
+                   lambda: tally.__setitem__(0, sizes[1]), tally.clear):
+        with pytest.raises(TypeError):
+            change()
+    assert list(tally) == sizes
+
+
+def test_a_room_check_counts_a_server_group_only_for_a_machine_of_one():
+    conn = fleet()
+    ctx = PoolContext(conn, "test:///a")
+    ctx._registration = {"name": "a", "reserved": {"cpu": 0, "memory": 0}, "overcommit": {"cpu": 1.0, "memory": 1.0}}
+    ctx._host_capacity = {"cpu": 8, "memory": 8 * 2 ** 30}
+    group = {"name": "web", "policy": "anti-affinity"}
+    admission.check_room(ctx, {"name": "c", "cpu": 1, "memory": 128 * MIB, "server_group": group}, locked=True,
+                         epoch=3)
+    admission.admitted(ctx, 3, {"spec": {"name": "c", "cpu": 1, "memory": 128 * MIB, "machine_class": "small",
+                                         "volumes": [], "root_size": 2 ** 30, "server_group": group}})
+    with pytest.raises(PoolFull) as refused:  # c is a member now: a second member of the group is refused
+        admission.check_room(ctx, {"name": "d", "cpu": 1, "memory": 128 * MIB, "server_group": group},
+                             locked=True, epoch=3)
+    assert refused.value.field == "server_group" and "already has member c" in str(refused.value)
+    admission.check_room(ctx, {"name": "d", "cpu": 1, "memory": 128 * MIB}, locked=True, epoch=3)  # no group
+    admission.check_room(ctx, {"name": "c", "cpu": 1, "memory": 128 * MIB, "server_group": group}, locked=True,
+                         epoch=3)  # c itself is not its own neighbour
