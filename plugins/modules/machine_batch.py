@@ -110,7 +110,8 @@ options:
         only those this run changed (or would change, in check mode); V(none) none of them.
       - RV(table), RV(counts) and RV(failures) always cover every machine. A status is about 1.4 KB of JSON that
         the module encodes and ansible-core carries back and keeps in the task's result; over thousands of
-        machines V(changed) or V(none) saves that (about 0.6 s for 1,000 machines, see C(docs/performance.md)).
+        machines V(changed) or V(none) saves that (0.3-0.9 s of a role run creating 1,000, see
+        C(docs/performance.md)).
     type: str
     choices: [all, changed, none]
     default: all
@@ -228,7 +229,8 @@ class MachineBatchModule(MachineryModule):
         outcome = batch.converge(entries, specs, self.params["strategy"], self.params["retries"],
                                  self.params["workers"], self.check_mode, self.url_opener(),
                                  self.params["topology_spread"])
-        result = dict(batch.summary(outcome, specs, self.params["return_machines"]), changed=outcome.changed, warnings=outcome.warnings,
+        result = dict(batch.summary(outcome, specs, self.params["return_machines"]), changed=outcome.changed,
+                      warnings=outcome.warnings,
                       diff=self.diff(outcome.before, outcome.after) if outcome.changed else None)
         if outcome.failures:
             shown = outcome.failures[:FAILURES_SHOWN]
