@@ -142,11 +142,11 @@ class PoolContext:
         else read from the pool now.
 
         A plan that creates a machine checks the pool's room against them: recounted for every create, a batch
-        adding 100 machines to pools of 100 read 21,000 domains' sizes. The list is shared: read it, never
-        change it."""
+        adding 100 machines to pools of 100 read 21,000 domains' sizes. A capacity.Tally, with its sums; shared:
+        read it, never change it."""
         listing = self._listing
         if listing is None:
-            return capacity.machine_sizes(self.conn)
+            return capacity.Tally(capacity.machine_sizes(self.conn))
         kept = self._listing_sizes
         if kept is None or kept[0] is not listing:
             kept = self._listing_sizes = (listing, capacity.Tally(capacity.machine_sizes(self.conn, listing)))

@@ -337,11 +337,7 @@ def check_room(ctx, spec, disks=None, locked=False, epoch=None, elsewhere=None):
     else:
         sizes = ctx.machine_sizes()
     allocatable = capacity.allocatable_for(ctx.host_capacity(), registration)
-    if isinstance(sizes, capacity.Tally):  # summed as it grew: no pass over the pool's machines per create
-        used_cpu, used_memory = sizes.used_except(spec["name"])
-    else:
-        used_cpu = sum(size.cpu or 0 for size in sizes if size.name != spec["name"])
-        used_memory = sum(size.memory or 0 for size in sizes if size.name != spec["name"])
+    used_cpu, used_memory = sizes.used_except(spec["name"])  # a Tally: no pass over the pool's machines per create
     if used_cpu + spec["cpu"] > allocatable["cpu"] or used_memory + spec["memory"] > allocatable["memory"]:
         raise PoolFull("pool %s is full: %d/%d cpu and %s/%s memory are allocated, %s needs %d cpu and %s"
                        % (ctx.name, used_cpu, allocatable["cpu"], format_quantity(used_memory),
