@@ -22,7 +22,7 @@ import tempfile
 
 from common import timed_module
 from fleet_sets import playbook
-from parallel_floor import PLAY_ROLE, PLAY_SET, module_output
+from parallel_floor import FLOOR_TASK, PLAY_FLOOR, PLAY_ROLE, PLAY_SET, module_output
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,17 +40,6 @@ def set_args(pools, image, count):
                          "network_interfaces": [], "state": "present"}, "wait": "none"}
 
 
-FLOOR_TASK = """
-- hosts: localhost
-  connection: local
-  gather_facts: false
-  tasks:
-    - static_module:
-        path: "{{ output }}"
-        pools: "{{ pools }}"
-"""
-PLAY_FLOOR = FLOOR_TASK + """        machines: "{{ machines }}"
-"""
 PLAY_SET_FLOOR = FLOOR_TASK + """        name: bnset
         replicas: "{{ replicas }}"
         selector: {match_labels: {bench: set}}

@@ -242,7 +242,9 @@ def measure(lab, count, pool_count, keep, kept=False, returned="all"):
     return row
 
 
-PLAY_IO = """
+# ansible-core's floor: static_module.py returning a JSON file as its result, given a task's input (noop_scale.py
+# adds the set's to FLOOR_TASK)
+FLOOR_TASK = """
 - hosts: localhost
   connection: local
   gather_facts: false
@@ -250,7 +252,8 @@ PLAY_IO = """
     - static_module:
         path: "{{ output }}"
         pools: "{{ pools }}"
-        machines: "{{ machines }}"
+"""
+PLAY_FLOOR = FLOOR_TASK + """        machines: "{{ machines }}"
 """
 
 
@@ -278,9 +281,9 @@ def io_floor(row, pools, machines, returned="all"):
         wipe(pools, "bench-r-")
         module_output("machine_batch", {"pools": pools, "machines": [], "defaults": {"wait": "none"}}, empty)
         row["io_floor_s"], row["io_floor_cpu_s"], _daemons = cpu_of(
-            playbook, PLAY_IO, {"pools": pools, "machines": machines, "output": full})
+            playbook, PLAY_FLOOR, {"pools": pools, "machines": machines, "output": full})
         row["io_empty_s"], row["io_empty_cpu_s"], _daemons = cpu_of(
-            playbook, PLAY_IO, {"pools": pools, "machines": [], "output": empty})
+            playbook, PLAY_FLOOR, {"pools": pools, "machines": [], "output": empty})
         row["io_output_bytes"] = os.path.getsize(full)
     finally:
         for path in (full, empty):
