@@ -249,6 +249,22 @@ class Problems:
             raise ManifestError(self.errors)
 
 
+# The words YAML 1.1 (PyYAML's, and Ansible's) reads as booleans when they are not quoted: IronCore's `power: On`
+# arrives as true.
+YAML_BOOLEANS = {True: ("on", "yes", "true"), False: ("off", "no", "false")}
+
+
+def read_as_boolean(value, path, choices=None):
+    """The problem of a string field that YAML read as a boolean: which boolean, from what, and how to write it."""
+    meant = [choice for choice in choices or () if choice.lower() in YAML_BOOLEANS[value]]
+    key = path.rsplit(".", 1)[-1]
+    if meant and "[" not in key:
+        return ('must be a string, and YAML read the boolean %s here: an unquoted %s is one; write %s: "%s"'
+                % (str(value).lower(), meant[0], key, meant[0]))
+    return ("must be a string, and YAML read the boolean %s here: an unquoted %s is one; quote the value"
+            % (str(value).lower(), ", ".join(YAML_BOOLEANS[value])))
+
+
 class Fields:
     """The checks of one document, recording problems under its ``ref`` (``Kind/name``)."""
 
@@ -308,6 +324,9 @@ class Fields:
         if value is None:
             if required:
                 self.error(path, "required value")
+            return None
+        if isinstance(value, bool):
+            self.error(path, read_as_boolean(value, path, choices))
             return None
         if not isinstance(value, str) or not value:
             self.error(path, "must be a non-empty string")

@@ -221,6 +221,13 @@ CORPUS = [
     ("ic-secret-bad-base64", [IC_CLASS, IC_VOLUME, IC_NIC, _set(IC_SECRET, "data.ignition", "%%%"), IC_MACHINE],
      "Machine/machine-sample: spec.ignitionRef.key: data.ignition of the secret is not valid base64"),
     ("ic-power", [_set(IC_MACHINE, "spec.power", "Maybe")], "Machine/machine-sample: spec.power: unsupported value"),
+    # YAML 1.1 reads an unquoted On (and Off, yes, no) as a boolean: say so, and how to write it
+    ("ic-power-unquoted-on", [_set(IC_MACHINE, "spec.power", True)],
+     'Machine/machine-sample: spec.power: must be a string, and YAML read the boolean true here: an unquoted On is '
+     'one; write power: "On"'),
+    ("ic-power-unquoted-off", [_set(IC_MACHINE, "spec.power", False)],
+     'Machine/machine-sample: spec.power: must be a string, and YAML read the boolean false here: an unquoted Off is '
+     'one; write power: "Off"'),
     ("ic-volume-two-sources", [_set(IC_MACHINE, "spec.volumes.1.volumeRef", {"name": "x"})],
      "Machine/machine-sample: spec.volumes[1]: give exactly one of volumeRef, emptyDisk or ephemeral"),
     ("ic-volume-duplicate", [_set(IC_MACHINE, "spec.volumes.1.name", "rootdisk")],
