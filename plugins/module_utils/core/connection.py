@@ -347,13 +347,46 @@ def missing_tls_files(uri):
     return [path for path in paths if not os.path.isfile(path)]
 
 
+# A pool that could not be opened is not opened again by the same run: a host that never answers costs the whole
+# handshake bound each time, and a run checking a name on every pool for each machine it creates (a set's creates)
+# paid it once per machine. A module's process is one run, so the module base turns this on; plugins do not,
+# as their process (ansible-playbook) may outlive the pool's outage and read the pools again.
+_FAILED_OPENS = {}  # uri -> the cause of its failed open, without the field
+_FAILED_LOCK = threading.Lock()
+_REMEMBER = {"failed_opens": False}
+
+
+def remember_failed_opens(enabled=True):
+    """Whether an open that failed is failed again at once, for the rest of the process, instead of retried."""
+    _REMEMBER["failed_opens"] = enabled
+    if not enabled:
+        with _FAILED_LOCK:
+            _FAILED_OPENS.clear()
+
+
 def open_connection(uri, field="uri", name=None):
     """Open ``uri`` read-write; an unreachable or wrong URI becomes ConnectionFailed naming the pool (``name``,
     when the caller knows it, and the URI), libvirt's cause and, for the usual refusals, what to check. A host
     that does not answer fails the open after open_timeout() seconds, and a connection whose host stops
-    answering later is closed by keepalive."""
+    answering later is closed by keepalive. With remember_failed_opens, a URI that failed once fails again at
+    once with the same cause."""
     validate_uri(uri, field)
     require_libvirt()
+    if _REMEMBER["failed_opens"]:
+        with _FAILED_LOCK:
+            cause = _FAILED_OPENS.get(uri)
+        if cause is not None:
+            raise ConnectionFailed("%s (so found earlier in this run: not tried again)" % cause, field)
+    try:
+        return _open(uri, field, name)
+    except ConnectionFailed as exc:
+        if _REMEMBER["failed_opens"]:
+            with _FAILED_LOCK:
+                _FAILED_OPENS.setdefault(uri, exc.message)
+        raise
+
+
+def _open(uri, field, name):
     event_loop()
     where = "pool %s (%s)" % (name, uri) if name and name != uri else uri
     timeout = open_timeout()

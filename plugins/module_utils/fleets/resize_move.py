@@ -11,7 +11,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import migrate
-from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries, read_each, read_snapshots
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import (
+    pool_entries, read_each, read_snapshots)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import pick_target
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext

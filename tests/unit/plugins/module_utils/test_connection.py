@@ -108,3 +108,31 @@ def test_a_child_deaf_to_sigterm_is_killed():
             proc.kill()
             proc.wait()
     assert deaf.returncode == -9 and polite.returncode == -15
+
+
+def test_a_pool_that_failed_to_open_is_not_opened_again_in_the_run(monkeypatch):
+    """A module's run (remember_failed_opens) fails a URI at once once it failed; plugins try again each time."""
+    tries = []
+
+    def never_answers(uri, field, name):
+        tries.append(uri)
+        raise ConnectionFailed("cannot connect to %s: the host did not answer within 30s" % uri, field)
+    monkeypatch.setattr(connection, "_open", never_answers)
+    frozen, other = "qemu+tls://10.0.0.9/system", "qemu+tls://10.0.0.8/system"
+    try:
+        connection.remember_failed_opens()
+        for field in ("pools", "unique_across", "unique_across"):
+            with pytest.raises(ConnectionFailed) as failed:
+                connection.open_connection(frozen, field)
+            assert failed.value.field == field and "did not answer within 30s" in failed.value.message
+        assert "not tried again" in failed.value.message and tries == [frozen]
+        with pytest.raises(ConnectionFailed):
+            connection.open_connection(other)
+        assert tries == [frozen, other]
+    finally:
+        connection.remember_failed_opens(False)
+    with pytest.raises(ConnectionFailed):
+        connection.open_connection(frozen)
+    with pytest.raises(ConnectionFailed):
+        connection.open_connection(frozen)
+    assert tries == [frozen, other, frozen, frozen]

@@ -395,7 +395,8 @@ def alias_bomb(levels):
     """A Machine of a few hundred bytes whose annotations, their aliases expanded, hold 10**levels strings."""
     lines = ["apiVersion: compute.ironcore.dev/v1alpha1", "kind: MachineClass", "metadata:", "  name: bomb",
              "  annotations:", "    l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
-    lines += ["    l%d: &l%d [%s]" % (level, level, ", ".join(["*l%d" % (level - 1)] * 10)) for level in range(1, levels)]
+    lines += ["    l%d: &l%d [%s]" % (level, level, ", ".join(["*l%d" % (level - 1)] * 10))
+              for level in range(1, levels)]
     return "\n".join(lines + ["capabilities: {cpu: 1, memory: 128Mi}"]) + "\n"
 
 
