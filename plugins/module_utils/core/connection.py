@@ -264,7 +264,7 @@ def ssh_children(uri, children):
     for pid, argv in children.items():
         if not argv or os.path.basename(argv[0]) != program or parts.hostname not in argv:
             continue
-        if parts.port is not None and "-p %d" % parts.port not in " ".join(argv):
+        if parts.port is not None and ["-p", str(parts.port)] not in [argv[i:i + 2] for i in range(len(argv) - 1)]:
             continue
         if socket_path and not any(socket_path in arg for arg in argv):
             continue

@@ -88,6 +88,7 @@ def test_the_ssh_client_of_an_open_is_told_from_the_processs_other_children():
                 17: ssh_argv(program="/usr/bin/ssh")}
     assert connection.ssh_children(SSH_URI, children) == [11, 17]
     assert connection.ssh_children("qemu+ssh://10.0.0.5/system", children) == [11, 12, 13, 17]
+    assert connection.ssh_children("qemu+ssh://10.0.0.5:22/system", children) == [13]  # not 2222
     assert connection.ssh_children(SSH_URI + "&command=/opt/ssh9", {21: ssh_argv(program="/opt/ssh9"),
                                                                     22: ssh_argv()}) == [21]
     assert connection.spawns_client(SSH_URI) and not connection.spawns_client("qemu+libssh2://h/system")
