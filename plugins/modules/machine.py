@@ -370,7 +370,10 @@ options:
   pools:
     description:
       - The pools O(allow_move) may move the machine to, as libvirt URIs or mappings with C(uri) and an optional
-        C(name) (the machine's own pool may be among them; it is skipped). Used by O(allow_move) only.
+        C(name) (the machine's own pool may be among them; it is skipped). Used by O(allow_move).
+      - Checked whenever it is given, even when no move is needed; with O(allow_move), an empty list is refused.
+      - When no machine O(name) is on O(uri) and the task gives no size to create one, the error names the pools
+        of this list that hold a machine of that name (one moved away by an earlier run, say).
     type: list
     elements: raw
   server_group:
@@ -733,9 +736,9 @@ plan:
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
-from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
-from ansible_collections.machinery.compute.plugins.module_utils.fleets.resize_move import resize_elsewhere
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.resize_move import (
+    found_elsewhere, move_pools, resize_elsewhere)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
@@ -745,14 +748,16 @@ class MachineModule(MachineryModule):
 
     def run(self, ctx):
         params = machine_spec.machine_params(self.params)
+        entries = move_pools(self.params["pools"], params["allow_move"])
         plan = None
         try:
             outcome = MachineService(ctx, self.check_mode).ensure(params)
         except PoolFull as exc:
             if not (params["allow_move"] and getattr(exc, "resize", None)):
                 raise
-            entries = pool_entries(self.params["pools"]) if self.params["pools"] else []
             plan, outcome = resize_elsewhere(ctx, params, exc, entries, self.check_mode, self.url_opener())
+        except ValidationError as exc:
+            raise found_elsewhere(exc, ctx.uri, entries) from None
         return self.converged(plan or outcome.plan, machine=outcome.machine,
                               restart_required=outcome.restart_required,
                               warnings=plan.warnings if plan is not None else outcome.warnings)

@@ -110,7 +110,7 @@ options:
   unreachable_timeout:
     description:
       - How long a member of a covered set may sit on an unreachable pool before it is unhealthy, as V(90s),
-        V(5m) or seconds. Counted from the first run (of the check or of the set) that found the pool
+        V(5m) or a number of seconds, whole or not (V(3.5)). Counted from the first run (of the check or of the set) that found the pool
         unreachable, as recorded in the set's record on the reachable pools.
       - The sets must have O(machinery.compute.machine_set#module:unreachable_timeout) too, for their record to
         say where their members are. Without this option the check does not look at unreachable pools.

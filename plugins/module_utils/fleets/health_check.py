@@ -167,7 +167,7 @@ def plan_check(desired, machines, moment, lost=None):
             if member["replace"]:
                 unhealthy.append({"name": member["name"], "pool": member["pool"], "uri": member["uri"],
                                   "phase": "Unknown", "reasons": ["PoolReachable=False for %ds (unreachable_timeout "
-                                                                  "%ds)" % (member["for"],
+                                                                  "%gs)" % (member["for"],
                                                                             desired["unreachable_timeout"])]})
             else:  # its pool's timeout is still timing it
                 waiting.append(member["name"])

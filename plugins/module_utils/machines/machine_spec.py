@@ -432,7 +432,11 @@ def _size(prm, facts, recorded):
         return (recorded.get("machine_class"), recorded.get("cpu") if cpu is None else cpu,
                 recorded.get("memory") if memory is None else memory)
     if cpu is None or memory is None:
-        raise ValidationError("give machine_class, or both cpu and memory", "machine_class")
+        # no record: no machine of that name on this pool (one that just moved away, a task aimed at the wrong pool)
+        error = ValidationError("there is no machine %s on pool %s; to create it there, give machine_class, or both "
+                                "cpu and memory" % (prm["name"], facts.pool), "machine_class")
+        error.absent_machine = prm["name"]
+        raise error
     return None, cpu, memory
 
 

@@ -221,6 +221,13 @@ CORPUS = [
     ("ic-secret-bad-base64", [IC_CLASS, IC_VOLUME, IC_NIC, _set(IC_SECRET, "data.ignition", "%%%"), IC_MACHINE],
      "Machine/machine-sample: spec.ignitionRef.key: data.ignition of the secret is not valid base64"),
     ("ic-power", [_set(IC_MACHINE, "spec.power", "Maybe")], "Machine/machine-sample: spec.power: unsupported value"),
+    # YAML 1.1 reads an unquoted On (and Off, yes, no) as a boolean: say so, and how to write it
+    ("ic-power-unquoted-on", [_set(IC_MACHINE, "spec.power", True)],
+     'Machine/machine-sample: spec.power: must be a string, and YAML read the boolean true here: an unquoted On is '
+     'one; write power: "On"'),
+    ("ic-power-unquoted-off", [_set(IC_MACHINE, "spec.power", False)],
+     'Machine/machine-sample: spec.power: must be a string, and YAML read the boolean false here: an unquoted Off is '
+     'one; write power: "Off"'),
     ("ic-volume-two-sources", [_set(IC_MACHINE, "spec.volumes.1.volumeRef", {"name": "x"})],
      "Machine/machine-sample: spec.volumes[1]: give exactly one of volumeRef, emptyDisk or ephemeral"),
     ("ic-volume-duplicate", [_set(IC_MACHINE, "spec.volumes.1.name", "rootdisk")],
@@ -382,6 +389,54 @@ def test_a_key_given_twice_is_refused_with_its_path(tmp_path):
     # YAML merge keys are no duplicates
     found, problems = docs.load_sources(None, "base: &b {a: 1}\nmerged:\n  <<: *b\n  c: 2\n")
     assert problems == [] and found[0][1]["merged"] == {"a": 1, "c": 2}
+
+
+def alias_bomb(levels):
+    """A Machine of a few hundred bytes whose annotations, their aliases expanded, hold 10**levels strings."""
+    lines = ["apiVersion: compute.ironcore.dev/v1alpha1", "kind: MachineClass", "metadata:", "  name: bomb",
+             "  annotations:", "    l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += ["    l%d: &l%d [%s]" % (level, level, ", ".join(["*l%d" % (level - 1)] * 10))
+              for level in range(1, levels)]
+    return "\n".join(lines + ["capabilities: {cpu: 1, memory: 128Mi}"]) + "\n"
+
+
+def test_an_alias_bomb_is_refused_naming_its_document(tmp_path):
+    """Ten levels stand for 10**10 nodes: the document is refused from its 150 or so written nodes, each visited
+    once; six levels (a million) are refused too, and nothing of either document is built."""
+    (tmp_path / "bomb.yml").write_text("apiVersion: v1\nkind: Secret\nmetadata: {name: one}\n---\n" + alias_bomb(10))
+    found, problems = docs.load_sources(str(tmp_path), alias_bomb(6))
+    assert [origin for origin, _doc in found] == ["%s#1" % (tmp_path / "bomb.yml")]
+    assert len(problems) == 2
+    assert problems[0].startswith("src: %s#2: its YAML aliases expand it to " % (tmp_path / "bomb.yml"))
+    assert problems[1].startswith("definition#1: its YAML aliases expand it to ")
+    assert "(the anchor at line 10 is one they repeat)" in problems[0]  # the file's second document
+    assert "(the anchor at line 6 is one they repeat)" in problems[1]
+    assert all(problem.endswith("write the repeated parts out") for problem in problems)
+
+
+def test_an_alias_naming_a_node_around_it_is_refused():
+    _found, problems = docs.load_sources(None, "kind: Machine\nspec: &spec\n  again: *spec\n")
+    assert problems == ["definition#1: an alias names the anchor at line 2, whose node holds the alias itself: the "
+                        "document would never end; write it without that alias"]
+
+
+def test_aliases_that_repeat_a_block_are_read_and_checked_once():
+    """Shared labels on many machines are what aliases are for: read as written, a duplicate key in the shared
+    block reported once, where it is written."""
+    text = ("kind: List\nitems:\n" + "  - {kind: Secret, metadata: {name: base, labels: &labels {app: web, tier: a}}}\n"
+            + "".join("  - {kind: Secret, metadata: {name: s%d, labels: *labels}}\n" % index for index in range(300)))
+    found, problems = docs.load_sources(None, text)
+    assert problems == [] and len(found) == 301
+    assert found[-1][1]["metadata"]["labels"] == {"app": "web", "tier": "a"}
+    _found, problems = docs.load_sources(None, "a: &x {k: 1, k: 2}\nb: *x\nc: [*x, *x]\n")
+    assert problems == ["definition#1: a.k: the key k is given twice (lines 1 and 1); give it once"]
+
+
+def test_a_document_nested_thousands_deep_is_refused(tmp_path):
+    (tmp_path / "deep.yml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    found, problems = docs.load_sources(str(tmp_path), "a: " + "{b: " * 5000 + "}" * 5000)
+    assert found == [] and problems == ["src: %s: %s" % (tmp_path / "deep.yml", docs.TOO_DEEP),
+                                        "definition: %s" % docs.TOO_DEEP]
 
 
 def test_a_symlink_out_of_the_src_directory_is_refused(tmp_path):
