@@ -135,10 +135,14 @@ _UPLOAD_LOCKS_GUARD = threading.Lock()
 
 
 def ensure_cached(conn, pool, image, opener=None, memo=None):
-    """The pool's volume of ``image``, uploaded through the libvirt stream if it is not there yet.
+    """The pool's volume of ``image``, uploaded through the libvirt stream if it is not there yet; a base volume
+    (``base_volume``: OpenShift's baseVolumeID) is that volume itself, used in place as the backing file.
 
     Threads of one run that need the same image on the same pool wait for one upload; with ``memo`` (a dict the
     run keeps per pool) the volume is looked up once a run, not once a machine."""
+    if image.get("base_volume"):
+        vol = base_volume_by_key(conn, image["base_volume"], "image")
+        return vol, storage.volume_format(vol)
     if memo is not None and image["checksum"] in memo:
         return memo[image["checksum"]]
     vol, fmt = cached_volume(pool, image["checksum"])
@@ -147,6 +151,56 @@ def ensure_cached(conn, pool, image, opener=None, memo=None):
     if memo is not None:
         memo[image["checksum"]] = (vol, fmt)
     return vol, fmt
+
+
+BASE_VOLUME = "volume:"
+
+
+def is_base_volume(source):
+    """True for ``volume:<storage pool>/<volume>`` (or ``volume:<path>``): a volume already on the pool host."""
+    return isinstance(source, str) and source.startswith(BASE_VOLUME) and len(source) > len(BASE_VOLUME)
+
+
+def base_volume_by_key(conn, key, field):
+    try:
+        return conn.storageVolLookupByKey(key)
+    except lv.libvirt.libvirtError:
+        raise NotFoundError("the base volume %s is gone from the pool host" % key, field) from None
+
+
+def resolve_base_volume(conn, source, field):
+    """A base volume as an image: {source, checksum, base_volume (its key), virtual_size}. The volume is named
+    ``<storage pool>/<volume>`` (looked up by name in that libvirt storage pool) or by its key (a path), as the
+    OpenShift libvirt provider looks up its baseVolumeID. Its bits are not read: the checksum stands for the
+    volume's identity (key and capacity), so the machine's record tells which base it was built on."""
+    name = source[len(BASE_VOLUME):]
+    vol = None
+    if not name.startswith("/"):
+        pool_name, _sep, volume_name = name.partition("/")
+        try:
+            pool = conn.storagePoolLookupByName(pool_name)
+        except lv.libvirt.libvirtError:
+            raise NotFoundError("no libvirt storage pool %r on the pool host (for base volume %s)"
+                                % (pool_name, volume_name), field) from None
+        try:
+            pool.refresh(0)
+        except lv.libvirt.libvirtError:
+            pass  # an inactive pool cannot be refreshed; the lookup says whether the volume is there
+        vol = lv.lookup_volume(pool, volume_name)
+        if vol is None:
+            raise NotFoundError("no volume %r in libvirt storage pool %r of the pool host"
+                                % (volume_name, pool_name), field)
+    else:
+        vol = base_volume_by_key(conn, name, field)
+    capacity = vol.info()[1]
+    identity = hashlib.sha256(("%s\0%d" % (vol.key(), capacity)).encode()).hexdigest()
+    return {"source": source, "checksum": identity, "base_volume": vol.key(), "virtual_size": capacity}
+
+
+def backing_path(ctx, vol, image):
+    """The path an overlay of ``image`` names as its backing file: a base volume's own path, else the cache
+    volume's in the pool's storage."""
+    return vol.path() if image.get("base_volume") else ctx.storage_file(vol.name())
 
 
 def _upload_once(conn, pool, image, opener):

@@ -213,7 +213,9 @@ def _nic_params(items, field):
                 if group not in groups:
                     groups.append(group)
             entry["security_groups"] = sorted(groups)
-        if item.get("ip_address") not in (None, ""):
+        if cap.is_address_range(item.get("ip_address")):
+            entry["ip_address"] = str(cap.address_range(item["ip_address"], where + ".ip_address"))
+        elif item.get("ip_address") not in (None, ""):
             entry["ip_address"] = str(cap.address(item["ip_address"], where + ".ip_address"))
         else:
             entry["ip_address"] = None
@@ -527,6 +529,9 @@ def _reservation(facts, nic, ip, field):
     if not nic.get("network"):
         raise ValidationError("needs an interface on a libvirt network (a host bridge has no libvirt DHCP)", field)
     network = _network(facts, nic["network"], field)
+    if cap.is_address_range(ip):
+        return cap.allocate_address(ip, nic["mac"], nic["network"], network["info"], network["leases"], field,
+                                    facts.pool)
     return cap.check_reservation(ip, nic["mac"], nic["network"], network["info"], network["leases"], field)
 
 
@@ -569,6 +574,7 @@ def _existing_capabilities(prm, facts, spec, recorded):
     spec["disk_qos"] = cap.desired_disk_qos(volumes, prm["volumes"], recorded.get("disk_qos") or {})
     by_name = {nic["name"]: nic for nic in nics}
     seen = {}
+    requested = []
     for index, item in enumerate(prm["network_interfaces"] or []):
         if item["name"] in by_name and item.get("ip_address"):
             field = "network_interfaces[%d].ip_address" % index
@@ -576,8 +582,10 @@ def _existing_capabilities(prm, facts, spec, recorded):
             if ip in seen:
                 raise ValidationError("%s is given to interface %s as well" % (ip, seen[ip]), field)
             seen[ip] = item["name"]
-    spec["ip_reservations"] = cap.desired_reservations(nics, prm["network_interfaces"],
-                                                       recorded.get("ip_reservations") or {})
+            item = dict(item, ip_address=ip)  # a network to allocate from: the address it gave
+        requested.append(item)
+    spec["ip_reservations"] = cap.desired_reservations(nics, requested if prm["network_interfaces"] is not None
+                                                       else None, recorded.get("ip_reservations") or {})
     spec["requested_volumes"] = prm["volumes"]
     spec["requested_network_interfaces"] = prm["network_interfaces"]
     spec["requested_security_groups"] = {

@@ -193,7 +193,12 @@ def published(ctx, name, field):
 
 
 def resolve(source, checksum, ctx, field):
-    """An image option of a machine or volume: a published name, else a path or URL (images.resolve)."""
+    """An image option of a machine or volume: a published name, a base volume on the pool host
+    (``volume:<storage pool>/<volume>``), else a path or URL (images.resolve)."""
+    if images.is_base_volume(source):
+        if checksum:
+            raise ValidationError("a base volume is used as it is; leave the checksum out", field + "_checksum")
+        return images.resolve_base_volume(ctx.conn, source, field)
     if is_reference(source):
         if checksum:
             raise ValidationError("a published image is verified by its own checksum; leave it out",

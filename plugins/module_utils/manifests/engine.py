@@ -287,7 +287,8 @@ def _image_exists(obj, params, fields, pools):
             place = "pool %s" % pinned if pinned else "any pool of this run (%s)" % ", ".join(where)
             fields.error(shown, "no image named %r is published on %s (publish it with "
                                 "machinery.compute.machine_image)" % (image, place))
-    elif "://" not in image and not os.path.isfile(image):
+    elif "://" not in image and not image.startswith("volume:") and not os.path.isfile(image):
+        # (a base volume on the pool host, volume:<storage pool>/<volume>, is checked by its dialect's link)
         fields.error(shown, "%r is neither an image published on a pool of this run nor a file" % image)
 
 
@@ -351,6 +352,9 @@ class Run:
             # apply, and the checks then count what runs now
             self.sets("present")
             self.checks(count_only=True)
+        for dialect in DIALECTS:  # what a dialect sets on the domains once they exist (libvirt autostart)
+            if hasattr(dialect, "after_apply"):
+                dialect.after_apply(self, pools)
         if self.params["prune"]:
             self.prune(pools)
 

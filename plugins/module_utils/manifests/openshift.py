@@ -19,6 +19,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.manifests.confor
     APPLIED, refused, table, warned)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
     kube_quantity, secret_value)
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import openshift_libvirt as upstream
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import machine_object
 
 API = "machine.openshift.io/v1beta1"
@@ -59,6 +60,7 @@ def _machine_spec_fields(prefix):
                                                       "no Node to drain: not applied")})
     for key in ("machinePoolSelector", "tolerations"):
         fields.pop(value + key, None)
+    fields.update(upstream.fields_table(prefix + ".providerSpec.value"))
     return fields
 
 
@@ -98,14 +100,28 @@ def where_of(path):
     return found
 
 
-def provider_spec(fields, value, path, labels):
-    """Machine parameters from a providerSpec.value (validated field by field)."""
+def upstream_where_of(path):
+    """machine option -> its field under an upstream LibvirtMachineProviderConfig at ``path``."""
+    return {"memory": path + ".domainMemory", "cpu": path + ".domainVcpu", "image": path + ".volume.baseVolumeID",
+            "root_size": path + ".volume.volumeSize", "network_interfaces": path + ".networkInterfaceName",
+            "network_interfaces[0]": path + ".networkInterfaceName",
+            "network_interfaces[0].network": path + ".networkInterfaceName",
+            "network_interfaces[0].ip_address": path + ".networkInterfaceAddress",
+            "ignition": path + ".ignition.userDataSecret", "cloud_init": path + ".cloudInit",
+            "machine_pool": path + ".uri", "labels": "metadata.labels", "name": "metadata.name"}
+
+
+def provider_spec(fields, value, path, labels, member_of_set=False):
+    """Machine parameters from a providerSpec.value (validated field by field): ours, or the OpenShift libvirt
+    provider's own LibvirtMachineProviderConfig (openshift_libvirt.py)."""
     value = fields.mapping(value, path, required=True) or {}
+    if upstream.is_upstream(value):
+        return upstream.read(fields, value, path, labels, member_of_set)
     fields.known(value, ("apiVersion", "kind", "volumes", "networkInterfaces", "userDataSecret") + tuple(PROVIDER_KEYS),
                  path)
     if value.get("kind") != PROVIDER_KIND:
-        fields.error(path + ".kind", "must be %s (the libvirt provider of machinery.compute), got %r"
-                     % (PROVIDER_KIND, value.get("kind")))
+        fields.error(path + ".kind", "must be %s (the libvirt provider of machinery.compute) or %s (OpenShift's "
+                     "libvirt provider), got %r" % (PROVIDER_KIND, upstream.KIND, value.get("kind")))
     if value.get("apiVersion") not in (None, PROVIDER_API):
         fields.error(path + ".apiVersion", "must be %s" % PROVIDER_API)
     params = {"labels": labels}
@@ -188,7 +204,7 @@ def read(obj, fields):
         provider = fields.mapping(spec.get("providerSpec"), "spec.providerSpec", required=True) or {}
         params, refs = provider_spec(fields, provider.get("value"), "spec.providerSpec.value", obj.labels)
         params["name"] = obj.name
-        obj.where.update(where_of("spec.providerSpec.value"))
+        obj.where.update((upstream_where_of if "libvirt" in refs else where_of)("spec.providerSpec.value"))
         machine_object(obj, params, refs)
     elif obj.kind == "MachineSet":
         fields.known(spec, ("replicas", "selector", "template", "deletePolicy", "minReadySeconds",
@@ -210,9 +226,11 @@ def read(obj, fields):
         fields.known(tspec, ("providerSpec", "metadata", "taints", "lifecycleHooks", "providerID"),
                      "spec.template.spec")
         provider = fields.mapping(tspec.get("providerSpec"), "spec.template.spec.providerSpec", required=True) or {}
-        params, refs = provider_spec(fields, provider.get("value"), "spec.template.spec.providerSpec.value", labels)
+        params, refs = provider_spec(fields, provider.get("value"), "spec.template.spec.providerSpec.value", labels,
+                                     member_of_set=True)
         policy = fields.string(spec.get("deletePolicy"), "spec.deletePolicy", choices=options.DELETE_POLICIES)
-        obj.where.update(where_of("spec.template.spec.providerSpec.value"))
+        obj.where.update((upstream_where_of if "libvirt" in refs else where_of)(
+            "spec.template.spec.providerSpec.value"))
         obj.where.update(labels="spec.template.metadata.labels")
         machine_object(obj, {"name": obj.name, "replicas": replicas, "selector": {"match_labels": match or {}},
                              "template": params, "delete_policy": policy or "Random"}, refs, role="set")
@@ -272,6 +290,11 @@ def _shorter(timeout, than):
 
 
 def link(obj, objects, fields, _pools=None):
+    if "libvirt" in obj.refs:
+        target = obj.params["template"] if obj.role == "set" else obj.params
+        secrets = {name: found for (kind, name), found in objects.items() if kind == "Secret"}
+        upstream.link(obj, target, fields, _pools if hasattr(_pools, "context") else None, secrets)
+        return
     secret_ref = obj.refs.get("secret")
     if not secret_ref:
         return
@@ -306,6 +329,12 @@ def status(obj, observed):
         if machine is None:
             return {"phase": "Provisioning"}
         pool_uuid = "%s/%s" % (machine.get("pool"), machine.get("uuid"))
+        if "libvirt" in obj.refs:  # as OpenShift's libvirt provider reports it
+            networks = [nic.get("network") for nic in obj.params.get("network_interfaces") or []]
+            return {"phase": PHASES.get(machine["phase"], "Provisioning"), "providerID": "libvirt:///" + pool_uuid,
+                    "providerStatus": upstream.provider_status(machine),
+                    "addresses": upstream.addresses(machine, networks[0] if networks else None),
+                    "conditions": machine.get("conditions") or []}
         return {"phase": PHASES.get(machine["phase"], "Provisioning"), "providerID": "libvirt:///" + pool_uuid,
                 "providerStatus": {"kind": "LibvirtMachineProviderStatus", "instanceState": machine["phase"],
                                    "pool": machine.get("pool")},
@@ -385,3 +414,8 @@ def export(machine, record_spec):
         metadata["labels"] = dict(machine["labels"])
     return {"apiVersion": API, "kind": "Machine", "metadata": metadata,
             "spec": {"providerSpec": {"value": value}}}
+
+
+def after_apply(run, pools):
+    """libvirt autostart of the machines of OpenShift's own libvirt providerSpec (openshift_libvirt.py)."""
+    upstream.apply_autostart(run, pools)
