@@ -1,0 +1,141 @@
+"""OpenShift's own libvirt providerSpec on the lab (issue 39): an installer-shaped MachineSet with its user-data
+Secret applied on one pool, every effect read from libvirt (the domains, the overlay's backing file, the DHCP
+host entries, autostart) and from inside the guests (the Ignition config on the console).
+
+The documents follow the shape openshift/installer writes for libvirt (pkg/asset/machines/libvirt/machinesets.go
+at 3c28bc3c21c20e261490b6e6bc1c3c1da53c4112: names <cluster>-worker-0, the cluster and machineset labels, a
+LibvirtMachineProviderConfig with ignition.userDataSecret, volume {poolName, baseVolumeID}, networkInterfaceName,
+networkInterfaceAddress as the machine network CIDR, uri) and the worker-user-data Secret the installer makes
+(key userData: an Ignition config). Sizes are the lab's (the installer writes 8192 MiB and 4 vCPUs), autostart
+true (the installer writes false, libvirt's default, which could not tell whether it was applied).
+"""
+
+import copy
+import ipaddress
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from conftest import first_pool, run_module
+
+CLUSTER = "ocp-lab7x"
+SET = CLUSTER + "-worker-0"
+BASE = CLUSTER + "-base"
+LABELS = {"machine.openshift.io/cluster-api-machineset": SET, "machine.openshift.io/cluster-api-cluster": CLUSTER}
+
+
+def documents(pool, cidr, **provider):
+    value = {"apiVersion": "libvirtproviderconfig.openshift.io/v1beta1", "kind": "LibvirtMachineProviderConfig",
+             "domainMemory": 128, "domainVcpu": 1, "ignition": {"userDataSecret": "worker-user-data"},
+             "volume": {"poolName": "machinery", "baseVolumeID": BASE}, "networkInterfaceName": "machinery",
+             "networkInterfaceAddress": cidr, "autostart": True, "uri": pool.uri}
+    value.update(provider)
+    template_labels = dict(LABELS, **{"machine.openshift.io/cluster-api-machine-role": "worker",
+                                      "machine.openshift.io/cluster-api-machine-type": "worker"})
+    machine_set = {"apiVersion": "machine.openshift.io/v1beta1", "kind": "MachineSet",
+                   "metadata": {"name": SET, "namespace": "openshift-machine-api",
+                                "labels": {"machine.openshift.io/cluster-api-cluster": CLUSTER}},
+                   "spec": {"replicas": 2, "selector": {"matchLabels": dict(LABELS)},
+                            "template": {"metadata": {"labels": template_labels},
+                                         "spec": {"providerSpec": {"value": value}}}}}
+    secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+              "metadata": {"name": "worker-user-data", "namespace": "openshift-machine-api"},
+              "stringData": {"disableTemplating": "true",
+                             "userData": '{"ignition": {"version": "3.2.0"}, "storage": {"files": [{"path": '
+                                         '"/etc/ocp-lab", "contents": {"source": "data:,worker"}}]}}'}}
+    return [secret, machine_set]
+
+
+def members(pool):
+    return sorted(name for name in pool.domain_names() if name.startswith(SET + "-"))
+
+
+def hosts(pool):
+    tree = ET.fromstring(pool.conn.networkLookupByName("machinery").XMLDesc(0))
+    return {host.get("mac"): host.get("ip") for host in tree.findall("ip/dhcp/host")}
+
+
+def mac_of(dom):
+    return ET.fromstring(dom.XMLDesc(0)).find("devices/interface/mac").get("address")
+
+
+@pytest.fixture(scope="module")
+def lab1(image):
+    def clean(pool):
+        run_module("manifest", pools=[pool.uri], definition=documents(pool, "10.0.0.0/24"), state="absent",
+                   shutdown_timeout=2)
+        run_module("volume", uri=pool.uri, name=BASE, state="absent", force=True)
+
+    with first_pool(clean) as pool:
+        made = run_module("volume", uri=pool.uri, name=BASE, image=image)
+        assert not made.get("failed"), made
+        tree = ET.fromstring(pool.conn.networkLookupByName("machinery").XMLDesc(0))
+        ip = tree.find("ip")
+        cidr = str(ipaddress.IPv4Network("%s/%s" % (ip.get("address"), ip.get("netmask") or ip.get("prefix")),
+                                         strict=False))
+        yield pool, cidr
+
+
+def test_an_installer_machine_set_applies_boots_and_is_a_no_op_again(lab1):
+    pool, cidr = lab1
+    docs = documents(pool, cidr)
+    planned = run_module("manifest", check=True, pools=[pool.uri], definition=docs)
+    assert planned["changed"] and not planned.get("failed"), planned
+    assert members(pool) == []
+
+    made = run_module("manifest", pools=[pool.uri], definition=docs)
+    assert not made.get("failed"), made
+    names = members(pool)
+    assert len(names) == 2, names
+    base_path = pool.conn.storagePoolLookupByName("machinery").storageVolLookupByName(BASE).path()
+    held = hosts(pool)
+    addresses = []
+    for name in names:
+        dom = pool.domain(name)
+        assert dom.isActive() and dom.autostart() == 1
+        assert dom.maxMemory() == 128 * 1024 and dom.info()[3] == 1
+        root = pool.conn.storagePoolLookupByName("machinery").storageVolLookupByName(name + "-root.qcow2")
+        backing = ET.fromstring(root.XMLDesc(0)).find("backingStore/path").text
+        assert backing == base_path  # the base volume itself, as the provider layers it
+        assert root.info()[1] >= 17706254336  # the provider's default size when volumeSize is not given
+        address = held.get(mac_of(dom))
+        assert address is not None, (name, held)
+        addresses.append(ipaddress.IPv4Address(address))
+    network = ipaddress.IPv4Network(cidr)
+    assert len(set(addresses)) == 2 and all(int(address) - int(network.network_address) >= 51 for address in addresses)
+    for name in names:
+        console = pool.wait_console(name, "MACHINERY-IGNITION-END", timeout=120)
+        assert "data:,worker" in console
+    machines = [obj for obj in made["objects"] if obj["kind"] == "MachineSet"]
+    assert machines[0]["status"]["replicas"] == 2, made["objects"]
+
+    again = run_module("manifest", pools=[pool.uri], definition=docs)
+    assert again["changed"] is False and again["actions"] == [], again
+    assert hosts(pool) == held
+
+
+def test_a_uri_no_pool_has_is_refused_naming_it_and_nothing_changes(lab1):
+    pool, cidr = lab1
+    before = (members(pool), hosts(pool))
+    docs = documents(pool, cidr, uri="qemu+ssh://root@nowhere/system", domainMemory=256)
+    refused = run_module("manifest", pools=[pool.uri], definition=docs)
+    assert refused["failed"] and "spec.template.spec.providerSpec.value.uri: no pool of this run has the URI" \
+        in refused["msg"], refused
+    missing = documents(pool, cidr, volume={"poolName": "machinery", "baseVolumeID": "no-such-base"})
+    refused = run_module("manifest", pools=[pool.uri], definition=missing)
+    assert refused["failed"] and "value.volume.baseVolumeID: " in refused["msg"], refused
+    assert (members(pool), hosts(pool)) == before
+    assert all(pool.domain(name).maxMemory() == 128 * 1024 for name in before[0])
+
+
+def test_deleting_the_set_frees_its_addresses(lab1):
+    pool, cidr = lab1
+    names = members(pool)
+    macs = {mac_of(pool.domain(name)) for name in names}
+    assert macs and macs <= set(hosts(pool))
+    gone = run_module("manifest", pools=[pool.uri], definition=documents(pool, cidr), state="absent",
+                      shutdown_timeout=2)
+    assert gone["changed"] and not gone.get("failed"), gone
+    assert members(pool) == [] and not macs & set(hosts(pool))
+    again = run_module("manifest", pools=[pool.uri], definition=documents(pool, cidr), state="absent")
+    assert again["changed"] is False, again
