@@ -208,6 +208,9 @@ options:
           - A fixed IPv4 address for the NIC, made a DHCP host reservation (C(<host mac ip name>)) for its MAC on
             its libvirt O(network_interfaces[].network), live and persistent. It must lie in the network's DHCP
             range and be held by no other MAC (reservation or lease); it is released when the machine is deleted.
+          - A network in CIDR form (C(192.168.126.0/24)) allocates the address instead - the first from the
+            network's 51st host upward that the DHCP range contains and no host entry, lease or other machine of
+            the run holds (the rule of OpenShift's libvirt provider) - kept while the machine lives.
           - A DHCP lease outlives its guest. An address a deleted machine's guest had leased goes to another MAC
             only when that lease ends (the network's lease time, an hour by default); until then it is refused,
             and the error says when the lease ends.
