@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import first_pool, run_module
+from conftest import first_pool, run_module, warnings_of
 
 CLUSTER = "ocp-lab7x"
 SET = CLUSTER + "-worker-0"
@@ -30,8 +30,11 @@ def documents(pool, cidr, **provider):
              "volume": {"poolName": "machinery", "baseVolumeID": BASE}, "networkInterfaceName": "machinery",
              "networkInterfaceAddress": cidr, "autostart": True, "uri": pool.uri}
     value.update(provider)
+    # the interruptible-instance label (OpenShift's spot-instance sets carry it) puts the members under the
+    # machine-api-operator's shipped health check
     template_labels = dict(LABELS, **{"machine.openshift.io/cluster-api-machine-role": "worker",
-                                      "machine.openshift.io/cluster-api-machine-type": "worker"})
+                                      "machine.openshift.io/cluster-api-machine-type": "worker",
+                                      "machine.openshift.io/interruptible-instance": ""})
     machine_set = {"apiVersion": "machine.openshift.io/v1beta1", "kind": "MachineSet",
                    "metadata": {"name": SET, "namespace": "openshift-machine-api",
                                 "labels": {"machine.openshift.io/cluster-api-cluster": CLUSTER}},
@@ -112,6 +115,42 @@ def test_an_installer_machine_set_applies_boots_and_is_a_no_op_again(lab1):
     again = run_module("manifest", pools=[pool.uri], definition=docs)
     assert again["changed"] is False and again["actions"] == [], again
     assert hosts(pool) == held
+
+
+# the health check the machine-api-operator ships (openshift/machine-api-operator,
+# install/0000_30_machine-api-operator_13_machinehealthcheck.yaml at 6afce911d47e3afa073a30d2afb2722e8d9cb468)
+SHIPPED_CHECK = {"apiVersion": "machine.openshift.io/v1beta1", "kind": "MachineHealthCheck",
+                 "metadata": {"name": "machine-api-termination-handler", "namespace": "openshift-machine-api",
+                              "labels": {"api": "clsuterapi", "k8s-app": "termination-handler"},
+                              "annotations": {"include.release.openshift.io/self-managed-high-availability": "true",
+                                              "exclude.release.openshift.io/internal-openshift-hosted": "true"}},
+                 "spec": {"selector": {"matchLabels": {"machine.openshift.io/interruptible-instance": ""}},
+                          "maxUnhealthy": "100%", "nodeStartupTimeout": "0",
+                          "unhealthyConditions": [{"type": "Terminating", "status": "True", "timeout": "0s"}]}}
+# the shape OpenShift's documentation gives every cloud's worker check
+READY_CHECK = {"apiVersion": "machine.openshift.io/v1beta1", "kind": "MachineHealthCheck",
+               "metadata": {"name": "workers-ready", "namespace": "openshift-machine-api"},
+               "spec": {"selector": {"matchLabels": {"machine.openshift.io/cluster-api-machineset": SET}},
+                        "unhealthyConditions": [{"type": "Ready", "status": "False", "timeout": "300s"},
+                                                {"type": "Ready", "status": "Unknown", "timeout": "300s"}],
+                        "maxUnhealthy": "40%", "nodeStartupTimeout": "10m"}}
+
+
+def test_the_operators_shipped_check_and_a_ready_check_keep_the_set_at_size(lab1):
+    pool, cidr = lab1
+    names = members(pool)
+    for name in names:  # the guest agent answers: the guest is ready (NodeReady), not merely running
+        pool.wait_console(name, "MACHINERY-AGENT", timeout=120)
+    applied = run_module("manifest", pools=[pool.uri], definition=documents(pool, cidr) + [SHIPPED_CHECK, READY_CHECK])
+    assert not applied.get("failed") and applied["actions"] == [], applied
+    assert members(pool) == names
+    checks = {obj["metadata"]["name"]: obj["status"] for obj in applied["objects"]
+              if obj["kind"] == "MachineHealthCheck"}
+    assert checks["machine-api-termination-handler"]["expectedMachines"] == 2
+    assert checks["machine-api-termination-handler"]["currentHealthy"] == 2  # startup check disabled by "0"
+    assert checks["workers-ready"] == {"expectedMachines": 2, "currentHealthy": 2, "remediationsAllowed": 0}
+    warned = [line for line in warnings_of(applied) if "spec.unhealthyConditions[0].type: Terminating" in line]
+    assert warned, warnings_of(applied)
 
 
 def test_a_uri_no_pool_has_is_refused_naming_it_and_nothing_changes(lab1):

@@ -142,7 +142,7 @@ def defaulted(table, params):
     them for a module; for parameters that reach the core another way (a manifest's, a role's element)."""
     result = dict(params)
     for item in table:
-        if item.argument and result.get(item.name) is None and item.default is not None:
+        if result.get(item.name) is None and item.default is not None:
             result[item.name] = list(item.default) if isinstance(item.default, tuple) else item.default
     return result
 
@@ -351,7 +351,7 @@ MACHINE_SET_INFO = (
 )
 
 CONDITION_TYPES = ("Ready", "VolumesReady", "NetworkInterfacesReady", "Failed", "AddressAssigned", "Booted",
-                   "GuestAgentConnected", "BootstrapReady")
+                   "GuestAgentConnected", "BootstrapReady", "NodeReady")
 REMEDIATIONS = ("delete", "restart")
 
 MACHINE_HEALTH_CHECK = (
@@ -359,9 +359,12 @@ MACHINE_HEALTH_CHECK = (
     Option("selector", "dict", required=True, options=(Option("match_labels", "dict", required=True),)),
     Option("unhealthy_conditions", "list", elements="dict", options=(
         Option("type", required=True, choices=CONDITION_TYPES),
-        Option("status", required=True, choices=("True", "False")),
+        Option("status", required=True, choices=("True", "False", "Unknown")),
         Option("timeout", required=True))),
     Option("node_startup_timeout", default="10m"),
+    # which condition ends the startup check: the domain running (Ready), or the guest ready (NodeReady, for
+    # OpenShift's documents, whose nodeStartupTimeout waits for the Node)
+    Option("startup_condition", argument=False, choices=("Ready", "NodeReady"), default="Ready"),
     Option("boot_marker"),
     Option("max_unhealthy", "raw", default="100%"),
     Option("remediation", choices=REMEDIATIONS, default="delete"),

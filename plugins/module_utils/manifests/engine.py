@@ -44,6 +44,11 @@ except ImportError:  # pragma: no cover
     pass
 
 PRUNE_LABEL = "app"
+# the metadata keys a document may carry: what users write, and what an export from a cluster carries (each
+# warned by conformance.METADATA)
+SERVER_METADATA = ("name", "namespace", "labels", "annotations", "uid", "resourceVersion", "generation",
+                   "creationTimestamp", "managedFields", "finalizers", "ownerReferences", "generateName",
+                   "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink")
 WAITS = ("none", "running", "address")
 
 
@@ -86,8 +91,7 @@ def parse(documents, problems):
         if not isinstance(doc.get("metadata"), dict):
             fields.error("metadata", "required value")
             continue
-        fields.known(metadata, ("name", "namespace", "labels", "annotations", "uid", "resourceVersion",
-                                "generation", "creationTimestamp", "managedFields"), "metadata")
+        fields.known(metadata, SERVER_METADATA, "metadata")
         if fields.name(name, "metadata.name") is None:
             continue
         labels = fields.run(check.labels, metadata.get("labels") or {}, "metadata.labels") or {}

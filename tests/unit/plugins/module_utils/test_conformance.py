@@ -18,7 +18,11 @@ from ansible_collections.machinery.compute.plugins.module_utils.manifests import
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAABAgMEBQYHCAkKCwwNDg8QERITFBUWFxgZGhscHR4f test@example"
 SERVER_META = {"namespace": "default", "annotations": {"note": "x"}, "uid": "u-1", "resourceVersion": "1",
-               "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z", "managedFields": [{"manager": "x"}]}
+               "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z", "managedFields": [{"manager": "x"}],
+               # what an export from a cluster carries too (issue 39)
+               "finalizers": ["machine.machine.openshift.io"], "generateName": "web-",
+               "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "o", "uid": "u", "controller": True}],
+               "deletionGracePeriodSeconds": 30, "selfLink": "/apis/x"}
 
 
 def meta(name, **extra):
@@ -150,7 +154,11 @@ OPENSHIFT_LIBVIRT = {
     "Machine": {"apiVersion": OS, "kind": "Machine", "metadata": meta("os-2"), "spec": upstream_spec()},
     "MachineSet": {"apiVersion": OS, "kind": "MachineSet", "metadata": meta("workers-2"),
                    "spec": {"replicas": 2, "selector": {"matchLabels": {"set": "workers"}},
-                            "template": {"metadata": {"labels": {"set": "workers"}}, "spec": upstream_spec()}}},
+                            "authoritativeAPI": "MachineAPI",
+                            "template": {"metadata": {"labels": {"set": "workers"}, "name": "w", "generateName": "w-",
+                                                      "namespace": "openshift-machine-api",
+                                                      "ownerReferences": [{"kind": "MachineSet", "name": "w"}]},
+                                         "spec": dict(upstream_spec(), authoritativeAPI="MachineAPI")}}},
 }
 
 SCHEMAS = [(ironcore, IRONCORE), (openshift, OPENSHIFT), (openshift, OPENSHIFT_LIBVIRT), (kupenstack, KUPENSTACK),
