@@ -111,3 +111,40 @@ def test_allocation_refuses_a_network_too_small_or_full():
     full = dict(NETWORK, dhcp_end="192.168.126.51")
     with pytest.raises(ConflictError):
         cap.allocate_address("192.168.126.0/24", "52:54:00:00:00:07", "net", full, [], "f", pool="t3")
+
+
+def test_an_oc_get_export_applies_with_what_the_server_set_warned():
+    """A List as ``oc get machines,machinesets -n openshift-machine-api -o yaml`` prints it (the fields the API server
+    and the machine controllers set: openshift/api machine/v1beta1 types_machine.go and types_machineset.go)."""
+    owner = {"apiVersion": "machine.openshift.io/v1beta1", "kind": "MachineSet", "name": CLUSTER + "-worker-0",
+             "uid": "8f0e7f43-9c55-4a8e-a2d2-1b9e0f1f7d10", "controller": True, "blockOwnerDeletion": True}
+    server = {"creationTimestamp": "2026-11-01T10:00:00Z", "generation": 1, "resourceVersion": "48213",
+              "uid": "0c7a2f0e-5d7b-4c8f-9a52-6f3e1d2b9c01", "finalizers": ["machine.machine.openshift.io"],
+              "managedFields": [{"manager": "machineset-controller", "operation": "Update"}]}
+    machine = {"apiVersion": OS, "kind": "Machine",
+               "metadata": dict(server, name=CLUSTER + "-worker-0-x7k2p", namespace="openshift-machine-api",
+                                generateName=CLUSTER + "-worker-0-", ownerReferences=[owner], labels=dict(LABELS),
+                                annotations={"machine.openshift.io/instance-state": "Running"}),
+               "spec": {"lifecycleHooks": {}, "metadata": {}, "providerID": "libvirt:///pool1/u",
+                        "authoritativeAPI": "MachineAPI", "providerSpec": {"value": copy.deepcopy(PROVIDER)}},
+               "status": {"phase": "Running", "addresses": [{"type": "InternalIP", "address": "192.168.126.51"}],
+                          "providerStatus": {"instanceID": "u", "instanceState": "Running"}}}
+    machine_set = copy.deepcopy(MACHINE_SET)
+    machine_set["metadata"].update(server)
+    machine_set["spec"]["authoritativeAPI"] = "MachineAPI"
+    machine_set["spec"]["template"]["metadata"].update(name="", generateName="", namespace="openshift-machine-api",
+                                                       ownerReferences=[])
+    machine_set["status"] = {"replicas": 2, "readyReplicas": 2, "observedGeneration": 1}
+    exported = {"apiVersion": "v1", "kind": "List", "items": [machine, machine_set, SECRET]}
+    documents, load_problems = docs.load_sources(definition=[exported])
+    objects, problems = parse(*[doc for _origin, doc in documents])
+    assert load_problems == [] and problems.errors == [], problems.errors
+    said = "\n".join(problems.warnings)
+    for path in ("metadata.finalizers", "metadata.ownerReferences", "metadata.generateName", "metadata.uid",
+                 "metadata.resourceVersion", "metadata.managedFields", "metadata.creationTimestamp", "status",
+                 "spec.authoritativeAPI", "spec.template.metadata.namespace"):
+        assert "%s: " % path in said, path
+    assert len(objects) == 3
+    member = objects["Machine/%s-worker-0-x7k2p" % CLUSTER]
+    assert member.role == "member"  # its set makes the members: applying the export makes no third machine
+    assert "spec.providerSpec.value.uri" not in said
