@@ -80,9 +80,9 @@ options:
       - OS image (qcow2 or raw) as a path on the host that runs the module, an V(http://) / V(https://) URL, or
         the name of an image published on the pool with M(machinery.compute.machine_image) (a DNS-1123 label
         with no V(/); a file of that name in the current directory is given as V(./name)).
-      - Required to create a machine, unless it boots from an existing volume (O(volumes[].volume)); with no
-        image, the first existing volume attached is the boot disk. Fixed afterwards, unless O(rebuild=true)
-        gives the machine a new root disk from it.
+      - Required to create a machine, unless it boots from an existing volume (O(volumes[].volume)) or a volume
+        made from an image (O(volumes[].image)); with no image, the first such volume is the boot disk. Fixed
+        afterwards, unless O(rebuild=true) gives the machine a new root disk from it.
       - A qcow2 image must stand alone (no backing file) and be unencrypted. A raw image must look like a disk,
         a whole number of 512-byte sectors starting with a partition table (MBR or GPT) or a file system (ext,
         XFS, btrfs, squashfs, ISO 9660). Anything else is refused before anything is written.
@@ -110,13 +110,14 @@ options:
         type: str
         required: true
       size:
-        description: Size of a new empty volume.
+        description: Size of a new empty volume; with O(volumes[].image), the least size of the overlay disk (it
+          is at least the image's).
         type: raw
       volume:
         description: Name of an existing volume in the pool's C(machinery) storage pool.
         type: str
       image:
-        description: Image path or URL for an overlay disk.
+        description: Image path or URL (or a published image's name) for an overlay disk.
         type: str
       image_checksum:
         description: sha256 of O(volumes[].image).

@@ -170,8 +170,10 @@ def _volume_params(items, field):
     reserved = {"root": "volume name root is the image disk's",
                 cap.SWAP_VOLUME: "volume name swap is the swap disk's; give the machine swap: <size> instead"}
     for where, item, entry in _named_items(items, field, "volume", reserved):
-        if len([key for key in ("size", "volume", "image") if item.get(key) is not None]) != 1:
-            raise ValidationError("give exactly one of size, volume or image", where)
+        given = [key for key in ("size", "volume", "image") if item.get(key) is not None]
+        # a size with an image is the disk's least size (IronCore's volumeTemplate: 10Gi filled from an OS image)
+        if len(given) != 1 and given != ["size", "image"]:
+            raise ValidationError("give exactly one of size, volume or image (or an image with its size)", where)
         if item.get("volume") is not None:
             entry["volume"] = str(item["volume"])
             storage.check_attachable(entry["volume"], where + ".volume")
@@ -181,7 +183,7 @@ def _volume_params(items, field):
             if item.get(key) is not None:
                 entry[key] = options.option(options.VOLUME, key).check(item[key], "%s.%s" % (where, key))
         if item.get("encrypted"):
-            if item.get("size") is None:
+            if item.get("size") is None or item.get("image") is not None:
                 raise ValidationError("only a new empty volume (size) can be encrypted", where + ".encrypted")
             entry["passphrase"] = options.option(options.VOLUME, "passphrase").check(item.get("passphrase"),
                                                                                      where + ".passphrase")
@@ -477,11 +479,12 @@ def _volumes(prm, facts, taken_devices):
                 raise ConflictError("volume %s already exists in storage pool %s (left by an earlier machine?); "
                                     "delete it, or attach it with volume: %s"
                                     % (entry["volume"], facts.storage_pool, entry["volume"]), where + ".name")
-            if item.get("size") is not None:
-                entry.update(source="empty", size=item["size"])
-            else:
+            if item.get("image") is not None:
                 image = facts.images[where + ".image"]
-                entry.update(source="image", image=image["image"], size=image["size"])
+                size = max(item.get("size") or 0, image["size"] or 0) or None
+                entry.update(source="image", image=image["image"], size=size)
+            else:
+                entry.update(source="empty", size=item["size"])
         for key in ("iops", "throughput"):
             if item.get(key) is not None:
                 entry[key] = item[key]
@@ -691,17 +694,19 @@ def normalize(prm, facts, record=None, current=None):
                                                                          format_quantity(image["size"])), "root_size")
         taken = {"vda"}
     else:
-        # no image: the machine boots from the first existing volume attached (as KupenStack's machines do)
-        if not any(item.get("volume") for item in prm["volumes"] or []):
+        # no image: the machine boots from the first existing volume attached (as KupenStack's machines do), or
+        # from the first volume made from an image (IronCore's ephemeral root volume filled from its OS image)
+        if not any(item.get("volume") or item.get("image") for item in prm["volumes"] or []):
             raise ValidationError("is required to create a machine, unless it boots from an existing volume "
-                                  "(a volumes entry with volume set)", "image")
+                                  "or a volume made from an image (a volumes entry with volume or image set)",
+                                  "image")
         if prm["root_size"]:
             raise ValidationError("a machine without an image has no root disk to size", "root_size")
         spec.update(image=None, root_size=None)
         taken = set()
     spec["volumes"] = _volumes(prm, facts, taken)
     if not prm["image"]:
-        next(vol for vol in spec["volumes"] if vol["source"] == "volume")["boot"] = True
+        next(vol for vol in spec["volumes"] if vol["source"] in ("volume", "image"))["boot"] = True
     spec["swap"] = _swap(prm, facts, spec["volumes"])
     spec["disk_qos"] = cap.desired_disk_qos(spec["volumes"])
     spec["network_interfaces"] = _nics(prm, facts)

@@ -67,6 +67,41 @@ IRONCORE = {
                     "efiVars": [{"name": "v", "uuid": "u", "value": "x"}], "hostname": "web-1"}},
 }
 
+# IronCore's own types, every field set: ironcore-dev/ironcore api/compute/v1alpha1/machine_types.go,
+# api/storage/v1alpha1/volume_types.go, api/networking/v1alpha1/networkinterface_types.go at v0.4.3 (spec.image,
+# spec.imagePullSecret, a Volume's image and imagePullSecretRef) and at 0b3fd712 (v0.5+: guestConfig, localDisk),
+# the device names its admission assigns (oda...) and the ephemeral volumeTemplate of its e2e samples
+# (config/samples/e2e/bases/machine-with-ephemeral-resources/machine.yaml).
+UPSTREAM_VOLUME_SPEC = {"volumeClassRef": {"name": "fast"}, "resources": {"storage": "10Gi"},
+                        "encryption": {"secretRef": {"name": "enc"}},
+                        "dataSource": {"osImage": {"image": "my-image", "architecture": "amd64"}}}
+IRONCORE_UPSTREAM = {
+    "Machine": {"apiVersion": IC, "kind": "Machine", "metadata": meta("web-2", uid="c0ffee00-0000-4000-8000-000000000001"),
+                "spec": {
+                    "machineClassRef": {"name": "small"}, "image": "my-image", "imagePullSecret": {"name": "pull"},
+                    "guestConfig": {"hostname": "web-2"},
+                    "volumes": [{"name": "root-disk", "device": "oda", "ephemeral": {"volumeTemplate": {
+                                    "spec": UPSTREAM_VOLUME_SPEC}}},
+                                {"name": "local", "device": "odb", "localDisk": {"sizeLimit": "1Gi",
+                                                                                 "image": "my-image"}},
+                                {"name": "shared", "device": "odc", "volumeRef": {"name": "vol-2"}}],
+                    "networkInterfaces": [{"name": "primary", "networkInterfaceRef": {"name": "nic-2"}}],
+                    "ignitionRef": {"name": "ign"}}},
+    "Volume": {"apiVersion": "storage.ironcore.dev/v1alpha1", "kind": "Volume", "metadata": meta("vol-2"),
+               "spec": {"volumePoolRef": {"name": "pool1"}, "resources": {"storage": "1Gi"},
+                        "claimRef": {"name": "web-2", "uid": "c0ffee00-0000-4000-8000-000000000001"},
+                        "imagePullSecretRef": {"name": "pull"}, "image": "my-image",
+                        "encryption": {"secretRef": {"name": "enc"}},
+                        "dataSource": {"volumeSnapshotRef": {"name": "snap"}}}},
+    "NetworkInterface": {"apiVersion": "networking.ironcore.dev/v1alpha1", "kind": "NetworkInterface",
+                         "metadata": meta("nic-2"),
+                         "spec": {"networkRef": {"name": "machinery"}, "providerID": "libvirt://x",
+                                  "attributes": {"vendor/x": "y"}, "ipFamilies": ["IPv4"], "ips": [{"value": "10.0.0.6"}],
+                                  "machineRef": {"name": "web-2", "uid": "c0ffee00-0000-4000-8000-000000000001"}}},
+    "MachineClass": {"apiVersion": IC, "kind": "MachineClass", "metadata": meta("gpu"),
+                     "capabilities": {"cpu": 4, "memory": "16Gi", "nvidia.com/gpu": 1}},
+}
+
 OS = "machine.openshift.io/v1beta1"
 PROVIDER = {"apiVersion": "machinery.compute/v1alpha1", "kind": "LibvirtMachineProviderSpec",
             "machineClass": "small", "cpu": 1, "memory": "1Gi", "image": "my-image", "imageChecksum": "sha256:" + "0" * 64,
@@ -161,7 +196,7 @@ OPENSHIFT_LIBVIRT = {
                                          "spec": dict(upstream_spec(), authoritativeAPI="MachineAPI")}}},
 }
 
-SCHEMAS = [(ironcore, IRONCORE), (openshift, OPENSHIFT), (openshift, OPENSHIFT_LIBVIRT), (kupenstack, KUPENSTACK),
+SCHEMAS = [(ironcore, IRONCORE), (ironcore, IRONCORE_UPSTREAM), (openshift, OPENSHIFT), (openshift, OPENSHIFT_LIBVIRT), (kupenstack, KUPENSTACK),
            (vitistack, VITISTACK)]
 CASES = [(dialect, kind, doc) for dialect, kinds in SCHEMAS for kind, doc in kinds.items()]
 IDS = ["%s-%s-%s" % (dialect.__name__.rsplit(".", 1)[1], kind, doc["metadata"]["name"]) for dialect, kind, doc in CASES]
@@ -221,7 +256,10 @@ def _track(value, path, seen):
 def _companions(dialect, kind):
     """The documents a kind's references need, so that its reader runs to the end."""
     if dialect is ironcore and kind == "Machine":
-        return [IRONCORE[name] for name in ("Volume", "NetworkInterface", "Secret")]
+        encryption = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "enc"},
+                      "data": {"encryptionKey": "c2VjcmV0LWtleS1vZi0zMi1ieXRlcy0xMjM0NTY3OA=="}}
+        return [IRONCORE[name] for name in ("Volume", "NetworkInterface", "Secret")] + [
+            IRONCORE_UPSTREAM["Volume"], IRONCORE_UPSTREAM["NetworkInterface"], encryption]
     if dialect is openshift and kind in ("Machine", "MachineSet"):
         return [OPENSHIFT["Secret"]]
     return []

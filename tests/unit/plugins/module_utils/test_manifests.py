@@ -106,6 +106,7 @@ def test_ironcore_sample_translates_to_machine_options():
     assert machine["ignition"] == {"ignition": {"version": "3.4.0"}}
     assert machine["machine_pool"] == "pool1"  # where its volume is made
     assert objects["Volume/my-volume"].data == {"name": "my-volume", "size": 10 * 2 ** 30, "pool": "pool1",
+                                                "unclaimable": False, "claim": None,
                                                 "image": None, "image_path": None}
     published = {"name": "machineclass-sample", "cpu": 4, "memory": 16 * 2 ** 30}
     assert objects["MachineClass/machineclass-sample"].data == published
@@ -217,12 +218,12 @@ CORPUS = [
     ("ic-machine-dangling-secret", [IC_CLASS, IC_VOLUME, IC_NIC, IC_MACHINE],
      "Machine/machine-sample: spec.ignitionRef.name: Secret 'my-ignition-secret' is not among"),
     ("ic-secret-no-key", [IC_CLASS, IC_VOLUME, IC_NIC, _set(IC_SECRET, "data", {"other": "e30="}), IC_MACHINE],
-     "Machine/machine-sample: spec.ignitionRef.key: the secret has no key 'ignition'"),
+     "Machine/machine-sample: spec.ignitionRef.key: the secret has no key 'ignition.yaml'"),
     ("ic-secret-bad-base64", [IC_CLASS, IC_VOLUME, IC_NIC, _set(IC_SECRET, "data.ignition", "%%%"), IC_MACHINE],
      "Machine/machine-sample: spec.ignitionRef.key: data.ignition of the secret is not valid base64"),
     ("ic-power", [_set(IC_MACHINE, "spec.power", "Maybe")], "Machine/machine-sample: spec.power: unsupported value"),
     ("ic-volume-two-sources", [_set(IC_MACHINE, "spec.volumes.1.volumeRef", {"name": "x"})],
-     "Machine/machine-sample: spec.volumes[1]: give exactly one of volumeRef, emptyDisk or ephemeral"),
+     "Machine/machine-sample: spec.volumes[1]: give exactly one of volumeRef, emptyDisk, localDisk or ephemeral"),
     ("ic-volume-duplicate", [_set(IC_MACHINE, "spec.volumes.1.name", "rootdisk")],
      "Machine/machine-sample: spec.volumes[1].name: duplicate name"),
     ("ic-volume-not-list", [_set(IC_MACHINE, "spec.volumes", "rootdisk")],
