@@ -80,6 +80,11 @@ options:
       - OS image (qcow2 or raw) as a path on the host that runs the module, an V(http://) / V(https://) URL, or
         the name of an image published on the pool with M(machinery.compute.machine_image) (a DNS-1123 label
         with no V(/); a file of that name in the current directory is given as V(./name)).
+      - 'An OS image in an OCI registry in IronCore''s OS image format, V(oci://<registry>/<repository>:<tag>) or
+        V(oci://<registry>/<repository>@sha256:<digest>): its disk layer (media type
+        C(application/vnd.ironcore.image.rootfs)) is downloaded, verified by its digest and cached on the pool by
+        it like any image; the layer''s digest is the machine''s recorded image checksum. See O(image_ca_file) and
+        O(image_pull_secret).'
       - Required to create a machine, unless it boots from an existing volume (O(volumes[].volume)) or a volume
         made from an image (O(volumes[].image)); with no image, the first such volume is the boot disk. Fixed
         afterwards, unless O(rebuild=true) gives the machine a new root disk from it.
@@ -93,6 +98,25 @@ options:
   image_checksum:
     description: sha256 of the image (V(sha256:<hex>) or V(<hex>)); required for a URL, verified for a path.
     type: str
+  image_ca_file:
+    description:
+      - The CA certificate (PEM) that a private OCI registry's HTTPS certificate is verified against, for an
+        O(image) (or O(volumes[].image)) given as V(oci://...); without it, the system's certificates.
+    type: path
+  image_pull_secret:
+    description:
+      - Credentials of the OCI registry of an V(oci://...) image, sent when the registry asks for them (Basic,
+        or to its token service for a Bearer token). Never recorded.
+    type: dict
+    suboptions:
+      username:
+        description: User name.
+        type: str
+        required: true
+      password:
+        description: Password or token.
+        type: str
+        required: true
   root_size:
     description:
       - Size of the root disk (at least the image's virtual size); defaults to the image's size.

@@ -238,6 +238,8 @@ SERVER_GROUP = (
     Option("policy", required=True, choices=SERVER_GROUP_POLICIES),
 )
 
+IMAGE_PULL_SECRET = (Option("username", required=True), Option("password", required=True, no_log=True))
+
 MACHINE = (
     Option("name", required=True),
     Option("state", choices=MACHINE_STATES, default="running"),
@@ -247,6 +249,9 @@ MACHINE = (
                                         show=lambda value: None if value is None else format_quantity(value))),
     Option("image", fixed=lambda spec: (spec.get("image") or {}).get("source")),
     Option("image_checksum", fixed=lambda spec: (spec.get("image") or {}).get("checksum")),
+    # an OCI registry's CA and credentials, for an image (or a volume's) given as oci://...; read, never recorded
+    Option("image_ca_file", "path"),
+    Option("image_pull_secret", "dict", options=IMAGE_PULL_SECRET),
     Option("root_size", "raw", recorded=True),
     Option("volumes", "list", elements="dict", options=VOLUME),
     Option("network_interfaces", "list", elements="dict", options=NETWORK_INTERFACE),
@@ -440,6 +445,8 @@ MANIFEST = (
     Option("wait", choices=WAITS, default="running"),
     Option("wait_timeout", "int", default=300),
     Option("shutdown_timeout", "int", default=60),
+    Option("image_ca_file", "path"),
+    Option("image_pull_secret", "dict", options=IMAGE_PULL_SECRET),
 )
 
 MANIFEST_INFO = (

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: contributors to machinery.compute
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""OS images: a local path or an http(s) URL, verified by sha256, cached once per pool by checksum."""
+"""OS images: a local path, an http(s) URL or an OCI reference (oci.py), verified by sha256, cached once per pool
+by checksum."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import tempfile
 import threading
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.machines import oci
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
@@ -63,10 +65,18 @@ def _remembered_checksum(path):
     return memo[key]
 
 
-def resolve(source, checksum=None, field="image"):
-    """Validate an image reference without writing anything: {source, checksum, path | url}."""
+def resolve(source, checksum=None, field="image", registry=None):
+    """Validate an image reference without writing anything: {source, checksum, path | url | oci}. ``registry``
+    ({ca_file, credentials}) is how an ``oci://`` image's registry is reached."""
     if not isinstance(source, str) or not source:
         raise ValidationError("must be a file path or an http(s) URL", field)
+    if oci.is_oci(source):
+        if checksum:
+            raise ValidationError("an OCI image is verified by its own digest; give it in the reference "
+                                  "(oci://.../repository@sha256:<digest>) rather than a checksum",
+                                  _checksum_field(field))
+        registry = registry or {}
+        return oci.resolve(source, registry.get("ca_file"), registry.get("credentials"), field)
     wanted = check.sha256_checksum(checksum, _checksum_field(field)) if checksum else None
     if _is_url(source):
         if not wanted:
@@ -210,7 +220,12 @@ def _upload_once(conn, pool, image, opener):
         vol, fmt = cached_volume(pool, image["checksum"])
         if vol is not None:
             return vol, fmt
-        path = image.get("path") or download(image["url"], image["checksum"], opener)
+        if image.get("oci"):
+            path = oci.download(image, os.path.join(cache_dir(), "images"))
+            with open(path, "rb") as downloaded:  # the rule every image is held to, before it is cached
+                check.disk_image(downloaded.read(check.IMAGE_HEADER_BYTES), os.path.getsize(path), "image")
+        else:
+            path = image.get("path") or download(image["url"], image["checksum"], opener)
         # other processes (another run, another controller) may want the same image now: one uploads it, the
         # others wait for it instead of taking its half-written volume for the leftover of a dead run
         with reg.image_upload_lock(conn, pool, image["checksum"]):

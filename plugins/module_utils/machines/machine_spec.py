@@ -276,8 +276,13 @@ def new_volume_name(machine, item):
     return "%s-%s.%s" % (machine, item["name"], "luks" if item.get("encrypted") else "qcow2")
 
 
-def _image_facts(source, checksum, ctx, field):
-    image = named_images.resolve(source, checksum, ctx, field)
+def registry_of(prm):
+    """How an oci:// image's registry is reached: {ca_file, credentials} of the machine's options."""
+    return {"ca_file": prm.get("image_ca_file"), "credentials": prm.get("image_pull_secret")}
+
+
+def _image_facts(source, checksum, ctx, field, registry=None):
+    image = named_images.resolve(source, checksum, ctx, field, registry)
     return {"image": image, "format": image_format(image, field),
             "size": storage.virtual_size(image["path"]) if image.get("path") else None}
 
@@ -310,11 +315,11 @@ def resolve(prm, ctx, record=None):
     if record is not None:
         if rebuild_requested(prm, record.get("spec", {})):  # the image of its new root disk
             facts.images["image"] = _image_facts(prm["image"] or record["spec"]["image"]["source"],
-                                                 prm["image_checksum"], ctx, "image")
+                                                 prm["image_checksum"], ctx, "image", registry_of(prm))
         return facts  # an existing machine keeps its image, disks and NICs
     facts.storage_pool = ctx.storage.name()
     if prm["image"]:
-        facts.images["image"] = _image_facts(prm["image"], prm["image_checksum"], ctx, "image")
+        facts.images["image"] = _image_facts(prm["image"], prm["image_checksum"], ctx, "image", registry_of(prm))
     names = []
     for index, item in enumerate(prm["volumes"] or []):
         if item.get("volume") is not None:
@@ -326,7 +331,8 @@ def resolve(prm, ctx, record=None):
         names.append(new_volume_name(prm["name"], item))
         if item.get("image") is not None:
             where = "volumes[%d].image" % index
-            facts.images[where] = _image_facts(item["image"], item.get("image_checksum"), ctx, where)
+            facts.images[where] = _image_facts(item["image"], item.get("image_checksum"), ctx, where,
+                                               registry_of(prm))
     if prm["swap"]:
         names.append(cap.swap_volume(prm["name"], prm["swap"])["volume"])
     facts.taken_volumes = {name for name in names if lv.lookup_volume(ctx.storage, name) is not None}

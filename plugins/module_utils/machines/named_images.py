@@ -192,7 +192,7 @@ def published(ctx, name, field):
     return image
 
 
-def resolve(source, checksum, ctx, field):
+def resolve(source, checksum, ctx, field, registry=None):
     """An image option of a machine or volume: a published name, a base volume on the pool host
     (``volume:<storage pool>/<volume>``), else a path or URL (images.resolve)."""
     if images.is_base_volume(source):
@@ -204,4 +204,4 @@ def resolve(source, checksum, ctx, field):
             raise ValidationError("a published image is verified by its own checksum; leave it out",
                                   field + "_checksum")
         return published(ctx, source, field)
-    return images.resolve(source, checksum, field)
+    return images.resolve(source, checksum, field, registry)

@@ -296,13 +296,31 @@ def _image_exists(obj, params, fields, pools):
         fields.error(shown, "%r is neither an image published on a pool of this run nor a file" % image)
 
 
-def check_documents(documents, pools, load_problems=()):
+def registry_options(params):
+    """The module's image_ca_file and image_pull_secret: how OCI images' registries are reached."""
+    return {key: params.get(key) for key in ("image_ca_file", "image_pull_secret") if params.get(key)}
+
+
+def _with_registry(objects, registry):
+    """Each machine (and set template) with an OCI image gets the module's registry options it does not set."""
+    for obj in objects:
+        if obj.role not in ("machine", "set"):
+            continue
+        params = obj.params["template"] if obj.role == "set" else obj.params
+        images = [params.get("image")] + [vol.get("image") for vol in params.get("volumes") or []]
+        if any(isinstance(image, str) and image.startswith("oci://") for image in images):
+            for key, value in registry.items():
+                params.setdefault(key, value)
+
+
+def check_documents(documents, pools, load_problems=(), registry=None):
     """Every document parsed and linked; raises ManifestError with every problem. Returns (objects, warnings)."""
     problems = Problems()
     problems.errors.extend(load_problems)
     objects = parse(documents, problems)
     if pools is not None:
         link(objects, problems, pools)
+        _with_registry(objects, registry or {})
         for obj in objects:
             if obj.role in ("machine", "set"):
                 params = obj.params["template"] if obj.role == "set" else obj.params
@@ -602,7 +620,7 @@ def apply(entries, documents, params, check_mode=False, opener=None, load_proble
     fleet = Fleet(entries, opener)
     try:
         pools = Pools(fleet)
-        objects, warnings = check_documents(documents, pools, load_problems)
+        objects, warnings = check_documents(documents, pools, load_problems, registry_options(params))
         run = Run(fleet, objects, params, check_mode)
         run.warnings.extend(warnings)
         if state == "present":

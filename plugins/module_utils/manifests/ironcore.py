@@ -96,7 +96,7 @@ FIELDS = {
          "spec.machinePoolSelector.*": APPLIED, "spec.tolerations[].key": APPLIED,
          "spec.tolerations[].operator": APPLIED, "spec.tolerations[].value": APPLIED,
          "spec.tolerations[].effect": APPLIED, "spec.image": APPLIED, "spec.imagePullSecretRef.name": NO_PULL_SECRET,
-         "spec.imagePullSecret": NO_OCI_PULL, "spec.guestConfig.hostname": APPLIED,
+         "spec.imagePullSecret.name": APPLIED, "spec.guestConfig.hostname": APPLIED,
          "spec.volumes[].localDisk.sizeLimit": APPLIED, "spec.volumes[].localDisk.image": APPLIED,
          "spec.volumes[].name": APPLIED, "spec.volumes[].device": APPLIED, "spec.volumes[].volumeRef.name": APPLIED,
          "spec.volumes[].emptyDisk.sizeLimit": APPLIED, EPHEMERAL_VOLUME + ".metadata": EPHEMERAL_META,
@@ -256,7 +256,13 @@ def _machine(obj, fields):
     cls = fields.mapping(spec.get("machineClassRef"), "spec.machineClassRef", required=True) or {}
     params["machine_class"] = fields.name(cls.get("name"), "spec.machineClassRef.name") if cls else None
     if spec.get("image") is not None:
-        params["image"] = fields.string(spec.get("image"), "spec.image")
+        params["image"] = oci_image(fields.string(spec.get("image"), "spec.image"))
+    pull = fields.mapping(spec.get("imagePullSecret"), "spec.imagePullSecret")
+    if pull:
+        fields.known(pull, ("name",), "spec.imagePullSecret")
+        refs_pull = ("spec.imagePullSecret.name", fields.name(pull.get("name"), "spec.imagePullSecret.name"))
+    else:
+        refs_pull = None
     power = fields.string(spec.get("power"), "spec.power", choices=tuple(POWER))
     params["state"] = POWER.get(power or "On")
     pool = fields.mapping(spec.get("machinePoolRef"), "spec.machinePoolRef")
@@ -271,7 +277,7 @@ def _machine(obj, fields):
             normalize_tolerations)
         params["tolerations"] = fields.run(normalize_tolerations, [item for _index, item in tolerations],
                                            "spec.tolerations")
-    refs = {"class": params["machine_class"], "volumes": [], "nics": [], "secret": None}
+    refs = {"class": params["machine_class"], "volumes": [], "nics": [], "secret": None, "pull": refs_pull}
     params["volumes"] = []
     seen = set()
     for index, item in fields.items(spec.get("volumes"), "spec.volumes"):
@@ -304,7 +310,7 @@ def _machine(obj, fields):
             elif image is None:
                 fields.error(where + ".localDisk", "give sizeLimit, image or both")
             if image is not None:
-                entry["image"] = image
+                entry["image"] = oci_image(image)
                 obj.where["volumes[%d].image" % len(params["volumes"])] = where + ".localDisk.image"
             entry["ephemeral"] = True
             if name:
@@ -335,7 +341,7 @@ def _machine(obj, fields):
                 fields.error(at + ".spec.unclaimable", "true: the volume could not be claimed by this Machine, "
                              "whose ephemeral volume it is")
             if image:
-                entry["image"] = image
+                entry["image"] = oci_image(image)
                 obj.where["volumes[%d].image" % len(params["volumes"])] = image_path
                 if resources.get("storage") is not None:  # the disk's size, filled from the image (IronCore's)
                     entry["size"] = kube_quantity(fields, resources.get("storage"), at + ".spec.resources.storage")
@@ -436,6 +442,21 @@ def link(obj, objects, fields, _pools=None):
             text = secret_value(fields, secret.doc, key, path + ".key")
             if text is not None:
                 obj.params["ignition"] = _ignition_document(fields, text, key, path)
+    if refs.get("pull"):
+        path, name = refs["pull"]
+        secret = objects.get(("Secret", name))
+        images = [obj.params.get("image")] + [vol.get("image") for vol in obj.params.get("volumes") or []]
+        registries = {image[len("oci://"):].split("/", 1)[0] for image in images
+                      if isinstance(image, str) and image.startswith("oci://")}
+        if secret is None:
+            fields.error(path, "Secret %r is not among the documents" % name)
+        elif not registries:
+            fields.warn(path, "the Machine's images are no OCI references: a pull secret has nothing to pull; "
+                              "not applied")
+        else:
+            credentials = pull_credentials(fields, secret.doc, sorted(registries)[0], path)
+            if credentials:
+                obj.params["image_pull_secret"] = credentials
     for path, name, index in refs.get("encryption") or []:
         secret = objects.get(("Secret", name))
         if secret is None:
@@ -455,6 +476,39 @@ def link(obj, objects, fields, _pools=None):
             fields.error(path, "Volume %r is claimed by Machine %r (its spec.claimRef)" % (name, claim["name"]))
         elif claim.get("name"):
             _check_uid(volume, claim.get("uid"), obj, "spec.claimRef.uid", fields)
+
+
+def pull_credentials(fields, secret, registry, path):
+    """{username, password} for ``registry`` from a pull Secret: a ``kubernetes.io/dockerconfigjson`` one
+    (``.dockerconfigjson``: auths by registry, each with username and password or ``auth``, base64 of
+    user:password), or one with ``username`` and ``password`` keys (``kubernetes.io/basic-auth``)."""
+    import base64
+    for part in ("stringData", "data"):
+        if isinstance(secret.get(part), dict) and ".dockerconfigjson" in secret[part]:
+            text = secret_value(fields, secret, ".dockerconfigjson", path)
+            try:
+                auths = json.loads(text or "").get("auths") or {}
+            except (ValueError, AttributeError):
+                fields.error(path, "the secret's .dockerconfigjson is not JSON with auths")
+                return None
+            entry = auths.get(registry) or auths.get("https://" + registry)
+            if not isinstance(entry, dict):
+                fields.error(path, "the secret's .dockerconfigjson has no auths entry for %s (it has %s)"
+                             % (registry, ", ".join(sorted(auths)) or "none"))
+                return None
+            if entry.get("username"):
+                return {"username": entry["username"], "password": entry.get("password") or ""}
+            try:
+                user, _sep, password = base64.b64decode(entry.get("auth") or "").decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                user, password = "", ""
+            if not user:
+                fields.error(path, "the secret's auths entry for %s has no username/password or auth" % registry)
+                return None
+            return {"username": user, "password": password}
+    username = secret_value(fields, secret, "username", path)
+    password = secret_value(fields, secret, "password", path)
+    return {"username": username, "password": password} if username is not None and password is not None else None
 
 
 def _ignition_key(secret):
@@ -505,6 +559,18 @@ def _uid_reference(fields, value, path):
     fields.known(ref, ("name", "uid"), path)
     return {"name": fields.string(ref.get("name"), path + ".name"),
             "uid": fields.string(ref.get("uid"), path + ".uid")} if ref else None
+
+
+def oci_image(text):
+    """IronCore names OS images by OCI reference with no scheme (``ghcr.io/ironcore-dev/os-images/gardenlinux:1443``,
+    ``registry:5000/os/debian@sha256:...``): such a reference, whose first part is a registry host (a dot, a port
+    or ``localhost``), is the collection's ``oci://`` image. A published name, a path or a URL is kept as it is."""
+    if not isinstance(text, str) or "://" in text or text.startswith(("/", ".")) or "/" not in text:
+        return text
+    host = text.split("/", 1)[0]
+    if "." in host or ":" in host or host == "localhost":
+        return "oci://" + text
+    return text
 
 
 def virtio_device(device, after_image=False):

@@ -258,8 +258,11 @@ def _companions(dialect, kind):
     if dialect is ironcore and kind == "Machine":
         encryption = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "enc"},
                       "data": {"encryptionKey": "c2VjcmV0LWtleS1vZi0zMi1ieXRlcy0xMjM0NTY3OA=="}}
+        pull = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pull"},
+                "type": "kubernetes.io/dockerconfigjson",
+                "stringData": {".dockerconfigjson": '{"auths": {"registry.example.com": {"auth": "dTpw"}}}'}}
         return [IRONCORE[name] for name in ("Volume", "NetworkInterface", "Secret")] + [
-            IRONCORE_UPSTREAM["Volume"], IRONCORE_UPSTREAM["NetworkInterface"], encryption]
+            IRONCORE_UPSTREAM["Volume"], IRONCORE_UPSTREAM["NetworkInterface"], encryption, pull]
     if dialect is openshift and kind in ("Machine", "MachineSet"):
         return [OPENSHIFT["Secret"]]
     return []

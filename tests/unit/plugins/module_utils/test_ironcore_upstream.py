@@ -114,12 +114,34 @@ def test_snapshots_and_standalone_encryption_are_refused_pull_secrets_and_nic_at
     machine = copy.deepcopy(MACHINE)
     machine["spec"].update(image="my-image", imagePullSecret={"name": "pull"})
     machine["spec"]["networkInterfaces"] = [{"name": "primary", "networkInterfaceRef": {"name": "n"}}]
-    _objects, problems = check(SECRET, machine, volume, nic)
+    pull = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pull"}, "stringData": {
+        ".dockerconfigjson": '{"auths": {"registry.example.com": {"username": "u", "password": "p"}}}'}}
+    _objects, problems = check(SECRET, machine, volume, nic, pull)
     said = "\n".join(problems.errors + problems.warnings)
     for line in ("Volume/data: spec.dataSource.volumeSnapshotRef: volume snapshots are not supported",
                  "Volume/data: spec.encryption.secretRef.name: a standalone volume",
-                 "Machine/machine-sample: spec.imagePullSecret: a pull secret is for an image in an OCI registry",
+                 "Machine/machine-sample: spec.imagePullSecret.name: the Machine's images are no OCI references",
                  "NetworkInterface/n: spec.providerID: set by the provider",
                  "NetworkInterface/n: spec.attributes.a: attributes pass settings"):
         assert line in said, line
     assert not any(line.startswith("NetworkInterface/n: spec.machineRef") for line in problems.errors)
+
+
+def test_bare_oci_references_and_their_pull_secret():
+    """IronCore's references carry no scheme: one whose first part is a registry host is an oci:// image, and
+    spec.imagePullSecret's .dockerconfigjson entry for that registry is the machine's image_pull_secret."""
+    assert ironcore.oci_image("ghcr.io/ironcore-dev/os-images/gardenlinux:1443.3") == \
+        "oci://ghcr.io/ironcore-dev/os-images/gardenlinux:1443.3"
+    assert ironcore.oci_image("127.0.0.1:5000/os/debian@sha256:" + "a" * 64).startswith("oci://127.0.0.1:5000/")
+    for kept in ("my-image", "./disk.qcow2", "/srv/disk.qcow2", "https://x/y.qcow2", "gardenlinux:rootfs-image"):
+        assert ironcore.oci_image(kept) == kept
+    pull = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pull"}, "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": "eyJhdXRocyI6IHsicmVnaXN0cnkuZXhhbXBsZS5jb20iOiB7ImF1dGgiOiAiZFhObGNqcHdZWE56In19fQ=="}}
+    machine = copy.deepcopy(MACHINE)
+    machine["spec"].update(image="registry.example.com/os/debian:12", imagePullSecret={"name": "pull"})
+    machine["spec"]["volumes"] = [machine["spec"]["volumes"][1]]
+    objects, problems = check(SECRET, machine, pull)
+    params = objects["Machine/machine-sample"].params
+    assert problems.errors == [], problems.errors
+    assert params["image"] == "oci://registry.example.com/os/debian:12"
+    assert params["image_pull_secret"] == {"username": "user", "password": "pass"}
