@@ -39,6 +39,8 @@ def lab1(image, tmp_path_factory):
     def clean(pool):
         for name in ("oci-1", "oci-2", "oci-3"):
             run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
+        run_module("volume", uri=pool.uri, name="oci-copy", state="absent", force=True)
+        run_module("machine_image", pools=[pool.uri], name="oci-named", state="absent", force=True)
         storage = pool.conn.storagePoolLookupByName("machinery")
         storage.refresh(0)
         for suffix in (".qcow2.complete", ".qcow2"):  # an earlier run's cache of it: pulled again
@@ -120,3 +122,22 @@ def test_an_ironcore_machine_names_it_by_bare_reference_with_its_pull_secret(lab
     assert "3.3.0" in console
     again = run_module("manifest", pools=[pool.uri], definition=documents, image_ca_file=data["registry_ca"])
     assert again["changed"] is False, again
+
+
+def test_machine_image_and_volume_take_the_reference_too(lab1):
+    pool, data, layer, pinned = lab1
+    registry = {"image_ca_file": data["registry_ca"], "image_pull_secret": data["registry_credentials"]}
+    published = run_module("machine_image", pools=[pool.uri], name="oci-named", url=pinned, **registry)
+    assert not published.get("failed"), published
+    assert published["image"]["checksum"].endswith(layer), published["image"]
+    again = run_module("machine_image", pools=[pool.uri], name="oci-named", url=pinned, **registry)
+    assert again["changed"] is False, again
+    copied = run_module("volume", uri=pool.uri, name="oci-copy", image=pinned, **registry)
+    assert not copied.get("failed"), copied
+    with open(os.path.join(images.cache_dir(), "images", layer), "rb") as handle:
+        handle.seek(24)
+        virtual = int.from_bytes(handle.read(8), "big")  # the qcow2 header's size field
+    storage = pool.conn.storagePoolLookupByName("machinery")
+    storage.refresh(0)
+    assert storage.storageVolLookupByName("oci-copy").info()[1] >= virtual
+    assert run_module("volume", uri=pool.uri, name="oci-copy", image=pinned, **registry)["changed"] is False

@@ -165,10 +165,16 @@ def validated(params):
     url, path = params.get("url"), params.get("path")
     if bool(url) == bool(path):
         raise ValidationError("give exactly one of url or path", "url" if url else "path")
-    if url and not (url.startswith("http://") or url.startswith("https://")):
-        raise ValidationError("%r is not an http(s) URL" % url, "url")
+    if url and not url.startswith(("http://", "https://", "oci://")):
+        raise ValidationError("%r is not an http(s) URL or an oci:// reference" % url, "url")
     os_info(params.get("os"))
-    params["resolved"] = images.resolve(url or path, params.get("checksum"), "image")
+    registry = {"ca_file": params.get("image_ca_file"), "credentials": params.get("image_pull_secret")}
+    try:
+        params["resolved"] = images.resolve(url or path, params.get("checksum"), "image", registry)
+    except ValidationError as exc:
+        if exc.field == "image_checksum":  # this module's option is checksum
+            raise ValidationError(exc.message, "checksum") from None
+        raise
     return params
 
 

@@ -170,7 +170,7 @@ def resolve(source, ca_file=None, credentials=None, field="image"):
     checksum = str(layer.get("digest") or "")
     if not re.match(r"^sha256:[0-9a-f]{64}$", checksum):
         raise MachineryError("%s: its disk layer has no sha256 digest" % source, field)
-    return {"source": source, "checksum": checksum[len("sha256:"):], "manifest_digest": digest,
+    return {"source": source, "checksum": checksum[len("sha256:"):], "manifest_digest": digest, "virtual_size": 0,
             "oci": {"registry": registry, "repository": repository, "layer": checksum, "size": layer.get("size"),
                     "ca_file": ca_file, "credentials": credentials}}
 
