@@ -280,11 +280,19 @@ def _networks_exist(obj, params, fields, pools):
 def _image_exists(obj, params, fields, pools):
     """A machine's image is published on its pool (or, unplaced, on some pool of the run), or is a file here or a
     URL: what the apply would refuse, refused by check mode too, under the document's own path."""
-    image = params.get("image")
     pinned = params.get("machine_pool")
-    if not isinstance(image, str) or not image or (pinned and pinned not in pools.by_name):
+    if pinned and pinned not in pools.by_name:
         return
-    shown = obj.where.get("image") or "spec"
+    # the root image, and each volume's (an IronCore volumeTemplate filled from an OS image)
+    given = [("image", params.get("image"))] + [("volumes[%d].image" % index, vol.get("image"))
+                                                for index, vol in enumerate(params.get("volumes") or [])
+                                                if isinstance(vol, dict)]
+    for option, image in given:
+        if isinstance(image, str) and image:
+            _one_image_exists(obj, image, obj.where.get(option) or "spec", pinned, fields, pools)
+
+
+def _one_image_exists(obj, image, shown, pinned, fields, pools):
     where = [pinned] if pinned else sorted(pools.by_name)
     if is_reference(image):
         if not any(image in pools.images.get(pool, {}) for pool in where):
