@@ -167,6 +167,63 @@ def test_a_uri_no_pool_has_is_refused_naming_it_and_nothing_changes(lab1):
     assert all(pool.domain(name).maxMemory() == 128 * 1024 for name in before[0])
 
 
+def single_machine(pool, name, **provider):
+    value = {"apiVersion": "libvirtproviderconfig.openshift.io/v1beta1", "kind": "LibvirtMachineProviderConfig",
+             "domainMemory": 128, "domainVcpu": 1, "volume": {"poolName": "machinery", "baseVolumeID": BASE},
+             "networkInterfaceName": "machinery", "uri": pool.uri}
+    value.update(provider)
+    return {"apiVersion": "machine.openshift.io/v1beta1", "kind": "Machine",
+            "metadata": {"name": name, "namespace": "openshift-machine-api"},
+            "spec": {"providerSpec": {"value": value}}}
+
+
+def upload(pool, name, data):
+    storage = pool.conn.storagePoolLookupByName("machinery")
+    vol = storage.createXML("<volume><name>%s</name><capacity>%d</capacity><target><format type='raw'/>"
+                            "</target></volume>" % (name, len(data)), 0)
+    stream = pool.conn.newStream(0)
+    vol.upload(stream, 0, len(data), 0)
+    stream.send(data)
+    stream.finish()
+
+
+def test_ign_key_and_cloud_init_boot_with_the_providers_meaning(lab1):
+    """ignKey: a volume of the pool holding the Ignition config (the provider's older way); cloudInit: the
+    Secret's userData is a script, handed over as one with a cloud-config part for sshAccess."""
+    pool, _cidr = lab1
+    storage = pool.conn.storagePoolLookupByName("machinery")
+    storage.refresh(0)
+    if "ocp-lab.ign" in storage.listVolumes():
+        storage.storageVolLookupByName("ocp-lab.ign").delete(0)
+    upload(pool, "ocp-lab.ign", b'{"ignition": {"version": "3.2.0"}, "passwd": {"users": [{"name": "ign-key"}]}}')
+    script = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "script-data"},
+              "stringData": {"userData": "echo provider-script"}}
+    docs = [single_machine(pool, "ocp-ignkey", ignKey="ocp-lab.ign"),
+            single_machine(pool, "ocp-cloudinit", cloudInit={"userDataSecret": "script-data", "sshAccess": True}),
+            script]
+    try:
+        made = run_module("manifest", pools=[pool.uri], definition=docs)
+        assert not made.get("failed"), made
+        assert any("cloudInit.sshAccess: the provider also installs its own fixed" in line
+                   for line in warnings_of(made)), warnings_of(made)
+        assert "ign-key" in pool.wait_console("ocp-ignkey", "MACHINERY-IGNITION-END", timeout=120)
+        console = pool.wait_console("ocp-cloudinit", "MACHINERY-USERDATA-END", timeout=120)
+        assert "#!/bin/bash\necho provider-script" in console.replace("\r", "") and "ssh_deletekeys" in console
+        statuses = {obj["metadata"]["name"]: obj["status"] for obj in made["objects"] if obj["kind"] == "Machine"}
+        provider = statuses["ocp-ignkey"]["providerStatus"]
+        assert provider["instanceID"] == pool.domain("ocp-ignkey").UUIDString()
+        assert provider["instanceState"] == "Running" and provider["conditions"][0]["type"] == "MachineCreated"
+        exported = run_module("manifest_info", pools=[pool.uri], dialect="openshift", name=["ocp-ignkey"])
+        assert exported["documents"][0]["spec"]["providerSpec"]["value"]["image"] == "volume:machinery/" + BASE
+        reapplied = run_module("manifest", pools=[pool.uri], definition=exported["documents"])
+        assert reapplied["changed"] is False and not reapplied.get("failed"), reapplied
+    finally:
+        run_module("manifest", pools=[pool.uri], definition=docs, state="absent", shutdown_timeout=2)
+        storage.refresh(0)
+        storage.storageVolLookupByName("ocp-lab.ign").delete(0)
+    assert pool.domain("ocp-ignkey") is None and pool.domain("ocp-cloudinit") is None
+
+
 def test_deleting_the_set_frees_its_addresses(lab1):
     pool, cidr = lab1
     names = members(pool)
