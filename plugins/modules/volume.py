@@ -21,7 +21,9 @@ description:
     this module gives them some.
   - Deleting a volume that a machine still uses is refused unless O(force=true).
   - The collection's own volumes (image caches, Ignition files, cloud-init seeds, console logs, upload locks) are
-    refused.
+    refused, and so are a machine's own disks (its root disk and rebuild roots, its ephemeral volumes, its backup
+    copies) whatever O(force) says, naming the machine - M(machinery.compute.machine) with O(state=absent) deletes
+    them with it.
 version_added: 0.4.0
 author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
@@ -96,6 +98,7 @@ options:
     description:
       - Delete the volume even when machines use it - it is detached from their configuration first (a running
         guest is asked to let go of it and keeps it until it does).
+      - Only for a standalone volume that machines were given; a machine's own disk is never deleted this way.
     type: bool
     default: false
 """

@@ -316,7 +316,12 @@ def resolve(prm, ctx, record=None):
         if rebuild_requested(prm, record.get("spec", {})):  # the image of its new root disk
             facts.images["image"] = _image_facts(prm["image"] or record["spec"]["image"]["source"],
                                                  prm["image_checksum"], ctx, "image", registry_of(prm))
-        return facts  # an existing machine keeps its image, disks and NICs
+        # an existing machine keeps its image, disks and NICs; the volumes it was given must still be there
+        kept = [item["volume"] for item in prm["volumes"] or [] if item.get("volume") is not None]
+        if kept:
+            facts.storage_pool = ctx.storage.name()
+            facts.volumes = {name: {} if lv.lookup_volume(ctx.storage, name) is not None else None for name in kept}
+        return facts
     facts.storage_pool = ctx.storage.name()
     if prm["image"]:
         facts.images["image"] = _image_facts(prm["image"], prm["image_checksum"], ctx, "image", registry_of(prm))
@@ -657,6 +662,17 @@ def check_fixed(prm, recorded):
                             % (item.name.replace("_", " "), shown_fixed(item, current), hint), item.name)
 
 
+def _check_kept_volumes(prm, facts):
+    """An existing machine whose volume given with ``volumes[].volume`` was deleted has lost that disk: refused,
+    never reported converged."""
+    for index, item in enumerate(prm["volumes"] or []):
+        if item.get("volume") is not None and facts.volumes.get(item["volume"], {}) is None:
+            raise NotFoundError("no volume %r in storage pool %s: it was deleted and machine %s has lost that disk; "
+                                "make the volume again and attach it with machinery.compute.volume_attach, or leave "
+                                "this entry out" % (item["volume"], facts.storage_pool, prm["name"]),
+                                "volumes[%d].volume" % index)
+
+
 def shown_fixed(item, value):
     return format_quantity(value) if item.name == "swap" and isinstance(value, int) else value
 
@@ -684,6 +700,7 @@ def normalize(prm, facts, record=None, current=None):
     _boot_config(prm, spec, recorded, existing)
     if existing:
         check_fixed(prm, record.get("spec", {}))
+        _check_kept_volumes(prm, facts)
         for key in ("image", "root_size", "volumes", "network_interfaces", "swap"):
             spec[key] = recorded.get(key)
         if rebuild_requested(prm, record.get("spec", {})):
