@@ -99,5 +99,5 @@ def push_disk_image(registry: str, ref: str, path: str, ca_file: str, credential
         "annotations": {"architecture": "amd64", "variant": "virtualization"},
     }, separators=(",", ":")).encode()
     session.call("PUT", f"/v2/{repository}/manifests/{tag}", body=manifest,
-                  headers={"Content-Type": MANIFEST_MEDIA_TYPE})
+                 headers={"Content-Type": MANIFEST_MEDIA_TYPE})
     return "sha256:" + hashlib.sha256(manifest).hexdigest()

@@ -10,7 +10,6 @@ networkInterfaceAddress as the machine network CIDR, uri) and the worker-user-da
 true (the installer writes false, libvirt's default, which could not tell whether it was applied).
 """
 
-import copy
 import ipaddress
 import xml.etree.ElementTree as ET
 

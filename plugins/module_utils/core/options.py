@@ -251,7 +251,7 @@ MACHINE = (
     Option("image_checksum", fixed=lambda spec: (spec.get("image") or {}).get("checksum")),
     # an OCI registry's CA and credentials, for an image (or a volume's) given as oci://...; read, never recorded
     Option("image_ca_file", "path"),
-    Option("image_pull_secret", "dict", options=IMAGE_PULL_SECRET),
+    Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
     Option("root_size", "raw", recorded=True),
     Option("volumes", "list", elements="dict", options=VOLUME),
     Option("network_interfaces", "list", elements="dict", options=NETWORK_INTERFACE),
@@ -429,7 +429,7 @@ MACHINE_IMAGE = (
     Option("path"),
     Option("checksum"),
     Option("image_ca_file", "path"),
-    Option("image_pull_secret", "dict", options=IMAGE_PULL_SECRET),
+    Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
     Option("os", "dict", options=IMAGE_OS),
     Option("state", choices=PRESENCE, default="present"),
     Option("force", "bool", default=False),
@@ -448,7 +448,7 @@ MANIFEST = (
     Option("wait_timeout", "int", default=300),
     Option("shutdown_timeout", "int", default=60),
     Option("image_ca_file", "path"),
-    Option("image_pull_secret", "dict", options=IMAGE_PULL_SECRET),
+    Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
 )
 
 MANIFEST_INFO = (
@@ -481,7 +481,7 @@ STANDALONE_VOLUME = (
     Option("size", "raw"),
     Option("image"),
     Option("image_ca_file", "path"),
-    Option("image_pull_secret", "dict", options=IMAGE_PULL_SECRET),
+    Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
     Option("format", choices=VOLUME_FORMATS),
     Option("labels", "dict"),
     Option("state", choices=PRESENCE, default="present"),

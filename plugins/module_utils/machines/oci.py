@@ -67,6 +67,8 @@ class Registry:
         if ca_file and not os.path.isfile(ca_file):
             raise ValidationError("no such file %s" % ca_file, "image_ca_file")
         self.context = ssl.create_default_context(cafile=ca_file or None)
+        # an opener of its own: this registry's CA, and the redirects registries answer blob requests with
+        self.opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=self.context))
         self.credentials = credentials or {}
         self.authorization = None
 
@@ -86,7 +88,7 @@ class Registry:
         if self._basic():
             request.add_header("Authorization", self._basic())
         try:
-            with urllib.request.urlopen(request, context=self.context, timeout=TIMEOUT) as response:
+            with self.opener.open(request, timeout=TIMEOUT) as response:
                 answer = json.loads(response.read().decode())
         except urllib.error.HTTPError as exc:
             raise MachineryError("the registry's token service refused the credentials (HTTP %d)%s"
@@ -105,7 +107,7 @@ class Registry:
             if self.authorization:
                 request.add_header("Authorization", self.authorization)
             try:
-                return urllib.request.urlopen(request, context=self.context, timeout=TIMEOUT)
+                return self.opener.open(request, timeout=TIMEOUT)
             except urllib.error.HTTPError as exc:
                 challenge = exc.headers.get("WWW-Authenticate") or ""
                 if exc.code == 401 and attempt == 0 and challenge:

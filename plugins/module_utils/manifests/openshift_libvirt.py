@@ -161,8 +161,8 @@ def cloud_config_script(script, ssh):
     parts = [("text/cloud-config", config), (kind, script)]
     body = "".join("--%s\nContent-Type: %s; charset=\"utf-8\"\nMIME-Version: 1.0\n\n%s\n" % (boundary, part, text)
                    for part, text in parts)
-    return "Content-Type: multipart/mixed; boundary=\"%s\"\nMIME-Version: 1.0\n\n%s--%s--\n" % (boundary, body,
-                                                                                               boundary)
+    head = "Content-Type: multipart/mixed; boundary=\"%s\"\nMIME-Version: 1.0\n\n" % boundary
+    return "%s%s--%s--\n" % (head, body, boundary)
 
 
 def link(obj, target, fields, pools, secrets):
@@ -215,9 +215,9 @@ def link(obj, target, fields, pools, secrets):
     capacity = max(image["virtual_size"] for _pool, image, _ctx in having)
     if capacity > target["root_size"]:
         if libvirt["volume_size_given"]:
+            sizes = (format_quantity(target["root_size"]), format_quantity(capacity))
             fields.warn(path + ".volume.volumeSize", "%s is smaller than the base volume (%s): the root volume is "
-                        "the base volume's size, as the provider makes it" % (format_quantity(target["root_size"]),
-                                                                             format_quantity(capacity)))
+                        "the base volume's size, as the provider makes it" % sizes)
         target["root_size"] = capacity
     if libvirt.get("ign_key"):
         target["ignition"] = _ign_key(fields, libvirt["ign_key"], target["image"], having[0][2], path + ".ignKey")
@@ -308,8 +308,8 @@ def apply_autostart(run, pools):
                 continue
             if bool(dom.autostart()) == libvirt["autostart"]:
                 continue
-            run.actions.append("%s: autostart %s%s" % (obj.ref, "on" if libvirt["autostart"] else "off",
-                                                        "" if obj.role == "machine" else " " + machine["name"]))
+            member = "" if obj.role == "machine" else " " + machine["name"]
+            run.actions.append("%s: autostart %s%s" % (obj.ref, "on" if libvirt["autostart"] else "off", member))
             if not run.check_mode:
                 try:
                     dom.setAutostart(1 if libvirt["autostart"] else 0)

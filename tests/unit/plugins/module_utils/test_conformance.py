@@ -80,8 +80,8 @@ IRONCORE_UPSTREAM = {
                 "spec": {
                     "machineClassRef": {"name": "small"}, "image": "my-image", "imagePullSecret": {"name": "pull"},
                     "guestConfig": {"hostname": "web-2"},
-                    "volumes": [{"name": "root-disk", "device": "oda", "ephemeral": {"volumeTemplate": {
-                                    "spec": UPSTREAM_VOLUME_SPEC}}},
+                    "volumes": [{"name": "root-disk", "device": "oda",
+                                 "ephemeral": {"volumeTemplate": {"spec": UPSTREAM_VOLUME_SPEC}}},
                                 {"name": "local", "device": "odb", "localDisk": {"sizeLimit": "1Gi",
                                                                                  "image": "my-image"}},
                                 {"name": "shared", "device": "odc", "volumeRef": {"name": "vol-2"}}],

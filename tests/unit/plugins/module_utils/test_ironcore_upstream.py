@@ -15,15 +15,16 @@ from ansible_collections.machinery.compute.plugins.module_utils.manifests import
 IC = "compute.ironcore.dev/v1alpha1"
 SECRET = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ignition", "creationTimestamp": None},
           "data": {"ignition.yaml": "eyJpZ25pdGlvbiI6eyJ2ZXJzaW9uIjoiMy4zLjAifX0="}}
+ROOT_DISK = {"name": "root-disk", "device": "oda", "ephemeral": {"volumeTemplate": {"spec": {
+    "volumeClassRef": {"name": "volumeclass-sample"}, "resources": {"storage": "10Gi"},
+    "dataSource": {"osImage": {"image": "my-image", "architecture": "amd64"}}}}}}
+PRIMARY = {"name": "primary", "ephemeral": {"networkInterfaceTemplate": {"spec": {
+    "ipFamilies": ["IPv4"], "networkRef": {"name": "machinery"}}}}}
 MACHINE = {"apiVersion": IC, "kind": "Machine", "metadata": {"name": "machine-sample", "uid": "u-1"},
            "spec": {"machineClassRef": {"name": "small"}, "ignitionRef": {"name": "ignition"},
                     "guestConfig": {"hostname": "sample"},
-                    "volumes": [{"name": "root-disk", "device": "oda", "ephemeral": {"volumeTemplate": {"spec": {
-                        "volumeClassRef": {"name": "volumeclass-sample"}, "resources": {"storage": "10Gi"},
-                        "dataSource": {"osImage": {"image": "my-image", "architecture": "amd64"}}}}}},
-                                {"name": "scratch", "device": "odb", "localDisk": {"sizeLimit": "1Gi"}}],
-                    "networkInterfaces": [{"name": "primary", "ephemeral": {"networkInterfaceTemplate": {"spec": {
-                        "ipFamilies": ["IPv4"], "networkRef": {"name": "machinery"}}}}}]}}
+                    "volumes": [ROOT_DISK, {"name": "scratch", "device": "odb", "localDisk": {"sizeLimit": "1Gi"}}],
+                    "networkInterfaces": [PRIMARY]}}
 
 
 class Pools:
