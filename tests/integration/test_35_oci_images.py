@@ -37,8 +37,9 @@ def lab1(image, tmp_path_factory):
         layer = hashlib.sha256(handle.read()).hexdigest()
 
     def clean(pool):
-        for name in ("oci-1", "oci-2", "oci-3"):
+        for name in ("oci-1", "oci-2", "oci-3", "oci-4"):
             run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
+        run_module("volume", uri=pool.uri, name="oci-root", state="absent", force=True)
         run_module("volume", uri=pool.uri, name="oci-copy", state="absent", force=True)
         run_module("machine_image", pools=[pool.uri], name="oci-named", state="absent", force=True)
         storage = pool.conn.storagePoolLookupByName("machinery")
@@ -141,3 +142,28 @@ def test_machine_image_and_volume_take_the_reference_too(lab1):
     storage.refresh(0)
     assert storage.storageVolLookupByName("oci-copy").info()[1] >= virtual
     assert run_module("volume", uri=pool.uri, name="oci-copy", image=pinned, **registry)["changed"] is False
+
+
+def test_an_ironcore_volume_from_the_reference_boots_its_machine(lab1):
+    """The shape of ironcore-dev/ironcore config/samples/e2e/bases/machine-with-nonephemeral-resources/ (0b3fd712):
+    a Volume filled from dataSource.osImage, a Machine booting from it by volumeRef."""
+    pool, data, layer, _pinned = lab1
+    documents = [
+        {"apiVersion": "storage.ironcore.dev/v1alpha1", "kind": "Volume", "metadata": {"name": "oci-root"},
+         "spec": {"volumePoolRef": {"name": pool.name}, "resources": {"storage": "1Gi"},
+                  "dataSource": {"osImage": {"image": "%s/%s" % (data["registry"], REF)}}}},
+        {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "Machine", "metadata": {"name": "oci-4"},
+         "spec": {"machineClassRef": {"name": "small"}, "volumes": [{"name": "rootdisk",
+                                                                     "volumeRef": {"name": "oci-root"}}],
+                  "networkInterfaces": [{"name": "primary", "ephemeral": {"networkInterfaceTemplate": {
+                      "spec": {"networkRef": {"name": "machinery"}}}}}]}},
+    ]
+    registry = {"image_ca_file": data["registry_ca"], "image_pull_secret": data["registry_credentials"]}
+    made = run_module("manifest", pools=[pool.uri], definition=documents, **registry)
+    assert not made.get("failed"), made
+    assert "oci-root" in pool.volumes() and pool.domain("oci-4").isActive()
+    pool.wait_console("oci-4", "MACHINERY-TEST-BOOT", timeout=120)
+    again = run_module("manifest", pools=[pool.uri], definition=documents, **registry)
+    assert again["changed"] is False, again
+    gone = run_module("manifest", pools=[pool.uri], definition=documents, state="absent", shutdown_timeout=2)
+    assert not gone.get("failed") and pool.domain("oci-4") is None and "oci-root" not in pool.volumes(), gone

@@ -197,6 +197,8 @@ def link_volume_images(objects, problems, pools):
         if not image:
             continue
         pool = volume_pool(obj, pools)
+        if image.startswith("oci://"):
+            continue  # read from its registry when the volume is made
         if is_reference(image):
             if image not in pools.images.get(pool, {}):
                 Fields(problems, obj.ref).error(obj.data["image_path"], "no image named %r is published on pool %s "
@@ -416,6 +418,8 @@ class Run:
             if ctx is None:
                 continue
             params = {"name": obj.name, "size": obj.data["size"], "image": obj.data.get("image"),
+                      "image_ca_file": self.params.get("image_ca_file"),
+                      "image_pull_secret": self.params.get("image_pull_secret"),
                       "labels": obj.labels, "state": state, "force": False}
             paths = {"size": "spec.resources.storage", "image": obj.data.get("image_path") or "spec.image",
                      "name": "metadata.name"}

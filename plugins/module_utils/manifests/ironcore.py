@@ -176,6 +176,7 @@ def _volume(obj, fields):
     spec = fields.mapping(doc.get("spec"), "spec", required=True) or {}
     fields.known(spec, VOLUME_SPEC_KEYS + ("volumePoolRef",), "spec")
     image, image_path = _volume_image(spec, fields)
+    image = oci_image(image)
     resources = fields.mapping(spec.get("resources"), "spec.resources", required=image is None) or {}
     fields.known(resources, ("storage",), "spec.resources")
     size = None

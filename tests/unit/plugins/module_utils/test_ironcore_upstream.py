@@ -146,3 +146,12 @@ def test_bare_oci_references_and_their_pull_secret():
     assert problems.errors == [], problems.errors
     assert params["image"] == "oci://registry.example.com/os/debian:12"
     assert params["image_pull_secret"] == {"username": "user", "password": "pass"}
+
+
+def test_a_volume_from_a_bare_oci_reference_is_left_to_its_registry():
+    volume = {"apiVersion": "storage.ironcore.dev/v1alpha1", "kind": "Volume", "metadata": {"name": "root"},
+              "spec": {"resources": {"storage": "10Gi"},
+                       "dataSource": {"osImage": {"image": "ghcr.io/ironcore-dev/os-images/gardenlinux:1443.3"}}}}
+    objects, problems = check(volume)
+    assert problems.errors == [], problems.errors
+    assert objects["Volume/root"].data["image"] == "oci://ghcr.io/ironcore-dev/os-images/gardenlinux:1443.3"
