@@ -1333,10 +1333,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             }
         )
     ssh = {"pid": sshd.pid(), "port": sshd.port()}
+    registry = LabRegistry(lab_dir)
+    oci = {"pid": registry.pid(), "address": registry.address()}
     if args.json:
         print(
             json.dumps(
-                {"dir": str(lab_dir), "pools": rows, "sshd": ssh, "image": read_lab_json(lab_dir).get("image")},
+                {"dir": str(lab_dir), "pools": rows, "sshd": ssh, "registry": oci,
+                 "image": read_lab_json(lab_dir).get("image")},
                 indent=2,
             )
         )
@@ -1346,6 +1349,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     print(f"sshd     {'running' if ssh['pid'] else 'stopped':<8} pid={ssh['pid'] or '-':<8} "
           f"{'127.0.0.1:%d' % ssh['port'] if ssh['port'] else '-'}")
+    print(f"registry {'running' if oci['pid'] else 'stopped':<8} pid={oci['pid'] or '-':<8} "
+          f"{'https://' + oci['address'] if oci['address'] else '-'}")
     for r in rows:
         doms = (
             "-"
