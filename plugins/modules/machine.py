@@ -80,9 +80,14 @@ options:
       - OS image (qcow2 or raw) as a path on the host that runs the module, an V(http://) / V(https://) URL, or
         the name of an image published on the pool with M(machinery.compute.machine_image) (a DNS-1123 label
         with no V(/); a file of that name in the current directory is given as V(./name)).
-      - Required to create a machine, unless it boots from an existing volume (O(volumes[].volume)); with no
-        image, the first existing volume attached is the boot disk. Fixed afterwards, unless O(rebuild=true)
-        gives the machine a new root disk from it.
+      - 'An OS image in an OCI registry in IronCore''s OS image format, V(oci://<registry>/<repository>:<tag>) or
+        V(oci://<registry>/<repository>@sha256:<digest>): its disk layer (media type
+        C(application/vnd.ironcore.image.rootfs)) is downloaded, verified by its digest and cached on the pool by
+        it like any image; the layer''s digest is the machine''s recorded image checksum. See O(image_ca_file) and
+        O(image_pull_secret).'
+      - Required to create a machine, unless it boots from an existing volume (O(volumes[].volume)) or a volume
+        made from an image (O(volumes[].image)); with no image, the first such volume is the boot disk. Fixed
+        afterwards, unless O(rebuild=true) gives the machine a new root disk from it.
       - A qcow2 image must stand alone (no backing file) and be unencrypted. A raw image must look like a disk,
         a whole number of 512-byte sectors starting with a partition table (MBR or GPT) or a file system (ext,
         XFS, btrfs, squashfs, ISO 9660). Anything else is refused before anything is written.
@@ -93,6 +98,25 @@ options:
   image_checksum:
     description: sha256 of the image (V(sha256:<hex>) or V(<hex>)); required for a URL, verified for a path.
     type: str
+  image_ca_file:
+    description:
+      - The CA certificate (PEM) that a private OCI registry's HTTPS certificate is verified against, for an
+        O(image) (or O(volumes[].image)) given as V(oci://...); without it, the system's certificates.
+    type: path
+  image_pull_secret:
+    description:
+      - Credentials of the OCI registry of an V(oci://...) image, sent when the registry asks for them (Basic,
+        or to its token service for a Bearer token). Never recorded.
+    type: dict
+    suboptions:
+      username:
+        description: User name.
+        type: str
+        required: true
+      password:
+        description: Password or token.
+        type: str
+        required: true
   root_size:
     description:
       - Size of the root disk (at least the image's virtual size); defaults to the image's size.
@@ -110,13 +134,14 @@ options:
         type: str
         required: true
       size:
-        description: Size of a new empty volume.
+        description: Size of a new empty volume; with O(volumes[].image), the least size of the overlay disk (it
+          is at least the image's).
         type: raw
       volume:
         description: Name of an existing volume in the pool's C(machinery) storage pool.
         type: str
       image:
-        description: Image path or URL for an overlay disk.
+        description: Image path or URL (or a published image's name) for an overlay disk.
         type: str
       image_checksum:
         description: sha256 of O(volumes[].image).
@@ -208,6 +233,9 @@ options:
           - A fixed IPv4 address for the NIC, made a DHCP host reservation (C(<host mac ip name>)) for its MAC on
             its libvirt O(network_interfaces[].network), live and persistent. It must lie in the network's DHCP
             range and be held by no other MAC (reservation or lease); it is released when the machine is deleted.
+          - A network in CIDR form (C(192.168.126.0/24)) allocates the address instead - the first from the
+            network's 51st host upward that the DHCP range contains and no host entry, lease or other machine of
+            the run holds (the rule of OpenShift's libvirt provider) - kept while the machine lives.
           - A DHCP lease outlives its guest. An address a deleted machine's guest had leased goes to another MAC
             only when that lease ends (the network's lease time, an hour by default); until then it is refused,
             and the error says when the lease ends.

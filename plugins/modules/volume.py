@@ -61,8 +61,25 @@ options:
     description:
       - The image to copy into a new volume - the name of an image published on the pool with
         M(machinery.compute.machine_image), or a path to a qcow2 or raw disk image on the controller.
+      - Or an OS image in an OCI registry, V(oci://<registry>/<repository>) with a tag or a sha256 digest (see
+        O(machinery.compute.machine#module:image)), pulled and cached on the pool by its digest first.
       - The copy is complete (no backing file) and bootable.
     type: str
+  image_ca_file:
+    description: The CA certificate (PEM) of the private OCI registry of an V(oci://) O(image).
+    type: path
+  image_pull_secret:
+    description: Credentials of the OCI registry of an V(oci://) O(image), sent when it asks for them.
+    type: dict
+    suboptions:
+      username:
+        description: User name.
+        type: str
+        required: true
+      password:
+        description: Password or token.
+        type: str
+        required: true
   format:
     description:
       - Format of the volume. A new volume is V(qcow2) when this is not given; an existing one keeps its own.

@@ -170,8 +170,10 @@ def _volume_params(items, field):
     reserved = {"root": "volume name root is the image disk's",
                 cap.SWAP_VOLUME: "volume name swap is the swap disk's; give the machine swap: <size> instead"}
     for where, item, entry in _named_items(items, field, "volume", reserved):
-        if len([key for key in ("size", "volume", "image") if item.get(key) is not None]) != 1:
-            raise ValidationError("give exactly one of size, volume or image", where)
+        given = [key for key in ("size", "volume", "image") if item.get(key) is not None]
+        # a size with an image is the disk's least size (IronCore's volumeTemplate: 10Gi filled from an OS image)
+        if len(given) != 1 and given != ["size", "image"]:
+            raise ValidationError("give exactly one of size, volume or image (or an image with its size)", where)
         if item.get("volume") is not None:
             entry["volume"] = str(item["volume"])
             storage.check_attachable(entry["volume"], where + ".volume")
@@ -181,7 +183,7 @@ def _volume_params(items, field):
             if item.get(key) is not None:
                 entry[key] = options.option(options.VOLUME, key).check(item[key], "%s.%s" % (where, key))
         if item.get("encrypted"):
-            if item.get("size") is None:
+            if item.get("size") is None or item.get("image") is not None:
                 raise ValidationError("only a new empty volume (size) can be encrypted", where + ".encrypted")
             entry["passphrase"] = options.option(options.VOLUME, "passphrase").check(item.get("passphrase"),
                                                                                      where + ".passphrase")
@@ -213,7 +215,9 @@ def _nic_params(items, field):
                 if group not in groups:
                     groups.append(group)
             entry["security_groups"] = sorted(groups)
-        if item.get("ip_address") not in (None, ""):
+        if cap.is_address_range(item.get("ip_address")):
+            entry["ip_address"] = str(cap.address_range(item["ip_address"], where + ".ip_address"))
+        elif item.get("ip_address") not in (None, ""):
             entry["ip_address"] = str(cap.address(item["ip_address"], where + ".ip_address"))
         else:
             entry["ip_address"] = None
@@ -272,8 +276,13 @@ def new_volume_name(machine, item):
     return "%s-%s.%s" % (machine, item["name"], "luks" if item.get("encrypted") else "qcow2")
 
 
-def _image_facts(source, checksum, ctx, field):
-    image = named_images.resolve(source, checksum, ctx, field)
+def registry_of(prm):
+    """How an oci:// image's registry is reached: {ca_file, credentials} of the machine's options."""
+    return {"ca_file": prm.get("image_ca_file"), "credentials": prm.get("image_pull_secret")}
+
+
+def _image_facts(source, checksum, ctx, field, registry=None):
+    image = named_images.resolve(source, checksum, ctx, field, registry)
     return {"image": image, "format": image_format(image, field),
             "size": storage.virtual_size(image["path"]) if image.get("path") else None}
 
@@ -306,7 +315,7 @@ def resolve(prm, ctx, record=None):
     if record is not None:
         if rebuild_requested(prm, record.get("spec", {})):  # the image of its new root disk
             facts.images["image"] = _image_facts(prm["image"] or record["spec"]["image"]["source"],
-                                                 prm["image_checksum"], ctx, "image")
+                                                 prm["image_checksum"], ctx, "image", registry_of(prm))
         # an existing machine keeps its image, disks and NICs; the volumes it was given must still be there
         kept = [item["volume"] for item in prm["volumes"] or [] if item.get("volume") is not None]
         if kept:
@@ -315,7 +324,7 @@ def resolve(prm, ctx, record=None):
         return facts
     facts.storage_pool = ctx.storage.name()
     if prm["image"]:
-        facts.images["image"] = _image_facts(prm["image"], prm["image_checksum"], ctx, "image")
+        facts.images["image"] = _image_facts(prm["image"], prm["image_checksum"], ctx, "image", registry_of(prm))
     names = []
     for index, item in enumerate(prm["volumes"] or []):
         if item.get("volume") is not None:
@@ -327,7 +336,8 @@ def resolve(prm, ctx, record=None):
         names.append(new_volume_name(prm["name"], item))
         if item.get("image") is not None:
             where = "volumes[%d].image" % index
-            facts.images[where] = _image_facts(item["image"], item.get("image_checksum"), ctx, where)
+            facts.images[where] = _image_facts(item["image"], item.get("image_checksum"), ctx, where,
+                                               registry_of(prm))
     if prm["swap"]:
         names.append(cap.swap_volume(prm["name"], prm["swap"])["volume"])
     facts.taken_volumes = {name for name in names if lv.lookup_volume(ctx.storage, name) is not None}
@@ -484,11 +494,12 @@ def _volumes(prm, facts, taken_devices):
                 raise ConflictError("volume %s already exists in storage pool %s (left by an earlier machine?); "
                                     "delete it, or attach it with volume: %s"
                                     % (entry["volume"], facts.storage_pool, entry["volume"]), where + ".name")
-            if item.get("size") is not None:
-                entry.update(source="empty", size=item["size"])
-            else:
+            if item.get("image") is not None:
                 image = facts.images[where + ".image"]
-                entry.update(source="image", image=image["image"], size=image["size"])
+                size = max(item.get("size") or 0, image["size"] or 0) or None
+                entry.update(source="image", image=image["image"], size=size)
+            else:
+                entry.update(source="empty", size=item["size"])
         for key in ("iops", "throughput"):
             if item.get(key) is not None:
                 entry[key] = item[key]
@@ -536,6 +547,9 @@ def _reservation(facts, nic, ip, field):
     if not nic.get("network"):
         raise ValidationError("needs an interface on a libvirt network (a host bridge has no libvirt DHCP)", field)
     network = _network(facts, nic["network"], field)
+    if cap.is_address_range(ip):
+        return cap.allocate_address(ip, nic["mac"], nic["network"], network["info"], network["leases"], field,
+                                    facts.pool)
     return cap.check_reservation(ip, nic["mac"], nic["network"], network["info"], network["leases"], field)
 
 
@@ -578,6 +592,7 @@ def _existing_capabilities(prm, facts, spec, recorded):
     spec["disk_qos"] = cap.desired_disk_qos(volumes, prm["volumes"], recorded.get("disk_qos") or {})
     by_name = {nic["name"]: nic for nic in nics}
     seen = {}
+    requested = []
     for index, item in enumerate(prm["network_interfaces"] or []):
         if item["name"] in by_name and item.get("ip_address"):
             field = "network_interfaces[%d].ip_address" % index
@@ -585,8 +600,10 @@ def _existing_capabilities(prm, facts, spec, recorded):
             if ip in seen:
                 raise ValidationError("%s is given to interface %s as well" % (ip, seen[ip]), field)
             seen[ip] = item["name"]
-    spec["ip_reservations"] = cap.desired_reservations(nics, prm["network_interfaces"],
-                                                       recorded.get("ip_reservations") or {})
+            item = dict(item, ip_address=ip)  # a network to allocate from: the address it gave
+        requested.append(item)
+    spec["ip_reservations"] = cap.desired_reservations(nics, requested if prm["network_interfaces"] is not None
+                                                       else None, recorded.get("ip_reservations") or {})
     spec["requested_volumes"] = prm["volumes"]
     spec["requested_network_interfaces"] = prm["network_interfaces"]
     spec["requested_security_groups"] = {
@@ -704,17 +721,19 @@ def normalize(prm, facts, record=None, current=None):
                                                                          format_quantity(image["size"])), "root_size")
         taken = {"vda"}
     else:
-        # no image: the machine boots from the first existing volume attached (as KupenStack's machines do)
-        if not any(item.get("volume") for item in prm["volumes"] or []):
+        # no image: the machine boots from the first existing volume attached (as KupenStack's machines do), or
+        # from the first volume made from an image (IronCore's ephemeral root volume filled from its OS image)
+        if not any(item.get("volume") or item.get("image") for item in prm["volumes"] or []):
             raise ValidationError("is required to create a machine, unless it boots from an existing volume "
-                                  "(a volumes entry with volume set)", "image")
+                                  "or a volume made from an image (a volumes entry with volume or image set)",
+                                  "image")
         if prm["root_size"]:
             raise ValidationError("a machine without an image has no root disk to size", "root_size")
         spec.update(image=None, root_size=None)
         taken = set()
     spec["volumes"] = _volumes(prm, facts, taken)
     if not prm["image"]:
-        next(vol for vol in spec["volumes"] if vol["source"] == "volume")["boot"] = True
+        next(vol for vol in spec["volumes"] if vol["source"] in ("volume", "image"))["boot"] = True
     spec["swap"] = _swap(prm, facts, spec["volumes"])
     spec["disk_qos"] = cap.desired_disk_qos(spec["volumes"])
     spec["network_interfaces"] = _nics(prm, facts)

@@ -81,9 +81,10 @@ def validated(params, resolve_image):
     if source is not None:
         if not isinstance(source, str) or not source:
             raise ValidationError("must be the name of an image published on the pool or a local path", "image")
-        if "://" in source:
-            raise ValidationError("%r: a volume is made from a published image or a local file; publish a URL "
-                                  "with machinery.compute.machine_image and give its name" % source, "image")
+        if "://" in source and not source.startswith("oci://"):
+            raise ValidationError("%r: a volume is made from a published image, a local file or an oci:// "
+                                  "image; publish a URL with machinery.compute.machine_image and give its name"
+                                  % source, "image")
         want["image"] = resolve_image(source, "image")
     return want
 
@@ -255,11 +256,12 @@ def pool_label(ctx):
     return ctx.name or ctx.uri
 
 
-def image_resolver(ctx):
-    """``resolve_image(source, field)`` on the pool of ``ctx``: a published name, or a local file (its sha256 and
-    its virtual size, read from its header)."""
+def image_resolver(ctx, registry=None):
+    """``resolve_image(source, field)`` on the pool of ``ctx``: a published name, a local file (its sha256 and
+    its virtual size, read from its header), or an oci:// image (its size known once pulled; ``registry``:
+    {ca_file, credentials})."""
     def resolve(source, field):
-        image = named_images.resolve(source, None, ctx, field)
+        image = named_images.resolve(source, None, ctx, field, registry)
         if image.get("path"):
             machine_spec.image_format(image, field)  # a bootable disk image, or refused before anything is made
             image["virtual_size"] = storage.virtual_size(image["path"])
@@ -318,7 +320,8 @@ class VolumeResource(Resource):
         self.ctx = ctx
         self.check_mode = check_mode
         ctx.require_registration()
-        self.want = validated(params, image_resolver(ctx))
+        self.want = validated(params, image_resolver(ctx, {"ca_file": params.get("image_ca_file"),
+                                                           "credentials": params.get("image_pull_secret")}))
         self.name = self.want["name"]
         self.warnings = []
 
@@ -362,8 +365,8 @@ class VolumeResource(Resource):
             if source is None or storage.volume_format(source) != fmt:
                 raise LibvirtFailure("the cached image %s is not the %s libvirt should see; run "
                                      "machinery.compute.machine_image again" % (cached.name(), fmt), "image")
-            try:
-                storage.copy_volume(pool, self.name, data["size"], data["fmt"], source)
+            try:  # an OCI image's size is known once it is pulled: the copy is at least that large
+                storage.copy_volume(pool, self.name, max(data["size"] or 0, source.info()[1]), data["fmt"], source)
             except BaseException:
                 storage.delete_volume(pool, self.name)  # a copy cut off is no volume
                 raise

@@ -106,6 +106,7 @@ def test_ironcore_sample_translates_to_machine_options():
     assert machine["ignition"] == {"ignition": {"version": "3.4.0"}}
     assert machine["machine_pool"] == "pool1"  # where its volume is made
     assert objects["Volume/my-volume"].data == {"name": "my-volume", "size": 10 * 2 ** 30, "pool": "pool1",
+                                                "unclaimable": False, "claim": None,
                                                 "image": None, "image_path": None}
     published = {"name": "machineclass-sample", "cpu": 4, "memory": 16 * 2 ** 30}
     assert objects["MachineClass/machineclass-sample"].data == published
@@ -118,7 +119,7 @@ def test_openshift_set_and_check_translate_to_their_cores():
     assert workers["replicas"] == 2 and workers["selector"] == {"match_labels": {"set": "workers"}}
     assert workers["template"] == {"labels": {"set": "workers"}, "machine_class": "small", "image": "my-image"}
     check = objects["MachineHealthCheck/workers"].params
-    assert check["unhealthy_conditions"] == [{"type": "Ready", "status": "False", "timeout": "300s"}]
+    assert check["unhealthy_conditions"] == [{"type": "NodeReady", "status": "False", "timeout": 300.0}]
     assert check["max_unhealthy"] == "40%"
 
 
@@ -217,7 +218,7 @@ CORPUS = [
     ("ic-machine-dangling-secret", [IC_CLASS, IC_VOLUME, IC_NIC, IC_MACHINE],
      "Machine/machine-sample: spec.ignitionRef.name: Secret 'my-ignition-secret' is not among"),
     ("ic-secret-no-key", [IC_CLASS, IC_VOLUME, IC_NIC, _set(IC_SECRET, "data", {"other": "e30="}), IC_MACHINE],
-     "Machine/machine-sample: spec.ignitionRef.key: the secret has no key 'ignition'"),
+     "Machine/machine-sample: spec.ignitionRef.key: the secret has no key 'ignition.yaml'"),
     ("ic-secret-bad-base64", [IC_CLASS, IC_VOLUME, IC_NIC, _set(IC_SECRET, "data.ignition", "%%%"), IC_MACHINE],
      "Machine/machine-sample: spec.ignitionRef.key: data.ignition of the secret is not valid base64"),
     ("ic-power", [_set(IC_MACHINE, "spec.power", "Maybe")], "Machine/machine-sample: spec.power: unsupported value"),
@@ -229,7 +230,7 @@ CORPUS = [
      'Machine/machine-sample: spec.power: must be a string, and YAML read the boolean false here: an unquoted Off is '
      'one; write power: "Off"'),
     ("ic-volume-two-sources", [_set(IC_MACHINE, "spec.volumes.1.volumeRef", {"name": "x"})],
-     "Machine/machine-sample: spec.volumes[1]: give exactly one of volumeRef, emptyDisk or ephemeral"),
+     "Machine/machine-sample: spec.volumes[1]: give exactly one of volumeRef, emptyDisk, localDisk or ephemeral"),
     ("ic-volume-duplicate", [_set(IC_MACHINE, "spec.volumes.1.name", "rootdisk")],
      "Machine/machine-sample: spec.volumes[1].name: duplicate name"),
     ("ic-volume-not-list", [_set(IC_MACHINE, "spec.volumes", "rootdisk")],
@@ -237,8 +238,8 @@ CORPUS = [
     ("ic-volume-size", [_set(IC_VOLUME, "spec.resources.storage", "-1Gi")], "Volume/my-volume: spec.resources.storage"),
     ("ic-volume-image-unpublished", [_set(IC_VOLUME, "spec.image", "nope")],
      "Volume/my-volume: spec.image: no image named 'nope' is published on pool pool1"),
-    ("ic-volume-os-image-unpublished", [_set(IC_VOLUME, "spec.dataSource", {"osImage": "ghcr.io/os:1"})],
-     "Volume/my-volume: spec.dataSource.osImage: 'ghcr.io/os:1' is neither an image published on pool pool1"),
+    ("ic-volume-os-image-unpublished", [_set(IC_VOLUME, "spec.dataSource", {"osImage": "no-such-image"})],
+     "Volume/my-volume: spec.dataSource.osImage: no image named 'no-such-image' is published on pool pool1"),
     ("ic-volume-two-images", [_set(_set(IC_VOLUME, "spec.image", "debian-12"), "spec.dataSource",
                                    {"osImage": "other"})],
      "Volume/my-volume: spec.dataSource.osImage: differs from spec.image"),
@@ -268,8 +269,8 @@ CORPUS = [
      "MachineSet/workers: spec.template.spec.providerSpec.value.machineClass: MachineClass 'huge' is neither"),
     ("os-delete-policy", [_set(OS_SET, "spec.deletePolicy", "Youngest")],
      "MachineSet/workers: spec.deletePolicy: unsupported value"),
-    ("os-mhc-condition", [_set(OS_MHC, "spec.unhealthyConditions.0.type", "DiskPressure")],
-     "MachineHealthCheck/workers: spec.unhealthyConditions[0].type: unsupported value"),
+    ("os-mhc-condition", [_set(OS_MHC, "spec.unhealthyConditions.0.status", "Maybe")],
+     "MachineHealthCheck/workers: spec.unhealthyConditions[0].status: unsupported value"),
     ("os-mhc-timeout", [_set(OS_MHC, "spec.unhealthyConditions.0.timeout", "soon")],
      "MachineHealthCheck/workers: spec.unhealthyConditions[0].timeout:"),
     ("os-mhc-no-selector", [_set(OS_MHC, "spec.selector", DELETE)], "MachineHealthCheck/workers: spec.selector: "
@@ -505,15 +506,44 @@ def test_core_problems_name_the_documents_own_path():
 
 
 def test_health_check_problems_and_unknown_conditions():
+    """Upstream's meaning (issue 39): Ready is the guest's readiness (NodeReady); Unknown is its own status, and
+    also the pool's silence (the lost-pool timeout); Node conditions libvirt cannot see are warned with why;
+    nodeStartupTimeout "0" disables the startup check; timeouts are Go durations."""
     bad = copy.deepcopy(OS_MHC)
     bad["spec"]["maxUnhealthy"] = "140%"
     assert problems_of(bad) == ["MachineHealthCheck/workers: spec.maxUnhealthy: must be between 0% and 100%, got 140%"]
     unknown = copy.deepcopy(OS_MHC)
     unknown["spec"]["unhealthyConditions"] = [{"type": "Ready", "status": "False", "timeout": "300s"},
-                                              {"type": "Ready", "status": "Unknown", "timeout": "60s"}]
+                                              {"type": "Ready", "status": "Unknown", "timeout": "1.5h"},
+                                              {"type": "Ready", "status": "Unknown", "timeout": "1h2m3s"},
+                                              {"type": "Terminating", "status": "True", "timeout": "0s"},
+                                              {"type": "DiskPressure", "status": "True", "timeout": "300ms"}]
+    unknown["spec"]["nodeStartupTimeout"] = "0"
     objects, warnings = objects_of(unknown)
-    assert objects["MachineHealthCheck/workers"].params["unhealthy_conditions"] == [
-        {"type": "Ready", "status": "False", "timeout": "60s"}] and warnings == []
+    params = objects["MachineHealthCheck/workers"].params
+    assert params["unhealthy_conditions"] == [{"type": "NodeReady", "status": "False", "timeout": 300.0},
+                                              {"type": "NodeReady", "status": "Unknown", "timeout": 3723.0}]
+    assert params["unreachable_timeout"] == 3723.0 and params["node_startup_timeout"] == 0.0
+    assert params["startup_condition"] == "NodeReady"
+    assert any(line.startswith("MachineHealthCheck/workers: spec.unhealthyConditions[3].type: Terminating: ")
+               for line in warnings), warnings
+    assert any(line.startswith("MachineHealthCheck/workers: spec.unhealthyConditions[4].type: DiskPressure: ")
+               for line in warnings), warnings
+
+
+@pytest.mark.parametrize("text, expected", [("300ms", 0.3), ("1.5h", 5400.0), ("1h2m3s", 3723.0), ("0", 0.0),
+                                            ("2h45m", 9900.0), (".5s", 0.5), ("1us", 1e-6)])
+def test_go_durations(text, expected):
+    from ansible_collections.machinery.compute.plugins.module_utils.manifests.openshift import go_duration
+    assert go_duration(text, "t") == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["5", "-1s", "1d", "s", "1h 2m", ""])
+def test_bad_go_durations_are_refused(text):
+    from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+    from ansible_collections.machinery.compute.plugins.module_utils.manifests.openshift import go_duration
+    with pytest.raises(ValidationError):
+        go_duration(text, "t")
 
 
 def test_a_nic_on_a_network_no_pool_has_is_refused_before_anything_is_written():
