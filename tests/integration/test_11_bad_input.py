@@ -39,6 +39,7 @@ CORPUS_FILE = os.path.join(HERE, "bad_input.yml")
 MODULES = "ansible_collections.machinery.compute.plugins.modules."
 ANSIBLE_INVENTORY = os.path.join(os.path.dirname(sys.executable), "ansible-inventory")
 TARGET = "bad-target"
+TARGET_EXT = "bad-target-ext"  # a standalone volume the target machine was given
 
 
 def load_corpus():
@@ -257,12 +258,16 @@ def home(registered):
 def target(home, image):
     """A stopped machine some cases point at (its volumes, its MAC, its class, its pool)."""
     run_module("machine", uri=home.uri, name=TARGET, state="absent", shutdown_timeout=5)
+    result = run_module("volume", uri=home.uri, name=TARGET_EXT, size="16Mi")
+    assert not result.get("failed"), result
     result = run_module("machine", uri=home.uri, name=TARGET, machine_class="small", image=image, state="present",
-                        volumes=[{"name": "data", "size": "16Mi"}],
+                        volumes=[{"name": "data", "size": "16Mi"}, {"name": "ext", "volume": TARGET_EXT}],
                         network_interfaces=[{"name": "eth0", "network": "machinery"}])
     assert not result.get("failed"), result
     yield result["machine"]
     result = run_module("machine", uri=home.uri, name=TARGET, state="absent", shutdown_timeout=5)
+    assert not result.get("failed"), result
+    result = run_module("volume", uri=home.uri, name=TARGET_EXT, state="absent")
     assert not result.get("failed"), result
 
 
@@ -278,7 +283,8 @@ def values(registered, home, image, target):
     caches = [name for name in home.volumes() if name.startswith("image-") and not name.endswith(".complete")]
     assert caches, home.volumes()
     yield {"uri": home.uri, "uri2": registered[1].uri, "pool": home.name, "image": image, "target": TARGET,
-           "target_root": "%s-root.qcow2" % TARGET, "target_mac": tree.find("devices/interface/mac").get("address"),
+           "target_root": "%s-root.qcow2" % TARGET, "target_ext": TARGET_EXT,
+           "target_mac": tree.find("devices/interface/mac").get("address"),
            "image_cache": caches[0], "bridge": network.bridgeName(), "cidr": str(subnet),
            "cidr_half": str(list(subnet.subnets(1))[0]), "unregistered": "test:///default",
            "gateway": address.get("address"), "dhcp_ip": unheld_addresses(network, subnet.broadcast_address - 30, 1)[0],
