@@ -253,6 +253,11 @@ class Fields:
         text = self.string(value, path, required)
         return None if text is None else self.run(check.dns_label, text, path)
 
+    def class_name(self, value, path, required=True):
+        """A machine class name: a DNS-1123 subdomain (``t3.medium``), as Kubernetes object names are."""
+        text = self.string(value, path, required)
+        return None if text is None else self.run(check.class_name, text, path)
+
     def integer(self, value, path, minimum=None, maximum=None, required=False):
         if value is None:
             if required:
