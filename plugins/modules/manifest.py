@@ -80,6 +80,15 @@ options:
     description: Seconds a deleted machine is given to power off gracefully before it is forced off.
     type: int
     default: 60
+  providers:
+    description:
+      - The vitistack providers this run serves on these pools. A vitistack Machine whose C(spec.provider) (or
+        C(spec.providerConfig.name)) is among them runs as a QEMU machine of these pools; any other provider is
+        refused, naming the field and this option.
+      - Left out, V(libvirt) alone. vitistack's own examples say C(kubevirt); give C([libvirt, kubevirt]) to run
+        them here.
+    type: list
+    elements: str
 """
 
 EXAMPLES = r"""

@@ -437,6 +437,7 @@ MANIFEST = (
     Option("wait", choices=WAITS, default="running"),
     Option("wait_timeout", "int", default=300),
     Option("shutdown_timeout", "int", default=60),
+    Option("providers", "list", elements="str"),  # left out: libvirt alone (engine.DEFAULT_PROVIDERS)
 )
 
 MANIFEST_INFO = (

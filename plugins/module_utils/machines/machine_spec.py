@@ -89,7 +89,7 @@ def params(raw, field=None, scheduling=False, defaults=None, defaults_field="def
         checked["tolerations"] = scheduler.normalize_tolerations(given["tolerations"],
                                                                  _at(field, "tolerations")) or []
     if given["machine_class"]:
-        check.dns_label(given["machine_class"], _at(field, "machine_class"))
+        check.class_name(given["machine_class"], _at(field, "machine_class"))
     if given["cpu"] is not None:
         checked["cpu"] = check.cpu_count(given["cpu"], _at(field, "cpu"))
     if given["memory"] is not None:
@@ -683,17 +683,20 @@ def normalize(prm, facts, record=None, current=None):
                                                                          format_quantity(image["size"])), "root_size")
         taken = {"vda"}
     else:
-        # no image: the machine boots from the first existing volume attached (as KupenStack's machines do)
-        if not any(item.get("volume") for item in prm["volumes"] or []):
+        # no image: the machine boots from the first existing volume attached (as KupenStack's machines do), else
+        # from its first empty volume (as vitistack's kubevirt machines do)
+        if not any(item.get("volume") or item.get("size") is not None for item in prm["volumes"] or []):
             raise ValidationError("is required to create a machine, unless it boots from an existing volume "
-                                  "(a volumes entry with volume set)", "image")
+                                  "(a volumes entry with volume set) or an empty one (with size)", "image")
         if prm["root_size"]:
             raise ValidationError("a machine without an image has no root disk to size", "root_size")
         spec.update(image=None, root_size=None)
         taken = set()
     spec["volumes"] = _volumes(prm, facts, taken)
     if not prm["image"]:
-        next(vol for vol in spec["volumes"] if vol["source"] == "volume")["boot"] = True
+        booted = [vol for vol in spec["volumes"] if vol["source"] == "volume"] or \
+            [vol for vol in spec["volumes"] if vol["source"] == "empty"]
+        booted[0]["boot"] = True
     spec["swap"] = _swap(prm, facts, spec["volumes"])
     spec["disk_qos"] = cap.desired_disk_qos(spec["volumes"])
     spec["network_interfaces"] = _nics(prm, facts)

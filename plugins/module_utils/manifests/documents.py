@@ -136,8 +136,8 @@ def load_sources(src=None, definition=None):
 
 def secret_strings(documents):
     """The strings of the documents that are secrets, for the module to mask wherever they would be shown: the
-    data and stringData of v1 Secrets (encoded and decoded) and vitistack's userData. Strings under 4 characters
-    are not masked (hiding every 'yes' would hide far more than it protects)."""
+    data and stringData of v1 Secrets (encoded and decoded) and vitistack's userData (and cloudInit's). Strings
+    under 4 characters are not masked (hiding every 'yes' would hide far more than it protects)."""
     found = set()
     for _origin, doc in documents:
         if not isinstance(doc, dict):
@@ -155,6 +155,8 @@ def secret_strings(documents):
         spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
         if isinstance(spec.get("userData"), str):
             values.append(spec["userData"])
+        cloud_init = spec.get("cloudInit") if isinstance(spec.get("cloudInit"), dict) else {}
+        values.extend(str(cloud_init[key]) for key in ("userData", "userDataBase64") if cloud_init.get(key))
         found.update(value for value in values if len(value) >= 4)
     return found
 

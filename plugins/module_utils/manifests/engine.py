@@ -44,6 +44,8 @@ except ImportError:  # pragma: no cover
     pass
 
 PRUNE_LABEL = "app"
+DEFAULT_PROVIDERS = ("libvirt",)  # the vitistack providers a run serves when the providers option is left out
+CLASS_KINDS = ("MachineClass", "Flavor")  # the kinds that become machine classes
 WAITS = ("none", "running", "address")
 
 
@@ -88,7 +90,9 @@ def parse(documents, problems):
             continue
         fields.known(metadata, ("name", "namespace", "labels", "annotations", "uid", "resourceVersion",
                                 "generation", "creationTimestamp", "managedFields"), "metadata")
-        if fields.name(name, "metadata.name") is None:
+        # a class is named as Kubernetes names objects (a DNS-1123 subdomain: t3.medium); the rest name domains
+        named = fields.class_name if kind in CLASS_KINDS else fields.name
+        if named(name, "metadata.name") is None:
             continue
         labels = fields.run(check.labels, metadata.get("labels") or {}, "metadata.labels") or {}
         dialect = index[(api, kind)]
@@ -207,7 +211,7 @@ def _class_path(obj):
         return "spec.machineClassRef.name"
     if obj.dialect is openshift:
         return ("spec.template.spec" if obj.role == "set" else "spec") + ".providerSpec.value.machineClass"
-    return getattr(obj.dialect, "CLASS_PATH", "spec")
+    return obj.data.get("class_path") or getattr(obj.dialect, "CLASS_PATH", "spec")
 
 
 def _pool_path(obj):
@@ -291,11 +295,23 @@ def _image_exists(obj, params, fields, pools):
         fields.error(shown, "%r is neither an image published on a pool of this run nor a file" % image)
 
 
-def check_documents(documents, pools, load_problems=()):
+def served(objects, problems, providers):
+    """A machine whose document names a provider (vitistack's ``spec.provider``) runs here only when the run
+    serves that provider (the ``providers`` option): any other is refused, naming the field and the option."""
+    for obj in objects:
+        provider = obj.data.get("provider")
+        if provider and provider not in providers:
+            Fields(problems, obj.ref).error(obj.data.get("provider_path") or "spec", (
+                "provider %r is not served by this run (the manifest option providers is [%s]); add %s to providers "
+                "to run this machine as a QEMU machine on these pools" % (provider, ", ".join(providers), provider)))
+
+
+def check_documents(documents, pools, load_problems=(), providers=DEFAULT_PROVIDERS):
     """Every document parsed and linked; raises ManifestError with every problem. Returns (objects, warnings)."""
     problems = Problems()
     problems.errors.extend(load_problems)
     objects = parse(documents, problems)
+    served(objects, problems, list(providers))
     if pools is not None:
         link(objects, problems, pools)
         for obj in objects:
@@ -594,7 +610,8 @@ def apply(entries, documents, params, check_mode=False, opener=None, load_proble
     fleet = Fleet(entries, opener)
     try:
         pools = Pools(fleet)
-        objects, warnings = check_documents(documents, pools, load_problems)
+        objects, warnings = check_documents(documents, pools, load_problems,
+                                            params.get("providers") or DEFAULT_PROVIDERS)
         run = Run(fleet, objects, params, check_mode)
         run.warnings.extend(warnings)
         if state == "present":
