@@ -48,6 +48,7 @@ GIB = 2 ** 30
 DEFAULT_CPU = 2
 DEFAULT_MEMORY = 2 * GIB
 DEFAULT_ROOT_GB = 10
+BOOT_VOLUME = "boot"
 # disks[].type as the kubevirt operator reads it (determineBusType): sata and scsi are buses, nvme and every
 # other value virtio; a cloud's volume type (gp3, pd-ssd, Premium_LRS) is warned about, the bus stays virtio
 BUSES = {"virtio": "virtio", "sata": "sata", "scsi": "scsi", "nvme": "virtio"}
@@ -468,7 +469,10 @@ def _disks(fields, value, params, has_image):
                     fields.warn(where + (".type" if bus != "virtio" else ".device"),
                                 "the root disk of an image is vda on the virtio bus: not applied")
                 continue
-        entry = {"name": name, "size": size * GIB if size else None, "at": where}
+        # the machine's own "root" is the image's disk: an empty boot disk named root (the kubevirt operator's
+        # name) is the volume "boot", exported back as root
+        entry = {"name": BOOT_VOLUME if boot and name == "root" else name, "size": size * GIB if size else None,
+                 "at": where}
         if bus != "virtio":
             entry["bus"] = bus
         if device:
@@ -482,7 +486,7 @@ def _disks(fields, value, params, has_image):
         volumes.insert(0, entry) if boot else volumes.append(entry)
     if not has_image and not items:
         # no image and no disks: the kubevirt operator's empty 10 GB root disk
-        volumes.append({"name": "root", "size": DEFAULT_ROOT_GB * GIB, "at": "spec.disks"})
+        volumes.append({"name": BOOT_VOLUME, "size": DEFAULT_ROOT_GB * GIB, "at": "spec.disks"})
     if not has_image:
         fields.warn("spec.os", "no image: the machine boots its empty boot disk, as the kubevirt operator's do; "
                     "their network boot (PXE) after it is not set up on libvirt pools, so the firmware finds no "
@@ -602,6 +606,10 @@ def _network(fields, value, groups, params):
         if own or groups:
             nic["security_groups"] = list(dict.fromkeys(list(groups) + list(own)))
         nics.append(nic)
+    if nics and not vpc:
+        fields.error("spec.network.interfaces", "an interface joins a libvirt network, and spec.network.vpc names "
+                     "none: give spec.network.vpc (a network of the pools)")
+        nics = []
     if not nics and vpc:
         nics = [{"name": "eth0", "network": vpc, "primary": True, "at": "spec.network.vpc"}]
         if groups:
@@ -789,7 +797,7 @@ def export(machine, record_spec, image, pool_labels):
             continue
         disk = {"name": vol["name"], "sizeGB": int(vol.get("size") or 0) // GIB}
         if vol.get("boot"):
-            disk["boot"] = True
+            disk.update(boot=True, name="root" if vol["name"] == BOOT_VOLUME else vol["name"])
         if vol.get("bus") and vol["bus"] != "virtio":
             disk["type"] = vol["bus"]
         for key in ("iops", "throughput", "encrypted"):
