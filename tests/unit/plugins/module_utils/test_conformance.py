@@ -103,6 +103,33 @@ OPENSHIFT = {
                "immutable": True, "stringData": {"userData": "#cloud-config\n"}, "data": {"other": "eA=="}},
 }
 
+# Kupenstack/kupenstack commit aaa15113e5935344a7cba6169467ab9df4032d02: apis/v1alpha1 (the implemented
+# VirtualMachine, Flavor, Image, KeyPair, Network, VirtualNetwork) and design-doc/custom-resources (the design's
+# VirtualMachine form, Volume, VirtualNetwork), every field set
+KS = "kupenstack.io/v1alpha1"
+KS_KINDS = {
+    "Flavor": {"apiVersion": KS, "kind": "Flavor", "metadata": meta("m1.tiny"),
+               "spec": {"vcpu": 1, "ram": 128, "disk": 1, "swap": 64, "rxtx": "1.0", "ephemeral": 1},
+               "status": {"usage": {"inUse": []}, "id": "x"}},
+    "Image": {"apiVersion": KS, "kind": "Image", "metadata": meta("cirros"),
+              "spec": {"src": "http://images.example.com/cirros.img", "format": "qcow2", "containerFormat": "bare",
+                       "minDisk": 1, "minRam": 64}, "status": {"usage": {"inUse": []}, "ready": True}},
+    "KeyPair": {"apiVersion": KS, "kind": "KeyPair", "metadata": meta("mykey"), "spec": {"publicKey": KEY},
+                "status": {"usage": {"inUse": []}}},
+    "Network": {"apiVersion": KS, "kind": "Network", "metadata": meta("net-a"), "spec": {"cidr": "10.10.10.0/24"},
+                "status": {"usage": {"inUse": []}}},
+    "VirtualNetwork": {"apiVersion": KS, "kind": "VirtualNetwork", "metadata": meta("net-b"),
+                       "spec": {"cidr": "10.10.20.0/24", "allocationPools": [{"startIP": "10.10.20.100",
+                                                                               "endIP": "10.10.20.150"}],
+                                "gatewayIP": "10.10.20.5", "disableDhcp": False, "mtu": 1400},
+                       "status": {"ready": True, "gatewayName": "none"}},
+    "Volume": {"apiVersion": KS, "kind": "Volume", "metadata": meta("vol-a"),
+               "spec": {"size": "1Gi", "source": {"image": "cirros"}}, "status": {"ready": True}},
+}
+KS_VM = {"apiVersion": KS, "kind": "VirtualMachine", "metadata": meta("impl-vm"),
+         "spec": {"image": "cirros", "flavor": "m1.tiny", "keyPair": "mykey", "network": ["net-a", "net-b"]},
+         "status": {"id": "x", "state": "Running", "ip": "", "node": "n"}}
+KUPENSTACK_IMPLEMENTED = {"VirtualMachine": KS_VM}
 KUPENSTACK = {"VirtualMachine": {
     "apiVersion": "kupenstack.io/v1alpha1", "kind": "VirtualMachine", "metadata": meta("sample-vm"),
     "spec": {"running": True, "vcpu": 3, "memory": "500Mi", "swap": "1Gi", "publicKey": KEY,
@@ -161,7 +188,8 @@ VITISTACK_CURRENT = {"Machine": VS_CURRENT, "MachineClass": {
                   "data": {"networkdata": "version: 2\n"}, "binaryData": {"blob": "eA=="}}}
 VITISTACK_OTHER = {"Machine": VS_CURRENT_OTHER}
 
-SCHEMAS = [(ironcore, IRONCORE), (openshift, OPENSHIFT), (kupenstack, KUPENSTACK), (vitistack, VITISTACK),
+SCHEMAS = [(ironcore, IRONCORE), (openshift, OPENSHIFT), (kupenstack, KUPENSTACK), (kupenstack, KS_KINDS),
+           (kupenstack, KUPENSTACK_IMPLEMENTED), (vitistack, VITISTACK),
            (vitistack, VITISTACK_CURRENT), (vitistack, VITISTACK_OTHER)]
 CASES = [(dialect, kind, doc) for dialect, kinds in SCHEMAS for kind, doc in kinds.items()]
 IDS = ["%s-%s" % (dialect.__name__.rsplit(".", 1)[1], kind) for dialect, kind, _doc in CASES]
@@ -226,6 +254,11 @@ def _companions(dialect, kind):
         return [OPENSHIFT["Secret"]]
     if dialect is vitistack and kind == "Machine":
         return copy.deepcopy(VS_COMPANIONS)
+    if dialect is kupenstack and kind == "Volume":
+        return [copy.deepcopy(KS_KINDS["Image"])]
+    if dialect is kupenstack and kind == "VirtualMachine":
+        return [copy.deepcopy(KS_KINDS[name]) for name in ("Flavor", "Image", "KeyPair", "Network",
+                                                           "VirtualNetwork")]
     return []
 
 
