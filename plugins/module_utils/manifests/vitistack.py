@@ -770,10 +770,12 @@ EXPORT_NEEDS_POOL = True
 def export(machine, record_spec, image, pool_labels):
     """A Machine document of an existing machine: its class, image (imageID and the published os), the pool's
     region and zone, cpu, memory, disks, network and tags. Applying it to the same pools changes nothing; the
-    boot configuration (sshKeys, userData) is never kept on the pools, so it is not exported."""
+    boot configuration (spec.name, sshKeys, userData, cloudInit) is never kept on the pools, so it is not
+    exported."""
     system = dict(image.get("os") or {})
-    spec = {"name": machine["name"],
-            "providerConfig": {"name": "libvirt", "region": pool_labels.get(REGION_LABEL) or machine.get("pool")}}
+    # spec.name, the guest's host name, is boot configuration, which the pools never keep: left out, an apply of
+    # the export keeps the machine's boot configuration as it is
+    spec = {"providerConfig": {"name": "libvirt", "region": pool_labels.get(REGION_LABEL) or machine.get("pool")}}
     if machine.get("image"):
         spec["os"] = dict({key: str(system[key]) for key in ("family", "distribution", "version", "architecture")
                            if system.get(key)}, imageID=machine["image"])
