@@ -275,9 +275,12 @@ def test_kupenstack_sample_with_its_flavor_image_keypair_and_networks_boots(lab3
     missing["metadata"]["name"] = "lost-vm"
     missing["spec"]["flavor"] = "no-such-flavor"
     refused = run_module("manifest", pools=entries, definition=[missing])
-    assert refused["failed"] and refused["problems"] == [
+    # the image, networks and volume are on the pools now; the flavor never was, and a key pair is not kept
+    assert refused["failed"] and sorted(refused["problems"]) == [
         "VirtualMachine/lost-vm: spec.flavor: Flavor 'no-such-flavor' is neither among the documents nor published "
-        "on a pool"], refused
+        "on a pool",
+        "VirtualMachine/lost-vm: spec.keyPair: KeyPair 'keypair-sample' is not among the documents (the pools keep "
+        "no key pairs: apply it with the VirtualMachine)"], refused
     assert all(each.domain("lost-vm") is None for each in pools)
 
     deleted = run_module("manifest", pools=entries, definition=documents, state="absent", shutdown_timeout=1)
