@@ -131,7 +131,7 @@ def kubevirt_examples(url):
                 "disks": [{"name": "root", "sizeGB": 20, "boot": True, "type": "virtio", "encrypted": False},
                           {"name": "data", "sizeGB": 50, "boot": False, "type": "virtio", "encrypted": False},
                           {"name": "logs", "sizeGB": 10, "boot": False, "type": "virtio", "encrypted": False}]},
-                "default")]
+                       "default")]
 
 
 def test_vitistack_kubevirt_examples_apply_with_kubevirt_served(lab3, served_image, fresh_cache):
@@ -193,8 +193,7 @@ def test_vitistack_kubevirt_examples_apply_with_kubevirt_served(lab3, served_ima
     assert shown["multi-disk-machine"]["spec"]["disks"][3]["type"] == "scsi"
     assert shown["sample-machine"]["spec"]["disks"] == [{"name": "root", "sizeGB": 10, "boot": True}]
     reapplied = run_module("manifest", pools=entries, definition=exported["documents"])
-    assert reapplied["changed"] is False and not reapplied.get("failed"), (reapplied.get("msg"),
-                                                                          reapplied["actions"])
+    assert reapplied["changed"] is False and not reapplied.get("failed"), (reapplied.get("msg"), reapplied["actions"])
 
     deleted = run_module("manifest", pools=entries, definition=documents, providers=KUBEVIRT_SERVED,
                          state="absent", shutdown_timeout=1)

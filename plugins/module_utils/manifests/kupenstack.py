@@ -115,8 +115,8 @@ def read(obj, fields):
         if key and fields.run(ssh_public_key, key, "spec.publicKey"):
             params["ssh_authorized_keys"] = [key.strip()]
     nics = []
-    listed = [("spec.network[%d]" % index, name) for index, name in enumerate(fields.strings(spec.get("network"),
-                                                                                              "spec.network"))]
+    named = fields.strings(spec.get("network"), "spec.network")
+    listed = [("spec.network[%d]" % index, name) for index, name in enumerate(named)]
     listed += [("spec.virtualNetworks[%d]" % index, name)
                for index, name in enumerate(fields.strings(spec.get("virtualNetworks"), "spec.virtualNetworks"))]
     if not listed and spec.get("network") is None and spec.get("virtualNetworks") is None:

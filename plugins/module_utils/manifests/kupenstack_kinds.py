@@ -19,8 +19,7 @@ import hashlib
 import ipaddress
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import (
-    APPLIED, refused, table, warned)
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import APPLIED, table, warned
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import kube_quantity
 
 MIB = 2 ** 20

@@ -116,9 +116,9 @@ FIELDS = {"Machine": table({
     "spec.gpu.cores": refused("GPUs are not passed through to machines by this collection: a class with GPU "
                               "cores cannot be honoured"),
     "spec.gpu.manufacturer": warned("names the GPU maker of spec.gpu.cores; with no GPU cores it has no effect"),
-}), "ConfigMap": table({"data.*": APPLIED, "binaryData.*": warned("only text keys hold cloud-init data: not "
-                                                                   "applied"),
-                        "immutable": warned("the pools keep no ConfigMaps: it is read in this run only")})}
+}), "ConfigMap": table({
+    "data.*": APPLIED, "binaryData.*": warned("only text keys hold cloud-init data: not applied"),
+    "immutable": warned("the pools keep no ConfigMaps: it is read in this run only")})}
 OPTION_PATHS = {"image": "spec.os", "cpu": "spec.cpu", "topology": "spec.cpu",
                 "memory": "spec.memory", "root_size": "spec.disks", "volumes": "spec.disks",
                 "network_interfaces": "spec.network", "ssh_authorized_keys": "spec.sshKeys",
@@ -261,8 +261,8 @@ def machine_class(fields, spec):
     one: lower case, ``_`` a ``-`` (``standard-b2s``)."""
     given = [(key, spec.get(key)) for key in ("machineClass", "instanceType") if spec.get(key) is not None]
     if len(given) == 2 and given[0][1] != given[1][1]:
-        fields.error("spec.instanceType", "names class %r, spec.machineClass %r: give one" % (given[1][1],
-                                                                                          given[0][1]))
+        fields.error("spec.instanceType", "names class %r, spec.machineClass %r: give one"
+                     % (given[1][1], given[0][1]))
         return None, "spec.machineClass"
     if not given:
         return None, "spec.machineClass"

@@ -62,10 +62,9 @@ def plan_network(params, current, others, using=()):
                             [step("define_network", name), step("start_network", name)], body=want)])
     differ = [key for key in COMPARED if (current.get(key) or None) != (want[key] or None)]
     if differ:
+        shown = ", ".join("%s %s (wanted %s)" % (key, current.get(key), want[key]) for key in differ)
         raise ConflictError("network %s exists with %s; it is not redefined under the machines that may use it "
-                            "(delete it first)" % (name, ", ".join("%s %s (wanted %s)" % (key, current.get(key),
-                                                                                         want[key])
-                                                                  for key in differ)), differ[0])
+                            "(delete it first)" % (name, shown), differ[0])
     return Plan()
 
 

@@ -10,7 +10,7 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.machinery.compute.plugins.module_utils.manifests import conformance, kupenstack, vitistack
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import kupenstack, vitistack
 
 DIALECTS = {"vitistack": vitistack, "kupenstack": kupenstack}
 with open(os.path.join(os.path.dirname(__file__), "data", "upstream_fields.yml")) as handle:

@@ -174,7 +174,7 @@ class Pools:
         return {"vpc-12345678", "vnet-production", "vpc-production"}
 
 
-def check(documents, providers=SERVED):
+def check(documents, providers=tuple(SERVED)):
     problems = docs.Problems()
     try:
         objects, warnings = engine.check_documents([("d[%d]" % i, doc) for i, doc in enumerate(documents)],
@@ -208,8 +208,8 @@ def test_a_kubevirt_example_is_refused_naming_the_providers_option_when_kubevirt
 def test_the_kubevirt_operators_sizes_and_disks():
     objects, _errors, warnings = check(copy.deepcopy(CLASSES) + copy.deepcopy(KUBEVIRT))
     small = objects["Machine/example-machine-small-ish"].params
-    assert (small["cpu"], small["topology"], small["memory"]) == (32, {"sockets": 4, "cores": 4, "threads": 2},
-                                                                 4 * 2 ** 30)
+    topology = {"sockets": 4, "cores": 4, "threads": 2}
+    assert (small["cpu"], small["topology"], small["memory"]) == (32, topology, 4 * 2 ** 30)
     sample = objects["Machine/sample-machine"].params
     assert (sample["cpu"], sample["memory"], sample["machine_class"]) == (2, 2 * 2 ** 30, None)
     assert sample["volumes"] == [{"name": "boot", "size": 10 * 2 ** 30}] and "image" not in sample
