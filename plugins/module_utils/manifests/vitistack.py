@@ -112,7 +112,9 @@ FIELDS = {"Machine": table({
                                "not applied"),
     "spec.displayName": warned("a catalogue field for vitistack's UI; a published class keeps cpu and memory: "
                                "not applied"),
-    "spec.machineProviders": APPLIED,
+    "spec.machineProviders": warned("lists the providers that offer the class; the kubevirt operator does not "
+                                    "check it either, and the class is published on every pool of the run: not "
+                                    "applied"),
     "spec.gpu.cores": refused("GPUs are not passed through to machines by this collection: a class with GPU "
                               "cores cannot be honoured"),
     "spec.gpu.manufacturer": warned("names the GPU maker of spec.gpu.cores; with no GPU cores it has no effect"),
