@@ -110,13 +110,18 @@ options:
         type: str
         required: true
       size:
-        description: Size of a new empty volume.
+        description:
+          - Size of a new empty volume.
+          - With O(volumes[].image), the least size of the image's disk (grown to it when the image is smaller).
         type: raw
       volume:
         description: Name of an existing volume in the pool's C(machinery) storage pool.
         type: str
       image:
-        description: Image path or URL for an overlay disk.
+        description:
+          - Image path, URL or published name for an overlay disk.
+          - A machine without O(image) boots from its first existing volume, else its first volume of an image,
+            else its first empty volume.
         type: str
       image_checksum:
         description: sha256 of O(volumes[].image).

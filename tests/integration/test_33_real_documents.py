@@ -286,3 +286,44 @@ def test_kupenstack_sample_with_its_flavor_image_keypair_and_networks_boots(lab3
     assert not deleted.get("failed"), deleted
     assert all(each.domain("virtualmachine-sample") is None for each in pools)
     assert {each.name: sorted(each.conn.listNetworks()) for each in pools} == nets_before
+
+
+def test_vitistack_current_machine_with_cloud_init_refs_and_a_limited_boot_disk(lab3, served_image, fresh_cache):
+    """A current-generation Machine in the shape of vitistack/common's CRD (commit 26fba3f): cloudInit user data
+    from a Secret and network data from a ConfigMap, an image URL, a boot disk with iops and throughput."""
+    pools, entries = lab3
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "viti-ci"},
+              "stringData": {"userdata": "#cloud-config\nwrite_files: [{path: /etc/viti, content: from-secret}]\n"}}
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "viti-net"},
+              "data": {"networkdata": "version: 2\nethernets: {eth0: {dhcp4: true}}\n"}}
+    machine = vs_machine("viti-current", {
+        "name": "viti-host.example.com", "provider": "libvirt", "machineClass": "viti.small",
+        "os": {"family": "linux", "distribution": "busybox", "version": "1", "imageID": served_image},
+        "disks": [{"name": "root", "sizeGB": 1, "boot": True, "iops": 500, "throughput": 125}],
+        "network": {"vpc": "machinery"},
+        "cloudInit": {"type": "noCloud", "userDataSecretRef": {"name": "viti-ci"},
+                      "networkDataConfigMapRef": {"name": "viti-net"}}})
+    documents = [dict(vs_class("viti.small")), secret, config, machine]
+    run_module("manifest", pools=entries, definition=documents, state="absent", shutdown_timeout=1)
+    made = run_module("manifest", pools=entries, definition=documents, wait="running", wait_timeout=240)
+    assert made["changed"] and not made.get("failed"), (made.get("msg"), warnings_of(made))
+    pool = where(pools, "viti-current")
+    xml = pool.domain("viti-current").XMLDesc(0)
+    # the boot disk is a volume of the image (backed by its cached copy), booted first, with its own limits
+    boot = next(disk for disk in xml.split("<disk ")[1:] if "/viti-current-boot.qcow2'" in disk.split("</disk>")[0])
+    boot = boot.split("</disk>")[0]
+    assert "<total_iops_sec>500</total_iops_sec>" in boot and "<total_bytes_sec>125000000</total_bytes_sec>" in boot
+    assert "<boot order='1'/>" in boot and "<backingStore type='file'" in boot, boot
+    assert "-root.qcow2" not in xml and '"machine_class":"viti.small"' in xml
+    console = pool.wait_console("viti-current", "MACHINERY-READY", timeout=240)
+    assert "MACHINERY-HOSTNAME viti-host.example.com" in console and "from-secret" in console, console[-2000:]
+    again = run_module("manifest", pools=entries, definition=documents)
+    assert again["changed"] is False and not again.get("failed"), again["actions"]
+    exported = run_module("manifest_info", pools=entries, dialect="vitistack", name=["viti-current"])
+    spec = exported["documents"][0]["spec"]
+    assert spec["instanceType"] == "viti.small" and spec["os"]["imageID"] == served_image
+    assert spec["disks"][0] == {"name": "root", "sizeGB": 1, "boot": True, "iops": 500, "throughput": 125}
+    reapplied = run_module("manifest", pools=entries, definition=exported["documents"])
+    assert reapplied["changed"] is False and not reapplied.get("failed"), (reapplied.get("msg"), reapplied["actions"])
+    run_module("manifest", pools=entries, definition=documents, state="absent", shutdown_timeout=1)
+    assert where(pools, "viti-current") is None

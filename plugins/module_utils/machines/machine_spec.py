@@ -170,8 +170,11 @@ def _volume_params(items, field):
     reserved = {"root": "volume name root is the image disk's",
                 cap.SWAP_VOLUME: "volume name swap is the swap disk's; give the machine swap: <size> instead"}
     for where, item, entry in _named_items(items, field, "volume", reserved):
-        if len([key for key in ("size", "volume", "image") if item.get(key) is not None]) != 1:
-            raise ValidationError("give exactly one of size, volume or image", where)
+        given = [key for key in ("size", "volume", "image") if item.get(key) is not None]
+        # an image with a size: a disk of the image grown to at least that size
+        if len(given) != 1 and sorted(given) != ["image", "size"]:
+            raise ValidationError("give exactly one of size, volume or image (an image may take a size: the disk is "
+                                  "at least that large)", where)
         if item.get("volume") is not None:
             entry["volume"] = str(item["volume"])
             storage.check_attachable(entry["volume"], where + ".volume")
@@ -181,7 +184,7 @@ def _volume_params(items, field):
             if item.get(key) is not None:
                 entry[key] = options.option(options.VOLUME, key).check(item[key], "%s.%s" % (where, key))
         if item.get("encrypted"):
-            if item.get("size") is None:
+            if item.get("size") is None or item.get("image") is not None:
                 raise ValidationError("only a new empty volume (size) can be encrypted", where + ".encrypted")
             entry["passphrase"] = options.option(options.VOLUME, "passphrase").check(item.get("passphrase"),
                                                                                      where + ".passphrase")
@@ -475,11 +478,11 @@ def _volumes(prm, facts, taken_devices):
                 raise ConflictError("volume %s already exists in storage pool %s (left by an earlier machine?); "
                                     "delete it, or attach it with volume: %s"
                                     % (entry["volume"], facts.storage_pool, entry["volume"]), where + ".name")
-            if item.get("size") is not None:
-                entry.update(source="empty", size=item["size"])
-            else:
+            if item.get("image") is not None:
                 image = facts.images[where + ".image"]
-                entry.update(source="image", image=image["image"], size=image["size"])
+                entry.update(source="image", image=image["image"], size=max(image["size"] or 0, item.get("size") or 0))
+            else:
+                entry.update(source="empty", size=item["size"])
         for key in ("iops", "throughput"):
             if item.get(key) is not None:
                 entry[key] = item[key]
@@ -684,10 +687,12 @@ def normalize(prm, facts, record=None, current=None):
         taken = {"vda"}
     else:
         # no image: the machine boots from the first existing volume attached (as KupenStack's machines do), else
-        # from its first empty volume (as vitistack's kubevirt machines do)
-        if not any(item.get("volume") or item.get("size") is not None for item in prm["volumes"] or []):
-            raise ValidationError("is required to create a machine, unless it boots from an existing volume "
-                                  "(a volumes entry with volume set) or an empty one (with size)", "image")
+        # from its first volume of an image (a boot disk with limits of its own), else from its first empty one
+        # (as vitistack's kubevirt machines do)
+        if not any(item.get("volume") or item.get("size") is not None or item.get("image") is not None
+                   for item in prm["volumes"] or []):
+            raise ValidationError("is required to create a machine, unless it boots from a volume (an existing one, "
+                                  "one of an image, or an empty one)", "image")
         if prm["root_size"]:
             raise ValidationError("a machine without an image has no root disk to size", "root_size")
         spec.update(image=None, root_size=None)
@@ -695,6 +700,7 @@ def normalize(prm, facts, record=None, current=None):
     spec["volumes"] = _volumes(prm, facts, taken)
     if not prm["image"]:
         booted = [vol for vol in spec["volumes"] if vol["source"] == "volume"] or \
+            [vol for vol in spec["volumes"] if vol["source"] == "image"] or \
             [vol for vol in spec["volumes"] if vol["source"] == "empty"]
         booted[0]["boot"] = True
     spec["swap"] = _swap(prm, facts, spec["volumes"])

@@ -182,6 +182,7 @@ def read(obj, fields):
     # an image: named, fetched from a URL, or the published one whose os matches
     has_image = any(os_value.get(key) for key in ("imageID", "isoUri", "family", "distribution", "version"))
     _disks(fields, spec.get("disks"), params, has_image)
+    obj.data["boot_image_volume"] = params.pop("boot_image_volume", False)
     _network(fields, spec.get("network"), spec.get("securityGroups"), params)
     keys = fields.strings(spec.get("sshKeys"), "spec.sshKeys")
     if keys:
@@ -461,16 +462,20 @@ def _disks(fields, value, params, has_image):
             if boot_seen:
                 fields.error(where + ".boot", "only one disk can be the boot disk")
             boot_seen = True
-            if has_image:
+            if has_image and encrypted:
+                fields.error(where + ".encrypted", "the boot disk of an image is a copy-on-write disk over the "
+                             "cached image, which is not encrypted: an encrypted copy of an image is not made; "
+                             "encrypt another disk, or boot without os.imageID")
+            if has_image and not (iops or throughput):
                 if size:
                     params["root_size"] = size * GIB
-                for key in qos:
-                    fields.error(where + "." + key, "the boot disk of an image is the image's overlay, which takes no "
-                                 "%s: give it on another disk, or boot without os.imageID" % key)
                 if bus != "virtio" or device not in (None, "vda"):
                     fields.warn(where + (".type" if bus != "virtio" else ".device"),
                                 "the root disk of an image is vda on the virtio bus: not applied")
                 continue
+            if has_image:
+                # limits of its own: the boot disk is a volume of the image (link() names it), booted first
+                params["boot_image_volume"] = True
         # the machine's own "root" is the image's disk: an empty boot disk named root (the kubevirt operator's
         # name) is the volume "boot", exported back as root
         entry = {"name": BOOT_VOLUME if boot and name == "root" else name, "size": size * GIB if size else None,
@@ -512,10 +517,12 @@ def link(obj, objects, fields, pools=None):
         obj.params["image"] = url
         obj.where["image"] = obj.where["image_checksum"] = path
         _url_checksum(obj, path, url, fields, pools)
+        _boot_volume_image(obj, path)
         return
     if wanted and wanted.get("imageID"):
         obj.params["image"] = wanted["imageID"]
         obj.where["image"] = "spec.os.imageID"
+        _boot_volume_image(obj, "spec.os.imageID")
         return
     keys = [key for key in ("family", "distribution", "version", "architecture") if (wanted or {}).get(key)]
     if pools is None or not set(keys) - {"architecture"}:
@@ -530,6 +537,19 @@ def link(obj, objects, fields, pools=None):
                      % (len(found), ", ".join(found)))
     else:
         obj.params["image"] = found[0]
+        _boot_volume_image(obj, "spec.os")
+
+
+def _boot_volume_image(obj, path):
+    """A boot disk of an image with iops or throughput of its own is the machine's first volume, of that image
+    (the machine then has no image of its own and boots that volume), as the volume module makes one."""
+    if not obj.data.get("boot_image_volume"):
+        return
+    volume = obj.params["volumes"][0]
+    volume["image"] = obj.params.pop("image")
+    if obj.params.get("image_checksum"):
+        volume["image_checksum"] = obj.params.pop("image_checksum")
+    obj.where["volumes[0].image"] = obj.where["volumes[0].image_checksum"] = path
 
 
 def _url_checksum(obj, path, url, fields, pools):
@@ -797,7 +817,11 @@ def export(machine, record_spec, image, pool_labels):
     if record_spec.get("root_size"):
         disks.append({"name": "root", "boot": True, "sizeGB": int(record_spec["root_size"]) // GIB})
     for vol in record_spec.get("volumes") or []:
-        if vol.get("source") != "empty":
+        booted_image = vol.get("source") == "image" and vol.get("boot")
+        if booted_image:  # a boot disk of an image with limits of its own: the image is the machine's
+            source = vol["image"].get("source") if isinstance(vol.get("image"), dict) else vol.get("image")
+            spec["os"] = dict(spec.get("os") or {}, imageID=source)
+        elif vol.get("source") != "empty":
             continue
         disk = {"name": vol["name"], "sizeGB": int(vol.get("size") or 0) // GIB}
         if vol.get("boot"):

@@ -225,29 +225,31 @@ def test_the_kubevirt_operators_sizes_and_disks():
 
 
 def test_the_crds_examples_apply_but_the_image_boot_disks_qos():
-    """The first generation's examples, their providers served: the boot disk of an image (AWS, Azure) takes no
-    iops, throughput or encryption (the image's overlay), and an interface with no vpc (vSphere) has no network,
-    each refused naming it; with those fields changed they apply."""
+    """The first generation's examples, their providers served: the boot disk of an image (AWS, Azure) is not
+    encrypted (no encrypted copy of an image is made), and an interface with no vpc (vSphere) has no network,
+    each refused naming it; with those fields changed they apply, the AWS boot disk with its iops and
+    throughput."""
     _objects, errors, _warnings = check(copy.deepcopy(CRDS))
-    refusal = ("Machine/%s: spec.disks[0].%s: the boot disk of an image is the image's overlay, which takes no %s: "
-               "give it on another disk, or boot without os.imageID")
-    assert sorted(errors) == sorted([refusal % ("web-server-aws", key, key) for key in ("iops", "throughput",
-                                                                                        "encrypted")]
-                                    + [refusal % ("app-server-azure", "encrypted", "encrypted"),
+    refusal = ("Machine/%s: spec.disks[0].encrypted: the boot disk of an image is a copy-on-write disk over the "
+               "cached image, which is not encrypted: an encrypted copy of an image is not made; encrypt another "
+               "disk, or boot without os.imageID")
+    assert sorted(errors) == sorted([refusal % "web-server-aws", refusal % "app-server-azure",
                                        "Machine/test-server-vsphere: spec.network.interfaces: an interface joins a "
                                        "libvirt network, and spec.network.vpc names none: give spec.network.vpc (a "
                                        "network of the pools)"])
     fixed = copy.deepcopy(CRDS)
     fixed[3]["spec"]["network"]["vpc"] = "vpc-production"
     for doc in fixed[:2]:
-        for key in ("encrypted", "iops", "throughput"):
-            doc["spec"]["disks"][0].pop(key, None)
+        del doc["spec"]["disks"][0]["encrypted"]
     objects, errors, warnings = check(fixed)
     assert errors == []
     aws = objects["Machine/web-server-aws"].params
     assert (aws["machine_class"], aws["hostname"], aws["cpu"]) == ("t3.medium", "web-server-01", 4)
+    # the boot disk's iops and throughput: it is a volume of the image, booted, with limits of its own
+    assert "image" not in aws and aws["volumes"][0] == {"name": "boot", "size": 20 * 2 ** 30, "iops": 3000,
+                                                        "throughput": 125, "image": "ami-0abcdef123456789"}
     # /dev/sdf on a cloud volume type (gp3, so the virtio bus) is no virtio device name: warned, assigned in order
-    assert "device" not in aws["volumes"][0]
+    assert "device" not in aws["volumes"][1]
     assert any(line.startswith("Machine/web-server-aws: spec.disks[1].device: '/dev/sdf' is not a virtio device")
                for line in warnings)
     assert objects["Machine/app-server-azure"].params["machine_class"] == "standard-b2s"
