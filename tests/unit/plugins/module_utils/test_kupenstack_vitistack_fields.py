@@ -1,7 +1,7 @@
 """Every field of every upstream CRD (vitistack/common and vitistack/crds Machine, vitistack/common
 MachineClass, Kupenstack/kupenstack's six CRDs) and of KupenStack's design documents' kinds is applied, warned
 about with a reason, or refused with a reason by its dialect's table: none is unknown. The field lists are in
-data/upstream_fields.yml, each with the repository, commit and file it was taken from.
+data/kupenstack_vitistack_fields.yml, each with the repository, commit and file it was taken from.
 """
 
 import collections
@@ -13,7 +13,7 @@ import yaml
 from ansible_collections.machinery.compute.plugins.module_utils.manifests import kupenstack, vitistack
 
 DIALECTS = {"vitistack": vitistack, "kupenstack": kupenstack}
-with open(os.path.join(os.path.dirname(__file__), "data", "upstream_fields.yml")) as handle:
+with open(os.path.join(os.path.dirname(__file__), "data", "kupenstack_vitistack_fields.yml")) as handle:
     UPSTREAM = yaml.safe_load(handle)
 
 
