@@ -29,6 +29,11 @@ Usage::
     python3 lab/lab.py up --pools 3 --dir .lab [--image PATH]
     python3 lab/lab.py status --dir .lab [--json]
     python3 lab/lab.py down --dir .lab [--purge]
+    python3 lab/lab.py push-image --dir .lab --file DISK.qcow2 --ref REPOSITORY:TAG
+
+The lab also runs an OCI registry on loopback (Debian's docker-registry, HTTPS with a certificate of the lab
+CA, basic authentication with the lab's credentials); lab.json names it (``registry``, ``registry_ca``,
+``registry_credentials``) and ``push-image`` pushes a disk image to it in IronCore's OS image format.
 
 Must run as root.  Standard library only.
 """
@@ -64,6 +69,9 @@ POOL_IF = "lab0"  # the pool's end of its veth pair, inside the pool's network n
 LINK_PREFIX = (10, 254)  # the links are /30 subnets of 10.254.0.0/16
 TLS_PORT = 16514
 PKI_DIR = "pki"  # lab CA and client certificate (pki/client is the clients' pkipath)
+REGISTRY_DIR = "registry"  # the lab's OCI registry: config, certificate, htpasswd, credentials, blobs
+REGISTRY_BIN = "/usr/bin/docker-registry"  # Debian's docker-registry package (distribution 2.x)
+REGISTRY_USER = "lab"
 SSH_DIR = "ssh"  # the lab's sshd: keys, config, known_hosts, log
 SSHD = "/usr/sbin/sshd"  # sshd re-executes itself, so it wants an absolute path
 
@@ -513,6 +521,138 @@ class LabSSHD:
         if pid is None:
             return False
         stop_tree(pid, "sshd")
+        self.state_file.write_text(json.dumps({"port": self.read_state().get("port")}) + "\n")
+        return True
+
+
+# --------------------------------------------------------------------------
+# the lab's OCI registry: Debian's docker-registry on loopback, HTTPS with a certificate of the lab CA, basic
+# authentication (htpasswd, bcrypt) with the lab's credentials
+
+REGISTRY_CONFIG = """\
+# Written by lab/lab.py: the lab's OCI registry.
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: {dir}/data
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:{port}
+  tls:
+    certificate: {dir}/servercert.pem
+    key: {dir}/serverkey.pem
+auth:
+  htpasswd:
+    realm: machinery-lab
+    path: {dir}/htpasswd
+"""
+
+
+def bcrypt_hash(password: str) -> str:
+    """A bcrypt hash, what the registry's htpasswd reads: Python's crypt module (up to 3.12; libxcrypt does
+    bcrypt), else Apache's htpasswd."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            import crypt
+        except ImportError:
+            crypt = None
+    if crypt is not None and crypt.METHOD_BLOWFISH in crypt.methods:
+        return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+    if shutil.which("htpasswd"):
+        return run(["htpasswd", "-nbB", "x", password]).strip().split(":", 1)[1]
+    raise LabError("no bcrypt here for the registry's password (Python's crypt module or apache2-utils' htpasswd)")
+
+
+class LabRegistry:
+    """The lab's registry and its files in <dir>/registry: config.yml, servercert.pem / serverkey.pem (for
+    127.0.0.1, signed by the lab CA), htpasswd and credentials.json (user lab, a random password), registry.json
+    (pid, start time, port), registry.log, data/ (the blobs)."""
+
+    def __init__(self, lab_dir: Path):
+        self.dir = lab_dir / REGISTRY_DIR
+        self.config = self.dir / "config.yml"
+        self.state_file = self.dir / "registry.json"
+        self.log_file = self.dir / "registry.log"
+        self.credentials_file = self.dir / "credentials.json"
+
+    def read_state(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def pid(self) -> int | None:
+        st = self.read_state()
+        pid = st.get("pid")
+        if not isinstance(pid, int) or proc_starttime(pid) != st.get("starttime"):
+            return None
+        cmdline = proc_cmdline(pid)
+        if not cmdline or cmdline[0] != REGISTRY_BIN or str(self.config) not in cmdline:
+            return None
+        return pid
+
+    def address(self) -> str | None:
+        return "127.0.0.1:%d" % self.read_state()["port"] if self.pid() is not None else None
+
+    def credentials(self) -> dict:
+        try:
+            return json.loads(self.credentials_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def prepare(self, pki: "LabPKI") -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "data").mkdir(exist_ok=True)
+        if not signed_by(pki.ca, self.dir / "servercert.pem") or not (self.dir / "serverkey.pem").exists():
+            make_leaf(pki.ca, self.dir, "server", "127.0.0.1", ["IP:127.0.0.1", "DNS:localhost"])
+        if not self.credentials():
+            self.credentials_file.write_text(json.dumps({"username": REGISTRY_USER,
+                                                         "password": os.urandom(12).hex()}) + "\n")
+            self.credentials_file.chmod(0o600)
+        creds = self.credentials()
+        self.dir.joinpath("htpasswd").write_text("%s:%s\n" % (creds["username"], bcrypt_hash(creds["password"])))
+
+    def ensure(self, pki: "LabPKI", timeout: float = 20) -> str | None:
+        """Start the registry unless it runs; its host:port, or None when Debian's docker-registry is missing."""
+        if self.pid() is not None:
+            return self.address()
+        if not os.path.exists(REGISTRY_BIN):
+            log(f"registry: {REGISTRY_BIN} is missing (apt-get install docker-registry); no registry")
+            return None
+        self.prepare(pki)
+        old = self.read_state().get("port")
+        port = old if isinstance(old, int) and port_free(old) else free_port()
+        self.config.write_text(REGISTRY_CONFIG.format(port=port, dir=self.dir))
+        with open(self.log_file, "ab") as out:
+            proc = subprocess.Popen([REGISTRY_BIN, "serve", str(self.config)], stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                    env=CHILD_ENV, cwd="/")
+        self.state_file.write_text(
+            json.dumps({"pid": proc.pid, "starttime": proc_starttime(proc.pid), "port": port}, indent=2) + "\n")
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise LabError(f"docker-registry exited with status {proc.returncode}; see {self.log_file}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=2):
+                    return f"127.0.0.1:{port}"
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise LabError(f"the registry did not answer on 127.0.0.1:{port} within {timeout:.0f}s")
+            time.sleep(0.1)
+
+    def stop(self) -> bool:
+        pid = self.pid()
+        if pid is None:
+            return False
+        stop_tree(pid, "registry")
         self.state_file.write_text(json.dumps({"port": self.read_state().get("port")}) + "\n")
         return True
 
@@ -1023,6 +1163,10 @@ def write_lab_json(lab_dir: Path, image: str | None) -> None:
         else None,
         "tls": {"pkipath": str(pki.client), "ca": str(pki.ca / "cacert.pem")} if running else None,
     }
+    registry = LabRegistry(lab_dir)
+    data["registry"] = registry.address()
+    data["registry_ca"] = str(pki.ca / "cacert.pem") if data["registry"] else None
+    data["registry_credentials"] = registry.credentials() if data["registry"] else None
     tmp = lab_dir / "lab.json.tmp"
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     tmp.replace(lab_dir / "lab.json")
@@ -1117,6 +1261,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     port = LabSSHD(lab_dir).ensure()
     log(f"sshd on 127.0.0.1:{port}")
+    address = LabRegistry(lab_dir).ensure(pki)
+    if address:
+        log(f"registry on https://{address}")
     write_lab_json(lab_dir, image)
     log(
         f"lab up: {len(wanted)} pool(s) in {time.monotonic() - t0:.1f}s; " f"{lab_dir / 'lab.json'}"
@@ -1145,6 +1292,12 @@ def cmd_down(args: argparse.Namespace) -> int:
     try:
         if LabSSHD(lab_dir).stop():
             log("sshd: stopped")
+    except LabError as exc:
+        log(f"error: {exc}")
+        failed = True
+    try:
+        if LabRegistry(lab_dir).stop():
+            log("registry: stopped")
     except LabError as exc:
         log(f"error: {exc}")
         failed = True
@@ -1180,10 +1333,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             }
         )
     ssh = {"pid": sshd.pid(), "port": sshd.port()}
+    registry = LabRegistry(lab_dir)
+    oci = {"pid": registry.pid(), "address": registry.address()}
     if args.json:
         print(
             json.dumps(
-                {"dir": str(lab_dir), "pools": rows, "sshd": ssh, "image": read_lab_json(lab_dir).get("image")},
+                {"dir": str(lab_dir), "pools": rows, "sshd": ssh, "registry": oci,
+                 "image": read_lab_json(lab_dir).get("image")},
                 indent=2,
             )
         )
@@ -1193,6 +1349,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     print(f"sshd     {'running' if ssh['pid'] else 'stopped':<8} pid={ssh['pid'] or '-':<8} "
           f"{'127.0.0.1:%d' % ssh['port'] if ssh['port'] else '-'}")
+    print(f"registry {'running' if oci['pid'] else 'stopped':<8} pid={oci['pid'] or '-':<8} "
+          f"{'https://' + oci['address'] if oci['address'] else '-'}")
     for r in rows:
         doms = (
             "-"
@@ -1201,6 +1359,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         print(f"{r['name']:<8} {r['state']:<8} pid={r['pid'] or '-':<8} {r['uri']}  {doms}  "
               f"tls={r['tls_address'] or '-'}")
+    return 0
+
+
+def cmd_push_image(args: argparse.Namespace) -> int:
+    """Push a disk image to the lab's registry in IronCore's OS image format (lab/oci_push.py)."""
+    from oci_push import push_disk_image  # lab/, beside this file
+
+    data = read_lab_json(args.dir)
+    if not data.get("registry"):
+        raise LabError(f"the lab in {args.dir} runs no registry (`up` starts it when docker-registry is installed)")
+    digest = push_disk_image(data["registry"], args.ref, args.file, data["registry_ca"],
+                             data.get("registry_credentials") or {})
+    print(f"oci://{data['registry']}/{args.ref.rpartition(':')[0]}@{digest}")
     return 0
 
 
@@ -1243,6 +1414,12 @@ def main(argv: list[str] | None = None) -> int:
     add_dir(p_status)
     p_status.add_argument("--json", action="store_true", help="machine-readable output")
     p_status.set_defaults(func=cmd_status)
+
+    p_push = sub.add_parser("push-image", help="push a disk image to the lab's registry (IronCore's OS image format)")
+    add_dir(p_push)
+    p_push.add_argument("--file", required=True, help="the disk image (qcow2 or raw)")
+    p_push.add_argument("--ref", required=True, help="REPOSITORY:TAG in the lab's registry")
+    p_push.set_defaults(func=cmd_push_image)
 
     args = parser.parse_args(argv)
     try:

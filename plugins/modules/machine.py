@@ -80,9 +80,14 @@ options:
       - OS image (qcow2 or raw) as a path on the host that runs the module, an V(http://) / V(https://) URL, or
         the name of an image published on the pool with M(machinery.compute.machine_image) (a DNS-1123 label
         with no V(/); a file of that name in the current directory is given as V(./name)).
-      - Required to create a machine, unless it boots from an existing volume (O(volumes[].volume)); with no
-        image, the first existing volume attached is the boot disk. Fixed afterwards, unless O(rebuild=true)
-        gives the machine a new root disk from it.
+      - 'An OS image in an OCI registry in IronCore''s OS image format, V(oci://<registry>/<repository>:<tag>) or
+        V(oci://<registry>/<repository>@sha256:<digest>): its disk layer (media type
+        C(application/vnd.ironcore.image.rootfs)) is downloaded, verified by its digest and cached on the pool by
+        it like any image; the layer''s digest is the machine''s recorded image checksum. See O(image_ca_file) and
+        O(image_pull_secret).'
+      - Required to create a machine, unless it boots from an existing volume (O(volumes[].volume)) or a volume
+        made from an image (O(volumes[].image)); with no image, the first such volume is the boot disk. Fixed
+        afterwards, unless O(rebuild=true) gives the machine a new root disk from it.
       - A qcow2 image must stand alone (no backing file) and be unencrypted. A raw image must look like a disk,
         a whole number of 512-byte sectors starting with a partition table (MBR or GPT) or a file system (ext,
         XFS, btrfs, squashfs, ISO 9660). Anything else is refused before anything is written.
@@ -93,6 +98,25 @@ options:
   image_checksum:
     description: sha256 of the image (V(sha256:<hex>) or V(<hex>)); required for a URL, verified for a path.
     type: str
+  image_ca_file:
+    description:
+      - The CA certificate (PEM) that a private OCI registry's HTTPS certificate is verified against, for an
+        O(image) (or O(volumes[].image)) given as V(oci://...); without it, the system's certificates.
+    type: path
+  image_pull_secret:
+    description:
+      - Credentials of the OCI registry of an V(oci://...) image, sent when the registry asks for them (Basic,
+        or to its token service for a Bearer token). Never recorded.
+    type: dict
+    suboptions:
+      username:
+        description: User name.
+        type: str
+        required: true
+      password:
+        description: Password or token.
+        type: str
+        required: true
   root_size:
     description:
       - Size of the root disk (at least the image's virtual size); defaults to the image's size.
@@ -110,18 +134,17 @@ options:
         type: str
         required: true
       size:
-        description:
-          - Size of a new empty volume.
-          - With O(volumes[].image), the least size of the image's disk (grown to it when the image is smaller).
+        description: Size of a new empty volume; with O(volumes[].image), the least size of the overlay disk (it
+          is at least the image's).
         type: raw
       volume:
         description: Name of an existing volume in the pool's C(machinery) storage pool.
         type: str
       image:
         description:
-          - Image path, URL or published name for an overlay disk.
-          - A machine without O(image) boots from its first existing volume, else its first volume of an image,
-            else its first empty volume.
+          - Image path or URL (or a published image's name) for an overlay disk.
+          - A machine without O(image) boots from its first existing volume or volume of an image, else its first
+            empty volume.
         type: str
       image_checksum:
         description: sha256 of O(volumes[].image).
@@ -213,6 +236,9 @@ options:
           - A fixed IPv4 address for the NIC, made a DHCP host reservation (C(<host mac ip name>)) for its MAC on
             its libvirt O(network_interfaces[].network), live and persistent. It must lie in the network's DHCP
             range and be held by no other MAC (reservation or lease); it is released when the machine is deleted.
+          - A network in CIDR form (C(192.168.126.0/24)) allocates the address instead - the first from the
+            network's 51st host upward that the DHCP range contains and no host entry, lease or other machine of
+            the run holds (the rule of OpenShift's libvirt provider) - kept while the machine lives.
           - A DHCP lease outlives its guest. An address a deleted machine's guest had leased goes to another MAC
             only when that lease ends (the network's lease time, an hour by default); until then it is refused,
             and the error says when the lease ends.
@@ -375,7 +401,10 @@ options:
   pools:
     description:
       - The pools O(allow_move) may move the machine to, as libvirt URIs or mappings with C(uri) and an optional
-        C(name) (the machine's own pool may be among them; it is skipped). Used by O(allow_move) only.
+        C(name) (the machine's own pool may be among them; it is skipped). Used by O(allow_move).
+      - Checked whenever it is given, even when no move is needed; with O(allow_move), an empty list is refused.
+      - When no machine O(name) is on O(uri) and the task gives no size to create one, the error names the pools
+        of this list that hold a machine of that name (one moved away by an earlier run, say).
     type: list
     elements: raw
   server_group:
@@ -738,9 +767,9 @@ plan:
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
-from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
-from ansible_collections.machinery.compute.plugins.module_utils.fleets.resize_move import resize_elsewhere
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.resize_move import (
+    found_elsewhere, move_pools, resize_elsewhere)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.interface.module_base import MachineryModule
 
@@ -750,14 +779,16 @@ class MachineModule(MachineryModule):
 
     def run(self, ctx):
         params = machine_spec.machine_params(self.params)
+        entries = move_pools(self.params["pools"], params["allow_move"])
         plan = None
         try:
             outcome = MachineService(ctx, self.check_mode).ensure(params)
         except PoolFull as exc:
             if not (params["allow_move"] and getattr(exc, "resize", None)):
                 raise
-            entries = pool_entries(self.params["pools"]) if self.params["pools"] else []
             plan, outcome = resize_elsewhere(ctx, params, exc, entries, self.check_mode, self.url_opener())
+        except ValidationError as exc:
+            raise found_elsewhere(exc, ctx.uri, entries) from None
         return self.converged(plan or outcome.plan, machine=outcome.machine,
                               restart_required=outcome.restart_required,
                               warnings=plan.warnings if plan is not None else outcome.warnings)

@@ -18,6 +18,11 @@ description:
     guest agent of a running machine has its channel open: the agent answers) and C(Booted) (the line
     O(boot_marker) is on the serial console since the machine last started), and C(BootstrapReady) of the
     machine status (vitistack''s: the guest agent answered).'
+  - 'C(NodeReady) is the guest''s readiness, what a Kubernetes Node''s Ready means: V(True) when the machine runs
+    and its guest agent answers, or - for a guest without an agent - when it has a DHCP lease on its libvirt
+    network (or no NIC on one); V(False) when it does not run or runs with neither; V(Unknown) when an agent
+    that answered before is silent. OpenShift MachineHealthCheck documents (machinery.compute.manifest) check
+    their C(Ready) as C(NodeReady), and their O(node_startup_timeout) waits for it.'
   - Since when a condition holds is kept in the machine's record; every run records the conditions that changed,
     so a timeout counts from the first observation of the bad state, across runs. Run the check periodically
     (an AWX schedule, a cron job) for timeouts to elapse.
@@ -71,19 +76,22 @@ options:
         type: str
         required: true
         choices: [Ready, VolumesReady, NetworkInterfacesReady, Failed, AddressAssigned, Booted, GuestAgentConnected,
-                  BootstrapReady]
+                  BootstrapReady, NodeReady]
       status:
-        description: The status that is unhealthy.
+        description:
+          - The status that is unhealthy.
+          - V(Unknown) is a status only C(NodeReady) takes, when a guest agent that answered before is silent
+            (readiness can no longer be observed); a pool that does not answer is O(unreachable_timeout)'s.
         type: str
         required: true
-        choices: ["True", "False"]
+        choices: ["True", "False", "Unknown"]
       timeout:
         description: How long it must hold, as V(90s), V(5m), V(1h30m) or seconds.
         type: str
         required: true
   node_startup_timeout:
     description: A machine that has not been Ready once this long after its creation is unhealthy (as V(90s),
-      V(10m) or seconds); give a boot time's margin.
+      V(10m) or seconds); give a boot time's margin. V(0) disables the startup check.
     type: str
     default: 10m
   boot_marker:
@@ -110,7 +118,7 @@ options:
   unreachable_timeout:
     description:
       - How long a member of a covered set may sit on an unreachable pool before it is unhealthy, as V(90s),
-        V(5m) or seconds. Counted from the first run (of the check or of the set) that found the pool
+        V(5m) or a number of seconds, whole or not (V(3.5)). Counted from the first run (of the check or of the set) that found the pool
         unreachable, as recorded in the set's record on the reachable pools.
       - The sets must have O(machinery.compute.machine_set#module:unreachable_timeout) too, for their record to
         say where their members are. Without this option the check does not look at unreachable pools.

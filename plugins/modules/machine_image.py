@@ -43,6 +43,9 @@ options:
   url:
     description:
       - http(s) URL of the image (qcow2 or raw). Needs O(checksum). Exclusive with O(path).
+      - Or an OS image in an OCI registry in IronCore's format, V(oci://<registry>/<repository>) with a tag or
+        a sha256 digest (see O(machinery.compute.machine#module:image)); its disk layer is pulled, verified by
+        its digest (the published image's checksum) and cached.
       - It is downloaded only when the pool has no cached image of O(checksum); when it has one the URL is not
         contacted, so a URL that refuses connections or answers 404 is accepted.
     type: str
@@ -50,8 +53,23 @@ options:
     description: Path of the image on the controller (qcow2 or raw). Exclusive with O(url).
     type: str
   checksum:
-    description: sha256 of the image (V(sha256:<hex>) or the bare hex). Required with O(url).
+    description: sha256 of the image (V(sha256:<hex>) or the bare hex). Required with an http(s) O(url).
     type: str
+  image_ca_file:
+    description: The CA certificate (PEM) of the private OCI registry of an V(oci://) O(url).
+    type: path
+  image_pull_secret:
+    description: Credentials of the OCI registry of an V(oci://) O(url), sent when it asks for them.
+    type: dict
+    suboptions:
+      username:
+        description: User name.
+        type: str
+        required: true
+      password:
+        description: Password or token.
+        type: str
+        required: true
   os:
     description:
       - What the image is; kept with the name and returned.

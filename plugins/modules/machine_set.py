@@ -154,9 +154,10 @@ options:
   unreachable_timeout:
     description:
       - How long a pool of the set may stay unreachable (its libvirtd refuses or does not answer) before its
-        members are replaced on the other pools, as V(90s), V(5m), V(1h30m) or seconds; V(0s) replaces them at
-        once. The first run that finds the pool unreachable records when (in the set's record on the reachable
-        pools) and reports it; a run after the timeout replaces. A pool found reachable again loses its mark.
+        members are replaced on the other pools, as V(90s), V(5m), V(1h30m) or a number of seconds, whole or not
+        (V(3.5)); V(0s) replaces them at once. The first run that finds the pool unreachable records when (in the
+        set's record on the reachable pools) and reports it; a run after the timeout replaces. A pool found
+        reachable again loses its mark.
       - Without it, the members of a pool the run cannot reach are not seen; the set then tries to make others
         and fails, naming that pool, as it cannot make sure their names are free there. Nothing is replaced.
       - Run the set on a schedule for the timeout to elapse, as a health check.

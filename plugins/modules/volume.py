@@ -21,7 +21,9 @@ description:
     this module gives them some.
   - Deleting a volume that a machine still uses is refused unless O(force=true).
   - The collection's own volumes (image caches, Ignition files, cloud-init seeds, console logs, upload locks) are
-    refused.
+    refused, and so are a machine's own disks (its root disk and rebuild roots, its ephemeral volumes, its backup
+    copies) whatever O(force) says, naming the machine - M(machinery.compute.machine) with O(state=absent) deletes
+    them with it.
 version_added: 0.4.0
 author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
@@ -59,8 +61,25 @@ options:
     description:
       - The image to copy into a new volume - the name of an image published on the pool with
         M(machinery.compute.machine_image), or a path to a qcow2 or raw disk image on the controller.
+      - Or an OS image in an OCI registry, V(oci://<registry>/<repository>) with a tag or a sha256 digest (see
+        O(machinery.compute.machine#module:image)), pulled and cached on the pool by its digest first.
       - The copy is complete (no backing file) and bootable.
     type: str
+  image_ca_file:
+    description: The CA certificate (PEM) of the private OCI registry of an V(oci://) O(image).
+    type: path
+  image_pull_secret:
+    description: Credentials of the OCI registry of an V(oci://) O(image), sent when it asks for them.
+    type: dict
+    suboptions:
+      username:
+        description: User name.
+        type: str
+        required: true
+      password:
+        description: Password or token.
+        type: str
+        required: true
   format:
     description:
       - Format of the volume. A new volume is V(qcow2) when this is not given; an existing one keeps its own.
@@ -79,6 +98,7 @@ options:
     description:
       - Delete the volume even when machines use it - it is detached from their configuration first (a running
         guest is asked to let go of it and keeps it until it does).
+      - Only for a standalone volume that machines were given; a machine's own disk is never deleted this way.
     type: bool
     default: false
 """

@@ -16,6 +16,7 @@ DATA = "it-svol-data"
 BOOT = "it-svol-boot"
 COPY = "it-svol-copy.raw"
 MACHINE = "it-svol-vm"
+OWNER = "it-svol-own"
 IMAGE_NAME = "it-svol-image"
 MIB = 2 ** 20
 
@@ -27,8 +28,12 @@ def image():
 
 
 def clean(pool):
-    if pool.domain(MACHINE) is not None:
-        run_module("machine", uri=pool.uri, name=MACHINE, state="absent", shutdown_timeout=0)
+    run_module("machine_backup", uri=pool.uri, machine=OWNER, name="b1", state="absent")
+    for machine in (MACHINE, OWNER):
+        if pool.domain(machine) is not None:
+            run_module("machine", uri=pool.uri, name=machine, state="absent", shutdown_timeout=0)
+    if f"{OWNER}.r1-root.qcow2" in pool.volumes():
+        pool.conn.storagePoolLookupByName("machinery").storageVolLookupByName(f"{OWNER}.r1-root.qcow2").delete(0)
     for name in (DATA, BOOT, COPY, "it-svol-bad", "it-svol-ic", "it-svol-group"):
         run_module("volume", uri=pool.uri, name=name, state="absent", force=True)
 
@@ -157,6 +162,57 @@ def test_a_machine_boots_from_a_copy_of_a_published_image(vol_pool, module, imag
 
     assert module("machine", uri=pool.uri, name=MACHINE, state="absent", shutdown_timeout=0)["changed"]
     assert module("volume", uri=pool.uri, name=COPY, state="absent")["changed"] is True
+
+
+def disks(dom, flags=0):
+    return sorted(node.get("file") for node in etree.fromstring(dom.XMLDesc(flags).encode()).findall(
+        "devices/disk/source") if (node.get("file") or "").endswith(".qcow2"))
+
+
+def test_a_machines_own_disks_are_never_deleted_by_force(vol_pool, module, image):
+    """Issue 44: force deleted a running machine's root and data disks, leaving it a definition with no disk."""
+    pool = vol_pool
+    made = module("machine", uri=pool.uri, name=OWNER, machine_class="small", image=image,
+                  volumes=[{"name": "data", "size": "16Mi"}], wait="running")
+    assert not made.get("failed"), made
+    dom = pool.domain(OWNER)
+    backup = module("machine_backup", uri=pool.uri, machine=OWNER, name="b1")
+    assert not backup.get("failed"), backup
+    backup_copy = f"{OWNER}.backup.b1.vda.qcow2"
+    assert backup_copy in pool.volumes()
+    # a root left by a rebuild, as a killed rebuild leaves it
+    storage = pool.conn.storagePoolLookupByName("machinery")
+    storage.createXML(f"<volume><name>{OWNER}.r1-root.qcow2</name><capacity>1048576</capacity>"
+                      "<target><format type='qcow2'/></target></volume>", 0)
+    before = (pool.volumes(), disks(dom), disks(dom, 2))
+    assert len(before[1]) == 2 and len(before[2]) == 2, before
+    for name, words in ((f"{OWNER}-root.qcow2", ["the root disk of machine " + OWNER, "state: absent"]),
+                        (f"{OWNER}-data.qcow2", ["an ephemeral volume of machine " + OWNER, "state: absent"]),
+                        (backup_copy, ["a backup copy of machine " + OWNER, "machine_backup"]),
+                        (f"{OWNER}.r1-root.qcow2", ["rebuilds of machine " + OWNER])):
+        for check in (True, False):
+            refused = module("volume", check=check, uri=pool.uri, name=name, state="absent", force=True)
+            assert_failed(refused, "name", *words)
+        assert_failed(module("volume", uri=pool.uri, name=name, size="2Gi"), "name", OWNER)
+    assert (pool.volumes(), disks(dom), disks(dom, 2)) == before
+    assert dom.isActive()
+
+
+def test_a_machine_notices_a_deleted_volume_of_its_own(vol_pool, module):
+    """Issue 44: after its volume was deleted by force, the machine's task reported no change."""
+    pool = vol_pool
+    assert module("volume", uri=pool.uri, name=DATA, size="16Mi")["changed"]
+    args = dict(uri=pool.uri, name=MACHINE, machine_class="small", state="stopped",
+                volumes=[{"name": "boot", "volume": DATA}])
+    assert not module("machine", **args).get("failed")
+    assert module("machine", **args)["changed"] is False
+    forced = module("volume", uri=pool.uri, name=DATA, state="absent", force=True)
+    assert forced["changed"] is True and DATA not in pool.volumes()
+    before = pool.domain(MACHINE).XMLDesc(2)
+    for check in (True, False):
+        assert_failed(module("machine", check=check, **args), "volumes[0].volume", DATA, "volume_attach")
+    assert pool.domain(MACHINE).XMLDesc(2) == before
+    assert module("machine", uri=pool.uri, name=MACHINE, state="absent")["changed"] is True
 
 
 def test_ironcore_volume_from_an_os_image(vol_pool, module, image):

@@ -31,6 +31,7 @@ OWNER = "machinery.compute/machine-set"
 BYSTANDER = "lostpool-bystander"
 REGISTRY = "machinery-registry"
 TIMINGS = {}
+HOUR = 3600.5
 
 
 def set_args(pools, image, timeout, replicas=3, **extra):
@@ -222,7 +223,8 @@ def test_a_lost_pool_is_replaced_then_fenced_when_it_comes_back(lab_pools, modul
 def test_a_pool_back_before_the_timeout_keeps_its_member(lab_pools, module, image):
     pools = lab_pools
     lost_pool = pools[2]
-    made = module("machine_set", **set_args(pools, image, "1h"))
+    # a number of seconds that is not whole, as YAML gives 3600.5 (Ansible hands it to the option as text)
+    made = module("machine_set", **set_args(pools, image, HOUR))
     assert made["changed"] and made["ready_replicas"] == 3, made
     before = members(pools)
     stranded = next(name for name, (pool, _u, _a) in before.items() if pool == lost_pool.name)
@@ -230,17 +232,17 @@ def test_a_pool_back_before_the_timeout_keeps_its_member(lab_pools, module, imag
 
     command = daemon_command(lost_pool)
     stop_daemon(lost_pool)
-    away = module("machine_set", **set_args(pools, image, "1h"))
+    away = module("machine_set", **set_args(pools, image, HOUR))
     assert away["planned_members"] == [] and away["replaced_members"] == [] and away["replicas"] == 3, away
     assert [mark["name"] for mark in away["unreachable_pools"]] == [lost_pool.name]
     assert len(members(pools[:2])) == 2
 
     restart_daemon_keeping_guests(lost_pool, command, pid)
-    back = module("machine_set", **set_args(pools, image, "1h"))
+    back = module("machine_set", **set_args(pools, image, HOUR))
     assert back["fenced_members"] == [] and back["planned_members"] == [] and back["unreachable_pools"] == [], back
     assert set(back["actions"]) == {"record"}, back  # the mark is cleared
     assert members(pools) == before and qemu_pid(before[stranded][1]) == pid and alive(pid)
-    again = module("machine_set", **set_args(pools, image, "1h"))
+    again = module("machine_set", **set_args(pools, image, HOUR))
     assert again["changed"] is False, again
 
 

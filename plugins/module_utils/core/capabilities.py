@@ -17,6 +17,7 @@ planner and apply use them. Nothing here talks to libvirt.
 from __future__ import annotations
 
 import ipaddress
+import threading
 import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
@@ -239,6 +240,62 @@ def address(value, field):
         return ipaddress.IPv4Address(str(value).strip())
     except ValueError:
         raise ValidationError("%r is not an IPv4 address" % (value,), field) from None
+
+
+ALLOCATION_OFFSET = 51  # OpenShift's libvirt provider hands out a network's addresses from its 51st host on
+_CLAIMED = {}  # (pool, network) -> {address: MAC} chosen by this process, not yet on the network
+_CLAIMS_GUARD = threading.Lock()
+
+
+def is_address_range(value):
+    """True when an ``ip_address`` is a network in CIDR form (an address to allocate from it)."""
+    return isinstance(value, str) and "/" in value
+
+
+def address_range(value, field):
+    try:
+        network = ipaddress.IPv4Network(str(value).strip(), strict=False)
+    except ValueError:
+        raise ValidationError("%r is neither an IPv4 address nor an IPv4 network in CIDR form" % (value,),
+                              field) from None
+    if network.num_addresses <= ALLOCATION_OFFSET + 1:
+        raise ValidationError("%s has no host %d to allocate addresses from (the first %d hosts of a network are "
+                              "left out, as OpenShift's libvirt provider leaves them)"
+                              % (network, ALLOCATION_OFFSET, ALLOCATION_OFFSET), field)
+    return network
+
+
+def allocate_address(cidr, mac, network, net_info, leases, field, pool=""):
+    """The address of a NIC from the network ``cidr``: the one its MAC already holds there (a DHCP host entry),
+    else the first from host offset 51 upward that no other MAC holds (host entry, lease, or a claim of another
+    machine of this run) and that the network's DHCP range contains, as OpenShift's libvirt provider allocates
+    ``networkInterfaceAddress``. Claimed for ``mac`` in this process, so the machines a run creates in parallel
+    get distinct addresses; the network's own refusal of a duplicate host entry guards across processes."""
+    subnet = address_range(cidr, field)
+    mac = mac.lower()
+    for host in net_info.get("dhcp_hosts") or []:
+        if (host.get("mac") or "").lower() == mac and host.get("ip") and \
+                ipaddress.IPv4Address(host["ip"]) in subnet:
+            return host["ip"]
+    if not net_info.get("cidr") or not net_info.get("dhcp_start"):
+        raise ValidationError("network %s has no DHCP range to reserve an address in" % network, field)
+    start, end = ipaddress.IPv4Address(net_info["dhcp_start"]), ipaddress.IPv4Address(net_info["dhcp_end"])
+    held = {host.get("ip") for host in net_info.get("dhcp_hosts") or [] if (host.get("mac") or "").lower() != mac}
+    held |= {lease_ip for lease_mac, lease_ip, _expiry in leases or [] if (lease_mac or "").lower() != mac}
+    with _CLAIMS_GUARD:
+        claims = _CLAIMED.setdefault((pool, network), {})
+        for taken, owner in claims.items():
+            if owner != mac:
+                held.add(taken)
+            elif ipaddress.IPv4Address(taken) in subnet:
+                return taken
+        for offset in range(ALLOCATION_OFFSET, subnet.num_addresses - 1):
+            candidate = subnet.network_address + offset
+            if start <= candidate <= end and str(candidate) not in held:
+                claims[str(candidate)] = mac
+                return str(candidate)
+    raise ConflictError("no free address in %s on network %s from host %d within its DHCP range %s-%s"
+                        % (subnet, network, ALLOCATION_OFFSET, start, end), field)
 
 
 def check_reservation(ip, mac, network, net_info, leases, field, owner_of=None):

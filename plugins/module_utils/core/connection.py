@@ -9,9 +9,11 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import stat
 import tempfile
 import threading
+import time
 from urllib.parse import parse_qs, urlsplit
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
@@ -218,11 +220,90 @@ def event_loop():
     return _EVENTS["loop"]
 
 
+# qemu+ssh is the one transport that runs a program: libvirt starts the ssh client as a child of this process, and
+# an open given up leaves it waiting for the host's greeting for good (one per run, its parent gone). The children
+# of that open are found by their command line (the URI's host, port and socket), ended when it is given up, and
+# waited for: SIGTERM, then SIGKILL after CHILD_EXIT_SECONDS.
+CHILD_EXIT_SECONDS = 2.0
+
+
+def _children():
+    """{pid: argv} of this process's child processes, read from /proc ({} where there is no /proc)."""
+    me, found = os.getpid(), {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as handle:
+                status = handle.read()
+            if int(status[status.rindex(")") + 2:].split()[1]) != me:
+                continue
+            with open("/proc/%s/cmdline" % entry, "rb") as handle:
+                found[int(entry)] = [part.decode(errors="replace") for part in handle.read().split(b"\0") if part]
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+    return found
+
+
+def spawns_client(uri):
+    return urlsplit(uri or "").scheme == "qemu+ssh"
+
+
+def ssh_children(uri, children):
+    """The pids of ``children`` ({pid: argv}) that are libvirt's ssh client for ``uri``: the program the URI
+    names (``command=``, else ssh), its host, its port (``-p``) and the socket the remote side connects to."""
+    parts = urlsplit(uri)
+    query = parse_qs(parts.query)
+    program = os.path.basename((query.get("command") or ["ssh"])[0])
+    socket_path = (query.get("socket") or [None])[0]
+    found = []
+    for pid, argv in children.items():
+        if not argv or os.path.basename(argv[0]) != program or parts.hostname not in argv:
+            continue
+        if parts.port is not None and ["-p", str(parts.port)] not in [argv[i:i + 2] for i in range(len(argv) - 1)]:
+            continue
+        if socket_path and not any(socket_path in arg for arg in argv):
+            continue
+        found.append(pid)
+    return sorted(found)
+
+
+def _gone(pid):
+    """Whether ``pid`` has exited (a zombie waiting for libvirt to reap it counts)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            status = handle.read()
+    except OSError:
+        return True
+    return status[status.rindex(")") + 2:].split()[0] in ("Z", "X")
+
+
+def end_children(pids, grace=CHILD_EXIT_SECONDS):
+    """SIGTERM to ``pids``, SIGKILL to those still running after ``grace`` seconds; returns once they are gone."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass  # ended already
+        deadline = time.monotonic() + grace
+        while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.02)  # polling /proc: the signal is delivered asynchronously
+        pids = [pid for pid in pids if not _gone(pid)]
+        if not pids:
+            return
+
+
 def _open_bounded(uri, timeout):
     """libvirt.open in a thread of its own, given up after ``timeout`` seconds (the thread is left to the host:
-    libvirt offers no way to abort a handshake). Returns the connection, or raises its libvirtError or
-    TimeoutError."""
+    libvirt offers no way to abort a handshake, but the ssh client a qemu+ssh open started is ended, and the
+    thread then fails). Returns the connection, or raises its libvirtError or TimeoutError."""
     outcome = {}
+    before = _children() if spawns_client(uri) else {}
 
     def attempt():
         try:
@@ -233,6 +314,9 @@ def _open_bounded(uri, timeout):
     worker.start()
     worker.join(timeout)
     if worker.is_alive():
+        if spawns_client(uri):
+            started = {pid: argv for pid, argv in _children().items() if pid not in before}
+            end_children(ssh_children(uri, started))
         raise TimeoutError()
     if "error" in outcome:
         raise outcome["error"]
@@ -263,13 +347,46 @@ def missing_tls_files(uri):
     return [path for path in paths if not os.path.isfile(path)]
 
 
+# A pool that could not be opened is not opened again by the same run: a host that never answers costs the whole
+# handshake bound each time, and a run checking a name on every pool for each machine it creates (a set's creates)
+# paid it once per machine. A module's process is one run, so the module base turns this on; plugins do not,
+# as their process (ansible-playbook) may outlive the pool's outage and read the pools again.
+_FAILED_OPENS = {}  # uri -> the cause of its failed open, without the field
+_FAILED_LOCK = threading.Lock()
+_REMEMBER = {"failed_opens": False}
+
+
+def remember_failed_opens(enabled=True):
+    """Whether an open that failed is failed again at once, for the rest of the process, instead of retried."""
+    _REMEMBER["failed_opens"] = enabled
+    if not enabled:
+        with _FAILED_LOCK:
+            _FAILED_OPENS.clear()
+
+
 def open_connection(uri, field="uri", name=None):
     """Open ``uri`` read-write; an unreachable or wrong URI becomes ConnectionFailed naming the pool (``name``,
     when the caller knows it, and the URI), libvirt's cause and, for the usual refusals, what to check. A host
     that does not answer fails the open after open_timeout() seconds, and a connection whose host stops
-    answering later is closed by keepalive."""
+    answering later is closed by keepalive. With remember_failed_opens, a URI that failed once fails again at
+    once with the same cause."""
     validate_uri(uri, field)
     require_libvirt()
+    if _REMEMBER["failed_opens"]:
+        with _FAILED_LOCK:
+            cause = _FAILED_OPENS.get(uri)
+        if cause is not None:
+            raise ConnectionFailed("%s (so found earlier in this run: not tried again)" % cause, field)
+    try:
+        return _open(uri, field, name)
+    except ConnectionFailed as exc:
+        if _REMEMBER["failed_opens"]:
+            with _FAILED_LOCK:
+                _FAILED_OPENS.setdefault(uri, exc.message)
+        raise
+
+
+def _open(uri, field, name):
     event_loop()
     where = "pool %s (%s)" % (name, uri) if name and name != uri else uri
     timeout = open_timeout()

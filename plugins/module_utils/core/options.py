@@ -142,7 +142,7 @@ def defaulted(table, params):
     them for a module; for parameters that reach the core another way (a manifest's, a role's element)."""
     result = dict(params)
     for item in table:
-        if item.argument and result.get(item.name) is None and item.default is not None:
+        if result.get(item.name) is None and item.default is not None:
             result[item.name] = list(item.default) if isinstance(item.default, tuple) else item.default
     return result
 
@@ -238,6 +238,8 @@ SERVER_GROUP = (
     Option("policy", required=True, choices=SERVER_GROUP_POLICIES),
 )
 
+IMAGE_PULL_SECRET = (Option("username", required=True), Option("password", required=True, no_log=True))
+
 MACHINE = (
     Option("name", required=True),
     Option("state", choices=MACHINE_STATES, default="running"),
@@ -247,6 +249,9 @@ MACHINE = (
                                         show=lambda value: None if value is None else format_quantity(value))),
     Option("image", fixed=lambda spec: (spec.get("image") or {}).get("source")),
     Option("image_checksum", fixed=lambda spec: (spec.get("image") or {}).get("checksum")),
+    # an OCI registry's CA and credentials, for an image (or a volume's) given as oci://...; read, never recorded
+    Option("image_ca_file", "path"),
+    Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
     Option("root_size", "raw", recorded=True),
     Option("volumes", "list", elements="dict", options=VOLUME),
     Option("network_interfaces", "list", elements="dict", options=NETWORK_INTERFACE),
@@ -351,7 +356,7 @@ MACHINE_SET_INFO = (
 )
 
 CONDITION_TYPES = ("Ready", "VolumesReady", "NetworkInterfacesReady", "Failed", "AddressAssigned", "Booted",
-                   "GuestAgentConnected", "BootstrapReady")
+                   "GuestAgentConnected", "BootstrapReady", "NodeReady")
 REMEDIATIONS = ("delete", "restart")
 
 MACHINE_HEALTH_CHECK = (
@@ -359,9 +364,12 @@ MACHINE_HEALTH_CHECK = (
     Option("selector", "dict", required=True, options=(Option("match_labels", "dict", required=True),)),
     Option("unhealthy_conditions", "list", elements="dict", options=(
         Option("type", required=True, choices=CONDITION_TYPES),
-        Option("status", required=True, choices=("True", "False")),
+        Option("status", required=True, choices=("True", "False", "Unknown")),
         Option("timeout", required=True))),
     Option("node_startup_timeout", default="10m"),
+    # which condition ends the startup check: the domain running (Ready), or the guest ready (NodeReady, for
+    # OpenShift's documents, whose nodeStartupTimeout waits for the Node)
+    Option("startup_condition", argument=False, choices=("Ready", "NodeReady"), default="Ready"),
     Option("boot_marker"),
     Option("max_unhealthy", "raw", default="100%"),
     Option("remediation", choices=REMEDIATIONS, default="delete"),
@@ -420,6 +428,8 @@ MACHINE_IMAGE = (
     Option("url"),
     Option("path"),
     Option("checksum"),
+    Option("image_ca_file", "path"),
+    Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
     Option("os", "dict", options=IMAGE_OS),
     Option("state", choices=PRESENCE, default="present"),
     Option("force", "bool", default=False),
@@ -437,6 +447,8 @@ MANIFEST = (
     Option("wait", choices=WAITS, default="running"),
     Option("wait_timeout", "int", default=300),
     Option("shutdown_timeout", "int", default=60),
+    Option("image_ca_file", "path"),
+    Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
     Option("providers", "list", elements="str"),  # left out: libvirt alone (engine.DEFAULT_PROVIDERS)
 )
 
@@ -469,6 +481,8 @@ STANDALONE_VOLUME = (
     Option("name", required=True),
     Option("size", "raw"),
     Option("image"),
+    Option("image_ca_file", "path"),
+    Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
     Option("format", choices=VOLUME_FORMATS),
     Option("labels", "dict"),
     Option("state", choices=PRESENCE, default="present"),

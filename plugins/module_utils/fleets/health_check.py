@@ -16,6 +16,13 @@ the machine's status), Failed (crashed, or paused by an I/O error), AddressAssig
 a libvirt network has a DHCP lease), GuestAgentConnected (a running machine's guest-agent channel is connected:
 the agent in the guest answers) and Booted (the check's ``boot_marker`` has appeared on the serial console since
 the machine last started; read from the console log's tail until it has, then taken from the record).
+
+NodeReady is the guest's readiness, what a Kubernetes Node's Ready means to OpenShift's health checks, never
+merely a running domain: True when the machine runs and its guest agent answers; where the guest has no agent
+(it never answered since the machine's health was first recorded), when it also has a DHCP lease on its libvirt
+network (or no NIC on one); False when it does not run, or runs with neither; Unknown when an agent that
+answered before has fallen silent (readiness can no longer be observed). A ``node_startup_timeout`` of 0 disables
+the startup check.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets.lost_pool
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 
 CONSOLE_TAIL = 256 * 1024  # how much of a console log the Booted condition reads
+# the record's mark that a condition has been True once since the machine's health was first recorded
+STARTED = {"Ready": "ever_ready", "NodeReady": "ever_node_ready"}
 
 
 def normalize_check(params):
@@ -52,7 +61,8 @@ def normalize_check(params):
         if not isinstance(item, dict):
             raise ValidationError("must be a mapping with type, status and timeout", where)
         rules.append({"type": check.one_of(item.get("type"), options.CONDITION_TYPES, where + ".type"),
-                      "status": check.one_of(str(item.get("status")), ("True", "False"), where + ".status"),
+                      "status": check.one_of(str(item.get("status")), ("True", "False", "Unknown"),
+                                             where + ".status"),
                       "timeout": seconds(item.get("timeout"), where + ".timeout")})
     limit = params["max_unhealthy"]
     if isinstance(limit, str) and limit.strip().endswith("%"):
@@ -73,7 +83,8 @@ def normalize_check(params):
         raise ValidationError("condition Booted needs boot_marker, the line the guest prints once it has booted",
                               "unhealthy_conditions")
     return {"name": name, "match_labels": match, "rules": rules, "boot_marker": marker,
-            "startup": seconds(params["node_startup_timeout"], "node_startup_timeout"),
+            "startup": seconds(params["node_startup_timeout"], "node_startup_timeout") or None,  # 0: disabled
+            "started_by": STARTED[check.one_of(params["startup_condition"], tuple(STARTED), "startup_condition")],
             "max_unhealthy": limit,
             "remediation": check.one_of(params["remediation"], options.REMEDIATIONS, "remediation"),
             "unreachable_timeout": None if params.get("unreachable_timeout") is None else
@@ -90,7 +101,19 @@ def conditions_of(machine):
     for kind, key in (("GuestAgentConnected", "agent_connected"), ("Booted", "booted")):
         if machine.get(key) is not None:
             found[kind] = "True" if machine[key] else "False"
+    found["NodeReady"] = node_ready(machine, found["AddressAssigned"])
     return found
+
+
+def node_ready(machine, address_assigned):
+    """NodeReady (see the module's docstring): the guest agent's answer, or the address of a guest without one."""
+    if machine.get("phase") != "Running":
+        return "False"
+    if machine.get("agent_connected"):
+        return "True"
+    if "ever_agent" in (machine.get("health") or {}):
+        return "Unknown"  # it answered before: silent now, readiness cannot be observed
+    return address_assigned
 
 
 def transitions(machine, moment):
@@ -99,9 +122,11 @@ def transitions(machine, moment):
     for kind, status in conditions_of(machine).items():
         if (recorded.get(kind) or {}).get("status") != status:
             recorded[kind] = {"status": status, "since": moment}
-    if conditions_of(machine).get("Ready") == "True":
-        recorded["ever_ready"] = {"status": "True", "since": (recorded.get("ever_ready") or {}).get("since")
-                                  or moment}
+    now_seen = conditions_of(machine)
+    marks = dict(STARTED, GuestAgentConnected="ever_agent")
+    for kind, mark in marks.items():
+        if now_seen.get(kind) == "True":
+            recorded[mark] = {"status": "True", "since": (recorded.get(mark) or {}).get("since") or moment}
     return recorded
 
 
@@ -114,7 +139,7 @@ def verdict(desired, machine, health, moment):
             held = age(seen.get("since"), moment)
             if held >= rule["timeout"]:
                 reasons.append("%s=%s for %ds (timeout %ds)" % (rule["type"], rule["status"], held, rule["timeout"]))
-    if "ever_ready" not in health and machine.get("created"):
+    if desired["startup"] is not None and desired["started_by"] not in health and machine.get("created"):
         waited = age(machine["created"], moment)
         if waited >= desired["startup"]:
             reasons.append("not Ready %ds after its creation (node_startup_timeout %ds)" % (waited, desired["startup"]))
@@ -127,7 +152,7 @@ def timing(desired, machine, health):
     healthy: the machine-api-operator counts it out of currentHealthy."""
     if any((health.get(rule["type"]) or {}).get("status") == rule["status"] for rule in desired["rules"]):
         return True
-    return "ever_ready" not in health and bool(machine.get("created"))
+    return desired["startup"] is not None and desired["started_by"] not in health and bool(machine.get("created"))
 
 
 def allowed_count(limit, total):
@@ -167,7 +192,7 @@ def plan_check(desired, machines, moment, lost=None):
             if member["replace"]:
                 unhealthy.append({"name": member["name"], "pool": member["pool"], "uri": member["uri"],
                                   "phase": "Unknown", "reasons": ["PoolReachable=False for %ds (unreachable_timeout "
-                                                                  "%ds)" % (member["for"],
+                                                                  "%gs)" % (member["for"],
                                                                             desired["unreachable_timeout"])]})
             else:  # its pool's timeout is still timing it
                 waiting.append(member["name"])

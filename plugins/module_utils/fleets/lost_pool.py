@@ -26,23 +26,27 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 
 POOL_REACHABLE = "PoolReachable"
 LOST_KEYS = ("unreachable_timeout", "members", "unreachable", "replaced")
-_DURATION = re.compile(r"^(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_DURATION = re.compile(r"^(?:(%s)h)?(?:(%s)m)?(?:(%s)s)?$" % (_NUMBER, _NUMBER, _NUMBER))
+_SECONDS = re.compile(r"^%s$" % _NUMBER)
 
 
 def seconds(value, field):
-    """A duration as Kubernetes writes it (``90s``, ``5m``, ``1h30m``) or a number of seconds."""
+    """A duration as Kubernetes writes it (``90s``, ``5m``, ``1h30m``, ``1.5h``) or a number of seconds, whole or
+    not, given as a number or as text (Ansible hands ``3.5`` and ``5`` to a text option alike, as text)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
     else:
         text = str(value).strip()
         match = _DURATION.match(text)
-        if text.isdigit():
+        if _SECONDS.match(text):
             number = float(text)
         elif match and text:
-            hours, minutes, secs = (int(part or 0) for part in match.groups())
-            number = float(hours * 3600 + minutes * 60 + secs)
+            hours, minutes, secs = (float(part or 0) for part in match.groups())
+            number = hours * 3600 + minutes * 60 + secs
         else:
-            raise ValidationError("%r is not a duration such as 90s, 5m or 1h30m" % (value,), field)
+            raise ValidationError("%r is not a duration such as 90s, 5m or 1h30m, nor a number of seconds"
+                                  % (value,), field)
     if number < 0:
         raise ValidationError("must not be negative", field)
     return number

@@ -361,7 +361,7 @@ def plan_set(desired, observed, moment=None):
             warnings.append("%s: pool %s unreachable for %ds (since %s)%s" % (
                 entry["name"], entry["pool"], entry["for"], entry["since"],
                 "; replaced on the reachable pools" if entry["replace"] else
-                "; replaced after %ds (unreachable_timeout)" % desired["unreachable_timeout"]))
+                "; replaced after %gs (unreachable_timeout)" % desired["unreachable_timeout"]))
     for orphan in orphans:
         actions.append(Action("adopt", orphan["name"], {"labels": orphan.get("labels") or {}},
                               {"labels": dict(orphan.get("labels") or {}, **{OWNER_LABEL: name})},

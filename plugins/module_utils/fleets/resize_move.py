@@ -8,13 +8,48 @@ from __future__ import annotations
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Plan
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import migrate
-from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import read_snapshots
+from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import (
+    pool_entries, read_each, read_snapshots)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import pick_target
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import Unschedulable
+
+
+def move_pools(given, allow_move):
+    """The pools ``allow_move`` may move a machine to, as pool entries ([] when none are given), checked whenever
+    they are given: a wrong entry would otherwise pass every run until the first resize that needs a move."""
+    if given is None or (given == [] and not allow_move):
+        return []
+    if given == []:
+        raise ValidationError("is empty, so allow_move has no pool to move the machine to: name the pools it may "
+                              "move to, or leave pools out", "pools")
+    return pool_entries(given)
+
+
+def found_elsewhere(error, source_uri, entries):
+    """``error`` (machine_spec's: no machine of that name on the pool) saying on which pools of ``entries`` a
+    machine of that name is, when one holds it; pools that cannot be read are passed over."""
+    name = getattr(error, "absent_machine", None)
+    if not name or not entries:
+        return error
+
+    def look(ctx, entry):
+        dom = lv.lookup_domain(ctx.conn, name)
+        if dom is None or dx.read_record(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))) is None:
+            return None
+        return "%s (%s)" % (ctx.name or entry.get("name") or entry["uri"], entry["uri"])
+    others = [entry for entry in entries if entry["uri"] != source_uri]
+    found = [where for where in read_each(others, look, lambda _entry, _cause: None) if where]
+    if not found:
+        return error
+    told = type(error)("%s. A machine of that name is on %s, of pools" % (error.message, " and ".join(found)),
+                       error.field)
+    told.absent_machine, told.done = name, error.done
+    return told
 
 
 def placement_request(resize):

@@ -82,6 +82,7 @@ class MachineryModule:
         where = "the pools" if self.multi_pool else self.params["uri"]
         try:
             lv.require_libvirt()
+            lv.remember_failed_opens()  # this process is one run: a pool that failed to open is not tried again
             if self.multi_pool:
                 result = self.run_pools(self.pool_entries())
             else:

@@ -17,6 +17,7 @@ The list of a machine's backups (names, times, disks, how consistent) is one doc
 from __future__ import annotations
 
 import datetime
+import re
 import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
@@ -41,6 +42,10 @@ def backup_key(machine):
 
 def volume_name(machine, backup, device):
     return "%s.backup.%s.%s.qcow2" % (machine, backup, device)
+
+
+# what volume_name makes (a machine name has no dot)
+BACKUP_VOLUME = re.compile(r"^(?P<machine>[^.]+)\.backup\.[^.]+\.[^.]+\.qcow2$")
 
 
 def default_name(moment):

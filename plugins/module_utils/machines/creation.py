@@ -162,7 +162,7 @@ class Creation:
                 root = {"name": "root", "device": "vda", "boot": True}
                 # the cached image is in the same storage pool: its path is the pool's path and its name
                 disks.append(self._new_volume(pool, created, "%s-root.qcow2" % name, root_size,
-                                              (self.ctx.storage_file(image_vol.name()), fmt), root))
+                                              (images.backing_path(self.ctx, image_vol, spec["image"]), fmt), root))
             for vol in spec["volumes"]:
                 disks.append(self._volume_disk(pool, created, vol, learned))
             files = {"console": "%s-console.log" % name}
@@ -238,7 +238,7 @@ class Creation:
                                                             self.ctx.images)
             size = learned.volume_sizes[vol["name"]] = max(self._virtual_size(pool, backing_vol, vol["image"]),
                                                            vol.get("size") or 0)
-            backing = (self.ctx.storage_file(backing_vol.name()), backing_fmt)
+            backing = (images.backing_path(self.ctx, backing_vol, vol["image"]), backing_fmt)
         return self._new_volume(pool, created, vol["volume"], size, backing, disk)
 
     def _encrypted_volume(self, pool, created, vol, disk, learned):

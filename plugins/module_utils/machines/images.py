@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: contributors to machinery.compute
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""OS images: a local path or an http(s) URL, verified by sha256, cached once per pool by checksum."""
+"""OS images: a local path, an http(s) URL or an OCI reference (oci.py), verified by sha256, cached once per pool
+by checksum."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import tempfile
 import threading
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.machines import oci
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
@@ -63,10 +65,18 @@ def _remembered_checksum(path):
     return memo[key]
 
 
-def resolve(source, checksum=None, field="image"):
-    """Validate an image reference without writing anything: {source, checksum, path | url}."""
+def resolve(source, checksum=None, field="image", registry=None):
+    """Validate an image reference without writing anything: {source, checksum, path | url | oci}. ``registry``
+    ({ca_file, credentials}) is how an ``oci://`` image's registry is reached."""
     if not isinstance(source, str) or not source:
         raise ValidationError("must be a file path or an http(s) URL", field)
+    if oci.is_oci(source):
+        if checksum:
+            raise ValidationError("an OCI image is verified by its own digest; give it in the reference "
+                                  "(oci://.../repository@sha256:<digest>) rather than a checksum",
+                                  _checksum_field(field))
+        registry = registry or {}
+        return oci.resolve(source, registry.get("ca_file"), registry.get("credentials"), field)
     wanted = check.sha256_checksum(checksum, _checksum_field(field)) if checksum else None
     if _is_url(source):
         if not wanted:
@@ -170,10 +180,14 @@ _UPLOAD_LOCKS_GUARD = threading.Lock()
 
 
 def ensure_cached(conn, pool, image, opener=None, memo=None):
-    """The pool's volume of ``image``, uploaded through the libvirt stream if it is not there yet.
+    """The pool's volume of ``image``, uploaded through the libvirt stream if it is not there yet; a base volume
+    (``base_volume``: OpenShift's baseVolumeID) is that volume itself, used in place as the backing file.
 
     Threads of one run that need the same image on the same pool wait for one upload; with ``memo`` (a dict the
     run keeps per pool) the volume is looked up once a run, not once a machine."""
+    if image.get("base_volume"):
+        vol = base_volume_by_key(conn, image["base_volume"], "image")
+        return vol, storage.volume_format(vol)
     if memo is not None and image["checksum"] in memo:
         return memo[image["checksum"]]
     vol, fmt = cached_volume(pool, image["checksum"])
@@ -184,6 +198,56 @@ def ensure_cached(conn, pool, image, opener=None, memo=None):
     return vol, fmt
 
 
+BASE_VOLUME = "volume:"
+
+
+def is_base_volume(source):
+    """True for ``volume:<storage pool>/<volume>`` (or ``volume:<path>``): a volume already on the pool host."""
+    return isinstance(source, str) and source.startswith(BASE_VOLUME) and len(source) > len(BASE_VOLUME)
+
+
+def base_volume_by_key(conn, key, field):
+    try:
+        return conn.storageVolLookupByKey(key)
+    except lv.libvirt.libvirtError:
+        raise NotFoundError("the base volume %s is gone from the pool host" % key, field) from None
+
+
+def resolve_base_volume(conn, source, field):
+    """A base volume as an image: {source, checksum, base_volume (its key), virtual_size}. The volume is named
+    ``<storage pool>/<volume>`` (looked up by name in that libvirt storage pool) or by its key (a path), as the
+    OpenShift libvirt provider looks up its baseVolumeID. Its bits are not read: the checksum stands for the
+    volume's identity (key and capacity), so the machine's record tells which base it was built on."""
+    name = source[len(BASE_VOLUME):]
+    vol = None
+    if not name.startswith("/"):
+        pool_name, _sep, volume_name = name.partition("/")
+        try:
+            pool = conn.storagePoolLookupByName(pool_name)
+        except lv.libvirt.libvirtError:
+            raise NotFoundError("no libvirt storage pool %r on the pool host (for base volume %s)"
+                                % (pool_name, volume_name), field) from None
+        try:
+            pool.refresh(0)
+        except lv.libvirt.libvirtError:
+            pass  # an inactive pool cannot be refreshed; the lookup says whether the volume is there
+        vol = lv.lookup_volume(pool, volume_name)
+        if vol is None:
+            raise NotFoundError("no volume %r in libvirt storage pool %r of the pool host"
+                                % (volume_name, pool_name), field)
+    else:
+        vol = base_volume_by_key(conn, name, field)
+    capacity = vol.info()[1]
+    identity = hashlib.sha256(("%s\0%d" % (vol.key(), capacity)).encode()).hexdigest()
+    return {"source": source, "checksum": identity, "base_volume": vol.key(), "virtual_size": capacity}
+
+
+def backing_path(ctx, vol, image):
+    """The path an overlay of ``image`` names as its backing file: a base volume's own path, else the cache
+    volume's in the pool's storage."""
+    return vol.path() if image.get("base_volume") else ctx.storage_file(vol.name())
+
+
 def _upload_once(conn, pool, image, opener):
     with _UPLOAD_LOCKS_GUARD:
         lock = _UPLOAD_LOCKS.setdefault((pool.UUIDString(), image["checksum"]), threading.Lock())
@@ -191,7 +255,12 @@ def _upload_once(conn, pool, image, opener):
         vol, fmt = cached_volume(pool, image["checksum"])
         if vol is not None:
             return vol, fmt
-        path = image.get("path") or download(image["url"], image["checksum"], opener)
+        if image.get("oci"):
+            path = oci.download(image, os.path.join(cache_dir(), "images"))
+            with open(path, "rb") as downloaded:  # the rule every image is held to, before it is cached
+                check.disk_image(downloaded.read(check.IMAGE_HEADER_BYTES), os.path.getsize(path), "image")
+        else:
+            path = image.get("path") or download(image["url"], image["checksum"], opener)
         # other processes (another run, another controller) may want the same image now: one uploads it, the
         # others wait for it instead of taking its half-written volume for the leftover of a dead run
         with reg.image_upload_lock(conn, pool, image["checksum"]):

@@ -171,10 +171,9 @@ def _volume_params(items, field):
                 cap.SWAP_VOLUME: "volume name swap is the swap disk's; give the machine swap: <size> instead"}
     for where, item, entry in _named_items(items, field, "volume", reserved):
         given = [key for key in ("size", "volume", "image") if item.get(key) is not None]
-        # an image with a size: a disk of the image grown to at least that size
-        if len(given) != 1 and sorted(given) != ["image", "size"]:
-            raise ValidationError("give exactly one of size, volume or image (an image may take a size: the disk is "
-                                  "at least that large)", where)
+        # a size with an image is the disk's least size (IronCore's volumeTemplate: 10Gi filled from an OS image)
+        if len(given) != 1 and given != ["size", "image"]:
+            raise ValidationError("give exactly one of size, volume or image (or an image with its size)", where)
         if item.get("volume") is not None:
             entry["volume"] = str(item["volume"])
             storage.check_attachable(entry["volume"], where + ".volume")
@@ -216,7 +215,9 @@ def _nic_params(items, field):
                 if group not in groups:
                     groups.append(group)
             entry["security_groups"] = sorted(groups)
-        if item.get("ip_address") not in (None, ""):
+        if cap.is_address_range(item.get("ip_address")):
+            entry["ip_address"] = str(cap.address_range(item["ip_address"], where + ".ip_address"))
+        elif item.get("ip_address") not in (None, ""):
             entry["ip_address"] = str(cap.address(item["ip_address"], where + ".ip_address"))
         else:
             entry["ip_address"] = None
@@ -275,8 +276,13 @@ def new_volume_name(machine, item):
     return "%s-%s.%s" % (machine, item["name"], "luks" if item.get("encrypted") else "qcow2")
 
 
-def _image_facts(source, checksum, ctx, field):
-    image = named_images.resolve(source, checksum, ctx, field)
+def registry_of(prm):
+    """How an oci:// image's registry is reached: {ca_file, credentials} of the machine's options."""
+    return {"ca_file": prm.get("image_ca_file"), "credentials": prm.get("image_pull_secret")}
+
+
+def _image_facts(source, checksum, ctx, field, registry=None):
+    image = named_images.resolve(source, checksum, ctx, field, registry)
     return {"image": image, "format": image_format(image, field),
             "size": storage.virtual_size(image["path"]) if image.get("path") else None}
 
@@ -309,11 +315,16 @@ def resolve(prm, ctx, record=None):
     if record is not None:
         if rebuild_requested(prm, record.get("spec", {})):  # the image of its new root disk
             facts.images["image"] = _image_facts(prm["image"] or record["spec"]["image"]["source"],
-                                                 prm["image_checksum"], ctx, "image")
-        return facts  # an existing machine keeps its image, disks and NICs
+                                                 prm["image_checksum"], ctx, "image", registry_of(prm))
+        # an existing machine keeps its image, disks and NICs; the volumes it was given must still be there
+        kept = [item["volume"] for item in prm["volumes"] or [] if item.get("volume") is not None]
+        if kept:
+            facts.storage_pool = ctx.storage.name()
+            facts.volumes = {name: {} if lv.lookup_volume(ctx.storage, name) is not None else None for name in kept}
+        return facts
     facts.storage_pool = ctx.storage.name()
     if prm["image"]:
-        facts.images["image"] = _image_facts(prm["image"], prm["image_checksum"], ctx, "image")
+        facts.images["image"] = _image_facts(prm["image"], prm["image_checksum"], ctx, "image", registry_of(prm))
     names = []
     for index, item in enumerate(prm["volumes"] or []):
         if item.get("volume") is not None:
@@ -325,7 +336,8 @@ def resolve(prm, ctx, record=None):
         names.append(new_volume_name(prm["name"], item))
         if item.get("image") is not None:
             where = "volumes[%d].image" % index
-            facts.images[where] = _image_facts(item["image"], item.get("image_checksum"), ctx, where)
+            facts.images[where] = _image_facts(item["image"], item.get("image_checksum"), ctx, where,
+                                               registry_of(prm))
     if prm["swap"]:
         names.append(cap.swap_volume(prm["name"], prm["swap"])["volume"])
     facts.taken_volumes = {name for name in names if lv.lookup_volume(ctx.storage, name) is not None}
@@ -430,7 +442,11 @@ def _size(prm, facts, recorded):
         return (recorded.get("machine_class"), recorded.get("cpu") if cpu is None else cpu,
                 recorded.get("memory") if memory is None else memory)
     if cpu is None or memory is None:
-        raise ValidationError("give machine_class, or both cpu and memory", "machine_class")
+        # no record: no machine of that name on this pool (one that just moved away, a task aimed at the wrong pool)
+        error = ValidationError("there is no machine %s on pool %s; to create it there, give machine_class, or both "
+                                "cpu and memory" % (prm["name"], facts.pool), "machine_class")
+        error.absent_machine = prm["name"]
+        raise error
     return None, cpu, memory
 
 
@@ -480,7 +496,8 @@ def _volumes(prm, facts, taken_devices):
                                     % (entry["volume"], facts.storage_pool, entry["volume"]), where + ".name")
             if item.get("image") is not None:
                 image = facts.images[where + ".image"]
-                entry.update(source="image", image=image["image"], size=max(image["size"] or 0, item.get("size") or 0))
+                size = max(item.get("size") or 0, image["size"] or 0) or None
+                entry.update(source="image", image=image["image"], size=size)
             else:
                 entry.update(source="empty", size=item["size"])
         for key in ("iops", "throughput"):
@@ -530,6 +547,9 @@ def _reservation(facts, nic, ip, field):
     if not nic.get("network"):
         raise ValidationError("needs an interface on a libvirt network (a host bridge has no libvirt DHCP)", field)
     network = _network(facts, nic["network"], field)
+    if cap.is_address_range(ip):
+        return cap.allocate_address(ip, nic["mac"], nic["network"], network["info"], network["leases"], field,
+                                    facts.pool)
     return cap.check_reservation(ip, nic["mac"], nic["network"], network["info"], network["leases"], field)
 
 
@@ -572,6 +592,7 @@ def _existing_capabilities(prm, facts, spec, recorded):
     spec["disk_qos"] = cap.desired_disk_qos(volumes, prm["volumes"], recorded.get("disk_qos") or {})
     by_name = {nic["name"]: nic for nic in nics}
     seen = {}
+    requested = []
     for index, item in enumerate(prm["network_interfaces"] or []):
         if item["name"] in by_name and item.get("ip_address"):
             field = "network_interfaces[%d].ip_address" % index
@@ -579,8 +600,10 @@ def _existing_capabilities(prm, facts, spec, recorded):
             if ip in seen:
                 raise ValidationError("%s is given to interface %s as well" % (ip, seen[ip]), field)
             seen[ip] = item["name"]
-    spec["ip_reservations"] = cap.desired_reservations(nics, prm["network_interfaces"],
-                                                       recorded.get("ip_reservations") or {})
+            item = dict(item, ip_address=ip)  # a network to allocate from: the address it gave
+        requested.append(item)
+    spec["ip_reservations"] = cap.desired_reservations(nics, requested if prm["network_interfaces"] is not None
+                                                       else None, recorded.get("ip_reservations") or {})
     spec["requested_volumes"] = prm["volumes"]
     spec["requested_network_interfaces"] = prm["network_interfaces"]
     spec["requested_security_groups"] = {
@@ -643,6 +666,17 @@ def check_fixed(prm, recorded):
                             % (item.name.replace("_", " "), shown_fixed(item, current), hint), item.name)
 
 
+def _check_kept_volumes(prm, facts):
+    """An existing machine whose volume given with ``volumes[].volume`` was deleted has lost that disk: refused,
+    never reported converged."""
+    for index, item in enumerate(prm["volumes"] or []):
+        if item.get("volume") is not None and facts.volumes.get(item["volume"], {}) is None:
+            raise NotFoundError("no volume %r in storage pool %s: it was deleted and machine %s has lost that disk; "
+                                "make the volume again and attach it with machinery.compute.volume_attach, or leave "
+                                "this entry out" % (item["volume"], facts.storage_pool, prm["name"]),
+                                "volumes[%d].volume" % index)
+
+
 def shown_fixed(item, value):
     return format_quantity(value) if item.name == "swap" and isinstance(value, int) else value
 
@@ -670,6 +704,7 @@ def normalize(prm, facts, record=None, current=None):
     _boot_config(prm, spec, recorded, existing)
     if existing:
         check_fixed(prm, record.get("spec", {}))
+        _check_kept_volumes(prm, facts)
         for key in ("image", "root_size", "volumes", "network_interfaces", "swap"):
             spec[key] = recorded.get(key)
         if rebuild_requested(prm, record.get("spec", {})):
@@ -686,21 +721,21 @@ def normalize(prm, facts, record=None, current=None):
                                                                          format_quantity(image["size"])), "root_size")
         taken = {"vda"}
     else:
-        # no image: the machine boots from the first existing volume attached (as KupenStack's machines do), else
-        # from its first volume of an image (a boot disk with limits of its own), else from its first empty one
-        # (as vitistack's kubevirt machines do)
-        if not any(item.get("volume") or item.get("size") is not None or item.get("image") is not None
+        # no image: the machine boots from the first existing volume attached (as KupenStack's machines do), or
+        # from the first volume made from an image (IronCore's ephemeral root volume filled from its OS image; a
+        # vitistack boot disk with limits of its own), else from its first empty one (as vitistack's kubevirt
+        # machines do)
+        if not any(item.get("volume") or item.get("image") or item.get("size") is not None
                    for item in prm["volumes"] or []):
             raise ValidationError("is required to create a machine, unless it boots from a volume (an existing one, "
-                                  "one of an image, or an empty one)", "image")
+                                  "one made from an image, or an empty one)", "image")
         if prm["root_size"]:
             raise ValidationError("a machine without an image has no root disk to size", "root_size")
         spec.update(image=None, root_size=None)
         taken = set()
     spec["volumes"] = _volumes(prm, facts, taken)
     if not prm["image"]:
-        booted = [vol for vol in spec["volumes"] if vol["source"] == "volume"] or \
-            [vol for vol in spec["volumes"] if vol["source"] == "image"] or \
+        booted = [vol for vol in spec["volumes"] if vol["source"] in ("volume", "image")] or \
             [vol for vol in spec["volumes"] if vol["source"] == "empty"]
         booted[0]["boot"] = True
     spec["swap"] = _swap(prm, facts, spec["volumes"])

@@ -165,10 +165,16 @@ def validated(params):
     url, path = params.get("url"), params.get("path")
     if bool(url) == bool(path):
         raise ValidationError("give exactly one of url or path", "url" if url else "path")
-    if url and not (url.startswith("http://") or url.startswith("https://")):
-        raise ValidationError("%r is not an http(s) URL" % url, "url")
+    if url and not url.startswith(("http://", "https://", "oci://")):
+        raise ValidationError("%r is not an http(s) URL or an oci:// reference" % url, "url")
     os_info(params.get("os"))
-    params["resolved"] = images.resolve(url or path, params.get("checksum"), "image")
+    registry = {"ca_file": params.get("image_ca_file"), "credentials": params.get("image_pull_secret")}
+    try:
+        params["resolved"] = images.resolve(url or path, params.get("checksum"), "image", registry)
+    except ValidationError as exc:
+        if exc.field == "image_checksum":  # this module's option is checksum
+            raise ValidationError(exc.message, "checksum") from None
+        raise
     return params
 
 
@@ -192,11 +198,16 @@ def published(ctx, name, field):
     return image
 
 
-def resolve(source, checksum, ctx, field):
-    """An image option of a machine or volume: a published name, else a path or URL (images.resolve)."""
+def resolve(source, checksum, ctx, field, registry=None):
+    """An image option of a machine or volume: a published name, a base volume on the pool host
+    (``volume:<storage pool>/<volume>``), else a path or URL (images.resolve)."""
+    if images.is_base_volume(source):
+        if checksum:
+            raise ValidationError("a base volume is used as it is; leave the checksum out", field + "_checksum")
+        return images.resolve_base_volume(ctx.conn, source, field)
     if is_reference(source):
         if checksum:
             raise ValidationError("a published image is verified by its own checksum; leave it out",
                                   field + "_checksum")
         return published(ctx, source, field)
-    return images.resolve(source, checksum, field)
+    return images.resolve(source, checksum, field, registry)

@@ -30,6 +30,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
     ConflictError, LibvirtFailure, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images, machine_spec, named_images
+from ansible_collections.machinery.compute.plugins.module_utils.machines.backups import BACKUP_VOLUME
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import check_storage
@@ -80,9 +81,10 @@ def validated(params, resolve_image):
     if source is not None:
         if not isinstance(source, str) or not source:
             raise ValidationError("must be the name of an image published on the pool or a local path", "image")
-        if "://" in source:
-            raise ValidationError("%r: a volume is made from a published image or a local file; publish a URL "
-                                  "with machinery.compute.machine_image and give its name" % source, "image")
+        if "://" in source and not source.startswith("oci://"):
+            raise ValidationError("%r: a volume is made from a published image, a local file or an oci:// "
+                                  "image; publish a URL with machinery.compute.machine_image and give its name"
+                                  % source, "image")
         want["image"] = resolve_image(source, "image")
     return want
 
@@ -90,13 +92,14 @@ def validated(params, resolve_image):
 class Seen:
     """One observation of a volume: ``volume`` {path, capacity, format} or None, its registry document
     ``record`` {name, labels, image} or None, the domains using it ``users`` [{machine, active, device, managed}],
-    and the pool's name."""
+    the pool's name, and ``owner`` (machine, what the volume is to it) when it is a machine's own volume."""
 
-    def __init__(self, pool, volume=None, record=None, users=()):
+    def __init__(self, pool, volume=None, record=None, users=(), owner=None):
         self.pool = pool
         self.volume = volume
         self.record = record
         self.users = list(users)
+        self.owner = owner
 
 
 def shown(name, seen, state=None):
@@ -120,6 +123,11 @@ def plan_volume(want, seen):
     """Create, grow, relabel or delete: pure, from the validated parameters and the observation. The plan's
     ``volume`` fact is the volume as the run leaves it (what a check-mode run returns)."""
     name = want["name"]
+    if seen.owner is not None and seen.volume is not None:
+        machine, what, remedy = seen.owner
+        # force is for a standalone volume that machines use, never for a disk the machine itself made
+        raise ConflictError("volume %s is not managed by this module: it is %s of machine %s; %s"
+                            % (name, what, machine, remedy), "name")
     key = volume_key(name)
     if want["state"] == "absent":
         return _plan_delete(want, seen, key)
@@ -248,16 +256,61 @@ def pool_label(ctx):
     return ctx.name or ctx.uri
 
 
-def image_resolver(ctx):
-    """``resolve_image(source, field)`` on the pool of ``ctx``: a published name, or a local file (its sha256 and
-    its virtual size, read from its header)."""
+def image_resolver(ctx, registry=None):
+    """``resolve_image(source, field)`` on the pool of ``ctx``: a published name, a local file (its sha256 and
+    its virtual size, read from its header), or an oci:// image (its size known once pulled; ``registry``:
+    {ca_file, credentials})."""
     def resolve(source, field):
-        image = named_images.resolve(source, None, ctx, field)
+        image = named_images.resolve(source, None, ctx, field, registry)
         if image.get("path"):
             machine_spec.image_format(image, field)  # a bootable disk image, or refused before anything is made
             image["virtual_size"] = storage.virtual_size(image["path"])
         return image
     return resolve
+
+
+GENERATION_VOLUME = re.compile(r"^(?P<machine>[^.]+)\.r[0-9]+-(root\.qcow2|cidata\.iso|ignition\.json)$")
+OWN_REMEDY = "machinery.compute.machine with state: absent deletes it with the machine"
+
+
+def machine_owner(conn, name, users):
+    """(machine, what the volume is to it, how it goes) when the volume ``name`` is a machine's own: its root disk,
+    an ephemeral disk or boot file of its record, a root or boot file of one of its rebuilds, or a backup copy of
+    it; None for a standalone volume (one a machine was given with ``volumes[].volume``, or none uses). The
+    machines looked at are those using the volume and those its name derives from (every machine volume's name
+    starts with its machine's name, which has no dot)."""
+    backup = BACKUP_VOLUME.match(name)
+    generation = GENERATION_VOLUME.match(name)
+    candidates = [user["machine"] for user in users if user["managed"]]
+    stem = name.split(".", 1)[0]
+    candidates += [stem[:index] for index, char in enumerate(stem) if char == "-"] + [stem]
+    for machine in dict.fromkeys(candidates):
+        dom = lv.lookup_domain(conn, machine)
+        if dom is None:
+            continue
+        try:
+            record = dx.read_record(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE)))
+        except lv.libvirt.libvirtError as exc:
+            if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_DOMAIN:
+                continue  # undefined meanwhile
+            raise
+        if record is None or record.get("adopted"):
+            continue
+        if backup and backup.group("machine") == machine:
+            return (machine, "a backup copy", "machinery.compute.machine_backup deletes it (state: absent, or "
+                    "its retention)")
+        if generation and generation.group("machine") == machine:
+            return machine, "a root disk or boot file of one of its rebuilds", OWN_REMEDY
+        if name in machine_spec.ephemeral_volumes(record):
+            spec = record["spec"]
+            if name == dx.root_volume(spec):
+                what = "the root disk"
+            elif name in (spec.get("files") or {}).values():
+                what = "a boot file"
+            else:
+                what = "an ephemeral volume"
+            return machine, what, OWN_REMEDY
+    return None
 
 
 class VolumeResource(Resource):
@@ -267,7 +320,8 @@ class VolumeResource(Resource):
         self.ctx = ctx
         self.check_mode = check_mode
         ctx.require_registration()
-        self.want = validated(params, image_resolver(ctx))
+        self.want = validated(params, image_resolver(ctx, {"ca_file": params.get("image_ca_file"),
+                                                           "credentials": params.get("image_pull_secret")}))
         self.name = self.want["name"]
         self.warnings = []
 
@@ -280,7 +334,8 @@ class VolumeResource(Resource):
         vol = lv.lookup_volume(pool, self.name)
         volume = read_volume(vol) if vol is not None else None
         users = disk_users(self.ctx.conn).get(volume["path"], []) if volume is not None else []
-        return Seen(pool_label(self.ctx), volume, self.ctx.registry.get(volume_key(self.name)), users)
+        owner = machine_owner(self.ctx.conn, self.name, users) if volume is not None else None
+        return Seen(pool_label(self.ctx), volume, self.ctx.registry.get(volume_key(self.name)), users, owner)
 
     def plan(self, observed):
         plan = plan_volume(self.want, observed)
@@ -310,8 +365,8 @@ class VolumeResource(Resource):
             if source is None or storage.volume_format(source) != fmt:
                 raise LibvirtFailure("the cached image %s is not the %s libvirt should see; run "
                                      "machinery.compute.machine_image again" % (cached.name(), fmt), "image")
-            try:
-                storage.copy_volume(pool, self.name, data["size"], data["fmt"], source)
+            try:  # an OCI image's size is known once it is pulled: the copy is at least that large
+                storage.copy_volume(pool, self.name, max(data["size"] or 0, source.info()[1]), data["fmt"], source)
             except BaseException:
                 storage.delete_volume(pool, self.name)  # a copy cut off is no volume
                 raise

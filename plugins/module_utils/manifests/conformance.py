@@ -37,6 +37,15 @@ METADATA = {
     "metadata.annotations.*": warned("annotations are not kept on libvirt pools"),
     "metadata.uid": SERVER_SET, "metadata.resourceVersion": SERVER_SET, "metadata.generation": SERVER_SET,
     "metadata.creationTimestamp": SERVER_SET, "metadata.managedFields": SERVER_SET,
+    # what `kubectl get -o yaml` / `oc get -o yaml` exports beside them (issue 39): a round trip applies
+    "metadata.finalizers": warned("finalizers hold a Kubernetes object's deletion for its controllers; libvirt "
+                                  "deletes a machine when the documents say so: not applied"),
+    "metadata.ownerReferences": warned("owners are Kubernetes objects; a set's members are known by its labels "
+                                       "on the pools: not applied"),
+    "metadata.generateName": warned("metadata.name names the object; a name prefix to generate one from is not "
+                                    "applied"),
+    "metadata.deletionTimestamp": SERVER_SET, "metadata.deletionGracePeriodSeconds": SERVER_SET,
+    "metadata.selfLink": SERVER_SET,
     "status": warned("status is reported by the run from libvirt, never read from the document"),
 }
 

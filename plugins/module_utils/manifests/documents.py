@@ -37,9 +37,65 @@ class ManifestError(ValidationError):
                          % (len(self.problems), "; ".join(self.problems)), "definition")
 
 
-def _duplicate_keys(node, path=""):
+# YAML aliases let a few hundred bytes stand for billions of nodes (each anchor naming the one before ten times),
+# and every walk over a document (the checks below, each dialect's fields, the module's result) would visit each
+# of them. A document is refused when its aliases expand it past MAX_EXPANDED_NODES and ALIAS_EXPANSION times
+# the nodes it is written with; aliases that repeat a block a few times (shared labels, a common providerSpec)
+# stay well below both.
+MAX_EXPANDED_NODES = 100000
+ALIAS_EXPANSION = 10
+# PyYAML composes a node's children by recursion: a few thousand brackets deep exhaust Python's stack
+TOO_DEEP = "its collections nest too deeply to be read (hundreds of levels); no manifest needs that many"
+
+
+def _children(node):
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            yield key_node
+            yield value_node
+    elif isinstance(node, yaml.SequenceNode):
+        yield from node.value
+
+
+def alias_problem(root):
+    """Why the aliases of a composed YAML document are refused, or None: one names a node that holds it (a
+    document without end), or they expand it too far (MAX_EXPANDED_NODES). Each node is visited once, however
+    many aliases name it."""
+    expanded = {}  # id(node): how many nodes it stands for, its aliases expanded
+    on_path = {id(root)}
+    stack = [(root, _children(root))]
+    aliased = None
+    while stack:
+        node, children = stack[-1]
+        child = next(children, None)
+        if child is None:
+            stack.pop()
+            on_path.discard(id(node))
+            expanded[id(node)] = 1 + sum(expanded[id(each)] for each in _children(node))
+        elif id(child) in on_path:
+            return ("an alias names the anchor at line %d, whose node holds the alias itself: the document would never "
+                    "end; write it without that alias" % (child.start_mark.line + 1))
+        elif id(child) in expanded:
+            aliased = aliased or child  # reached again: through an alias
+        else:
+            on_path.add(id(child))
+            stack.append((child, _children(child)))
+    total, written = expanded[id(root)], len(expanded)
+    if total > max(MAX_EXPANDED_NODES, ALIAS_EXPANSION * written):
+        return ("its YAML aliases expand it to %d nodes from the %d it is written with (the anchor at line %d is "
+                "one they repeat); aliases that nest this deep are refused: write the repeated parts out"
+                % (total, written, aliased.start_mark.line + 1))
+    return None
+
+
+def _duplicate_keys(node, path="", visited=None):
     """Problems for every mapping key given twice in a composed YAML node, with its document path: YAML
-    loaders keep the last value silently, so ``power: On`` then ``power: Off`` would apply Off unnoticed."""
+    loaders keep the last value silently, so ``power: On`` then ``power: Off`` would apply Off unnoticed. A node
+    that aliases name again is checked once, at the path where it is written."""
+    visited = set() if visited is None else visited
+    if id(node) in visited:
+        return []
+    visited.add(id(node))
     problems = []
     if isinstance(node, yaml.MappingNode):
         seen = {}
@@ -54,22 +110,28 @@ def _duplicate_keys(node, path=""):
                     seen[key] = key_node.start_mark.line
             else:
                 where = path or "."
-            problems.extend(_duplicate_keys(value_node, where))
+            problems.extend(_duplicate_keys(value_node, where, visited))
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            problems.extend(_duplicate_keys(item, "%s[%d]" % (path, index)))
+            problems.extend(_duplicate_keys(item, "%s[%d]" % (path, index), visited))
     return problems
 
 
 def load_yaml(stream):
     """([document], [problem]) of a YAML stream: every document, and every key given twice in one of them
-    (``#<document number>: <path>: ...``)."""
+    (``#<document number>: <path>: ...``). A document whose aliases are refused (alias_problem) is not built:
+    it stands as None (an empty document), and its problem says why."""
     loader = yaml.SafeLoader(stream)
     documents, problems = [], []
     try:
         while loader.check_node():
             node = loader.get_node()
             number = len(documents) + 1
+            refused = alias_problem(node) if node is not None else None
+            if refused:
+                problems.append("#%d: %s" % (number, refused))
+                documents.append(None)
+                continue
             problems.extend("#%d: %s" % (number, problem) for problem in _duplicate_keys(node))
             documents.append(loader.construct_document(node))
     finally:
@@ -111,6 +173,9 @@ def load_sources(src=None, definition=None):
             except (OSError, yaml.YAMLError) as exc:
                 problems.append("src: %s: %s" % (name, str(exc).replace("\n", " ")))
                 continue
+            except RecursionError:
+                problems.append("src: %s: %s" % (name, TOO_DEEP))
+                continue
             problems.extend("src: %s%s" % (name, problem) for problem in duplicates)
             found.extend(("%s#%d" % (name, number + 1), doc) for number, doc in enumerate(loaded))
     if isinstance(definition, str):
@@ -118,6 +183,9 @@ def load_sources(src=None, definition=None):
             definition, duplicates = load_yaml(definition)
         except yaml.YAMLError as exc:
             problems.append("definition: %s" % str(exc).replace("\n", " "))
+            definition, duplicates = [], []
+        except RecursionError:
+            problems.append("definition: %s" % TOO_DEEP)
             definition, duplicates = [], []
         problems.extend("definition%s" % problem for problem in duplicates)
     if isinstance(definition, dict):
@@ -183,6 +251,22 @@ class Problems:
             raise ManifestError(self.errors)
 
 
+# The words YAML 1.1 (PyYAML's, and Ansible's) reads as booleans when they are not quoted: IronCore's `power: On`
+# arrives as true.
+YAML_BOOLEANS = {True: ("on", "yes", "true"), False: ("off", "no", "false")}
+
+
+def read_as_boolean(value, path, choices=None):
+    """The problem of a string field that YAML read as a boolean: which boolean, from what, and how to write it."""
+    meant = [choice for choice in choices or () if choice.lower() in YAML_BOOLEANS[value]]
+    key = path.rsplit(".", 1)[-1]
+    if meant and "[" not in key:
+        return ('must be a string, and YAML read the boolean %s here: an unquoted %s is one; write %s: "%s"'
+                % (str(value).lower(), meant[0], key, meant[0]))
+    return ("must be a string, and YAML read the boolean %s here: an unquoted %s is one; quote the value"
+            % (str(value).lower(), ", ".join(YAML_BOOLEANS[value])))
+
+
 class Fields:
     """The checks of one document, recording problems under its ``ref`` (``Kind/name``)."""
 
@@ -242,6 +326,9 @@ class Fields:
         if value is None:
             if required:
                 self.error(path, "required value")
+            return None
+        if isinstance(value, bool):
+            self.error(path, read_as_boolean(value, path, choices))
             return None
         if not isinstance(value, str) or not value:
             self.error(path, "must be a non-empty string")

@@ -46,6 +46,11 @@ except ImportError:  # pragma: no cover
 PRUNE_LABEL = "app"
 DEFAULT_PROVIDERS = ("libvirt",)  # the vitistack providers a run serves when the providers option is left out
 CLASS_KINDS = ("MachineClass", "Flavor")  # the kinds that become machine classes
+# the metadata keys a document may carry: what users write, and what an export from a cluster carries (each
+# warned by conformance.METADATA)
+SERVER_METADATA = ("name", "namespace", "labels", "annotations", "uid", "resourceVersion", "generation",
+                   "creationTimestamp", "managedFields", "finalizers", "ownerReferences", "generateName",
+                   "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink")
 WAITS = ("none", "running", "address")
 
 
@@ -88,8 +93,7 @@ def parse(documents, problems):
         if not isinstance(doc.get("metadata"), dict):
             fields.error("metadata", "required value")
             continue
-        fields.known(metadata, ("name", "namespace", "labels", "annotations", "uid", "resourceVersion",
-                                "generation", "creationTimestamp", "managedFields"), "metadata")
+        fields.known(metadata, SERVER_METADATA, "metadata")
         # a class is named as Kubernetes names objects (a DNS-1123 subdomain: t3.medium); the rest name domains
         named = fields.class_name if kind in CLASS_KINDS else fields.name
         if named(name, "metadata.name") is None:
@@ -201,6 +205,8 @@ def link_volume_images(objects, problems, pools):
         if not image:
             continue
         pool = volume_pool(obj, pools)
+        if image.startswith("oci://"):
+            continue  # read from its registry when the volume is made
         if is_reference(image):
             if image not in pools.images.get(pool, {}) and ("Image", image) not in {o.key for o in objects}:
                 Fields(problems, obj.ref).error(obj.data["image_path"], "no image named %r is published on pool %s "
@@ -286,11 +292,19 @@ def _networks_exist(obj, params, fields, pools, made):
 def _image_exists(obj, params, fields, pools, made):
     """A machine's image is published on its pool (or, unplaced, on some pool of the run), or is a file here or a
     URL: what the apply would refuse, refused by check mode too, under the document's own path."""
-    image = params.get("image")
     pinned = params.get("machine_pool")
-    if not isinstance(image, str) or not image or (pinned and pinned not in pools.by_name):
+    if pinned and pinned not in pools.by_name:
         return
-    shown = obj.where.get("image") or "spec"
+    # the root image, and each volume's (an IronCore volumeTemplate filled from an OS image)
+    given = [("image", params.get("image"))] + [("volumes[%d].image" % index, vol.get("image"))
+                                                for index, vol in enumerate(params.get("volumes") or [])
+                                                if isinstance(vol, dict)]
+    for option, image in given:
+        if isinstance(image, str) and image:
+            _one_image_exists(obj, image, obj.where.get(option) or "spec", pinned, fields, pools, made)
+
+
+def _one_image_exists(obj, image, shown, pinned, fields, pools, made):
     where = [pinned] if pinned else sorted(pools.by_name)
     if is_reference(image):
         if image in made.get("image", ()):
@@ -299,7 +313,8 @@ def _image_exists(obj, params, fields, pools, made):
             place = "pool %s" % pinned if pinned else "any pool of this run (%s)" % ", ".join(where)
             fields.error(shown, "no image named %r is published on %s (publish it with "
                                 "machinery.compute.machine_image)" % (image, place))
-    elif "://" not in image and not os.path.isfile(image):
+    elif "://" not in image and not image.startswith("volume:") and not os.path.isfile(image):
+        # (a base volume on the pool host, volume:<storage pool>/<volume>, is checked by its dialect's link)
         fields.error(shown, "%r is neither an image published on a pool of this run nor a file" % image)
 
 
@@ -324,7 +339,24 @@ def served(objects, problems, providers):
                 "to run this machine as a QEMU machine on these pools" % (provider, ", ".join(providers), provider)))
 
 
-def check_documents(documents, pools, load_problems=(), providers=DEFAULT_PROVIDERS):
+def registry_options(params):
+    """The module's image_ca_file and image_pull_secret: how OCI images' registries are reached."""
+    return {key: params.get(key) for key in ("image_ca_file", "image_pull_secret") if params.get(key)}
+
+
+def _with_registry(objects, registry):
+    """Each machine (and set template) with an OCI image gets the module's registry options it does not set."""
+    for obj in objects:
+        if obj.role not in ("machine", "set"):
+            continue
+        params = obj.params["template"] if obj.role == "set" else obj.params
+        images = [params.get("image")] + [vol.get("image") for vol in params.get("volumes") or []]
+        if any(isinstance(image, str) and image.startswith("oci://") for image in images):
+            for key, value in registry.items():
+                params.setdefault(key, value)
+
+
+def check_documents(documents, pools, load_problems=(), registry=None, providers=DEFAULT_PROVIDERS):
     """Every document parsed and linked; raises ManifestError with every problem. Returns (objects, warnings)."""
     problems = Problems()
     problems.errors.extend(load_problems)
@@ -333,6 +365,7 @@ def check_documents(documents, pools, load_problems=(), providers=DEFAULT_PROVID
     made = made_by(objects)
     if pools is not None:
         link(objects, problems, pools)
+        _with_registry(objects, registry or {})
         for obj in objects:
             if obj.role in ("machine", "set"):
                 params = obj.params["template"] if obj.role == "set" else obj.params
@@ -388,6 +421,9 @@ class Run:
             # apply, and the checks then count what runs now
             self.sets("present")
             self.checks(count_only=True)
+        for dialect in DIALECTS:  # what a dialect sets on the domains once they exist (libvirt autostart)
+            if hasattr(dialect, "after_apply"):
+                dialect.after_apply(self, pools)
         if self.params["prune"]:
             self.prune(pools)
 
@@ -455,6 +491,8 @@ class Run:
             if ctx is None:
                 continue
             params = {"name": obj.name, "size": obj.data["size"], "image": obj.data.get("image"),
+                      "image_ca_file": self.params.get("image_ca_file"),
+                      "image_pull_secret": self.params.get("image_pull_secret"),
                       "labels": obj.labels, "state": state, "force": False}
             paths = {"size": obj.data.get("size_path") or "spec.resources.storage",
                      "image": obj.data.get("image_path") or "spec.image",
@@ -690,7 +728,7 @@ def apply(entries, documents, params, check_mode=False, opener=None, load_proble
     fleet = Fleet(entries, opener)
     try:
         pools = Pools(fleet)
-        objects, warnings = check_documents(documents, pools, load_problems,
+        objects, warnings = check_documents(documents, pools, load_problems, registry_options(params),
                                             params.get("providers") or DEFAULT_PROVIDERS)
         run = Run(fleet, objects, params, check_mode)
         run.warnings.extend(warnings)

@@ -18,7 +18,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.quantity im
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import (
     APPLIED, refused, table, warned)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
-    kube_quantity, secret_value)
+    Fields, kube_quantity, secret_value)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import (
     ManifestObject, columns, machine_object)
 
@@ -28,13 +28,18 @@ NETWORKING = "networking.ironcore.dev/v1alpha1"
 KINDS = {COMPUTE: ("Machine", "MachineClass", "MachinePool"), STORAGE: ("Volume",), NETWORKING: ("NetworkInterface",),
          "v1": ("Secret",)}
 POWER = {"On": "running", "Off": "stopped"}
-DEFAULT_IGNITION_KEY = "ignition"
+ARCHITECTURES = ("amd64", "x86_64")
+# an ignitionRef without a key: IronCore's code reads "ignition.yaml" (computev1alpha1.DefaultIgnitionKey, and its
+# sample Secret has that key); the seed document says "ignition". Both are read, IronCore's first.
+DEFAULT_IGNITION_KEYS = ("ignition.yaml", "ignition")
+ENCRYPTION_KEY = "encryptionKey"  # the key of an encryption.secretRef Secret, as IronCore documents it
 # labels that keep how a Machine was written, so its export is written the same way: the NetworkInterface a NIC
 # refers to, and a sized volume given as an ephemeral volumeTemplate rather than an emptyDisk
 NIC_MARK = "nic.ironcore.machinery.compute/"
 VOLUME_MARK = "volume.ironcore.machinery.compute/"
 MACHINE_SPEC = ("machineClassRef", "machinePoolRef", "machinePoolSelector", "tolerations", "image", "volumes",
-                "networkInterfaces", "ignitionRef", "power", "imagePullSecretRef", "efiVars", "hostname")
+                "networkInterfaces", "ignitionRef", "power", "imagePullSecretRef", "imagePullSecret", "efiVars",
+                "hostname", "guestConfig")
 
 # --- what becomes of every field (conformance.py) ---------------------------------------------------------------
 
@@ -44,11 +49,21 @@ DHCP_ONLY = warned("a libvirt network hands out addresses by DHCP from its own r
 EPHEMERAL_META = warned("an ephemeral resource is a device of its machine: its own metadata is not kept")
 NO_VOLUME_CLASS = warned("a pool's storage has one class of volume (qcow2 in its storage pool): the class is "
                          "not applied")
-NO_SNAPSHOTS = refused("volume snapshots are not supported; give osImage or image")
+NO_SNAPSHOTS = refused("volume snapshots are not supported: libvirt pools here keep no VolumeSnapshot to "
+                       "restore a volume from; give dataSource.osImage (or image)")
+NO_OCI_PULL = warned("a pull secret is for an image in an OCI registry; the images here are published names, paths "
+                     "or URLs, read with no registry credentials: not applied")
+STANDALONE_ENCRYPTION = refused("a standalone volume of a pool's storage is not encrypted here (machinery.compute."
+                                "volume has no encryption); give the encrypted volume as a Machine's ephemeral "
+                                "volumeTemplate, a LUKS volume keyed by the Secret's encryptionKey")
+CLAIM = warned("IronCore sets it when a Machine claims the Volume; here the Machine using it is checked against "
+               "it, and it is not kept")
 VOLUME_SPEC = {
     "resources.storage": APPLIED, "image": APPLIED, "dataSource.osImage": APPLIED,
-    "dataSource.osImage.image": APPLIED, "dataSource.snapshotRef": NO_SNAPSHOTS,
-    "volumeClassRef.name": NO_VOLUME_CLASS, "imagePullSecretRef.name": NO_PULL_SECRET,
+    "dataSource.osImage.image": APPLIED, "dataSource.osImage.architecture": APPLIED,
+    "dataSource.snapshotRef": NO_SNAPSHOTS, "dataSource.volumeSnapshotRef": NO_SNAPSHOTS,
+    "encryption.secretRef.name": APPLIED, "unclaimable": APPLIED,
+    "volumeClassRef.name": NO_VOLUME_CLASS, "imagePullSecretRef.name": NO_OCI_PULL,
     "volumePoolSelector.*": warned("a volume goes to its volumePoolRef, else its machine's pool, else the first "
                                    "pool: no pool selector"),
     "tolerations": warned("a volume goes to its volumePoolRef, else its machine's pool: pool taints do not "
@@ -56,10 +71,14 @@ VOLUME_SPEC = {
 }
 NIC_SPEC = {
     "networkRef.name": APPLIED, "ips": APPLIED, "ips[].value": APPLIED,
+    "providerID": warned("set by the provider that made the NIC; a libvirt NIC is found by its machine and name: "
+                         "not applied"),
+    "attributes.*": warned("attributes pass settings to IronCore's network plugins; a libvirt network takes none: "
+                           "not applied"),
     "ips[].ephemeral": DHCP_ONLY, "virtualIP": DHCP_ONLY, "prefixes": DHCP_ONLY, "ipFamilies": DHCP_ONLY,
 }
 VOLUME_SPEC_KEYS = ("volumeClassRef", "volumePoolSelector", "resources", "image", "imagePullSecretRef",
-                    "tolerations", "dataSource")
+                    "tolerations", "dataSource", "encryption", "unclaimable", "claimRef")
 # machine option -> the Machine's field, for the core's problems (items: recorded per object in obj.where)
 OPTION_PATHS = {"machine_class": "spec.machineClassRef.name", "image": "spec.image", "state": "spec.power",
                 "machine_pool": "spec.machinePoolRef.name", "machine_pool_selector": "spec.machinePoolSelector",
@@ -67,6 +86,9 @@ OPTION_PATHS = {"machine_class": "spec.machineClassRef.name", "image": "spec.ima
                 "labels": "metadata.labels", "name": "metadata.name", "volumes": "spec.volumes",
                 "network_interfaces": "spec.networkInterfaces"}
 EPHEMERAL_VOLUME = "spec.volumes[].ephemeral.volumeTemplate"
+OTHER_CAPABILITY = ("a libvirt machine here is sized by cpu and memory alone: a class with another resource "
+                    "(a GPU such as nvidia.com/gpu, which IronCore's libvirt-provider passes through as a PCI "
+                    "device) cannot be honoured, and a machine of it would lack what its class promises")
 EPHEMERAL_NIC = "spec.networkInterfaces[].ephemeral.networkInterfaceTemplate"
 FIELDS = {
     "Machine": table(dict(
@@ -74,6 +96,8 @@ FIELDS = {
          "spec.machinePoolSelector.*": APPLIED, "spec.tolerations[].key": APPLIED,
          "spec.tolerations[].operator": APPLIED, "spec.tolerations[].value": APPLIED,
          "spec.tolerations[].effect": APPLIED, "spec.image": APPLIED, "spec.imagePullSecretRef.name": NO_PULL_SECRET,
+         "spec.imagePullSecret.name": APPLIED, "spec.guestConfig.hostname": APPLIED,
+         "spec.volumes[].localDisk.sizeLimit": APPLIED, "spec.volumes[].localDisk.image": APPLIED,
          "spec.volumes[].name": APPLIED, "spec.volumes[].device": APPLIED, "spec.volumes[].volumeRef.name": APPLIED,
          "spec.volumes[].emptyDisk.sizeLimit": APPLIED, EPHEMERAL_VOLUME + ".metadata": EPHEMERAL_META,
          "spec.networkInterfaces[].name": APPLIED, "spec.networkInterfaces[].networkInterfaceRef.name": APPLIED,
@@ -82,16 +106,20 @@ FIELDS = {
          "spec.efiVars": warned("EFI variables are the pool's firmware store (firmware: uefi): not applied"),
          "spec.hostname": APPLIED},
         **{EPHEMERAL_VOLUME + ".spec." + key: verdict for key, verdict in VOLUME_SPEC.items()},
+        **{EPHEMERAL_VOLUME + ".spec.claimRef." + key: CLAIM for key in ("name", "uid")},
         **{EPHEMERAL_NIC + ".spec." + key: verdict for key, verdict in NIC_SPEC.items()})),
-    "MachineClass": table({"capabilities.cpu": APPLIED, "capabilities.memory": APPLIED}),
+    "MachineClass": table({"capabilities.cpu": APPLIED, "capabilities.memory": APPLIED,
+                           "capabilities.*": refused(OTHER_CAPABILITY)}),
     "MachinePool": table({
         "spec.providerID": warned("a MachinePool names a pool of the run by metadata.name; the pool's libvirt URI "
                                   "is its provider ID"),
         "spec.taints": warned("a pool's taints are set with machinery.compute.machine_pool (taints), not by a "
                               "MachinePool reference")}),
-    "Volume": table(dict({"spec.volumePoolRef.name": APPLIED},
-                         **{"spec." + key: verdict for key, verdict in VOLUME_SPEC.items()})),
-    "NetworkInterface": table(dict({"spec.machineRef.name": APPLIED},
+    "Volume": table(dict({"spec.volumePoolRef.name": APPLIED, "spec.claimRef.name": APPLIED,
+                          "spec.claimRef.uid": APPLIED},
+                         **{"spec." + key: verdict if key != "encryption.secretRef.name" else STANDALONE_ENCRYPTION
+                            for key, verdict in VOLUME_SPEC.items()})),
+    "NetworkInterface": table(dict({"spec.machineRef.name": APPLIED, "spec.machineRef.uid": APPLIED},
                                    **{"spec." + key: verdict for key, verdict in NIC_SPEC.items()})),
     "Secret": table({"data.*": APPLIED, "stringData.*": APPLIED, "type": APPLIED,
                      "immutable": warned("libvirt keeps no Secret object: the text is read once, by ignitionRef")}),
@@ -104,8 +132,8 @@ def read(obj, fields):
     if obj.kind == "MachineClass":
         fields.known(doc, ("apiVersion", "kind", "metadata", "capabilities"), "", ("status",))
         caps = fields.mapping(doc.get("capabilities"), "capabilities", required=True) or {}
-        fields.known(caps, ("cpu", "memory"), "capabilities")
-        cpu = fields.run(check.cpu_count, caps["cpu"], "capabilities.cpu") if "cpu" in caps else \
+        # any other capability is refused with its reason by the table (capabilities.*)
+        cpu = fields.run(whole_cpus, caps["cpu"], "capabilities.cpu") if "cpu" in caps else \
             fields.error("capabilities.cpu", "required value")
         memory = kube_quantity(fields, caps.get("memory"), "capabilities.memory", True) if "memory" in caps else \
             fields.error("capabilities.memory", "required value")
@@ -127,13 +155,15 @@ def read(obj, fields):
     elif obj.kind == "NetworkInterface":
         fields.known(doc, ("apiVersion", "kind", "metadata", "spec"), "", ("status",))
         spec = fields.mapping(doc.get("spec"), "spec", required=True) or {}
-        fields.known(spec, ("networkRef", "ips", "machineRef", "virtualIP", "prefixes", "ipFamilies"), "spec")
+        fields.known(spec, ("networkRef", "ips", "machineRef", "virtualIP", "prefixes", "ipFamilies", "providerID",
+                            "attributes"), "spec")
         network = fields.mapping(spec.get("networkRef"), "spec.networkRef", required=True) or {}
         owner = fields.mapping(spec.get("machineRef"), "spec.machineRef") or {}
         obj.role = "nic"
         obj.data = {"network": fields.string(network.get("name"), "spec.networkRef.name", required="networkRef" in spec),
                     "ip_address": fixed_address(fields, spec.get("ips"), "spec.ips"),
-                    "machine": fields.name(owner.get("name"), "spec.machineRef.name") if owner else None}
+                    "machine": fields.name(owner.get("name"), "spec.machineRef.name") if owner else None,
+                    "machine_uid": fields.string(owner.get("uid"), "spec.machineRef.uid") if owner else None}
     else:
         _machine(obj, fields)
 
@@ -146,6 +176,7 @@ def _volume(obj, fields):
     spec = fields.mapping(doc.get("spec"), "spec", required=True) or {}
     fields.known(spec, VOLUME_SPEC_KEYS + ("volumePoolRef",), "spec")
     image, image_path = _volume_image(spec, fields)
+    image = oci_image(image)
     resources = fields.mapping(spec.get("resources"), "spec.resources", required=image is None) or {}
     fields.known(resources, ("storage",), "spec.resources")
     size = None
@@ -156,7 +187,9 @@ def _volume(obj, fields):
     pool = fields.mapping(spec.get("volumePoolRef"), "spec.volumePoolRef") or {}
     obj.role = "volume"
     obj.data = {"name": obj.name, "size": size, "image": image, "image_path": image_path,
-                "pool": fields.string(pool.get("name"), "spec.volumePoolRef.name") if pool else None}
+                "pool": fields.string(pool.get("name"), "spec.volumePoolRef.name") if pool else None,
+                "unclaimable": bool(fields.boolean(spec.get("unclaimable"), "spec.unclaimable")),
+                "claim": _uid_reference(fields, spec.get("claimRef"), "spec.claimRef")}
     fields.run(_attachable, obj.name, "metadata.name")
 
 
@@ -164,10 +197,14 @@ def _volume_image(spec, fields, prefix="spec"):
     """(image, the path it was given at) of a Volume's spec, or (None, None). ``dataSource.osImage`` is
     IronCore's OSImageSource (``{image: ...}``); a plain string is taken too."""
     source = fields.mapping(spec.get("dataSource"), prefix + ".dataSource") or {}
-    fields.known(source, ("osImage", "snapshotRef"), prefix + ".dataSource")
+    fields.known(source, ("osImage", "snapshotRef", "volumeSnapshotRef"), prefix + ".dataSource")
     os_image, os_path = source.get("osImage"), prefix + ".dataSource.osImage"
     if isinstance(os_image, dict):
-        fields.known(os_image, ("image",), os_path)
+        fields.known(os_image, ("image", "architecture"), os_path)
+        architecture = fields.string(os_image.get("architecture"), os_path + ".architecture")
+        if architecture is not None and architecture not in ARCHITECTURES:
+            fields.error(os_path + ".architecture", "%r: the pools here run %s guests (amd64, x86_64)"
+                         % (architecture, "x86_64"))
         os_image, os_path = os_image.get("image"), os_path + ".image"
     given = []
     for value, path in ((spec.get("image"), prefix + ".image"), (os_image, os_path)):
@@ -220,7 +257,13 @@ def _machine(obj, fields):
     cls = fields.mapping(spec.get("machineClassRef"), "spec.machineClassRef", required=True) or {}
     params["machine_class"] = fields.class_name(cls.get("name"), "spec.machineClassRef.name") if cls else None
     if spec.get("image") is not None:
-        params["image"] = fields.string(spec.get("image"), "spec.image")
+        params["image"] = oci_image(fields.string(spec.get("image"), "spec.image"))
+    pull = fields.mapping(spec.get("imagePullSecret"), "spec.imagePullSecret")
+    if pull:
+        fields.known(pull, ("name",), "spec.imagePullSecret")
+        refs_pull = ("spec.imagePullSecret.name", fields.name(pull.get("name"), "spec.imagePullSecret.name"))
+    else:
+        refs_pull = None
     power = fields.string(spec.get("power"), "spec.power", choices=tuple(POWER))
     params["state"] = POWER.get(power or "On")
     pool = fields.mapping(spec.get("machinePoolRef"), "spec.machinePoolRef")
@@ -235,27 +278,44 @@ def _machine(obj, fields):
             normalize_tolerations)
         params["tolerations"] = fields.run(normalize_tolerations, [item for _index, item in tolerations],
                                            "spec.tolerations")
-    refs = {"class": params["machine_class"], "volumes": [], "nics": [], "secret": None}
+    refs = {"class": params["machine_class"], "volumes": [], "nics": [], "secret": None, "pull": refs_pull}
     params["volumes"] = []
     seen = set()
     for index, item in fields.items(spec.get("volumes"), "spec.volumes"):
         where = "spec.volumes[%d]" % index
-        fields.known(item, ("name", "device", "volumeRef", "emptyDisk", "ephemeral"), where)
+        fields.known(item, ("name", "device", "volumeRef", "emptyDisk", "localDisk", "ephemeral"), where)
         name = fields.name(item.get("name"), where + ".name")
         if name in seen:
             fields.error(where + ".name", "duplicate name %r" % name)
         seen.add(name)
-        sources = [key for key in ("volumeRef", "emptyDisk", "ephemeral") if key in item]
+        sources = [key for key in ("volumeRef", "emptyDisk", "localDisk", "ephemeral") if key in item]
         if len(sources) != 1:
-            fields.error(where, "give exactly one of volumeRef, emptyDisk or ephemeral")
+            fields.error(where, "give exactly one of volumeRef, emptyDisk, localDisk or ephemeral")
             continue
         entry = {"name": name}
         if item.get("device"):
-            entry["device"] = "vd" + str(item["device"]) if len(str(item["device"])) == 1 else str(item["device"])
+            entry["device"] = virtio_device(str(item["device"]), bool(params.get("image")))
         if "volumeRef" in item:
             ref = fields.mapping(item["volumeRef"], where + ".volumeRef", required=True) or {}
             entry["volume"] = fields.name(ref.get("name"), where + ".volumeRef.name")
             refs["volumes"].append((where + ".volumeRef.name", entry["volume"]))
+        elif "localDisk" in item:
+            # v0.5: a disk of the pool host's own storage that lives and dies with the machine, empty or filled
+            # from an OS image, at least sizeLimit large
+            disk = fields.mapping(item["localDisk"], where + ".localDisk", required=True) or {}
+            fields.known(disk, ("sizeLimit", "image"), where + ".localDisk")
+            image = fields.string(disk.get("image"), where + ".localDisk.image")
+            if disk.get("sizeLimit") is not None:
+                entry["size"] = kube_quantity(fields, disk["sizeLimit"], where + ".localDisk.sizeLimit")
+                obj.where["volumes[%d].size" % len(params["volumes"])] = where + ".localDisk.sizeLimit"
+            elif image is None:
+                fields.error(where + ".localDisk", "give sizeLimit, image or both")
+            if image is not None:
+                entry["image"] = oci_image(image)
+                obj.where["volumes[%d].image" % len(params["volumes"])] = where + ".localDisk.image"
+            entry["ephemeral"] = True
+            if name:
+                params["labels"][VOLUME_MARK + name] = "local"
         elif "emptyDisk" in item:
             disk = fields.mapping(item["emptyDisk"], where + ".emptyDisk", required=True) or {}
             fields.known(disk, ("sizeLimit",), where + ".emptyDisk")
@@ -272,12 +332,21 @@ def _machine(obj, fields):
             image, image_path = _volume_image(spec_of, fields, at + ".spec")
             resources = fields.mapping(spec_of.get("resources"), at + ".spec.resources") or {}
             fields.known(resources, ("storage",), at + ".spec.resources")
+            secret = ((fields.mapping(spec_of.get("encryption"), at + ".spec.encryption") or {}).get("secretRef")
+                      or {})
+            if secret:
+                refs.setdefault("encryption", []).append(
+                    (at + ".spec.encryption.secretRef", secret.get("name"), len(params["volumes"])))
+                entry["encrypted"] = True
+            if fields.boolean(spec_of.get("unclaimable"), at + ".spec.unclaimable"):
+                fields.error(at + ".spec.unclaimable", "true: the volume could not be claimed by this Machine, "
+                             "whose ephemeral volume it is")
             if image:
-                entry["image"] = image
+                entry["image"] = oci_image(image)
                 obj.where["volumes[%d].image" % len(params["volumes"])] = image_path
-                if resources.get("storage") is not None:
-                    fields.warn(at + ".spec.resources.storage", "a volume made from an image is the image's size "
-                                "(its root disk grows with root_size); not applied")
+                if resources.get("storage") is not None:  # the disk's size, filled from the image (IronCore's)
+                    entry["size"] = kube_quantity(fields, resources.get("storage"), at + ".spec.resources.storage")
+                    obj.where["volumes[%d].size" % len(params["volumes"])] = at + ".spec.resources.storage"
             else:
                 entry["size"] = kube_quantity(fields, resources.get("storage"), at + ".spec.resources.storage")
                 if name:
@@ -309,7 +378,8 @@ def _machine(obj, fields):
             nic_template = fields.mapping(template.get("networkInterfaceTemplate"), at, required=True) or {}
             fields.known(nic_template, ("metadata", "spec"), at)
             nic_spec = fields.mapping(nic_template.get("spec"), at + ".spec", required=True) or {}
-            fields.known(nic_spec, ("networkRef", "ips", "virtualIP", "prefixes", "ipFamilies"), at + ".spec")
+            fields.known(nic_spec, ("networkRef", "ips", "virtualIP", "prefixes", "ipFamilies", "providerID",
+                                    "attributes"), at + ".spec")
             network = fields.string((nic_spec.get("networkRef") or {}).get("name"), at + ".spec.networkRef.name",
                                     required=True)
             nic = {"name": name, "network": network, "ephemeral": True}
@@ -325,10 +395,20 @@ def _machine(obj, fields):
     if ignition:
         fields.known(ignition, ("name", "key"), "spec.ignitionRef")
         refs["secret"] = ("spec.ignitionRef", fields.name(ignition.get("name"), "spec.ignitionRef.name"),
-                          fields.string(ignition.get("key"), "spec.ignitionRef.key") or DEFAULT_IGNITION_KEY)
+                          fields.string(ignition.get("key"), "spec.ignitionRef.key"))
     if spec.get("hostname") is not None:
         params["hostname"] = fields.run(check.hostname, spec["hostname"], "spec.hostname")
+    guest = fields.mapping(spec.get("guestConfig"), "spec.guestConfig") or {}
+    fields.known(guest, ("hostname",), "spec.guestConfig")
+    if guest.get("hostname") is not None:  # v0.5's place for it
+        if params.get("hostname") not in (None, guest["hostname"]):
+            fields.error("spec.guestConfig.hostname", "differs from spec.hostname; give one of them")
+        params["hostname"] = fields.run(check.hostname, guest["hostname"], "spec.guestConfig.hostname")
+        obj.where["hostname"] = "spec.guestConfig.hostname"
+    where_hostname = obj.where.get("hostname")
     obj.where.update(OPTION_PATHS)
+    if where_hostname:
+        obj.where["hostname"] = where_hostname
     machine_object(obj, params, refs)
 
 
@@ -352,18 +432,168 @@ def link(obj, objects, fields, _pools=None):
         if owner and owner != obj.name:
             fields.error(next(where for where, name, _nic in refs["nics"] if name == target),
                          "NetworkInterface %r belongs to Machine %r (its spec.machineRef)" % (target, owner))
+        _check_uid(found, found.data.get("machine_uid"), obj, "spec.machineRef.uid", fields)
     if refs.get("secret"):
         path, name, key = refs["secret"]
         secret = objects.get(("Secret", name))
         if secret is None:
             fields.error(path + ".name", "Secret %r is not among the documents" % name)
         else:
+            key = key or _ignition_key(secret.doc)
             text = secret_value(fields, secret.doc, key, path + ".key")
             if text is not None:
-                try:
-                    obj.params["ignition"] = json.loads(text)
-                except ValueError as exc:
-                    fields.error(path, "the secret's %s is not JSON: %s" % (key, exc))
+                obj.params["ignition"] = _ignition_document(fields, text, key, path)
+    if refs.get("pull"):
+        path, name = refs["pull"]
+        secret = objects.get(("Secret", name))
+        images = [obj.params.get("image")] + [vol.get("image") for vol in obj.params.get("volumes") or []]
+        registries = {image[len("oci://"):].split("/", 1)[0] for image in images
+                      if isinstance(image, str) and image.startswith("oci://")}
+        if secret is None:
+            fields.error(path, "Secret %r is not among the documents" % name)
+        elif not registries:
+            fields.warn(path, "the Machine's images are no OCI references: a pull secret has nothing to pull; "
+                              "not applied")
+        else:
+            credentials = pull_credentials(fields, secret.doc, sorted(registries)[0], path)
+            if credentials:
+                obj.params["image_pull_secret"] = credentials
+    for path, name, index in refs.get("encryption") or []:
+        secret = objects.get(("Secret", name))
+        if secret is None:
+            fields.error(path + ".name", "Secret %r is not among the documents" % name)
+            continue
+        passphrase = secret_value(fields, secret.doc, ENCRYPTION_KEY, path + ".name")
+        if passphrase is not None:
+            obj.params["volumes"][index]["passphrase"] = passphrase
+    for path, name in refs.get("volumes") or []:
+        volume = objects.get(("Volume", name))
+        if volume is None:
+            continue
+        if volume.data.get("unclaimable"):
+            fields.error(path, "Volume %r is unclaimable (its spec.unclaimable): no Machine may claim it" % name)
+        claim = volume.data.get("claim") or {}
+        if claim.get("name") and claim["name"] != obj.name:
+            fields.error(path, "Volume %r is claimed by Machine %r (its spec.claimRef)" % (name, claim["name"]))
+        elif claim.get("name"):
+            _check_uid(volume, claim.get("uid"), obj, "spec.claimRef.uid", fields)
+
+
+def pull_credentials(fields, secret, registry, path):
+    """{username, password} for ``registry`` from a pull Secret: a ``kubernetes.io/dockerconfigjson`` one
+    (``.dockerconfigjson``: auths by registry, each with username and password or ``auth``, base64 of
+    user:password), or one with ``username`` and ``password`` keys (``kubernetes.io/basic-auth``)."""
+    import base64
+    for part in ("stringData", "data"):
+        if isinstance(secret.get(part), dict) and ".dockerconfigjson" in secret[part]:
+            text = secret_value(fields, secret, ".dockerconfigjson", path)
+            try:
+                auths = json.loads(text or "").get("auths") or {}
+            except (ValueError, AttributeError):
+                fields.error(path, "the secret's .dockerconfigjson is not JSON with auths")
+                return None
+            entry = auths.get(registry) or auths.get("https://" + registry)
+            if not isinstance(entry, dict):
+                fields.error(path, "the secret's .dockerconfigjson has no auths entry for %s (it has %s)"
+                             % (registry, ", ".join(sorted(auths)) or "none"))
+                return None
+            if entry.get("username"):
+                return {"username": entry["username"], "password": entry.get("password") or ""}
+            try:
+                user, _sep, password = base64.b64decode(entry.get("auth") or "").decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                user, password = "", ""
+            if not user:
+                fields.error(path, "the secret's auths entry for %s has no username/password or auth" % registry)
+                return None
+            return {"username": user, "password": password}
+    username = secret_value(fields, secret, "username", path)
+    password = secret_value(fields, secret, "password", path)
+    return {"username": username, "password": password} if username is not None and password is not None else None
+
+
+def _ignition_key(secret):
+    """The key an ignitionRef without one reads: IronCore's ``ignition.yaml`` when the Secret has it, else the
+    seed's ``ignition``, else IronCore's (whose absence is then reported)."""
+    for key in DEFAULT_IGNITION_KEYS:
+        for part in ("stringData", "data"):
+            if isinstance(secret.get(part), dict) and key in secret[part]:
+                return key
+    return DEFAULT_IGNITION_KEYS[0]
+
+
+def _ignition_document(fields, text, key, path):
+    """An Ignition config, JSON as Ignition writes it (IronCore's ``ignition.yaml`` holds JSON too), or YAML."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        import yaml
+        try:
+            document = yaml.safe_load(text)
+        except yaml.YAMLError:
+            document = None
+        if isinstance(document, dict) and "ignition" in document:
+            return document
+        fields.error(path, "the secret's %s is no Ignition config (neither JSON nor YAML with an ignition key): %s"
+                     % (key, exc))
+        return None
+
+
+def _check_uid(target, uid, machine, path, fields):
+    """A reference's uid (a NetworkInterface's machineRef, a Volume's claimRef) against the Machine document's own
+    metadata.uid: a mismatch names a different Machine of the same name and is refused; without a uid on the
+    Machine there is nothing to check it against, which is said."""
+    if not uid:
+        return
+    own = (machine.doc.get("metadata") or {}).get("uid")
+    target_fields = Fields(fields.problems, target.ref)
+    if own is None:
+        target_fields.warn(path, "Machine %s has no metadata.uid in these documents to check %r against: not "
+                           "checked (a machine here is known by its name)" % (machine.name, uid))
+    elif own != uid:
+        target_fields.error(path, "%r is not the uid of Machine %s (%r): it refers to another Machine of that name"
+                            % (uid, machine.name, own))
+
+
+def _uid_reference(fields, value, path):
+    ref = fields.mapping(value, path) or {}
+    fields.known(ref, ("name", "uid"), path)
+    return {"name": fields.string(ref.get("name"), path + ".name"),
+            "uid": fields.string(ref.get("uid"), path + ".uid")} if ref else None
+
+
+def oci_image(text):
+    """IronCore names OS images by OCI reference with no scheme (``ghcr.io/ironcore-dev/os-images/gardenlinux:1443``,
+    ``registry:5000/os/debian@sha256:...``): such a reference, whose first part is a registry host (a dot, a port
+    or ``localhost``), is the collection's ``oci://`` image. A published name, a path or a URL is kept as it is."""
+    if not isinstance(text, str) or "://" in text or text.startswith(("/", ".")) or "/" not in text:
+        return text
+    host = text.split("/", 1)[0]
+    if "." in host or ":" in host or host == "localhost":
+        return "oci://" + text
+    return text
+
+
+def virtio_device(device, after_image=False):
+    """A Machine's volume device as a virtio disk name: IronCore's admission names them ``oda``, ``odb``... and its
+    libvirt-provider makes each ``v`` + the rest (``vda``); a single letter is ``vd`` + it. With ``spec.image``
+    the image is the machine's disk ``vda`` here, so IronCore's names move one letter on (``oda`` is ``vdb``)."""
+    if len(device) == 1:
+        device = "od" + device
+    if not device.startswith("od") or len(device) != 3 or not "a" <= device[2] <= "y":
+        return device
+    return "vd" + (chr(ord(device[2]) + 1) if after_image else device[2])
+
+
+def whole_cpus(value, field):
+    """capabilities.cpu: a whole number. A fractional one (``500m``, ``1.5``) is a Kubernetes quantity IronCore's
+    ResourceList allows, but a libvirt domain has whole vCPUs."""
+    text = str(value).strip()
+    if not isinstance(value, bool) and (text.endswith("m") or "." in text):
+        from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+        raise ValidationError("%r is a fraction of a CPU: a libvirt domain has whole vCPUs; give a whole number"
+                              % (value,), field)
+    return check.cpu_count(value, field)
 
 
 STATE = {"Pending": "Pending", "Running": "Running", "Shutdown": "Shutdown", "Terminating": "Terminating",
@@ -452,8 +682,9 @@ def export(machine, record_spec):
     the NetworkInterfaces it refers to, written as the applied documents were (the markers keep how)."""
     labels = dict(machine.get("labels") or {})
     refs = {key[len(NIC_MARK):]: labels.pop(key) for key in list(labels) if key.startswith(NIC_MARK)}
-    templates = {key[len(VOLUME_MARK):] for key in list(labels) if key.startswith(VOLUME_MARK)
-                 and labels.pop(key) == "template"}
+    marks = {key[len(VOLUME_MARK):]: labels.pop(key) for key in list(labels) if key.startswith(VOLUME_MARK)}
+    templates = {name for name, how in marks.items() if how == "template"}
+    local = {name for name, how in marks.items() if how == "local"}
     spec = {"machineClassRef": {"name": machine.get("machine_class")}, "image": machine.get("image"),
             "machinePoolRef": {"name": machine.get("pool")},
             "power": "On" if machine.get("phase") in ("Running", "Pending") else "Off"}
@@ -463,9 +694,16 @@ def export(machine, record_spec):
     for vol in record_spec.get("volumes") or []:
         if vol.get("source") == "volume":
             volumes.append({"name": vol["name"], "volumeRef": {"name": vol["volume"]}})
+        elif vol["name"] in local:
+            disk = {"sizeLimit": _quantity(vol.get("size"))}
+            if vol.get("source") == "image":
+                disk["image"] = (vol.get("image") or {}).get("source")
+            volumes.append({"name": vol["name"], "localDisk": disk})
         elif vol.get("source") == "image":
-            volumes.append({"name": vol["name"], "ephemeral": {"volumeTemplate": {"spec": {
-                "image": (vol.get("image") or {}).get("source")}}}})
+            template = {"image": (vol.get("image") or {}).get("source")}
+            if vol.get("size"):
+                template["resources"] = {"storage": _quantity(vol["size"])}
+            volumes.append({"name": vol["name"], "ephemeral": {"volumeTemplate": {"spec": template}}})
         elif vol["name"] in templates:
             volumes.append({"name": vol["name"], "ephemeral": {"volumeTemplate": {"spec": {
                 "resources": {"storage": _quantity(vol.get("size"))}}}}})

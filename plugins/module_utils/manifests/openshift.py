@@ -12,6 +12,7 @@ A Machine maps onto ``machine`` (the batch core), a MachineSet onto ``machine_se
 from __future__ import annotations
 
 import json
+import re
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
@@ -19,6 +20,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.manifests.confor
     APPLIED, refused, table, warned)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
     kube_quantity, secret_value)
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import openshift_libvirt as upstream
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import machine_object
 
 API = "machine.openshift.io/v1beta1"
@@ -41,6 +43,8 @@ NODE_ONLY = warned("it belongs to the Kubernetes Node of the machine: a libvirt 
 PROVIDER_ID = warned("set by the provider, not by the user: the status shows libvirt:///<pool>/<uuid>")
 AUTHORITATIVE = warned("machinery.compute is the only API serving these machines: not applied")
 AUTOSCALER = warned("no cluster autoscaler scales a machine_set: replicas is applied as written")
+TEMPLATE_META = warned("a member is named <set>-<suffix> by its set, on the pools of the run: the template's name, "
+                       "generateName, namespace and owners are not applied")
 MATCH_EXPRESSIONS = refused("machines are selected by matchLabels only; give matchLabels")
 
 
@@ -59,6 +63,7 @@ def _machine_spec_fields(prefix):
                                                       "no Node to drain: not applied")})
     for key in ("machinePoolSelector", "tolerations"):
         fields.pop(value + key, None)
+    fields.update(upstream.fields_table(prefix + ".providerSpec.value"))
     return fields
 
 
@@ -71,7 +76,9 @@ FIELDS = {
         MATCH_EXPRESSIONS, "spec.deletePolicy": APPLIED, "spec.template.metadata.labels.*": APPLIED,
         "spec.template.metadata.annotations.*": warned("a member's annotations are not kept on libvirt pools"),
         "spec.minReadySeconds": warned("a member counts as available as soon as it is Ready: not applied"),
-        "spec.authoritativeAPI": AUTHORITATIVE,
+        "spec.authoritativeAPI": AUTHORITATIVE, "spec.template.spec.authoritativeAPI": AUTHORITATIVE,
+        "spec.template.metadata.name": TEMPLATE_META, "spec.template.metadata.generateName": TEMPLATE_META,
+        "spec.template.metadata.namespace": TEMPLATE_META, "spec.template.metadata.ownerReferences": TEMPLATE_META,
         "metadata.annotations.machine.openshift.io/cluster-api-autoscaler-node-group-min-size": AUTOSCALER,
         "metadata.annotations.machine.openshift.io/cluster-api-autoscaler-node-group-max-size": AUTOSCALER})),
     "MachineHealthCheck": table({
@@ -98,14 +105,28 @@ def where_of(path):
     return found
 
 
-def provider_spec(fields, value, path, labels):
-    """Machine parameters from a providerSpec.value (validated field by field)."""
+def upstream_where_of(path):
+    """machine option -> its field under an upstream LibvirtMachineProviderConfig at ``path``."""
+    return {"memory": path + ".domainMemory", "cpu": path + ".domainVcpu", "image": path + ".volume.baseVolumeID",
+            "root_size": path + ".volume.volumeSize", "network_interfaces": path + ".networkInterfaceName",
+            "network_interfaces[0]": path + ".networkInterfaceName",
+            "network_interfaces[0].network": path + ".networkInterfaceName",
+            "network_interfaces[0].ip_address": path + ".networkInterfaceAddress",
+            "ignition": path + ".ignition.userDataSecret", "cloud_init": path + ".cloudInit",
+            "machine_pool": path + ".uri", "labels": "metadata.labels", "name": "metadata.name"}
+
+
+def provider_spec(fields, value, path, labels, member_of_set=False):
+    """Machine parameters from a providerSpec.value (validated field by field): ours, or the OpenShift libvirt
+    provider's own LibvirtMachineProviderConfig (openshift_libvirt.py)."""
     value = fields.mapping(value, path, required=True) or {}
+    if upstream.is_upstream(value):
+        return upstream.read(fields, value, path, labels, member_of_set)
     fields.known(value, ("apiVersion", "kind", "volumes", "networkInterfaces", "userDataSecret") + tuple(PROVIDER_KEYS),
                  path)
     if value.get("kind") != PROVIDER_KIND:
-        fields.error(path + ".kind", "must be %s (the libvirt provider of machinery.compute), got %r"
-                     % (PROVIDER_KIND, value.get("kind")))
+        fields.error(path + ".kind", "must be %s (the libvirt provider of machinery.compute) or %s (OpenShift's "
+                     "libvirt provider), got %r" % (PROVIDER_KIND, upstream.KIND, value.get("kind")))
     if value.get("apiVersion") not in (None, PROVIDER_API):
         fields.error(path + ".apiVersion", "must be %s" % PROVIDER_API)
     params = {"labels": labels}
@@ -188,7 +209,7 @@ def read(obj, fields):
         provider = fields.mapping(spec.get("providerSpec"), "spec.providerSpec", required=True) or {}
         params, refs = provider_spec(fields, provider.get("value"), "spec.providerSpec.value", obj.labels)
         params["name"] = obj.name
-        obj.where.update(where_of("spec.providerSpec.value"))
+        obj.where.update((upstream_where_of if "libvirt" in refs else where_of)("spec.providerSpec.value"))
         machine_object(obj, params, refs)
     elif obj.kind == "MachineSet":
         fields.known(spec, ("replicas", "selector", "template", "deletePolicy", "minReadySeconds",
@@ -202,17 +223,20 @@ def read(obj, fields):
         template = fields.mapping(spec.get("template"), "spec.template", required=True) or {}
         fields.known(template, ("metadata", "spec"), "spec.template")
         meta = fields.mapping(template.get("metadata"), "spec.template.metadata") or {}
-        fields.known(meta, ("labels", "annotations"), "spec.template.metadata")
+        fields.known(meta, ("labels", "annotations", "name", "generateName", "namespace", "ownerReferences"),
+                     "spec.template.metadata")
         labels = fields.run(check.labels, meta.get("labels") or {}, "spec.template.metadata.labels") or {}
         if match and labels is not None and any(labels.get(k) != v for k, v in match.items()):
             fields.error("spec.selector", "selector does not match the template's labels")
         tspec = fields.mapping(template.get("spec"), "spec.template.spec", required=True) or {}
-        fields.known(tspec, ("providerSpec", "metadata", "taints", "lifecycleHooks", "providerID"),
-                     "spec.template.spec")
+        fields.known(tspec, ("providerSpec", "metadata", "taints", "lifecycleHooks", "providerID",
+                             "authoritativeAPI"), "spec.template.spec")
         provider = fields.mapping(tspec.get("providerSpec"), "spec.template.spec.providerSpec", required=True) or {}
-        params, refs = provider_spec(fields, provider.get("value"), "spec.template.spec.providerSpec.value", labels)
+        params, refs = provider_spec(fields, provider.get("value"), "spec.template.spec.providerSpec.value", labels,
+                                     member_of_set=True)
         policy = fields.string(spec.get("deletePolicy"), "spec.deletePolicy", choices=options.DELETE_POLICIES)
-        obj.where.update(where_of("spec.template.spec.providerSpec.value"))
+        obj.where.update((upstream_where_of if "libvirt" in refs else where_of)(
+            "spec.template.spec.providerSpec.value"))
         obj.where.update(labels="spec.template.metadata.labels")
         machine_object(obj, {"name": obj.name, "replicas": replicas, "selector": {"match_labels": match or {}},
                              "template": params, "delete_policy": policy or "Random"}, refs, role="set")
@@ -224,54 +248,125 @@ def read(obj, fields):
         match = fields.run(check.labels, selector.get("matchLabels") or {}, "spec.selector.matchLabels")
         if selector and not match:
             fields.error("spec.selector.matchLabels", "needs at least one label")
-        conditions = []
+        conditions, unknown = [], []
         obj.where.update(CHECK_PATHS)
         for index, item in fields.items(spec.get("unhealthyConditions"), "spec.unhealthyConditions"):
             where = "spec.unhealthyConditions[%d]" % index
             fields.known(item, ("type", "status", "timeout"), where)
-            fields.string(item.get("type"), where + ".type", required=True, choices=options.CONDITION_TYPES)
-            fields.string(item.get("status"), where + ".status", required=True, choices=("True", "False", "Unknown"))
+            kind = fields.string(item.get("type"), where + ".type", required=True)
+            status = fields.string(item.get("status"), where + ".status", required=True,
+                                   choices=("True", "False", "Unknown"))
             timeout = fields.string(item.get("timeout"), where + ".timeout", required=True)
-            if timeout:
-                from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import seconds
-                fields.run(seconds, timeout, where + ".timeout")
-            rule = {"type": item.get("type"), "status": _known_status(item.get("status")), "timeout": timeout}
+            timeout = fields.run(go_duration, timeout, where + ".timeout") if timeout else None
+            rule = _condition_rule(fields, kind, status, where)
+            if rule is None or timeout is None:
+                continue
+            rule["timeout"] = timeout
+            if rule["type"] == "NodeReady" and status == "Unknown":
+                unknown.append(timeout)  # the Node stopped reporting: here, its pool stopped answering too
             same = next((found for found in conditions if (found["type"], found["status"]) ==
                          (rule["type"], rule["status"])), None)
             if same is None:
                 obj.where["unhealthy_conditions[%d]" % len(conditions)] = where
                 conditions.append(rule)
-            elif timeout and _shorter(timeout, same["timeout"]):
+            elif timeout < same["timeout"]:  # the controller remediates at the first timeout that elapses
                 obj.where["unhealthy_conditions[%d]" % conditions.index(same)] = where
                 same["timeout"] = timeout
-        params = {"name": obj.name, "selector": {"match_labels": match or {}}}
+        params = {"name": obj.name, "selector": {"match_labels": match or {}}, "startup_condition": "NodeReady"}
         if conditions:
             params["unhealthy_conditions"] = conditions
+        if unknown:
+            params["unreachable_timeout"] = min(unknown)
         if spec.get("maxUnhealthy") is not None:
             params["max_unhealthy"] = spec["maxUnhealthy"]
         if spec.get("nodeStartupTimeout") is not None:
-            params["node_startup_timeout"] = spec["nodeStartupTimeout"]
+            startup = fields.string(str(spec["nodeStartupTimeout"]), "spec.nodeStartupTimeout")
+            startup = fields.run(go_duration, startup, "spec.nodeStartupTimeout") if startup else None
+            if startup is not None:
+                params["node_startup_timeout"] = startup  # 0 disables the startup check, as upstream
         machine_object(obj, params, {}, role="check")
 
 
-def _known_status(status):
-    """A rule's condition status as the collection's conditions know it. Kubernetes reports a Node condition
-    Unknown when its kubelet stops reporting; the collection's conditions are read from libvirt and are True or
-    False whenever the pool answers, a machine whose state cannot be confirmed being reported False. So an
-    ``Unknown`` rule is the ``False`` rule of its type (the shorter timeout wins when both are given)."""
-    return "False" if status == "Unknown" else status
+# Node condition types of Kubernetes and OpenShift that libvirt cannot observe, and why (warned, not applied)
+UNOBSERVABLE = {
+    "Terminating": "OpenShift's termination handler sets it on a Node when its cloud announces the instance's "
+                   "end (a spot instance); a libvirt pool announces no such end",
+    "MemoryPressure": "the kubelet's eviction signal inside the guest; libvirt sees no guest memory pressure",
+    "DiskPressure": "the kubelet's eviction signal inside the guest; libvirt sees no guest filesystem",
+    "PIDPressure": "the kubelet's eviction signal inside the guest; libvirt sees no guest processes",
+    "NetworkUnavailable": "set by a cloud's route controller or a CNI plugin inside the cluster; libvirt sees no "
+                          "pod network",
+}
 
 
-def _shorter(timeout, than):
-    from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import seconds
-    from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
-    try:
-        return seconds(timeout, "timeout") < seconds(than, "timeout")
-    except MachineryError:  # a bad timeout is reported by the reader
-        return False
+def _condition_rule(fields, kind, status, where):
+    """The health check's rule for an unhealthyConditions item, or None when it has no effect on libvirt (a
+    warning names it and says why). Ready is the guest's readiness (NodeReady), never a running domain; the
+    collection's own condition types (the seed's) keep their meaning."""
+    if kind is None or status is None:
+        return None
+    if kind == "Ready":
+        return {"type": "NodeReady", "status": status}
+    if kind in options.CONDITION_TYPES and kind != "NodeReady":
+        if status == "Unknown":
+            fields.warn(where + ".status", "%s is read from libvirt and is never Unknown: this rule never matches"
+                        % kind)
+            return None
+        return {"type": kind, "status": status}
+    reason = UNOBSERVABLE.get(kind, "no such condition is observed on a libvirt machine")
+    fields.warn(where + ".type", "%s: %s; not applied" % (kind, reason))
+    return None
+
+
+GO_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "\u03bcs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_PART = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+
+
+def go_duration(text, field):
+    """Seconds of a Go duration (time.ParseDuration, what metav1.Duration reads): a sequence of decimal numbers
+    each with a unit (ns, us, ms, s, m, h), ``1.5h``, ``300ms``, ``1h2m3s``; ``0`` alone needs no unit. Negative
+    durations are refused (a timeout cannot be)."""
+    from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+    value = str(text).strip()
+    if value in ("0", "+0"):
+        return 0.0
+    body = value[1:] if value.startswith("+") else value
+    if value.startswith("-"):
+        raise ValidationError("%r is negative; a timeout cannot be" % value, field)
+    total, position = 0.0, 0
+    while position < len(body):
+        match = _GO_PART.match(body, position)
+        if match is None or match.group(1) in ("", "."):
+            raise ValidationError("%r is not a Go duration such as 300ms, 90s, 1.5h or 1h2m3s" % value, field)
+        total += float(match.group(1)) * GO_UNITS[match.group(2)]
+        position = match.end()
+    if not body:
+        raise ValidationError("%r is not a Go duration such as 300ms, 90s, 1.5h or 1h2m3s" % value, field)
+    return total
+
+
+def _owning_set(obj, objects):
+    """The MachineSet among the documents that owns Machine ``obj`` (its controller ownerReference), or None: an
+    export of a set with its members (``oc get machines,machinesets -o yaml``) lists each member as a Machine."""
+    for owner in (obj.doc.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(owner, dict) and owner.get("kind") == "MachineSet" and owner.get("controller") and \
+                ("MachineSet", owner.get("name")) in objects:
+            return owner["name"]
+    return None
 
 
 def link(obj, objects, fields, _pools=None):
+    owner = _owning_set(obj, objects) if obj.kind == "Machine" else None
+    if owner is not None:
+        obj.role = "member"  # converged by nothing here: its set makes and keeps its members
+        fields.warn("metadata.ownerReferences", "a member of MachineSet %s among these documents: the set makes its "
+                    "members (named <set>-<suffix>), so it is not applied as a Machine of its own" % owner)
+        return
+    if "libvirt" in obj.refs:
+        target = obj.params["template"] if obj.role == "set" else obj.params
+        secrets = {name: found for (kind, name), found in objects.items() if kind == "Secret"}
+        upstream.link(obj, target, fields, _pools if hasattr(_pools, "context") else None, secrets)
+        return
     secret_ref = obj.refs.get("secret")
     if not secret_ref:
         return
@@ -306,6 +401,12 @@ def status(obj, observed):
         if machine is None:
             return {"phase": "Provisioning"}
         pool_uuid = "%s/%s" % (machine.get("pool"), machine.get("uuid"))
+        if "libvirt" in obj.refs:  # as OpenShift's libvirt provider reports it
+            networks = [nic.get("network") for nic in obj.params.get("network_interfaces") or []]
+            return {"phase": PHASES.get(machine["phase"], "Provisioning"), "providerID": "libvirt:///" + pool_uuid,
+                    "providerStatus": upstream.provider_status(machine),
+                    "addresses": upstream.addresses(machine, networks[0] if networks else None),
+                    "conditions": machine.get("conditions") or []}
         return {"phase": PHASES.get(machine["phase"], "Provisioning"), "providerID": "libvirt:///" + pool_uuid,
                 "providerStatus": {"kind": "LibvirtMachineProviderStatus", "instanceState": machine["phase"],
                                    "pool": machine.get("pool")},
@@ -385,3 +486,8 @@ def export(machine, record_spec):
         metadata["labels"] = dict(machine["labels"])
     return {"apiVersion": API, "kind": "Machine", "metadata": metadata,
             "spec": {"providerSpec": {"value": value}}}
+
+
+def after_apply(run, pools):
+    """libvirt autostart of the machines of OpenShift's own libvirt providerSpec (openshift_libvirt.py)."""
+    upstream.apply_autostart(run, pools)

@@ -151,14 +151,24 @@ class Registry:
         registration, a class a machine names), absence is confirmed before it is believed: libvirt refreshes a
         dir pool's volume list after every upload into it (another run writing a document), and a listing taken
         meanwhile can miss volumes that are there. The pool is refreshed and listed again, for up to
-        EXPECTED_RETRY_SECONDS."""
+        EXPECTED_RETRY_SECONDS, unless the listing holds the pool's registration and not ``key``: such a listing
+        is complete (``_complete_listing``), so a key that is not there yet (a class a manifest is about to
+        publish) costs nothing."""
         with self._guard:
             if key not in self._bodies:
                 if expected and self.pool is not None:
-                    self._bodies[key] = self._confirmed(lambda: self._read(key), lambda found: found is not None)
+                    self._bodies[key] = self._confirmed(lambda: self._read(key),
+                                                        lambda found: found is not None or self._absent(key))
                 else:
                     self._bodies[key] = self._read(key)
             return self._bodies[key]
+
+    def _absent(self, key):
+        """Whether the index is a complete listing without ``key``: it holds the registration (which every
+        listing of a registered pool does) and no generation of ``key``. A listing taken while libvirt refreshed
+        the pool misses the registration too, and is not believed."""
+        index = self._generations()
+        return key != POOL_KEY and POOL_KEY in index and key not in index
 
     def _read(self, key, relisted=False):
         vanished = False

@@ -18,7 +18,11 @@ from ansible_collections.machinery.compute.plugins.module_utils.manifests import
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAABAgMEBQYHCAkKCwwNDg8QERITFBUWFxgZGhscHR4f test@example"
 SERVER_META = {"namespace": "default", "annotations": {"note": "x"}, "uid": "u-1", "resourceVersion": "1",
-               "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z", "managedFields": [{"manager": "x"}]}
+               "generation": 1, "creationTimestamp": "2026-01-01T00:00:00Z", "managedFields": [{"manager": "x"}],
+               # what an export from a cluster carries too (issue 39)
+               "finalizers": ["machine.machine.openshift.io"], "generateName": "web-",
+               "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "o", "uid": "u", "controller": True}],
+               "deletionGracePeriodSeconds": 30, "selfLink": "/apis/x"}
 
 
 def meta(name, **extra):
@@ -63,6 +67,41 @@ IRONCORE = {
                     "efiVars": [{"name": "v", "uuid": "u", "value": "x"}], "hostname": "web-1"}},
 }
 
+# IronCore's own types, every field set: ironcore-dev/ironcore api/compute/v1alpha1/machine_types.go,
+# api/storage/v1alpha1/volume_types.go, api/networking/v1alpha1/networkinterface_types.go at v0.4.3 (spec.image,
+# spec.imagePullSecret, a Volume's image and imagePullSecretRef) and at 0b3fd712 (v0.5+: guestConfig, localDisk),
+# the device names its admission assigns (oda...) and the ephemeral volumeTemplate of its e2e samples
+# (config/samples/e2e/bases/machine-with-ephemeral-resources/machine.yaml).
+UPSTREAM_VOLUME_SPEC = {"volumeClassRef": {"name": "fast"}, "resources": {"storage": "10Gi"},
+                        "encryption": {"secretRef": {"name": "enc"}},
+                        "dataSource": {"osImage": {"image": "my-image", "architecture": "amd64"}}}
+IRONCORE_UPSTREAM = {
+    "Machine": {"apiVersion": IC, "kind": "Machine", "metadata": meta("web-2", uid="c0ffee00-0000-4000-8000-000000000001"),
+                "spec": {
+                    "machineClassRef": {"name": "small"}, "image": "my-image", "imagePullSecret": {"name": "pull"},
+                    "guestConfig": {"hostname": "web-2"},
+                    "volumes": [{"name": "root-disk", "device": "oda",
+                                 "ephemeral": {"volumeTemplate": {"spec": UPSTREAM_VOLUME_SPEC}}},
+                                {"name": "local", "device": "odb", "localDisk": {"sizeLimit": "1Gi",
+                                                                                 "image": "my-image"}},
+                                {"name": "shared", "device": "odc", "volumeRef": {"name": "vol-2"}}],
+                    "networkInterfaces": [{"name": "primary", "networkInterfaceRef": {"name": "nic-2"}}],
+                    "ignitionRef": {"name": "ign"}}},
+    "Volume": {"apiVersion": "storage.ironcore.dev/v1alpha1", "kind": "Volume", "metadata": meta("vol-2"),
+               "spec": {"volumePoolRef": {"name": "pool1"}, "resources": {"storage": "1Gi"},
+                        "claimRef": {"name": "web-2", "uid": "c0ffee00-0000-4000-8000-000000000001"},
+                        "imagePullSecretRef": {"name": "pull"}, "image": "my-image",
+                        "encryption": {"secretRef": {"name": "enc"}},
+                        "dataSource": {"volumeSnapshotRef": {"name": "snap"}}}},
+    "NetworkInterface": {"apiVersion": "networking.ironcore.dev/v1alpha1", "kind": "NetworkInterface",
+                         "metadata": meta("nic-2"),
+                         "spec": {"networkRef": {"name": "machinery"}, "providerID": "libvirt://x",
+                                  "attributes": {"vendor/x": "y"}, "ipFamilies": ["IPv4"], "ips": [{"value": "10.0.0.6"}],
+                                  "machineRef": {"name": "web-2", "uid": "c0ffee00-0000-4000-8000-000000000001"}}},
+    "MachineClass": {"apiVersion": IC, "kind": "MachineClass", "metadata": meta("gpu"),
+                     "capabilities": {"cpu": 4, "memory": "16Gi", "nvidia.com/gpu": 1}},
+}
+
 OS = "machine.openshift.io/v1beta1"
 PROVIDER = {"apiVersion": "machinery.compute/v1alpha1", "kind": "LibvirtMachineProviderSpec",
             "machineClass": "small", "cpu": 1, "memory": "1Gi", "image": "my-image", "imageChecksum": "sha256:" + "0" * 64,
@@ -100,7 +139,8 @@ OPENSHIFT = {
                                     "maxUnhealthy": "40%", "nodeStartupTimeout": "10m",
                                     "remediationTemplate": {"kind": "Metal3RemediationTemplate", "name": "r"}}},
     "Secret": {"apiVersion": "v1", "kind": "Secret", "metadata": meta("user-data"), "type": "Opaque",
-               "immutable": True, "stringData": {"userData": "#cloud-config\n"}, "data": {"other": "eA=="}},
+               "immutable": True, "stringData": {"userData": "{\"ignition\": {\"version\": \"3.4.0\"}}"},
+               "data": {"other": "eA=="}},
 }
 
 # Kupenstack/kupenstack commit aaa15113e5935344a7cba6169467ab9df4032d02: apis/v1alpha1 (the implemented
@@ -188,11 +228,41 @@ VITISTACK_CURRENT = {"Machine": VS_CURRENT, "MachineClass": {
                   "data": {"networkdata": "version: 2\n"}, "binaryData": {"blob": "eA=="}}}
 VITISTACK_OTHER = {"Machine": VS_CURRENT_OTHER}
 
-SCHEMAS = [(ironcore, IRONCORE), (openshift, OPENSHIFT), (kupenstack, KUPENSTACK), (kupenstack, KS_KINDS),
-           (kupenstack, KUPENSTACK_IMPLEMENTED), (vitistack, VITISTACK),
-           (vitistack, VITISTACK_CURRENT), (vitistack, VITISTACK_OTHER)]
+# OpenShift's own libvirt providerSpec, every field of LibvirtMachineProviderConfig set (its Go type in
+# openshift/cluster-api-provider-libvirt, pkg/apis/libvirtproviderconfig/v1beta1/libvirtmachineproviderconfig_types.go
+# at a336f0b5), in a Machine and in a MachineSet.
+UPSTREAM_PROVIDER = {"apiVersion": "libvirtproviderconfig.openshift.io/v1beta1", "kind": "LibvirtMachineProviderConfig",
+                     "domainMemory": 2048, "domainVcpu": 2, "ignKey": "worker.ign",
+                     "ignition": {"userDataSecret": "user-data"},
+                     "cloudInit": {"userDataSecret": "user-data", "sshAccess": True},
+                     "volume": {"poolName": "default", "baseVolumeID": "coreos_base", "volumeName": "ignored",
+                                "volumeSize": "20Gi"},
+                     "networkInterfaceName": "machinery", "networkInterfaceHostname": "h",
+                     "networkInterfaceAddress": "192.168.100.0/24", "networkUUID": "u", "autostart": True,
+                     "uri": "qemu:///system"}
+
+
+def upstream_spec():
+    return dict(machine_spec(), providerSpec={"value": copy.deepcopy(UPSTREAM_PROVIDER)})
+
+
+OPENSHIFT_LIBVIRT = {
+    "Machine": {"apiVersion": OS, "kind": "Machine", "metadata": meta("os-2"), "spec": upstream_spec()},
+    "MachineSet": {"apiVersion": OS, "kind": "MachineSet", "metadata": meta("workers-2"),
+                   "spec": {"replicas": 2, "selector": {"matchLabels": {"set": "workers"}},
+                            "authoritativeAPI": "MachineAPI",
+                            "template": {"metadata": {"labels": {"set": "workers"}, "name": "w", "generateName": "w-",
+                                                      "namespace": "openshift-machine-api",
+                                                      "ownerReferences": [{"kind": "MachineSet", "name": "w"}]},
+                                         "spec": dict(upstream_spec(), authoritativeAPI="MachineAPI")}}},
+}
+
+SCHEMAS = [(ironcore, IRONCORE), (ironcore, IRONCORE_UPSTREAM), (openshift, OPENSHIFT),
+           (openshift, OPENSHIFT_LIBVIRT), (kupenstack, KUPENSTACK), (kupenstack, KS_KINDS),
+           (kupenstack, KUPENSTACK_IMPLEMENTED), (vitistack, VITISTACK), (vitistack, VITISTACK_CURRENT),
+           (vitistack, VITISTACK_OTHER)]
 CASES = [(dialect, kind, doc) for dialect, kinds in SCHEMAS for kind, doc in kinds.items()]
-IDS = ["%s-%s" % (dialect.__name__.rsplit(".", 1)[1], kind) for dialect, kind, _doc in CASES]
+IDS = ["%s-%s-%s" % (dialect.__name__.rsplit(".", 1)[1], kind, doc["metadata"]["name"]) for dialect, kind, doc in CASES]
 
 
 class FakePools:
@@ -249,7 +319,13 @@ def _track(value, path, seen):
 def _companions(dialect, kind):
     """The documents a kind's references need, so that its reader runs to the end."""
     if dialect is ironcore and kind == "Machine":
-        return [IRONCORE[name] for name in ("Volume", "NetworkInterface", "Secret")]
+        encryption = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "enc"},
+                      "data": {"encryptionKey": "c2VjcmV0LWtleS1vZi0zMi1ieXRlcy0xMjM0NTY3OA=="}}
+        pull = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pull"},
+                "type": "kubernetes.io/dockerconfigjson",
+                "stringData": {".dockerconfigjson": '{"auths": {"registry.example.com": {"auth": "dTpw"}}}'}}
+        return [IRONCORE[name] for name in ("Volume", "NetworkInterface", "Secret")] + [
+            IRONCORE_UPSTREAM["Volume"], IRONCORE_UPSTREAM["NetworkInterface"], encryption, pull]
     if dialect is openshift and kind in ("Machine", "MachineSet"):
         return [OPENSHIFT["Secret"]]
     if dialect is vitistack and kind == "Machine":
@@ -307,11 +383,21 @@ def _heads(where):
 
 @pytest.mark.parametrize("dialect, kind, doc", CASES, ids=IDS)
 def test_readers_read_only_the_fields_their_table_lists_and_every_applied_one(dialect, kind, doc):
+    """Every applied field is read by one of the kind's documents (a kind can have more than one shape: the
+    seed's providerSpec and OpenShift's own)."""
     fields_table = dialect.FIELDS[kind]
     seen = set()
     for variant in [other for mod, other_kind, other in CASES if mod is dialect and other_kind == kind]:
         # a kind whose fields exclude each other has several documents: together they read every field
         _run(_companions(dialect, kind) + [_track(copy.deepcopy(variant), "", seen)])
+    read = {(conformance.generic(where), parent and conformance.generic(parent)) for where, parent in seen}
+    unlisted = sorted(where for where, parent in read if conformance.lookup(fields_table, where, parent) is None
+                      and not _is_container(fields_table, where)
+                      and not any(conformance.lookup(fields_table, head, None) for head in _heads(where)))
+    assert unlisted == [], "read but not in the table"
+    for other in [item for item_dialect, item_kind, item in CASES if item_dialect is dialect and item_kind == kind
+                  and item is not doc]:
+        _run(_companions(dialect, kind) + [_track(copy.deepcopy(other), "", seen)])
     read = {(conformance.generic(where), parent and conformance.generic(parent)) for where, parent in seen}
     unlisted = sorted(where for where, parent in read if conformance.lookup(fields_table, where, parent) is None
                       and not _is_container(fields_table, where)

@@ -309,3 +309,31 @@ def test_a_template_refuses_what_only_the_machine_module_does(key):
     message = refused("template", desired, template=dict(TEMPLATE, **{key: True}))
     said, takes = message.split("; a template takes ")
     assert said == "unknown option %s" % key and key not in takes.split(", "), message
+
+
+@pytest.mark.parametrize("machine, expected", [
+    ({"phase": "Running", "agent_connected": True, "network_interfaces": [{"network": "n"}]}, "True"),
+    ({"phase": "Shutdown", "agent_connected": None, "network_interfaces": [{"network": "n"}]}, "False"),
+    ({"phase": "Running", "agent_connected": False, "ip_addresses": ["10.0.0.5"],
+      "network_interfaces": [{"network": "n"}]}, "True"),
+    ({"phase": "Running", "agent_connected": False, "network_interfaces": [{"network": "n"}]}, "False"),
+    ({"phase": "Running", "agent_connected": False, "ip_addresses": ["10.0.0.5"],
+      "network_interfaces": [{"network": "n"}], "health": {"ever_agent": {"status": "True", "since": "x"}}},
+     "Unknown"),
+])
+def test_node_ready_is_the_guests_readiness(machine, expected):
+    """Issue 39: a running domain is not a ready guest; an agent that answered and fell silent is Unknown."""
+    from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import conditions_of
+    assert conditions_of(machine)["NodeReady"] == expected
+
+
+def test_a_startup_timeout_of_zero_disables_the_startup_check():
+    from ansible_collections.machinery.compute.plugins.module_utils.fleets.health_check import normalize_check, verdict
+    desired = normalize_check({"name": "c", "selector": {"match_labels": {"a": "b"}}, "node_startup_timeout": "0",
+                               "startup_condition": "NodeReady"})
+    machine = {"name": "m", "created": "2020-01-01T00:00:00+00:00", "phase": "Running"}
+    assert desired["startup"] is None
+    assert verdict(desired, machine, {}, "2026-01-01T00:00:00+00:00") == []
+    waiting = normalize_check({"name": "c", "selector": {"match_labels": {"a": "b"}}, "node_startup_timeout": "10m",
+                               "startup_condition": "NodeReady"})
+    assert verdict(waiting, machine, {"ever_ready": {"status": "True"}}, "2026-01-01T00:00:00+00:00") != []

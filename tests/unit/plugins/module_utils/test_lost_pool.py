@@ -1,6 +1,9 @@
 """A set's members on a pool it cannot reach: when they are replaced and what is fenced when the pool is back.
 Pure plans, the clock passed in."""
 
+import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import lost_pool
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import machine_set as ms
 
@@ -155,6 +158,12 @@ def test_the_newest_record_wins_over_a_pool_that_was_away():
 
 def test_durations_and_their_errors():
     assert lost_pool.seconds("1h30m", "f") == 5400 and lost_pool.seconds(0, "f") == 0
+    # a number of seconds, whole or not, as a number or as the text Ansible makes of it for a str option
+    assert [lost_pool.seconds(value, "f") for value in (5, "5", 3.5, "3.5", ".5", "1.5m", "0.5h1.5s")] == [
+        5, 5, 3.5, 3.5, 0.5, 90, 1801.5]
+    for bad in ("3.5.1", "5 m", "m", "1.5x", "-3.5", True):
+        with pytest.raises(ValidationError):
+            lost_pool.seconds(bad, "f")
     assert lost_pool.age(LOST_AT, LATER) == 300
     refused = None
     try:

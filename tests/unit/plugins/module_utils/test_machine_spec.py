@@ -202,6 +202,14 @@ def test_an_unpublished_class_is_refused_with_the_classes_the_pool_publishes():
         normalize(prm, facts(classes={"huge": None}))
 
 
+def test_a_machine_the_pool_lacks_is_named_absent_when_no_size_is_given():
+    """``state: running`` with no size, aimed at a pool the machine is not on (it moved away): the error says so
+    rather than asking for a class, and marks the name for the module to look for it on its other pools."""
+    message = refused("machine_class", normalize, params({"name": "web-1", "image": "/images/test.qcow2"}), facts())
+    assert message == ("there is no machine web-1 on pool pool1; to create it there, give machine_class, or both "
+                       "cpu and memory")
+
+
 def test_an_existing_machine_keeps_what_the_user_leaves_out():
     record = {"spec": {"name": "web-1", "machine_class": "small", "cpu": 1, "memory": 256 * MIB,
                        "labels": {"app": "web"}, "firmware": "uefi", "boot_config": "abc", "topology": None,

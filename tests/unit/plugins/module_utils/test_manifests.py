@@ -106,6 +106,7 @@ def test_ironcore_sample_translates_to_machine_options():
     assert machine["ignition"] == {"ignition": {"version": "3.4.0"}}
     assert machine["machine_pool"] == "pool1"  # where its volume is made
     assert objects["Volume/my-volume"].data == {"name": "my-volume", "size": 10 * 2 ** 30, "pool": "pool1",
+                                                "unclaimable": False, "claim": None,
                                                 "image": None, "image_path": None}
     published = {"name": "machineclass-sample", "cpu": 4, "memory": 16 * 2 ** 30}
     assert objects["MachineClass/machineclass-sample"].data == published
@@ -118,7 +119,7 @@ def test_openshift_set_and_check_translate_to_their_cores():
     assert workers["replicas"] == 2 and workers["selector"] == {"match_labels": {"set": "workers"}}
     assert workers["template"] == {"labels": {"set": "workers"}, "machine_class": "small", "image": "my-image"}
     check = objects["MachineHealthCheck/workers"].params
-    assert check["unhealthy_conditions"] == [{"type": "Ready", "status": "False", "timeout": "300s"}]
+    assert check["unhealthy_conditions"] == [{"type": "NodeReady", "status": "False", "timeout": 300.0}]
     assert check["max_unhealthy"] == "40%"
 
 
@@ -217,12 +218,19 @@ CORPUS = [
     ("ic-machine-dangling-secret", [IC_CLASS, IC_VOLUME, IC_NIC, IC_MACHINE],
      "Machine/machine-sample: spec.ignitionRef.name: Secret 'my-ignition-secret' is not among"),
     ("ic-secret-no-key", [IC_CLASS, IC_VOLUME, IC_NIC, _set(IC_SECRET, "data", {"other": "e30="}), IC_MACHINE],
-     "Machine/machine-sample: spec.ignitionRef.key: the secret has no key 'ignition'"),
+     "Machine/machine-sample: spec.ignitionRef.key: the secret has no key 'ignition.yaml'"),
     ("ic-secret-bad-base64", [IC_CLASS, IC_VOLUME, IC_NIC, _set(IC_SECRET, "data.ignition", "%%%"), IC_MACHINE],
      "Machine/machine-sample: spec.ignitionRef.key: data.ignition of the secret is not valid base64"),
     ("ic-power", [_set(IC_MACHINE, "spec.power", "Maybe")], "Machine/machine-sample: spec.power: unsupported value"),
+    # YAML 1.1 reads an unquoted On (and Off, yes, no) as a boolean: say so, and how to write it
+    ("ic-power-unquoted-on", [_set(IC_MACHINE, "spec.power", True)],
+     'Machine/machine-sample: spec.power: must be a string, and YAML read the boolean true here: an unquoted On is '
+     'one; write power: "On"'),
+    ("ic-power-unquoted-off", [_set(IC_MACHINE, "spec.power", False)],
+     'Machine/machine-sample: spec.power: must be a string, and YAML read the boolean false here: an unquoted Off is '
+     'one; write power: "Off"'),
     ("ic-volume-two-sources", [_set(IC_MACHINE, "spec.volumes.1.volumeRef", {"name": "x"})],
-     "Machine/machine-sample: spec.volumes[1]: give exactly one of volumeRef, emptyDisk or ephemeral"),
+     "Machine/machine-sample: spec.volumes[1]: give exactly one of volumeRef, emptyDisk, localDisk or ephemeral"),
     ("ic-volume-duplicate", [_set(IC_MACHINE, "spec.volumes.1.name", "rootdisk")],
      "Machine/machine-sample: spec.volumes[1].name: duplicate name"),
     ("ic-volume-not-list", [_set(IC_MACHINE, "spec.volumes", "rootdisk")],
@@ -230,8 +238,8 @@ CORPUS = [
     ("ic-volume-size", [_set(IC_VOLUME, "spec.resources.storage", "-1Gi")], "Volume/my-volume: spec.resources.storage"),
     ("ic-volume-image-unpublished", [_set(IC_VOLUME, "spec.image", "nope")],
      "Volume/my-volume: spec.image: no image named 'nope' is published on pool pool1"),
-    ("ic-volume-os-image-unpublished", [_set(IC_VOLUME, "spec.dataSource", {"osImage": "ghcr.io/os:1"})],
-     "Volume/my-volume: spec.dataSource.osImage: 'ghcr.io/os:1' is neither an image published on pool pool1"),
+    ("ic-volume-os-image-unpublished", [_set(IC_VOLUME, "spec.dataSource", {"osImage": "no-such-image"})],
+     "Volume/my-volume: spec.dataSource.osImage: no image named 'no-such-image' is published on pool pool1"),
     ("ic-volume-two-images", [_set(_set(IC_VOLUME, "spec.image", "debian-12"), "spec.dataSource",
                                    {"osImage": "other"})],
      "Volume/my-volume: spec.dataSource.osImage: differs from spec.image"),
@@ -261,8 +269,8 @@ CORPUS = [
      "MachineSet/workers: spec.template.spec.providerSpec.value.machineClass: MachineClass 'huge' is neither"),
     ("os-delete-policy", [_set(OS_SET, "spec.deletePolicy", "Youngest")],
      "MachineSet/workers: spec.deletePolicy: unsupported value"),
-    ("os-mhc-condition", [_set(OS_MHC, "spec.unhealthyConditions.0.type", "DiskPressure")],
-     "MachineHealthCheck/workers: spec.unhealthyConditions[0].type: unsupported value"),
+    ("os-mhc-condition", [_set(OS_MHC, "spec.unhealthyConditions.0.status", "Maybe")],
+     "MachineHealthCheck/workers: spec.unhealthyConditions[0].status: unsupported value"),
     ("os-mhc-timeout", [_set(OS_MHC, "spec.unhealthyConditions.0.timeout", "soon")],
      "MachineHealthCheck/workers: spec.unhealthyConditions[0].timeout:"),
     ("os-mhc-no-selector", [_set(OS_MHC, "spec.selector", DELETE)], "MachineHealthCheck/workers: spec.selector: "
@@ -398,6 +406,54 @@ def test_a_key_given_twice_is_refused_with_its_path(tmp_path):
     assert problems == [] and found[0][1]["merged"] == {"a": 1, "c": 2}
 
 
+def alias_bomb(levels):
+    """A Machine of a few hundred bytes whose annotations, their aliases expanded, hold 10**levels strings."""
+    lines = ["apiVersion: compute.ironcore.dev/v1alpha1", "kind: MachineClass", "metadata:", "  name: bomb",
+             "  annotations:", "    l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += ["    l%d: &l%d [%s]" % (level, level, ", ".join(["*l%d" % (level - 1)] * 10))
+              for level in range(1, levels)]
+    return "\n".join(lines + ["capabilities: {cpu: 1, memory: 128Mi}"]) + "\n"
+
+
+def test_an_alias_bomb_is_refused_naming_its_document(tmp_path):
+    """Ten levels stand for 10**10 nodes: the document is refused from its 150 or so written nodes, each visited
+    once; six levels (a million) are refused too, and nothing of either document is built."""
+    (tmp_path / "bomb.yml").write_text("apiVersion: v1\nkind: Secret\nmetadata: {name: one}\n---\n" + alias_bomb(10))
+    found, problems = docs.load_sources(str(tmp_path), alias_bomb(6))
+    assert [origin for origin, _doc in found] == ["%s#1" % (tmp_path / "bomb.yml")]
+    assert len(problems) == 2
+    assert problems[0].startswith("src: %s#2: its YAML aliases expand it to " % (tmp_path / "bomb.yml"))
+    assert problems[1].startswith("definition#1: its YAML aliases expand it to ")
+    assert "(the anchor at line 10 is one they repeat)" in problems[0]  # the file's second document
+    assert "(the anchor at line 6 is one they repeat)" in problems[1]
+    assert all(problem.endswith("write the repeated parts out") for problem in problems)
+
+
+def test_an_alias_naming_a_node_around_it_is_refused():
+    _found, problems = docs.load_sources(None, "kind: Machine\nspec: &spec\n  again: *spec\n")
+    assert problems == ["definition#1: an alias names the anchor at line 2, whose node holds the alias itself: the "
+                        "document would never end; write it without that alias"]
+
+
+def test_aliases_that_repeat_a_block_are_read_and_checked_once():
+    """Shared labels on many machines are what aliases are for: read as written, a duplicate key in the shared
+    block reported once, where it is written."""
+    text = ("kind: List\nitems:\n" + "  - {kind: Secret, metadata: {name: base, labels: &labels {app: web, tier: a}}}\n"
+            + "".join("  - {kind: Secret, metadata: {name: s%d, labels: *labels}}\n" % index for index in range(300)))
+    found, problems = docs.load_sources(None, text)
+    assert problems == [] and len(found) == 301
+    assert found[-1][1]["metadata"]["labels"] == {"app": "web", "tier": "a"}
+    _found, problems = docs.load_sources(None, "a: &x {k: 1, k: 2}\nb: *x\nc: [*x, *x]\n")
+    assert problems == ["definition#1: a.k: the key k is given twice (lines 1 and 1); give it once"]
+
+
+def test_a_document_nested_thousands_deep_is_refused(tmp_path):
+    (tmp_path / "deep.yml").write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    found, problems = docs.load_sources(str(tmp_path), "a: " + "{b: " * 5000 + "}" * 5000)
+    assert found == [] and problems == ["src: %s: %s" % (tmp_path / "deep.yml", docs.TOO_DEEP),
+                                        "definition: %s" % docs.TOO_DEEP]
+
+
 def test_a_symlink_out_of_the_src_directory_is_refused(tmp_path):
     outside = tmp_path / "secret.yml"
     outside.write_text("root: secret\n")
@@ -464,15 +520,44 @@ def test_core_problems_name_the_documents_own_path():
 
 
 def test_health_check_problems_and_unknown_conditions():
+    """Upstream's meaning (issue 39): Ready is the guest's readiness (NodeReady); Unknown is its own status, and
+    also the pool's silence (the lost-pool timeout); Node conditions libvirt cannot see are warned with why;
+    nodeStartupTimeout "0" disables the startup check; timeouts are Go durations."""
     bad = copy.deepcopy(OS_MHC)
     bad["spec"]["maxUnhealthy"] = "140%"
     assert problems_of(bad) == ["MachineHealthCheck/workers: spec.maxUnhealthy: must be between 0% and 100%, got 140%"]
     unknown = copy.deepcopy(OS_MHC)
     unknown["spec"]["unhealthyConditions"] = [{"type": "Ready", "status": "False", "timeout": "300s"},
-                                              {"type": "Ready", "status": "Unknown", "timeout": "60s"}]
+                                              {"type": "Ready", "status": "Unknown", "timeout": "1.5h"},
+                                              {"type": "Ready", "status": "Unknown", "timeout": "1h2m3s"},
+                                              {"type": "Terminating", "status": "True", "timeout": "0s"},
+                                              {"type": "DiskPressure", "status": "True", "timeout": "300ms"}]
+    unknown["spec"]["nodeStartupTimeout"] = "0"
     objects, warnings = objects_of(unknown)
-    assert objects["MachineHealthCheck/workers"].params["unhealthy_conditions"] == [
-        {"type": "Ready", "status": "False", "timeout": "60s"}] and warnings == []
+    params = objects["MachineHealthCheck/workers"].params
+    assert params["unhealthy_conditions"] == [{"type": "NodeReady", "status": "False", "timeout": 300.0},
+                                              {"type": "NodeReady", "status": "Unknown", "timeout": 3723.0}]
+    assert params["unreachable_timeout"] == 3723.0 and params["node_startup_timeout"] == 0.0
+    assert params["startup_condition"] == "NodeReady"
+    assert any(line.startswith("MachineHealthCheck/workers: spec.unhealthyConditions[3].type: Terminating: ")
+               for line in warnings), warnings
+    assert any(line.startswith("MachineHealthCheck/workers: spec.unhealthyConditions[4].type: DiskPressure: ")
+               for line in warnings), warnings
+
+
+@pytest.mark.parametrize("text, expected", [("300ms", 0.3), ("1.5h", 5400.0), ("1h2m3s", 3723.0), ("0", 0.0),
+                                            ("2h45m", 9900.0), (".5s", 0.5), ("1us", 1e-6)])
+def test_go_durations(text, expected):
+    from ansible_collections.machinery.compute.plugins.module_utils.manifests.openshift import go_duration
+    assert go_duration(text, "t") == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["5", "-1s", "1d", "s", "1h 2m", ""])
+def test_bad_go_durations_are_refused(text):
+    from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+    from ansible_collections.machinery.compute.plugins.module_utils.manifests.openshift import go_duration
+    with pytest.raises(ValidationError):
+        go_duration(text, "t")
 
 
 def test_a_nic_on_a_network_no_pool_has_is_refused_before_anything_is_written():

@@ -150,6 +150,46 @@ def test_an_unexpected_key_is_believed_gone_at_once(monkeypatch):
     assert pool.deleted == []
 
 
+class CountingListings(HidingPool):
+    """A HidingPool that counts its listings and refreshes."""
+
+    def __init__(self, volumes, hidden=()):
+        super().__init__(volumes, hidden)
+        self.listings = self.refreshes = 0
+
+    def listVolumes(self):
+        self.listings += 1
+        return super().listVolumes()
+
+    def refresh(self, flags):
+        self.refreshes += 1
+        super().refresh(flags)
+
+
+def no_waiting(_seconds):
+    raise AssertionError("the registry waited for a document that a complete listing shows absent")
+
+
+def test_a_class_a_complete_listing_lacks_is_absent_at_once(monkeypatch):
+    """A manifest publishing 500 new classes asks each pool for each of them: a listing that holds the registration
+    is complete, so each absent class costs neither a wait nor another listing."""
+    pool = CountingListings(["pool.1.json", "class-small.1.json"])
+    monkeypatch.setattr(reg.time, "sleep", no_waiting)
+    registry = reg.Registry(None, pool)
+    assert [registry.machine_class("bench-%d" % index) for index in range(50)] == [None] * 50
+    assert (pool.listings, pool.refreshes) == (1, 0)
+
+
+def test_a_class_hidden_with_the_registration_is_listed_again(monkeypatch):
+    """A listing without the registration was taken in libvirt's refresh window: the class is looked for again."""
+    pool = CountingListings(["pool.1.json", "class-small.1.json"], hidden=["pool.1.json", "class-small.1.json"])
+    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
+    monkeypatch.setattr(reg.Registry, "_read", lambda self, key, relisted=False: (
+        {"name": "small"} if reg.class_key("small") in self._generations() else None))
+    assert reg.Registry(None, pool).machine_class("small") == {"name": "small"}
+    assert pool.refreshes >= 1
+
+
 class LaggingRegistry:
     """A registry pool in libvirt's refresh window: its first ``lag`` listings (and its lookups meanwhile) show
     nothing, whatever this process does; then everything."""

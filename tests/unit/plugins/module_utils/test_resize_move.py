@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import GIB, pool_snapshot
+from conftest import GIB, pool_snapshot, refused
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import resize_move
@@ -58,3 +58,14 @@ def test_tolerations_go_with_the_machine():
     tolerant = resize_move.placement_request(refusal(tolerations=[{"key": "gpu", "operator": "Exists",
                                                                    "effect": "NoSchedule"}]).resize)
     assert pick_target(tolerant, pools, UNIX % "a")[0]["name"] == "gpu"
+
+
+def test_the_pools_allow_move_may_use_are_checked_when_no_move_is_needed():
+    """A wrong pools entry is refused on the run that gives it, not at the first resize that needs a move."""
+    assert resize_move.move_pools(None, True) == [] and resize_move.move_pools([], False) == []
+    assert "allow_move has no pool" in refused("pools", resize_move.move_pools, [], True)
+    refused("pools[0].uri", resize_move.move_pools, ["qemu+unix:///nope"], True)
+    refused("pools[1].uri", resize_move.move_pools, [UNIX % "a", {"uri": "qemu+unix:///nope"}], False)
+    assert "needs a uri" in refused("pools[0]", resize_move.move_pools, [{"name": "x"}], True)
+    assert resize_move.move_pools([UNIX % "a", {"name": "b", "uri": UNIX % "b"}], True) == [
+        {"name": None, "uri": UNIX % "a"}, {"name": "b", "uri": UNIX % "b"}]

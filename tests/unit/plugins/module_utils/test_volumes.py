@@ -137,6 +137,19 @@ def test_delete_while_attached_needs_force():
         "detach_device", "detach_device", "delete_volume"]
 
 
+@pytest.mark.parametrize("state, force", [("absent", True), ("absent", False), ("present", False)])
+def test_a_machines_own_volume_is_refused_whatever_force_says(state, force):
+    owner = ("vf1", "the root disk", "machinery.compute.machine with state: absent deletes it with the machine")
+    observed = Seen("hv1", {"path": "/p/vf1-root.qcow2", "capacity": GIB, "format": "qcow2"}, None,
+                    [dict(USER, machine="vf1", device="vda")], owner)
+    with pytest.raises(ConflictError) as caught:
+        plan_volume(want(state=state, force=force, size="2Gi" if state == "present" else None), observed)
+    assert caught.value.field == "name"
+    assert "the root disk of machine vf1" in caught.value.message and "state: absent" in caught.value.message
+    # gone already: nothing to refuse, nothing to do
+    assert plan_volume(want(state="absent", force=True), Seen("hv1", None, None, [], owner)).actions == []
+
+
 def test_shown_and_filters():
     volume = shown("data", seen(GIB, record={"name": "data", "labels": {"app": "web"}}, users=[RUNNING, USER]))
     assert volume == {"name": "data", "pool": "hv1", "size": "1Gi", "format": "qcow2", "labels": {"app": "web"},
