@@ -141,7 +141,10 @@ options:
         description: Name of an existing volume in the pool's C(machinery) storage pool.
         type: str
       image:
-        description: Image path or URL (or a published image's name) for an overlay disk.
+        description:
+          - Image path or URL (or a published image's name) for an overlay disk.
+          - A machine without O(image) boots from its first existing volume or volume of an image, else its first
+            empty volume.
         type: str
       image_checksum:
         description: sha256 of O(volumes[].image).

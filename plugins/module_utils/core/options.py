@@ -449,6 +449,7 @@ MANIFEST = (
     Option("shutdown_timeout", "int", default=60),
     Option("image_ca_file", "path"),
     Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
+    Option("providers", "list", elements="str"),  # left out: libvirt alone (engine.DEFAULT_PROVIDERS)
 )
 
 MANIFEST_INFO = (

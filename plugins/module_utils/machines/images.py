@@ -140,6 +140,41 @@ def download(url, checksum, opener):
     return target
 
 
+def checksum_of_url(url, opener):
+    """(sha256, first) of an image URL given without a checksum (vitistack's os.imageID). The first call downloads
+    the file once into the cache, records its sha256 by URL on this controller and returns first=True; later
+    calls return the recorded sha256, against which the download is then verified, so a file changed at that URL
+    is a checksum mismatch rather than a different image booted."""
+    memo_path = os.path.join(cache_dir(), "url-checksums.json")
+    try:
+        with open(memo_path) as handle:
+            memo = json.load(handle)
+    except (OSError, ValueError):
+        memo = {}
+    if url in memo:
+        return memo[url], False
+    if opener is None:
+        raise MachineryError("no way to download %s here" % url, "image")
+    os.makedirs(os.path.join(cache_dir(), "images"), exist_ok=True)
+    digest = hashlib.sha256()
+    with tempfile.NamedTemporaryFile(dir=os.path.join(cache_dir(), "images"), delete=False) as handle:
+        try:
+            with opener(url, timeout=60) as response:
+                for block in iter(lambda: response.read(storage.CHUNK), b""):
+                    digest.update(block)
+                    handle.write(block)
+        except (OSError, ValueError) as exc:
+            os.unlink(handle.name)
+            raise MachineryError("cannot download %s: %s" % (url, exc), "image") from None
+    checksum = digest.hexdigest()
+    os.replace(handle.name, os.path.join(cache_dir(), "images", checksum))
+    memo[url] = checksum
+    with tempfile.NamedTemporaryFile("w", dir=cache_dir(), delete=False) as handle:
+        json.dump(memo, handle)
+    os.replace(handle.name, memo_path)
+    return checksum, True
+
+
 _UPLOAD_LOCKS = {}
 _UPLOAD_LOCKS_GUARD = threading.Lock()
 

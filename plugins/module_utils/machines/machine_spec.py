@@ -89,7 +89,7 @@ def params(raw, field=None, scheduling=False, defaults=None, defaults_field="def
         checked["tolerations"] = scheduler.normalize_tolerations(given["tolerations"],
                                                                  _at(field, "tolerations")) or []
     if given["machine_class"]:
-        check.dns_label(given["machine_class"], _at(field, "machine_class"))
+        check.class_name(given["machine_class"], _at(field, "machine_class"))
     if given["cpu"] is not None:
         checked["cpu"] = check.cpu_count(given["cpu"], _at(field, "cpu"))
     if given["memory"] is not None:
@@ -722,18 +722,22 @@ def normalize(prm, facts, record=None, current=None):
         taken = {"vda"}
     else:
         # no image: the machine boots from the first existing volume attached (as KupenStack's machines do), or
-        # from the first volume made from an image (IronCore's ephemeral root volume filled from its OS image)
-        if not any(item.get("volume") or item.get("image") for item in prm["volumes"] or []):
-            raise ValidationError("is required to create a machine, unless it boots from an existing volume "
-                                  "or a volume made from an image (a volumes entry with volume or image set)",
-                                  "image")
+        # from the first volume made from an image (IronCore's ephemeral root volume filled from its OS image; a
+        # vitistack boot disk with limits of its own), else from its first empty one (as vitistack's kubevirt
+        # machines do)
+        if not any(item.get("volume") or item.get("image") or item.get("size") is not None
+                   for item in prm["volumes"] or []):
+            raise ValidationError("is required to create a machine, unless it boots from a volume (an existing one, "
+                                  "one made from an image, or an empty one)", "image")
         if prm["root_size"]:
             raise ValidationError("a machine without an image has no root disk to size", "root_size")
         spec.update(image=None, root_size=None)
         taken = set()
     spec["volumes"] = _volumes(prm, facts, taken)
     if not prm["image"]:
-        next(vol for vol in spec["volumes"] if vol["source"] in ("volume", "image"))["boot"] = True
+        booted = [vol for vol in spec["volumes"] if vol["source"] in ("volume", "image")] or \
+            [vol for vol in spec["volumes"] if vol["source"] == "empty"]
+        booted[0]["boot"] = True
     spec["swap"] = _swap(prm, facts, spec["volumes"])
     spec["disk_qos"] = cap.desired_disk_qos(spec["volumes"])
     spec["network_interfaces"] = _nics(prm, facts)

@@ -33,7 +33,7 @@ def machines_using(conn, name):
 
 def plan_class(params, current, users):
     """Publish or withdraw: pure, from the parameters, the published body and the machines using the class."""
-    name = check.dns_label(params.get("name"), "name")
+    name = check.class_name(params.get("name"), "name")
     state = check.one_of(params.get("state") or "present", options.PRESENCE, "state")
     key = reg.class_key(name)
     if state == "absent":
@@ -61,7 +61,7 @@ class ClassResource(Resource):
     def __init__(self, ctx, params):
         self.ctx = ctx
         self.params = params
-        self.name = check.dns_label(params.get("name"), "name")
+        self.name = check.class_name(params.get("name"), "name")
 
     def describe(self):
         return "machine class %s" % self.name

@@ -31,7 +31,8 @@ EXPECTED_RETRY_SECONDS = 2.0
 PRUNE_RETRY_SECONDS = 8.0
 STORAGE_POOL = "machinery"
 POOL_KEY = "pool"
-_DOC = re.compile(r"^(?P<key>[a-z0-9][-a-z0-9]*)\.(?P<generation>[0-9]+)\.json$")
+# a key may hold dots (a class named t3.medium): the generation is the last number before ".json"
+_DOC = re.compile(r"^(?P<key>[a-z0-9][-a-z0-9.]*)\.(?P<generation>[0-9]+)\.json$")
 
 
 def registry_path(storage_path):
