@@ -221,6 +221,13 @@ class HealthCheckResource(Resource):
     def describe(self):
         return "machine health check %s" % self.desired["name"]
 
+    def holds(self, plan, observed):
+        """The members it deletes or restarts, on their pools, for the whole remediation: a restart's stop and
+        start are one operation (the machine module's runs inside take the same holds)."""
+        return [self.fleet.contexts[action.data["uri"]].coordination.of(self.fleet.contexts[action.data["uri"]],
+                                                                        action.target)
+                for action in plan.actions if action.kind in ("delete", "restart")]
+
     def observe(self):
         """The machines the check covers, each with the ``health`` its record keeps; outside check mode the
         conditions that changed since the last observation are recorded (so timeouts count across runs)."""

@@ -563,6 +563,10 @@ class MachineSetResource(Resource):
     def describe(self):
         return "machine set %s" % self.desired["name"]
 
+    def holds(self, plan, observed):
+        """None here: each member's create or delete holds that member (the machine resource's converge)."""
+        return ()
+
     def observe(self):
         snapshots, contexts, machines = read_fleet(self.fleet)
         pools = []

@@ -24,7 +24,7 @@ from __future__ import annotations
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import MOVE
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
@@ -142,8 +142,9 @@ class MoveResource(Resource):
         """Hold the machine on pool ``uri`` for the rest of the run: a second move of it waits for this one, and
         the machine module refuses to change it meanwhile (it reads the holder in the journal)."""
         if uri not in self.holds:
-            hold = reg.machine_hold(self.pools.get(uri).conn, self.machine, reg.MOVE_WAIT_SECONDS, field="machine")
-            self.holds[uri] = hold.__enter__()
+            ctx = self.pools.get(uri)
+            hold = self.pools.coordination.machine(ctx.conn, self.machine, uri, operation=MOVE)
+            self.holds[uri] = hold.acquire()
         return self.holds[uri]
 
     def hold_home(self):
@@ -167,6 +168,12 @@ class MoveResource(Resource):
 
     def holder(self):
         return next((hold.marker for hold in self.holds.values() if hold.marker), None)
+
+    def holds(self, plan, observed):
+        """None for ``converge`` to take: a move holds the machine on its pool from before it observes it
+        (``hold_home``, called by ``run``) and on the target once it knows it (``_move``, ``_resolve``), for the
+        whole run; the holds are this run's coordination's, so they are the same holds converge would take."""
+        return ()
 
     @property
     def warnings(self):
@@ -210,9 +217,9 @@ class MoveResource(Resource):
 
 # --- the service the module calls -------------------------------------------------------------------------------
 
-def run(entries, params, check_mode=False, opener=None):
+def run(entries, params, check_mode=False, opener=None, coordination=None):
     """Move one machine as ``params`` say: (plan, the module's return beyond what the plan gives)."""
-    pools = Pools(entries, opener)
+    pools = Pools(entries, opener, coordination)
     params = options.defaulted(options.MACHINE_MIGRATE, params)
     resource = None
     try:

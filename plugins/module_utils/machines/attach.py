@@ -76,6 +76,10 @@ class Attachment(Resource):
     def describe(self):
         return "%s of machine %s" % (self.entry_key, self.machine)
 
+    def holds(self, plan, observed):
+        """The target machine: a device goes in or out of it."""
+        return [self.ctx.coordination.of(self.ctx, self.machine)]
+
     def observe_target(self):
         return observe_target(self.conn, self.machine, self.ctx.name or self.ctx.uri)
 

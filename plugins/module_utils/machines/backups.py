@@ -172,6 +172,13 @@ class BackupResource(Resource):
     def describe(self):
         return "the backups of machine %s" % self.machine
 
+    def holds(self, plan, observed):
+        """The machine, for a backup (a job on its disks) and a restore (its disks replaced); deleting or
+        pruning backup files leaves it alone."""
+        if any(action.kind in ("backup", "restore") for action in plan.actions):
+            return [self.ctx.coordination.of(self.ctx, self.machine)]
+        return ()
+
     def observe(self):
         self.ctx.reset()
         observed = observe_machine(self.conn, self.machine)

@@ -125,6 +125,10 @@ class ImageResource(Resource):
     def describe(self):
         return "image %s on pool %s" % (self.name, self.ctx.name or self.ctx.uri)
 
+    def holds(self, plan, observed):
+        """None: a named image changes no machine."""
+        return ()
+
     def observe(self):
         self.ctx.reset()
         current = self.ctx.registry.get(image_key(self.name))

@@ -15,6 +15,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import jou
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NotFoundError
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import PoolView
 
@@ -95,9 +96,11 @@ APPLYING_PER_POOL = 4
 class PoolContext:
     """What one run needs from a pool host, each piece fetched at most once."""
 
-    def __init__(self, conn, uri):
+    def __init__(self, conn, uri, coordination=None):
         self.conn = conn
         self.uri = uri
+        # the run's holds on machines (coordination/holds.py): shared by every pool of a run
+        self.coordination = coordination if coordination is not None else Coordination()
         # the threads of a run that change machines on this pool at once (see APPLYING_PER_POOL)
         self.applying = threading.BoundedSemaphore(APPLYING_PER_POOL)
         self._registry = None

@@ -66,6 +66,10 @@ class ClassResource(Resource):
     def describe(self):
         return "machine class %s" % self.name
 
+    def holds(self, plan, observed):
+        """None: a class changes no machine."""
+        return ()
+
     def observe(self):
         self.ctx.reset()
         current = self.ctx.registry.machine_class(self.name)

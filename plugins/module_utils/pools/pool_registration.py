@@ -291,6 +291,10 @@ class PoolResource(Resource):
     def describe(self):
         return "pool %s" % self.params.get("name")
 
+    def holds(self, plan, observed):
+        """None: a pool's registration, storage and networks changes no machine."""
+        return ()
+
     def observe(self):
         conn = self.conn
         self.ctx.reset()

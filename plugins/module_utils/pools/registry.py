@@ -380,12 +380,13 @@ def _controller():
     return _identity()[0]
 
 
-def holder_marker(prefix=HOLDER_PREFIX):
+def holder_marker(prefix=HOLDER_PREFIX, tag=""):
     """The name of the volume that says who holds the lock: this controller, this process (pid and start time)
-    and its thread (threads of one run take a pool's lock in turn). A name, not content: it is read with a
-    listing, never with a stream that would keep the lock busy."""
+    and its thread (threads of one run take a pool's lock in turn), then ``tag`` (what the holder tells its
+    waiters: coordination/holds.py). A name, not content: it is read with a listing, never with a stream that
+    would keep the lock busy."""
     controller, start = _identity()
-    return "%s%s.%d.%s.%d" % (prefix, controller, os.getpid(), start, threading.get_ident() % 10 ** 9)
+    return "%s%s.%d.%s.%d%s" % (prefix, controller, os.getpid(), start, threading.get_ident() % 10 ** 9, tag)
 
 
 def holder_is_dead(marker, prefix=HOLDER_PREFIX):
@@ -446,6 +447,12 @@ def _delete_made(pool, volume, name):
             _delete_quietly(pool, name)
 
 
+def _naming(exc, marker):
+    """``exc`` (a refusal to wait) with the holder ``marker`` it names (None: a holder that named nobody)."""
+    exc.holder_marker = marker
+    return exc
+
+
 class AdmissionLock:
     """A lock on one pool host made from libvirt alone: creating a storage volume is atomic, so whoever creates
     ``admission.lock`` in the registry pool holds it; beside it, the volume ``admission.holder.<controller>.<pid>.
@@ -454,7 +461,7 @@ class AdmissionLock:
 
     def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS, name=LOCK_VOLUME, holder_prefix=HOLDER_PREFIX,
                  stale=LOCK_STALE_SECONDS, what="the admission lock of this pool", refuse=None, field="uri",
-                 markerless=None):
+                 markerless=None, tag="", waiting=None):
         self.conn = conn
         self.pool = pool
         self.timeout = timeout
@@ -467,6 +474,9 @@ class AdmissionLock:
         # markerless(age): whether a lock of this age with no holder marker is abandoned (machine_hold: a create
         # holds its machine that way, named by its wave); None: once it has had no marker for MARKERLESS_SECONDS
         self.markerless = markerless
+        self.tag = tag  # appended to the holder marker (holder_marker)
+        # waiting(holder marker or None, seconds waited): called while the lock is held by another run
+        self.waiting = waiting
         self.volume = None
         self.marker = None
         self.marker_volume = None
@@ -513,8 +523,9 @@ class AdmissionLock:
             self._break(markers)
 
     def acquire(self):
-        deadline = time.monotonic() + self.timeout
-        marker = holder_marker(self.holder_prefix)
+        began = time.monotonic()
+        deadline = began + self.timeout
+        marker = holder_marker(self.holder_prefix, self.tag)
         while True:
             # named first: a run killed at any point leaves no lock without its (dead, so breakable) holder
             marker_volume = storage.create_volume(self.pool, marker, 1, "raw", mode="0600", replace=True)
@@ -546,13 +557,15 @@ class AdmissionLock:
                 holders = [marker for marker in current[1] if not holder_is_dead(marker, self.holder_prefix)]
                 refusal = self.refuse(holders[0]) if self.refuse is not None and len(holders) == 1 else None
                 if refusal:
-                    raise ConflictError(refusal, self.field)
+                    raise _naming(ConflictError(refusal, self.field), holders[0])
+            holder = current[1][0] if current is not None and len(current[1]) == 1 else None
             if time.monotonic() > deadline:
-                who = ""
-                if current is not None and len(current[1]) == 1:
-                    who = " (%s)" % current[1][0][len(self.holder_prefix):]
-                raise ConflictError("%s has been held for over %ds by another run%s; a lock is taken as abandoned "
-                                    "after %ds" % (self.what, self.timeout, who, self.stale), self.field)
+                who = " (%s)" % holder[len(self.holder_prefix):] if holder else ""
+                raise _naming(ConflictError("%s has been held for over %ds by another run%s; a lock is taken as "
+                                            "abandoned after %ds" % (self.what, self.timeout, who, self.stale),
+                                            self.field), holder)
+            if self.waiting is not None:
+                self.waiting(holder, time.monotonic() - began)
             time.sleep(0.05 + random.random() * 0.1)
 
     def _complete_names(self):
@@ -630,7 +643,7 @@ def holder_description(marker, prefix):
     return "pid %s on this controller" % pid if controller == _controller() else "on controller %s" % controller
 
 
-def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=None):
+def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=None, tag="", waiting=None):
     """The hold on ``machine`` in the registry of the pool behind ``conn`` (nothing when the pool has no
     registry): one run at a time changes the machine there. ``refuse(marker)`` says why not to wait for the
     run holding it (a move, for the machine module), or None to wait up to ``timeout``. ``registry`` (the run's
@@ -646,7 +659,7 @@ def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=Non
         return _Held()
     return AdmissionLock(conn, pool, timeout, hold_volume(machine), hold_prefix(machine), MOVE_STALE_SECONDS,
                          "the hold on machine %s" % machine, refuse, field,
-                         lambda age: claim_abandoned(conn, pool, machine, age))
+                         lambda age: claim_abandoned(conn, pool, machine, age), tag, waiting)
 
 
 # A create holds its machine too, but more cheaply than a change does (a marker and a lock volume, made and deleted,
@@ -740,6 +753,9 @@ def clear_dead_holds(conn, pool, names):
 
 class _Held:
     marker = None
+
+    def acquire(self):
+        return self
 
     def release(self):
         pass

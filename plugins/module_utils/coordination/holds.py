@@ -1,0 +1,208 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Holds on machines: how a run keeps every other run off a machine while it changes it (docs/concurrency.md).
+
+``convergence.converge`` takes the holds a resource's plan needs (``Resource.holds``) before the first action and
+gives them back after the last; nothing else decides whether a change is held. A hold is the machine's lock
+volume in its pool's registry (``registry.machine_hold``) with a holder marker whose name says who holds it: the
+controller, the process, the operation and since when. A run that finds the machine held waits for up to
+``hold_timeout`` seconds (the action group's common option), saying so in its progress, then fails with
+``reason: Conflict`` and ``holder`` {controller, operation, since}. A machine held by a move is refused at once:
+when the move is done the machine is no longer on the pool this run was asked to change it on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import socket
+import threading
+import time
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import progress
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+
+DEFAULT_HOLD_TIMEOUT = 900
+MOVE = "machine_migrate"  # the operation of a move's holds (the module, the drain role, a resize that moves)
+PROGRESS_EVERY = 5.0  # seconds between two progress lines of a waiting run
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _word(text):
+    """``text`` as one field of a marker name (fields are split on dots)."""
+    return _UNSAFE.sub("_", str(text))[:40] or "_"
+
+
+class Coordination:
+    """What the holds of one run need to know: the ``operation`` they are taken for (the module's name), how long
+    a run waits for a held machine (``hold_timeout``), and the file its progress goes to (core/progress.py).
+    Built once per run by the module base; nothing is kept between runs or in the process."""
+
+    def __init__(self, operation="machinery", hold_timeout=DEFAULT_HOLD_TIMEOUT, progress_path=None,
+                 host=None, clock=time.time):
+        self.operation = operation
+        self.hold_timeout = DEFAULT_HOLD_TIMEOUT if hold_timeout is None else hold_timeout
+        self.progress_path = progress_path if progress_path is not None else os.environ.get(progress.ENV)
+        self.host = host or socket.gethostname()
+        self.clock = clock
+        # {key: [hold, depth]} of the holds this run has taken: an operation that holds a machine and then has
+        # the machine module act on it (a health check's restart) takes it once
+        self.held = {}
+        self._guard = threading.Lock()
+
+    def tag(self, operation=None):
+        """The end of a holder marker: ``.<operation>.<since>.<host>``, read back by ``holder``."""
+        return ".%s.%d.%s" % (_word(operation or self.operation), int(self.clock()), _word(self.host))
+
+    def machine(self, conn, machine, uri="", registry=None, field="machine", operation=None, timeout=None):
+        """The hold on ``machine`` on the pool at ``uri`` behind ``conn`` (not taken yet: ``acquire`` or
+        ``with``). ``registry`` (the run's Registry of that pool, opened already) spares a lookup."""
+        return MachineHold(self, conn, machine, uri, registry, field, operation, timeout)
+
+    def of(self, ctx, machine, field="machine"):
+        """The hold on ``machine`` of the pool a PoolContext ``ctx`` reaches."""
+        registry = ctx.registry if ctx.registration else None
+        return self.machine(ctx.conn, machine, ctx.uri, registry, field)
+
+    def report_wait(self, message):
+        """One line of progress for a waiting run, where an action plugin shows it (core/progress.py)."""
+        if not self.progress_path:
+            return
+        partial = self.progress_path + ".part"
+        try:
+            with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+                handle.write('{"message": %s}' % _json_string(message))
+            os.replace(partial, self.progress_path)
+        except OSError:
+            self.progress_path = None
+
+
+def _json_string(text):
+    return json.dumps(text)
+
+
+def holder(marker, prefix):
+    """{controller, operation, since, pid} of a holder marker; a hold without a marker is a create's claim (its
+    wave names it, registry.claim)."""
+    if not marker:
+        return {"controller": None, "operation": "create", "since": None, "pid": None}
+    fields = marker[len(prefix):].split(".")
+    pid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    if len(fields) < 7:  # a marker of an older version: who, not what
+        return {"controller": fields[0] if fields else None, "operation": None, "since": None, "pid": pid}
+    since = None
+    if fields[5].isdigit():
+        since = datetime.datetime.fromtimestamp(int(fields[5]), datetime.timezone.utc).isoformat()
+    return {"controller": fields[6], "operation": fields[4], "since": since, "pid": pid}
+
+
+def describe_holder(found):
+    what = found["operation"] or "another run"
+    where = " on %s" % found["controller"] if found["controller"] else ""
+    pid = " (pid %s)" % found["pid"] if found["pid"] else ""
+    since = " since %s" % found["since"] if found["since"] else ""
+    return "%s%s%s%s" % (what, where, pid, since)
+
+
+class MachineHold:
+    """One run's hold on one machine of one pool. ``key`` orders the holds of a run: taken in that order, runs
+    holding several machines never wait for each other in a circle."""
+
+    def __init__(self, coordination, conn, machine, uri="", registry=None, field="machine", operation=None,
+                 timeout=None):
+        self.coordination = coordination
+        self.conn = conn
+        self.machine = machine
+        self.registry = registry
+        self.field = field
+        self.operation = operation or coordination.operation
+        self.timeout = coordination.hold_timeout if timeout is None else timeout
+        self.key = (uri or "", machine)
+        self.lock = None
+        self.waited = 0.0
+        self._reported = None
+
+    @property
+    def marker(self):
+        return self.lock.marker if self.lock is not None else None
+
+    def _refuse(self, marker):
+        found = holder(marker, reg.hold_prefix(self.machine))
+        if found["operation"] != MOVE or self.operation == MOVE:
+            return None
+        journal = None
+        if self.conn is not None:  # read afresh: the run's registry may have cached the key before the move
+            journal = reg.Registry.open(self.conn).get(reg.move_key(self.machine))
+        where = ""
+        if journal and journal.get("source") and journal.get("target"):
+            where = " from %s to %s" % (journal["source"]["pool"], journal["target"]["pool"])
+        return ("machine %s is being moved%s by another run (%s): nothing was changed; run again once the move "
+                "is done, on the pool the machine is then on" % (self.machine, where, describe_holder(found)))
+
+    def _waiting(self, marker, seconds):
+        self.waited = seconds
+        if self._reported is not None and seconds - self._reported < PROGRESS_EVERY:
+            return
+        self._reported = seconds
+        found = holder(marker, reg.hold_prefix(self.machine))
+        self.coordination.report_wait("waiting for machine %s, held by %s: %ds of hold_timeout %ds"
+                                      % (self.machine, describe_holder(found), seconds, self.timeout))
+
+    def acquire(self):
+        with self.coordination._guard:
+            outer = self.coordination.held.get(self.key)
+            if outer is not None:  # this run holds it already: an operation inside another one
+                outer[1] += 1
+                self.lock = _Inner(outer)
+                return self
+        self._take()
+        with self.coordination._guard:
+            self.coordination.held[self.key] = [self, 1]
+        return self
+
+    def _take(self):
+        self.lock = reg.machine_hold(self.conn, self.machine, self.timeout, refuse=self._refuse, field=self.field,
+                                     registry=self.registry, tag=self.coordination.tag(self.operation),
+                                     waiting=self._waiting)
+        try:
+            self.lock.acquire()
+        except ConflictError as exc:
+            self.lock = None
+            marker = getattr(exc, "holder_marker", None)
+            found = holder(marker, reg.hold_prefix(self.machine))
+            exc.details = {"holder": {key: found[key] for key in ("controller", "operation", "since")}}
+            if "held for over" in exc.message:
+                exc.message = ("machine %s is held by %s; waited %ds (hold_timeout) and changed nothing: run again "
+                               "once that run is done" % (self.machine, describe_holder(found), self.timeout))
+            raise
+
+    def release(self):
+        if self.lock is None:
+            return
+        if not isinstance(self.lock, _Inner):
+            with self.coordination._guard:
+                self.coordination.held.pop(self.key, None)
+        self.lock.release()
+        self.lock = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc_info):
+        self.release()
+        return False
+
+
+class _Inner:
+    """A hold taken inside another hold of the same run on the same machine: released with its depth."""
+
+    def __init__(self, outer):
+        self.outer = outer
+        self.marker = outer[0].marker
+
+    def release(self):
+        self.outer[1] -= 1
