@@ -108,6 +108,35 @@ def describe_holder(found):
     return "%s%s%s%s" % (what, where, pid, since)
 
 
+def move_refusal(conn, machine, marker):
+    """The Conflict of a run on ``machine`` while the move ``marker`` names holds it, naming the move (its pools
+    from its journal, read afresh: a run's registry may have cached the key before the move wrote it)."""
+    found = holder(marker, reg.hold_prefix(machine))
+    journal = reg.Registry.open(conn).get(reg.move_key(machine)) if conn is not None else None
+    where = ""
+    if journal and journal.get("source") and journal.get("target"):
+        where = " from %s to %s" % (journal["source"]["pool"], journal["target"]["pool"])
+    exc = ConflictError("machine %s is being moved%s by another run (%s): nothing was changed; run again once the "
+                        "move is done, on the pool the machine is then on" % (machine, where, describe_holder(found)),
+                        "machine")
+    exc.details = {"holder": {key: found[key] for key in ("controller", "operation", "since")}}
+    return exc
+
+
+def moving(names, machine):
+    """The marker of a live move's hold on ``machine`` among ``names`` (a listing of the registry the run made
+    anyway), or None. A converged machine's run takes no hold, yet must not report a state a move is about to
+    change (a cold move's stopped guest is started again on the target)."""
+    prefix = reg.hold_prefix(machine)
+    if reg.hold_volume(machine) not in names:
+        return None
+    for name in names:
+        if name.startswith(prefix) and holder(name, prefix)["operation"] == MOVE \
+                and not reg.holder_is_dead(name, prefix):
+            return name
+    return None
+
+
 class MachineHold:
     """One run's hold on one machine of one pool. ``key`` orders the holds of a run: taken in that order, runs
     holding several machines never wait for each other in a circle."""
@@ -134,14 +163,7 @@ class MachineHold:
         found = holder(marker, reg.hold_prefix(self.machine))
         if found["operation"] != MOVE or self.operation == MOVE:
             return None
-        journal = None
-        if self.conn is not None:  # read afresh: the run's registry may have cached the key before the move
-            journal = reg.Registry.open(self.conn).get(reg.move_key(self.machine))
-        where = ""
-        if journal and journal.get("source") and journal.get("target"):
-            where = " from %s to %s" % (journal["source"]["pool"], journal["target"]["pool"])
-        return ("machine %s is being moved%s by another run (%s): nothing was changed; run again once the move "
-                "is done, on the pool the machine is then on" % (self.machine, where, describe_holder(found)))
+        return move_refusal(self.conn, self.machine, marker).message
 
     def _waiting(self, marker, seconds):
         self.waited = seconds

@@ -136,16 +136,16 @@ class MoveResource(Resource):
         self.report = Report()
         self.observer = MoveObserver(pools, self.request, self.report.warnings)
         self.executor = MoveExecutor(self.machine, self.report)
-        self.holds = {}  # uri: this run's hold on the machine there
+        self.held = {}  # uri: this run's hold on the machine there
 
     def hold(self, uri):
         """Hold the machine on pool ``uri`` for the rest of the run: a second move of it waits for this one, and
         the machine module refuses to change it meanwhile (it reads the holder in the journal)."""
-        if uri not in self.holds:
+        if uri not in self.held:
             ctx = self.pools.get(uri)
             hold = self.pools.coordination.machine(ctx.conn, self.machine, uri, operation=MOVE)
-            self.holds[uri] = hold.acquire()
-        return self.holds[uri]
+            self.held[uri] = hold.acquire()
+        return self.held[uri]
 
     def hold_home(self):
         """Hold the machine where it is before anything is observed: the pool to move it off (``uri``), or the
@@ -162,12 +162,12 @@ class MoveResource(Resource):
                 continue  # unreachable: the observation warns about it
 
     def release(self):
-        for hold in self.holds.values():
+        for hold in self.held.values():
             hold.release()
-        self.holds = {}
+        self.held = {}
 
     def holder(self):
-        return next((hold.marker for hold in self.holds.values() if hold.marker), None)
+        return next((hold.marker for hold in self.held.values() if hold.marker), None)
 
     def holds(self, plan, observed):
         """None for ``converge`` to take: a move holds the machine on its pool from before it observes it

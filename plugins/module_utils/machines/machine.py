@@ -21,6 +21,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools.journal im
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, check_room
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import move_refusal, moving
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
@@ -617,7 +618,10 @@ class MachineService:
         with self.ctx.applying:
             plan, observed = converge(resource, self.check_mode)
         if not self.check_mode:
-            self.ctx.clear_abandoned_lock()
+            names = self.ctx.clear_abandoned_lock()
+            mover = moving(names, resource.name) if observed.exists and not plan.actions else None
+            if mover is not None:  # converged only until the move holding it goes on (holds.moving)
+                raise move_refusal(self.conn, resource.name, mover)
         spec = resource.spec or {"name": resource.name, "state": resource.state}
         if resource.state == "absent":
             machine = {"name": resource.name, "pool": self.ctx.name, "uri": self.ctx.uri, "phase": "Terminated"}

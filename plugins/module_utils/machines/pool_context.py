@@ -115,6 +115,7 @@ class PoolContext:
         self.streamed_sizes = None  # the machines' sizes when the domains were read without a listing (readings)
         self._view = None
         self._lock_cleared = False
+        self.registry_names = []  # the registry's volumes as clear_abandoned_lock listed them
         self.records = {}  # uuid -> record (or None) of the domains seen by capacity.current_sizes
         self._records_seeded = None  # the listing whose records are among them (known_records)
         self.locked_sizes = (None, [])  # (admission epoch, machine sizes) for the checks under a held lock
@@ -225,19 +226,20 @@ class PoolContext:
     def clear_abandoned_lock(self, again=False):
         """Once per pool and run (or ``again``, when the run's work on the pool is over): break the admission lock
         a killed run of this controller left, and its dead markers, even when this run writes nothing (so nothing
-        a kill left outlives the next run)."""
+        a kill left outlives the next run). Returns the registry's volumes as it listed them."""
         if self._lock_cleared and not again:
-            return
+            return self.registry_names
         self._lock_cleared = True
         pool = self.registry.pool if self.registration else None
         if pool is not None:
-            names = reg.AdmissionLock(self.conn, pool).clear_abandoned()
+            names = self.registry_names = reg.AdmissionLock(self.conn, pool).clear_abandoned()
             if any(name.startswith(reg.HOLD_PREFIX) for name in names):
                 reg.clear_dead_holds(self.conn, pool, names)
             # a wave of this controller's run killed after its last create: no later create on the pool meets it
             if any(journal.wave_is_dead(key) for key in self.registry.keys(journal.WAVE_PREFIX)):
                 with Admission(self, []) as admission:
                     admission.clean_dead_waves()
+        return self.registry_names
 
     @property
     def registration(self):
