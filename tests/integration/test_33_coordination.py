@@ -147,6 +147,60 @@ def test_an_operation_during_a_live_move_is_refused_and_lost_nowhere(machine, op
     assert_nothing_of(operation, machine, target)
 
 
+def set_members(pools, name):
+    from conftest import labelled_domains
+    return sorted(dom.name() for _pool, dom, _record in labelled_domains(pools, "machinery.compute/machine-set",
+                                                                         name))
+
+
+def test_two_runs_of_one_set_take_turns(registered, image, tmp_path, monkeypatch):
+    """Two machine_set runs of one set at once (3 and 5 replicas): the second waits for the first's hold on the
+    set (the first frozen until the second says it waits), then plans from the members the first made; both
+    succeed and the set never has more than 5 members."""
+    pools, name = registered, "coord-set"
+    args = dict(pools=fleet(pools), name=name, selector={"match_labels": {"app": name}},
+                template={"machine_class": "small", "image": image, "labels": {"app": name},
+                          "network_interfaces": []}, wait="none", shutdown_timeout=1)
+    first = second = None
+    try:
+        first = ModuleRun("machine_set", replicas=3, **args)
+
+        def set_held():
+            """the first run's hold on the set"""
+            return any(volume.startswith("hold-set.%s." % name) for pool in pools for volume in listed(
+                pool, "machinery-registry"))
+        wait_for(set_held, timeout=300)
+        os.killpg(first.proc.pid, signal.SIGSTOP)
+        try:
+            progress = tmp_path / "set-progress.json"
+            monkeypatch.setenv("MACHINERY_PROGRESS_FILE", str(progress))
+            second = ModuleRun("machine_set", replicas=5, **args)
+            monkeypatch.delenv("MACHINERY_PROGRESS_FILE")
+
+            def waiting():
+                """the second run saying it waits for the set"""
+                return progress.exists() and "waiting for machine set %s" % name in progress.read_text()
+            wait_for(waiting, timeout=300)
+            assert first.running() and second.running()
+        finally:
+            os.killpg(first.proc.pid, signal.SIGCONT)
+        peak = 0
+        while first.running() or second.running():  # the count of members, read from libvirt all along
+            peak = max(peak, len(set_members(pools, name)))
+        assert first.running() is False and second.running() is False
+        one, two = first.finish(), second.finish()
+        assert not one.get("failed") and not two.get("failed"), (one, two)
+        assert one["changed"] and len(set_members(pools, name)) == two["replicas"] == 5, (one, two)
+        assert peak <= 5 and len(two["planned_members"]) == 2, (peak, two)
+        assert all(not any(volume.startswith("hold-set.") for volume in listed(pool, "machinery-registry"))
+                   for pool in pools)
+    finally:
+        for run in (first, second):
+            if run is not None and run.running():
+                run.kill()
+        run_module("machine_set", pools=fleet(pools), name=name, state="absent", shutdown_timeout=1)
+
+
 def test_a_held_machine_is_waited_for_then_changed(machine, tmp_path, monkeypatch):
     """(Last in the file: the volume stays attached.) Another operation's hold (taken here, as a run on this controller would) makes volume_attach fail naming
     it after hold_timeout, with nothing attached; with room to wait, the attach shows it is waiting, is still

@@ -29,6 +29,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import reg
 DEFAULT_HOLD_TIMEOUT = 900
 MOVE = "machine_migrate"  # the operation of a move's holds (the module, the drain role, a resize that moves)
 PROGRESS_EVERY = 5.0  # seconds between two progress lines of a waiting run
+SET_HOLD = "set.%s"  # a set's hold, named apart from every machine (a machine name has no dot)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -67,6 +68,16 @@ class Coordination:
         """The hold on ``machine`` of the pool a PoolContext ``ctx`` reaches."""
         registry = ctx.registry if ctx.registration else None
         return self.machine(ctx.conn, machine, ctx.uri, registry, field)
+
+    def set_of(self, ctx, name):
+        """The hold on machine set ``name`` in the registry of the pool ``ctx`` reaches: one run at a time
+        decides the set's members and writes its document there (machine_set, and machine_health_check when it
+        records). A set's holds come before any machine's in a run's order (``key``): a set run holds its set,
+        then each member it changes."""
+        registry = ctx.registry if ctx.registration else None
+        hold = MachineHold(self, ctx.conn, SET_HOLD % name, ctx.uri, registry, "name")
+        hold.key = (0,) + hold.key[1:]
+        return hold
 
     def report_wait(self, message):
         """One line of progress for a waiting run, where an action plugin shows it (core/progress.py)."""
@@ -150,10 +161,17 @@ class MachineHold:
         self.field = field
         self.operation = operation or coordination.operation
         self.timeout = coordination.hold_timeout if timeout is None else timeout
-        self.key = (uri or "", machine)
+        self.key = (1, uri or "", machine)
         self.lock = None
         self.waited = 0.0
         self._reported = None
+
+    @property
+    def label(self):
+        """"machine web-1", or "machine set web" for a set's hold."""
+        if self.key[0] == 0:
+            return "machine set %s" % self.machine[len(SET_HOLD % ""):]
+        return "machine %s" % self.machine
 
     @property
     def marker(self):
@@ -171,8 +189,8 @@ class MachineHold:
             return
         self._reported = seconds
         found = holder(marker, reg.hold_prefix(self.machine))
-        self.coordination.report_wait("waiting for machine %s, held by %s: %ds of hold_timeout %ds"
-                                      % (self.machine, describe_holder(found), seconds, self.timeout))
+        self.coordination.report_wait("waiting for %s, held by %s: %ds of hold_timeout %ds"
+                                      % (self.label, describe_holder(found), seconds, self.timeout))
 
     def acquire(self):
         with self.coordination._guard:
@@ -198,8 +216,8 @@ class MachineHold:
             found = holder(marker, reg.hold_prefix(self.machine))
             exc.details = {"holder": {key: found[key] for key in ("controller", "operation", "since")}}
             if "held for over" in exc.message:
-                exc.message = ("machine %s is held by %s; waited %ds (hold_timeout) and changed nothing: run again "
-                               "once that run is done" % (self.machine, describe_holder(found), self.timeout))
+                exc.message = ("%s is held by %s; waited %ds (hold_timeout) and changed nothing: run again once "
+                               "that run is done" % (self.label, describe_holder(found), self.timeout))
             raise
 
     def release(self):

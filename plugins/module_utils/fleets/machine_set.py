@@ -564,8 +564,11 @@ class MachineSetResource(Resource):
         return "machine set %s" % self.desired["name"]
 
     def holds(self, plan, observed):
-        """None here: each member's create or delete holds that member (the machine resource's converge)."""
-        return ()
+        """The set, on every pool of the run that answers: a second run of the set waits, then plans from what
+        the first one left (never more members than the larger replicas). Each member's create or delete then
+        holds that member too (the machine resource's converge)."""
+        return [self.fleet.coordination.set_of(self.fleet.contexts[pool["uri"]], self.desired["name"])
+                for pool in observed["pools"] if pool["state"] != "Offline" and pool["uri"] in self.fleet.contexts]
 
     def observe(self):
         snapshots, contexts, machines = read_fleet(self.fleet)
