@@ -720,7 +720,7 @@ class MachineSetResource(Resource):
         """Remove the volumes a fenced member made for itself (its record's, never a volume it was given), then
         its journal."""
         ctx = self.fleet.contexts[action.data["uri"]]
-        ctx.storage.refresh(0)
+        storage.refresh(ctx.storage)
         for volume in action.data["volumes"]:
             storage.delete_volume(ctx.storage, volume)
         ctx.registry.delete(reg.pending_key(action.target))

@@ -181,11 +181,10 @@ class MoveObserver:
         """Of ``names``, the volumes ``side`` has that no domain uses but the journal's machine."""
         refresh(side.ctx.storage)
         used = set()
-        for dom in side.ctx.conn.listAllDomains(0):
+        for dom, tree in dx.defined_domains(side.ctx.conn):
             if dom.name() == self.machine and dom.UUIDString() == journal.get("uuid"):
                 continue
-            used.update(disk["path"] for disk in elements.read_disks(dx.parse(
-                dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))))
+            used.update(disk["path"] for disk in elements.read_disks(tree))
         return [name for name in names if lv.lookup_volume(side.ctx.storage, name) is not None
                 and side.ctx.storage_file(name) not in used]
 

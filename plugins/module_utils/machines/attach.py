@@ -396,8 +396,7 @@ class NicAttachment(Attachment):
         target = self.observe_target()
         mac_users = {}
         if self.state == "attached":
-            for dom in self.conn.listAllDomains(0):
-                tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+            for dom, tree in dx.defined_domains(self.conn):
                 for nic in elements.read_interfaces(tree):
                     mac_users.setdefault((nic["mac"] or "").lower(), []).append(
                         (dom.name(), nic["network"] or nic["bridge"]))

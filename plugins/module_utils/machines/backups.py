@@ -214,7 +214,7 @@ class BackupResource(Resource):
         if action.data["method"] == "push":
             self._end_dead_job(seen["dom"])
         # a copy a dead run left: QEMU made its stores behind the storage pool's back, so it is read again first
-        pool.refresh(0)
+        storage.refresh(pool)
         for volume in targets.values():
             storage.delete_volume(pool, volume)
         try:
@@ -230,14 +230,14 @@ class BackupResource(Resource):
                     except lv.libvirt.libvirtError as exc:
                         raise LibvirtFailure("cannot copy %s: %s" % (disk["device"], lv.describe(exc))) from None
         except BaseException:
-            pool.refresh(0)
+            storage.refresh(pool)
             for volume in targets.values():
                 try:
                     storage.delete_volume(pool, volume)
                 except MachineryError:
                     pass
             raise
-        pool.refresh(0)
+        storage.refresh(pool)
         disks = []
         for disk in seen["disks"]:
             vol = pool.storageVolLookupByName(targets[disk["device"]])

@@ -550,7 +550,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         pool = self.ctx.storage
         for volume_name in volumes:
             if volume_name.endswith("-console.log"):
-                pool.refresh(0)
+                storage.refresh(pool)
             storage.delete_volume(pool, volume_name)
         for vol in (observed.record or {}).get("spec", {}).get("volumes") or []:
             if vol.get("encrypted") and vol.get("ephemeral"):

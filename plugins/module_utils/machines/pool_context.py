@@ -76,8 +76,15 @@ def stream_domains(conn):
         for start in range(0, len(found), LISTING_CHUNK):
             chunk = found[start:start + LISTING_CHUNK]
             for (dom, stats), xml in zip(chunk, executor.map(_inactive_xml, [dom for dom, _stats in chunk])):
-                if xml is not None:  # else undefined since the stats call
-                    yield _reading(dom, stats, xml)
+                if xml is None:  # undefined since the stats call
+                    continue
+                try:
+                    reading = _reading(dom, stats, xml)
+                except lv.libvirt.libvirtError as exc:
+                    if exc.get_error_code() != lv.libvirt.VIR_ERR_NO_DOMAIN:
+                        raise
+                    continue  # undefined since its XML was read
+                yield reading
 
 
 def read_domains(conn):
