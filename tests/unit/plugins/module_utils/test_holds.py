@@ -22,6 +22,9 @@ class FakeHold:
     def release(self):
         self.log.append(("release", self.key))
 
+    def check(self, before):
+        self.log.append(("check", before))
+
 
 class Counter(Resource):
     """A counter that must reach ``wanted``; another run may bump it before this run's holds are taken."""
@@ -63,7 +66,7 @@ def test_holds_are_taken_once_each_in_key_order_and_released_in_reverse():
     counter = Counter(3)
     converge(counter)
     assert counter.log == [("observe", 0), ("acquire", ("uri1", "a")), ("acquire", ("uri2", "b")),
-                           ("observe", 0), ("set", 3), ("observe", 3),
+                           ("observe", 0), ("check", "set"), ("check", "set"), ("set", 3), ("observe", 3),
                            ("release", ("uri2", "b")), ("release", ("uri1", "a"))]
 
 
