@@ -684,12 +684,11 @@ class AdmissionLock:
         return False
 
 
-# A run that changes a machine holds it on its pool (``machine_hold``): the machine module while it applies, a
-# move on both pools from before it observes the machine until its journal is cleared. A move is long (its disks
-# are copied), so its hold is taken as abandoned only after MOVE_STALE_SECONDS when its holder cannot be checked,
-# and a second move of the machine waits for the first up to MOVE_WAIT_SECONDS.
+# A run that changes a machine holds it on its pool (``machine_hold``; coordination/holds.py takes it for every
+# operation and makes it a lease, which its waiters judge on their own clocks; docs/concurrency.md). Without a
+# lease (a create's claim, judged by its wave; a dead run's hold broken by clear_dead_holds) it is taken as
+# abandoned after MOVE_STALE_SECONDS when its holder cannot be checked.
 MOVE_STALE_SECONDS = UPLOAD_STALE_SECONDS
-MOVE_WAIT_SECONDS = UPLOAD_WAIT_SECONDS
 
 
 HOLD_PREFIX = "hold-"  # the holds on machines in a registry: hold-<machine>.lock and its holder markers
