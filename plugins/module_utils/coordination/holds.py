@@ -34,6 +34,12 @@ LEASE_SECONDS = 90
 LEASE_ENV = "MACHINERY_LEASE_SECONDS"
 MOVE = "machine_migrate"  # the operation of a move's holds (the module, the drain role, a resize that moves)
 PROGRESS_EVERY = 5.0  # seconds between two progress lines of a waiting run
+# The steps of a hold, in the order a holder takes them (registry.AdmissionLock: its marker, the lock volume, the
+# renewals, the check before each step that changes anything, the step, the release) and the waiter's (watch the
+# lock, break it once its lease is over). tests/unit/plugins/module_utils/test_protocol_model.py explores every
+# interleaving of a model made of exactly these steps; it fails when this list and the model's differ.
+HOLDER_STEPS = ("mark", "take", "renew", "check", "act", "release")
+WAITER_STEPS = ("watch", "break")
 SET_HOLD = "set.%s"  # a set's hold, named apart from every machine (a machine name has no dot)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 

@@ -563,6 +563,10 @@ class AdmissionLock:
                 _delete_quietly(self.pool, marker)
                 raise
             else:
+                if self.lease is not None and lv.lookup_volume(self.pool, marker) is None:
+                    # a waiter breaking the lock before us deleted every marker it listed, ours too: the lock
+                    # is ours (we made it), so we name ourselves again (the protocol model found this)
+                    marker_volume = storage.create_volume(self.pool, marker, 1, "raw", mode="0600", replace=True)
                 self.volume, self.marker, self.marker_volume = volume, marker, marker_volume
                 if self.lease is not None:
                     self._start_renewing()
