@@ -32,7 +32,7 @@ def initial(count):
     # shared: the lock's holder (or None) and the markers; per controller: (pc, paused, changed, waited,
     # since_renew). ``changed``: the lock changed since this waiter last looked (the code compares the lock's
     # size and markers; a renewal grows the size, so no change is ever undone and a flag is enough)
-    return (None, frozenset(), tuple((START, False, False, 0, 0) for _ in range(count)))
+    return (None, frozenset(), tuple((START, False, False, 0, 0) for _index in range(count)))
 
 
 def _changed(procs):
