@@ -17,6 +17,16 @@ options:
       - Set it once for a play with C(module_defaults) of C(group/machinery.compute.machinery).
     type: str
     default: qemu:///system
+  hold_timeout:
+    description:
+      - How long, in seconds, this run waits for a machine that another run holds (changes, moves, snapshots,
+        backs up) before it fails with C(reason=Conflict) and C(holder) (C(controller), C(operation), C(since)).
+        V(0) fails at once.
+      - A machine held by a move is refused at once, whatever this says; read-only modules never wait.
+      - Set it once for a play with C(module_defaults) of C(group/machinery.compute.machinery). See
+        C(docs/concurrency.md).
+    type: int
+    default: 900
 requirements:
   - libvirt-python
   - lxml
@@ -40,9 +50,34 @@ options:
       - This is the common option of the action group, so C(module_defaults) of
         C(group/machinery.compute.machinery) sets it for this module as for the others. O(pools) wins over it.
     type: str
+  hold_timeout:
+    description:
+      - How long, in seconds, this run waits for a machine that another run holds (changes, moves, snapshots,
+        backs up) before it fails with C(reason=Conflict) and C(holder) (C(controller), C(operation), C(since)).
+        V(0) fails at once.
+      - A machine held by a move is refused at once, whatever this says; read-only modules never wait.
+      - Set it once for a play with C(module_defaults) of C(group/machinery.compute.machinery). See
+        C(docs/concurrency.md).
+    type: int
+    default: 900
 requirements:
   - libvirt-python
   - lxml
 notes:
   - The module runs where the play runs it (usually the controller, the URIs pointing at the pool hosts).
+"""
+
+    # The common option hold_timeout alone, for a module that documents uri and pools itself.
+    HOLD = r"""
+options:
+  hold_timeout:
+    description:
+      - How long, in seconds, this run waits for a machine that another run holds (changes, moves, snapshots,
+        backs up) before it fails with C(reason=Conflict) and C(holder) (C(controller), C(operation), C(since)).
+        V(0) fails at once.
+      - A machine held by a move is refused at once, whatever this says; read-only modules never wait.
+      - Set it once for a play with C(module_defaults) of C(group/machinery.compute.machinery). See
+        C(docs/concurrency.md).
+    type: int
+    default: 900
 """

@@ -228,7 +228,7 @@ class MachineBatchModule(MachineryModule):
             self.hide_secrets(spec)
         outcome = batch.converge(entries, specs, self.params["strategy"], self.params["retries"],
                                  self.params["workers"], self.check_mode, self.url_opener(),
-                                 self.params["topology_spread"])
+                                 self.params["topology_spread"], self.coordination)
         result = dict(batch.summary(outcome, specs, self.params["return_machines"]), changed=outcome.changed,
                       warnings=outcome.warnings,
                       diff=self.diff(outcome.before, outcome.after) if outcome.changed else None)

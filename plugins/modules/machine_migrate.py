@@ -34,6 +34,7 @@ version_added: 0.1.0
 author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.action_group
+  - machinery.compute.connection.HOLD
 seealso:
   - module: machinery.compute.machine
     description: Create, change or delete one machine.
@@ -227,7 +228,8 @@ class MachineMigrateModule(MachineryModule):
         return pool_entries(self.params["pools"]) if self.params["pools"] is not None else []
 
     def run_pools(self, entries):
-        plan, result = migrate.run(entries, self.params, self.check_mode, self.url_opener())
+        plan, result = migrate.run(entries, self.params, self.check_mode, self.url_opener(),
+                                   self.coordination)
         return self.converged(plan, **result)
 
 

@@ -339,7 +339,7 @@ class MachineSetModule(MachineryModule):
     def run_pools(self, entries):
         template = self.params.get("template") or {}
         self.hide_secrets(template)
-        fleet = Fleet(entries, self.url_opener())
+        fleet = Fleet(entries, self.url_opener(), self.coordination)
         try:
             resource = MachineSetResource(fleet, self.params, self.check_mode)
             plan, observed = converge(resource, self.check_mode)

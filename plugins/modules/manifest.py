@@ -206,7 +206,8 @@ class ManifestModule(MachineryModule):
         documents, problems = docs.load_sources(self.params.get("src"), self.params.get("definition"))
         self.module.no_log_values.update(docs.secret_strings(documents))
         try:
-            result = engine.apply(entries, documents, self.params, self.check_mode, self.url_opener(), problems)
+            result = engine.apply(entries, documents, self.params, self.check_mode, self.url_opener(), problems,
+                                  self.coordination)
         except docs.ManifestError as exc:
             return {"failed": True, "msg": str(exc), "problems": exc.problems, "reason": exc.reason,
                     "changed": False}

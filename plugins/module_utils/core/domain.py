@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 
 try:
@@ -262,3 +263,17 @@ def tostring(tree):
 
 def parse(xml):
     return elements.parse(xml)
+
+
+def defined_domains(conn):
+    """(domain, its parsed persistent XML) of every domain of the host that is still defined when its XML is read:
+    another run may undefine a machine between the listing and the read, and a run must not fail because of a
+    machine that is not its own (it is simply no longer there)."""
+    for dom in conn.listAllDomains(0):
+        try:
+            xml = dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE)
+        except lv.libvirt.libvirtError as exc:
+            if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_DOMAIN:
+                continue
+            raise
+        yield dom, elements.parse(xml)

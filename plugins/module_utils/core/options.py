@@ -160,9 +160,13 @@ def secret_paths(table, prefix=()):
 
 # --- the connection, common to every module of the action group -----------------------------------------------
 
-COMMON = (Option("uri", default="qemu:///system"),)
+# hold_timeout: how long a run waits for a machine another run holds (coordination/holds.py, docs/concurrency.md);
+# 0 fails at once. Every member takes it, read-only ones too (they never wait), so module_defaults can set it.
+HOLD_TIMEOUT = Option("hold_timeout", "int", default=900, check=lambda value, field: check.whole_number(
+    value, field, minimum=0))
+COMMON = (Option("uri", default="qemu:///system"), HOLD_TIMEOUT)
 # A module over several pools takes the group's uri as its one pool when no pools are given, so it has no default.
-MULTI_POOL = (Option("uri"), Option("pools", "list", elements="raw"))
+MULTI_POOL = (Option("uri"), Option("pools", "list", elements="raw"), HOLD_TIMEOUT)
 
 # --- machine capabilities (issue 13: topology, swap, disk QoS, encrypted volumes, static addresses) -----------
 # Ranges from the vitistack Machine CRD; the XML mapping and the pure checks are in capabilities.py. Owned fields

@@ -563,6 +563,13 @@ class MachineSetResource(Resource):
     def describe(self):
         return "machine set %s" % self.desired["name"]
 
+    def holds(self, plan, observed):
+        """The set, on every pool of the run that answers: a second run of the set waits, then plans from what
+        the first one left (never more members than the larger replicas). Each member's create or delete then
+        holds that member too (the machine resource's converge)."""
+        return [self.fleet.coordination.set_of(self.fleet.contexts[pool["uri"]], self.desired["name"])
+                for pool in observed["pools"] if pool["state"] != "Offline" and pool["uri"] in self.fleet.contexts]
+
     def observe(self):
         snapshots, contexts, machines = read_fleet(self.fleet)
         pools = []
@@ -713,7 +720,7 @@ class MachineSetResource(Resource):
         """Remove the volumes a fenced member made for itself (its record's, never a volume it was given), then
         its journal."""
         ctx = self.fleet.contexts[action.data["uri"]]
-        ctx.storage.refresh(0)
+        storage.refresh(ctx.storage)
         for volume in action.data["volumes"]:
             storage.delete_volume(ctx.storage, volume)
         ctx.registry.delete(reg.pending_key(action.target))

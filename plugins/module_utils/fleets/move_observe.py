@@ -19,6 +19,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet imp
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import host_bridge
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import is_active
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 from ansible_collections.machinery.compute.plugins.module_utils.machines.snapshots import snapshot_names
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import (
     choose_mode, image_of, machine_files, move_key, ours, pick_target, resolve_interrupted, scheduling_spec,
@@ -86,15 +87,16 @@ class Pools:
     """One PoolContext per URI, opened when first needed; names given in ``pools`` are kept for pools that are
     not registered (their registration's name wins)."""
 
-    def __init__(self, entries, opener=None):
+    def __init__(self, entries, opener=None, coordination=None):
         self.entries = entries
         self.labels = {entry["uri"]: entry.get("name") for entry in entries}
         self.opener = opener
         self.contexts = {}
+        self.coordination = coordination if coordination is not None else Coordination()
 
     def get(self, uri, field="pools"):
         if uri not in self.contexts:
-            ctx = PoolContext(lv.open_connection(uri, field), uri)
+            ctx = PoolContext(lv.open_connection(uri, field), uri, self.coordination)
             ctx.url_opener = self.opener
             self.contexts[uri] = ctx
         return self.contexts[uri]
@@ -179,11 +181,10 @@ class MoveObserver:
         """Of ``names``, the volumes ``side`` has that no domain uses but the journal's machine."""
         refresh(side.ctx.storage)
         used = set()
-        for dom in side.ctx.conn.listAllDomains(0):
+        for dom, tree in dx.defined_domains(side.ctx.conn):
             if dom.name() == self.machine and dom.UUIDString() == journal.get("uuid"):
                 continue
-            used.update(disk["path"] for disk in elements.read_disks(dx.parse(
-                dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))))
+            used.update(disk["path"] for disk in elements.read_disks(tree))
         return [name for name in names if lv.lookup_volume(side.ctx.storage, name) is not None
                 and side.ctx.storage_file(name) not in used]
 

@@ -177,6 +177,13 @@ class BackupResource(Resource):
     def describe(self):
         return "the backups of machine %s" % self.machine
 
+    def holds(self, plan, observed):
+        """The machine, for a backup (a job on its disks) and a restore (its disks replaced); deleting or
+        pruning backup files leaves it alone."""
+        if any(action.kind in ("backup", "restore") for action in plan.actions):
+            return [self.ctx.coordination.of(self.ctx, self.machine)]
+        return ()
+
     def observe(self):
         self.ctx.reset()
         observed = observe_machine(self.conn, self.machine)
@@ -212,7 +219,7 @@ class BackupResource(Resource):
         if action.data["method"] == "push":
             self._end_dead_job(seen["dom"])
         # a copy a dead run left: QEMU made its stores behind the storage pool's back, so it is read again first
-        pool.refresh(0)
+        storage.refresh(pool)
         for volume in targets.values():
             storage.delete_volume(pool, volume)
         try:
@@ -228,14 +235,14 @@ class BackupResource(Resource):
                     except lv.libvirt.libvirtError as exc:
                         raise LibvirtFailure("cannot copy %s: %s" % (disk["device"], lv.describe(exc))) from None
         except BaseException:
-            pool.refresh(0)
+            storage.refresh(pool)
             for volume in targets.values():
                 try:
                     storage.delete_volume(pool, volume)
                 except MachineryError:
                     pass
             raise
-        pool.refresh(0)
+        storage.refresh(pool)
         disks = []
         for disk in seen["disks"]:
             vol = pool.storageVolLookupByName(targets[disk["device"]])

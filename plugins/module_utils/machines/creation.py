@@ -260,7 +260,7 @@ class Creation:
             return storage.virtual_size(image["path"])
         if image.get("virtual_size"):
             return image["virtual_size"]
-        pool.refresh(0)
+        storage.refresh(pool)
         return pool.storageVolLookupByName(image_vol.name()).info()[1]
 
     def _secret(self, pool, created, volume_name, data):

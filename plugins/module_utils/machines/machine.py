@@ -21,6 +21,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools.journal im
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, check_room
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import move_refusal, moving
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
@@ -355,16 +356,21 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
     def describe(self):
         return "machine %s on pool %s" % (self.name, self.ctx.name or self.ctx.uri)
 
+    def holds(self, plan, observed):
+        """The hold on the machine for ``converge`` to take, for every plan but a create's: a create holds it
+        the cheap way, through its wave, under the admission lock (``apply_plan``)."""
+        if plan.actions and plan.actions[0].kind == "create":
+            return ()
+        return [self.ctx.coordination.of(self.ctx, self.name, field="name")]
+
     def apply_plan(self, plan, observed):
-        """Apply while holding the machine on its pool: another run changing it waits its turn, and a move of it
-        (which holds it from before it stops the guest until the copy has taken over) refuses this run. A create
-        holds it through its wave first (``_apply_claimed``)."""
-        if plan.actions and plan.actions[0].kind == "create" and self._apply_claimed(plan, observed):
-            return
-        registry = self.ctx.registry if self.ctx.registration else None  # the run's, opened once
-        with reg.machine_hold(self.conn, self.name, reg.LOCK_WAIT_SECONDS, refuse=self._being_moved,
-                              registry=registry):
+        """Apply; a create holds the machine through its wave (``_apply_claimed``). When another run holds the
+        name already, the create waits for that hold as a change does (converge took the others' holds)."""
+        if not (plan.actions and plan.actions[0].kind == "create"):
             super().apply_plan(plan, observed)
+        elif not self._apply_claimed(plan, observed):
+            with self.ctx.coordination.of(self.ctx, self.name, field="name"):
+                super().apply_plan(plan, observed)
 
     def _apply_claimed(self, plan, observed):
         """Create the machine (and start it) holding it the cheap way (registry.claim): admitted onto the pool
@@ -384,15 +390,6 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
                 self.admission = self.cached = None
                 admission.unclaim(self.name, claimed)
         return True
-
-    def _being_moved(self, marker):
-        """Why this run must not wait for ``marker``: it is a move of the machine (its journal names it)."""
-        journal = reg.Registry.open(self.conn).get(reg.move_key(self.name))
-        if not journal or journal.get("holder") != marker:
-            return None
-        return ("machine %s is being moved from %s to %s by another run (%s): nothing was changed; run again once "
-                "the move is done" % (self.name, journal["source"]["pool"], journal["target"]["pool"],
-                                      reg.holder_description(marker, reg.hold_prefix(self.name))))
 
     def interference(self, plan, leftover):
         """Who changed the machine after this run applied ``plan`` (see convergence.converge)."""
@@ -553,7 +550,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         pool = self.ctx.storage
         for volume_name in volumes:
             if volume_name.endswith("-console.log"):
-                pool.refresh(0)
+                storage.refresh(pool)
             storage.delete_volume(pool, volume_name)
         for vol in (observed.record or {}).get("spec", {}).get("volumes") or []:
             if vol.get("encrypted") and vol.get("ephemeral"):
@@ -621,7 +618,10 @@ class MachineService:
         with self.ctx.applying:
             plan, observed = converge(resource, self.check_mode)
         if not self.check_mode:
-            self.ctx.clear_abandoned_lock()
+            names = self.ctx.clear_abandoned_lock()
+            mover = moving(names, resource.name) if observed.exists and not plan.actions else None
+            if mover is not None:  # converged only until the move holding it goes on (holds.moving)
+                raise move_refusal(self.conn, resource.name, mover)
         spec = resource.spec or {"name": resource.name, "state": resource.state}
         if resource.state == "absent":
             machine = {"name": resource.name, "pool": self.ctx.name, "uri": self.ctx.uri, "phase": "Terminated"}

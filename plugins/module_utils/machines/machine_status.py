@@ -279,7 +279,7 @@ def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None, gues
 def console_tail(ctx, names, lines):
     """{name: last ``lines`` lines of the machine's serial console log}, read through a libvirt stream."""
     storage_pool = ctx.storage
-    storage_pool.refresh(0)
+    storage.refresh(storage_pool)
     tails = {}
     for name in names:
         vol = lv.lookup_volume(storage_pool, "%s-console.log" % name)

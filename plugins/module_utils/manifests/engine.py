@@ -530,7 +530,8 @@ class Run:
         if not specs:
             return
         opener = self.fleet.contexts and next(iter(self.fleet.contexts.values())).url_opener
-        outcome = batch.converge(self.fleet.entries, specs, check_mode=self.check_mode, opener=opener)
+        outcome = batch.converge(self.fleet.entries, specs, check_mode=self.check_mode, opener=opener,
+                                 coordination=self.fleet.coordination)
         by_name = {obj.name: obj for obj in objs}
         for name, actions in outcome.actions.items():
             for summary in actions:
@@ -656,7 +657,8 @@ class Run:
         specs = [machine_spec.params({"name": name, "state": "absent",
                                       "shutdown_timeout": self.params["shutdown_timeout"]}, scheduling=True)
                  for name in doomed]
-        outcome = batch.converge(self.fleet.entries, specs, check_mode=self.check_mode)
+        outcome = batch.converge(self.fleet.entries, specs, check_mode=self.check_mode,
+                                 coordination=self.fleet.coordination)
         for name, actions in outcome.actions.items():
             self.actions.extend("Machine/%s: %s (prune)" % (name, summary) for summary in actions)
         for failure in outcome.failures:
@@ -719,13 +721,13 @@ class Run:
         return self._fresh
 
 
-def apply(entries, documents, params, check_mode=False, opener=None, load_problems=()):
+def apply(entries, documents, params, check_mode=False, opener=None, load_problems=(), coordination=None):
     """Apply (state present) or delete (absent) the documents over the pools ``entries``; returns the module's
     result without ``changed`` handling of its own: changed is whether any action was planned."""
     params = options.defaulted(options.MANIFEST, params)
     state = check.one_of(params["state"], options.PRESENCE, "state")
     check.one_of(params["wait"], WAITS, "wait")
-    fleet = Fleet(entries, opener)
+    fleet = Fleet(entries, opener, coordination)
     try:
         pools = Pools(fleet)
         objects, warnings = check_documents(documents, pools, load_problems, registry_options(params),
