@@ -77,6 +77,10 @@ class NetworkResource(Resource):
     def describe(self):
         return "network %s on pool %s" % (self.name, self.ctx.name or self.ctx.uri)
 
+    def holds(self, plan, observed):
+        """None: a network of the pool changes no machine."""
+        return ()
+
     def observe(self):
         found = None
         try:
