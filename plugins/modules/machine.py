@@ -313,6 +313,27 @@ options:
     description: Seconds to wait for O(wait=address); must be positive.
     type: int
     default: 300
+  run_strategy:
+    description:
+      - What keeps the machine running when nobody asks (KubeVirt's run strategies).
+      - V(always) runs it at all times; libvirt starts it when its host boots (autostart), restarts it after a
+        guest crash (C(on_crash=restart)), and every converge starts it when it finds it off, O(state=present)
+        included. A guest that powers itself off stays off until the next converge or the host's next boot.
+      - V(on_failure) brings it back after a failure but not after a clean shutdown. A crash restarts it, a host
+        that loses power while it runs starts it again when it boots (autostart is on while it runs), and a
+        converge with O(state=present) starts it when it finds it crashed or failed. A converge that finds it
+        shut down turns autostart off.
+      - V(manual) does nothing of itself (no autostart, a crash leaves it off); O(state) alone starts and stops it.
+      - V(halted) keeps it off (with O(state=present) a converge stops it).
+      - Left out, a new machine gets the strategy its O(state) implies (V(running) means V(always), V(stopped)
+        V(halted), V(present) V(manual)); an existing one keeps its own, except that an V(always) machine asked
+        to stop becomes V(halted) and a V(halted) one asked to run V(always), as KubeVirt's stop and start do. A
+        machine made before run strategies existed gets the one its state implies (under V(present) it keeps none).
+      - Refused, naming this option, with a state it contradicts (V(always) with O(state=stopped), V(halted)
+        with O(state=running)).
+      - A change is made in place, live, and shown in the diff (C(run_strategy), C(autostart)).
+    type: str
+    choices: [always, on_failure, manual, halted]
   shutdown_timeout:
     description:
       - Seconds the guest has to power off after the ACPI request before it is forced off.
@@ -653,6 +674,14 @@ machine:
       description: Starts after the first one.
       type: int
       sample: 0
+    run_strategy:
+      description: The machine's run strategy (see O(run_strategy)); null for a machine that has none.
+      type: str
+      sample: always
+    autostart:
+      description: Whether its host starts it when the host boots (libvirt autostart).
+      type: bool
+      sample: true
     created:
       description: Creation time (UTC, ISO 8601).
       type: str

@@ -51,7 +51,7 @@ CAPABILITIES_SHOWN = ("topology", "disk_qos", "ip_reservations")
 class Observed:
     """One reading of a machine's domain. ``dom`` is None when there is no domain of that name."""
 
-    def __init__(self, name, dom=None, tree=None, record=None, state=None, live_max_memory=None):
+    def __init__(self, name, dom=None, tree=None, record=None, state=None, live_max_memory=None, autostart=None):
         self.name = name
         self.dom = dom
         self.tree = tree
@@ -61,6 +61,7 @@ class Observed:
         self.journal = None  # of a dead run, for a machine that does not exist
         self.snapshots = 0  # how many snapshots it has: read only when a rebuild is wanted (they refuse it)
         self.security_groups = {}  # NIC name -> the groups guarding it, read from its nwfilter
+        self._autostart = autostart
 
     @property
     def exists(self):
@@ -73,6 +74,25 @@ class Observed:
     @property
     def active(self):
         return self.exists and is_active(self.state[0])
+
+    @property
+    def autostart(self):
+        """Whether the host starts the machine when its daemon starts (read once, when a plan asks)."""
+        if not self.exists:
+            return False
+        if self._autostart is None:
+            self._autostart = bool(self.dom.autostart())
+        return self._autostart
+
+    @property
+    def failed(self):
+        """Off because it crashed or failed, not because it was shut down."""
+        if not self.exists:
+            return False
+        state, reason = self.state
+        return state == lv.libvirt.VIR_DOMAIN_CRASHED or (
+            state == lv.libvirt.VIR_DOMAIN_SHUTOFF and reason in (lv.libvirt.VIR_DOMAIN_SHUTOFF_CRASHED,
+                                                                   lv.libvirt.VIR_DOMAIN_SHUTOFF_FAILED))
 
 
 def observe_machine(conn, name, journal=False, listing=None, registry=None, dom=None):
@@ -240,8 +260,11 @@ def plan_machine(spec, observed, record=None, current=None):
             after["swap"] = format_quantity(spec["swap"])
         after.update(state=spec["state"], image=(spec.get("image") or {}).get("source"))
         actions = [Action("create", name, {}, after, create_steps(spec))]
-        if spec["state"] == "running":
+        if should_start(spec, observed):
             actions.append(Action("start", name, steps=[step("start", name)]))
+        autostart = autostart_action(spec, observed, should_start(spec, observed))
+        if autostart is not None:
+            actions.append(autostart)
         return Plan(actions, restart_required=False)
     actions = []
     record = record or observed.record
@@ -281,11 +304,45 @@ def plan_machine(spec, observed, record=None, current=None):
         restart, pending = (None, []) if observed.active else (restart, pending)
     if restart is not None:
         actions.append(restart)
-    if spec["state"] == "running" and not observed.active:
+    running_after = observed.active
+    if should_start(spec, observed) and not observed.active:
         actions.append(Action("start", name, steps=[step("start", name)]))
-    elif spec["state"] == "stopped" and observed.active and rebuild is None:
+        running_after = True
+    elif should_stop(spec) and observed.active and rebuild is None:
         actions.append(Action("stop", name, steps=[step("shutdown", name)]))
+        running_after = False
+    autostart = autostart_action(spec, observed, running_after)
+    if autostart is not None:
+        actions.append(autostart)
     return Plan(actions, warnings, restart_required=bool(pending))
+
+
+def should_start(spec, observed):
+    """Whether the machine is to run: its state says so, or, under ``present``, its run strategy does (``always``
+    starts it when found off, ``on_failure`` when it crashed or failed)."""
+    strategy = spec.get("run_strategy")
+    if spec["state"] == "running":
+        return True
+    return spec["state"] == "present" and (strategy == "always" or (strategy == "on_failure" and observed.failed))
+
+
+def should_stop(spec):
+    return spec["state"] == "stopped" or (spec["state"] == "present" and spec.get("run_strategy") == "halted")
+
+
+def autostart_action(spec, observed, running_after):
+    """libvirt's autostart as the run strategy wants it: on for ``always``; for ``on_failure`` while the machine
+    runs (a host that loses power has failed it), off once it was shut down; off for ``manual`` and ``halted``.
+    A machine without a strategy (made before they existed, under ``present``) is left as it is."""
+    strategy = spec.get("run_strategy")
+    if strategy is None:
+        return None
+    wanted = strategy == "always" or (strategy == "on_failure" and running_after)
+    if observed.autostart == wanted:
+        return None
+    return Action("update", spec["name"], {"autostart": observed.autostart}, {"autostart": wanted},
+                  [step("set_autostart", spec["name"], autostart=wanted)], fields=["autostart"],
+                  handler="set_autostart", grows=[])
 
 
 # --- apply ------------------------------------------------------------------------------------------------------
@@ -528,6 +585,14 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         raise LibvirtFailure("cannot resize %s: %s; it was put back as it was%s" % (
             self.name, cause, ", running" if backup["running"] else ""), field)
 
+    def _set_autostart(self, action, _observed):
+        dom = self.defined or lv.lookup_domain(self.conn, self.name)
+        try:
+            dom.setAutostart(1 if action.after["autostart"] else 0)
+        except lv.libvirt.libvirtError as exc:
+            raise LibvirtFailure("cannot set autostart of %s: %s" % (self.name, lv.describe(exc)),
+                                 "run_strategy") from None
+
     def _stop(self, _action, observed):
         timeout = self.params["shutdown_timeout"]
         if shutdown(observed.dom, timeout):
@@ -580,7 +645,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
 
     APPLY = {"create": Creation._create, "clean_up": Creation._clean_up, "adopt": Changes._adopt,
              "update": Changes._update, "update_security_groups": Changes._update_security_groups, "start": _start,
-             "restart": _restart, "stop": _stop, "delete": _delete,
+             "set_autostart": _set_autostart, "restart": _restart, "stop": _stop, "delete": _delete,
              "rebuild": Rebuild._rebuild}
 
 

@@ -246,6 +246,8 @@ def _base_status(dom, ctx, view, tree, moment, state, record=None):
         ],
         "guest": None,
         "restart_count": max(0, int(record.get("boots") or 0) - 1),
+        "run_strategy": spec.get("run_strategy"),
+        "autostart": bool(dom.autostart()),
         "created": record.get("created"),
         "age": _age(record.get("created"), moment or now()),
         "last_error": record.get("last_error"),
