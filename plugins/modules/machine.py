@@ -63,9 +63,23 @@ options:
       - V(running) creates and starts, V(stopped) creates or stops (ACPI power button, forced off after
         O(shutdown_timeout)), V(present) creates and leaves the power state alone, V(absent) shuts down and
         deletes the machine with its ephemeral volumes, seed ISO, Ignition file and console log.
+      - V(restarted) restarts the guest as O(restart) says (a stopped or suspended machine is booted); like
+        C(ansible.builtin.service), every run restarts, so it always reports a change (in check mode too, doing
+        nothing). The restart count goes up by one.
+      - V(paused) pauses the running guest's CPUs (a stopped machine is started paused); V(suspended) saves its
+        memory to the host's disk and stops it (libvirt managed save; a machine that is off is refused, naming
+        this option). V(running) resumes either, with no new boot. Each is idempotent; the diff shows
+        C(power) before and after (running, paused, suspended, off).
     type: str
-    choices: [running, stopped, present, absent]
+    choices: [running, stopped, present, absent, restarted, paused, suspended]
     default: running
+  restart:
+    description:
+      - How O(state=restarted) restarts. V(soft) asks the guest with the ACPI power button and forces it off after
+        O(shutdown_timeout), then starts it; V(hard) power-cycles it at once (destroy, start).
+    type: str
+    choices: [soft, hard]
+    default: soft
   machine_class:
     description: Name of a class published on the pool; gives O(cpu) and O(memory) unless they are set too.
     type: str
@@ -678,6 +692,11 @@ machine:
       description: The machine's run strategy (see O(run_strategy)); null for a machine that has none.
       type: str
       sample: always
+    power_state:
+      description: What the guest is doing, finer than O(state) shows it.
+      type: str
+      choices: [running, paused, suspended, off, crashed]
+      sample: running
     autostart:
       description: Whether its host starts it when the host boots (libvirt autostart).
       type: bool

@@ -203,3 +203,92 @@ def test_a_host_reboot_brings_back_exactly_the_machines_whose_strategy_says_so(r
         assert module("machine", uri=pool.uri, name=name, state="present")["changed"] is False, name
     clean(pool, module, fleet)
     print("timings: %s" % {key: round(value, 1) for key, value in TIMINGS.items()})
+
+
+# --- power actions, proven inside the busybox guest --------------------------------------------------------------
+
+# The guest prints its boot id once and its uptime every second (a user-data script: lab/image/rootfs/init).
+WATCH = "#!/bin/sh\necho \"BOOTID $(cat /proc/sys/kernel/random/boot_id)\"\n" \
+        "while :; do echo \"UPTIME $(cut -d' ' -f1 /proc/uptime)\"; sleep 1; done\n"
+
+
+def boot_id(pool, name, timeout=180):
+    """The boot id the guest printed (its console is written anew by each QEMU process)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = re.findall(r"BOOTID ([0-9a-f-]{36})", pool.console(name))
+        if found:
+            return found[-1]
+        assert time.monotonic() < deadline, pool.console(name)[-2000:]
+        time.sleep(0.5)
+
+
+def uptimes(pool, name):
+    return [float(value) for value in re.findall(r"UPTIME (\d+\.\d+)", pool.console(name))]
+
+
+def wait_uptime_above(pool, name, floor, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not any(value > floor for value in uptimes(pool, name)):
+        assert time.monotonic() < deadline, pool.console(name)[-2000:]
+        time.sleep(0.5)
+    return [value for value in uptimes(pool, name) if value > floor]
+
+
+def test_power_actions_seen_from_inside_the_guest(registered, module, image):
+    pool = registered[1]
+    name = "rs-power"
+    clean(pool, module, [name])
+    args = dict(uri=pool.uri, name=name, machine_class="small", image=image, shutdown_timeout=20,
+                cloud_init={"user_data": WATCH})
+    assert not module("machine", **args).get("failed")
+    dom = pool.domain(name)
+    first = boot_id(pool, name)
+    wait_uptime_above(pool, name, 0)
+
+    # restarted, soft: the ACPI button (the guest prints MACHINERY-POWEROFF), a new boot
+    result = module("machine", check=True, state="restarted", **args)
+    assert result["changed"] and result["actions"] == ["restart"] and boot_id(pool, name) == first
+    began = time.monotonic()
+    result = module("machine", state="restarted", **args)
+    assert result["actions"] == ["restart"] and result["machine"]["restart_count"] == 1, result
+    second = boot_id(pool, name)
+    TIMINGS["soft restart: run start to the new boot's id on the console"] = time.monotonic() - began
+    assert second != first and dom.isActive()
+    # hard: a power cycle, another boot
+    began = time.monotonic()
+    result = module("machine", state="restarted", restart="hard", **args)
+    assert result["machine"]["restart_count"] == 2, result
+    third = boot_id(pool, name)
+    TIMINGS["hard restart: run start to the new boot's id on the console"] = time.monotonic() - began
+    assert third not in (first, second)
+
+    # paused: the CPUs stop, and running resumes the same boot
+    result = module("machine", state="paused", **args)
+    assert result["diff"] == {"before": {"power": "running"}, "after": {"power": "paused"}}, result
+    assert dom.state()[0] == libvirt.VIR_DOMAIN_PAUSED and result["machine"]["power_state"] == "paused"
+    assert {c["type"]: c["reason"] for c in result["machine"]["conditions"]}["Ready"] == "Paused"
+    assert module("machine", state="paused", **args)["changed"] is False
+    result = module("machine", **args)
+    assert result["actions"] == ["resume"] and dom.state()[0] == libvirt.VIR_DOMAIN_RUNNING, result
+
+    # suspended: memory saved to the host's disk, the QEMU process gone; resumed, the uptime goes on
+    seen = max(wait_uptime_above(pool, name, 0))
+    assert module("machine", check=True, state="suspended", **args)["changed"] and dom.isActive()
+    result = module("machine", state="suspended", **args)
+    assert result["actions"] == ["suspend"] and not dom.isActive() and dom.hasManagedSaveImage(0), result
+    assert result["machine"]["power_state"] == "suspended"
+    assert module("machine", state="suspended", **args)["changed"] is False
+    result = module("machine", **args)
+    assert result["actions"] == ["resume"] and dom.isActive() and result["machine"]["restart_count"] == 2, result
+    after = wait_uptime_above(pool, name, 0)
+    assert min(after) >= seen, (seen, after)  # the same boot: its uptime did not start again
+    assert module("machine", **args)["changed"] is False
+
+    # a stopped machine cannot be suspended: refused naming the field, nothing changed
+    module("machine", state="stopped", run_strategy="manual", **args)
+    result = module("machine", state="suspended", **args)
+    assert_failed(result, "state", "off")
+    assert not dom.isActive() and not dom.hasManagedSaveImage(0)
+    clean(pool, module, [name])
+    print("timings: %s" % {key: round(value, 1) for key, value in TIMINGS.items()})

@@ -54,6 +54,9 @@ class FakeDomain:
     def autostart(self):
         return False
 
+    def hasManagedSaveImage(self, _flags=0):  # noqa: N802
+        return False
+
 
 def pool_snapshot(name, uri, cpu=8, memory=16 * GIB, used_cpu=0, used_memory=0, classes=None, labels=None,
                   taints=None, state="Ready", machines=()):

@@ -21,7 +21,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
 # Choices, each typed out once.
-MACHINE_STATES = ("running", "stopped", "present", "absent")
+MACHINE_STATES = ("running", "stopped", "present", "absent", "restarted", "paused", "suspended")
+RESTARTS = ("soft", "hard")
 # KubeVirt's run strategies (Always, RerunOnFailure, Manual, Halted); machine_spec.run_strategy derives the one
 # a task leaves out from its state
 RUN_STRATEGIES = ("always", "on_failure", "manual", "halted")
@@ -272,6 +273,8 @@ MACHINE = (
     # the hash of ignition, cloud_init and ssh_authorized_keys (never the configuration itself)
     Option("boot_config", argument=False, owned=_recorded("boot_config", live="boot")),
     # on_crash in the domain, the strategy in the record; autostart and starts follow from it in plan_machine
+    # how state=restarted restarts: soft (ACPI, forced after shutdown_timeout) or hard (a power cycle)
+    Option("restart", choices=RESTARTS, default="soft"),
     Option("run_strategy", choices=RUN_STRATEGIES,
            owned=Owned(dx.read_run_strategy, dx.write_run_strategy, live="lifecycle")),
     Option("wait", choices=WAITS, default="running"),

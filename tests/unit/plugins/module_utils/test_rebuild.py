@@ -48,7 +48,7 @@ def observed(rec, state=RUNNING):
         tree = dx.parse(handle.read())
     dx.write_record(tree, rec)
     return Observed("web-1", dom=object(), tree=tree, record=rec, state=state, live_max_memory=128 * MIB,
-                    autostart=False)
+                    autostart=False, saved=False)
 
 
 # --- normalize --------------------------------------------------------------------------------------------------

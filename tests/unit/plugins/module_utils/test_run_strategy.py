@@ -18,7 +18,7 @@ CRASHED = (libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_SHUTOFF_CRASHED)
 MIB = 2 ** 20
 
 
-def observed(strategy, state=SHUT_DOWN, autostart=False):
+def observed(strategy, state=SHUT_DOWN, autostart=False, saved=False):
     """web-1 as libvirt shows it, its record saying ``strategy`` and its on_crash written to match."""
     with open(os.path.join(GOLDEN, "web-1-libvirt.xml"), "rb") as handle:
         tree = dx.parse(handle.read())
@@ -26,7 +26,8 @@ def observed(strategy, state=SHUT_DOWN, autostart=False):
     if strategy is not None:
         dx.write_run_strategy(tree, record, strategy)
     dx.write_record(tree, record)
-    return Observed("web-1", dom=object(), tree=tree, record=record, state=state, autostart=autostart)
+    return Observed("web-1", dom=object(), tree=tree, record=record, state=state, autostart=autostart,
+                    saved=saved)
 
 
 def spec(state, strategy):
@@ -119,3 +120,55 @@ def test_halted_under_present_stops_a_running_machine():
 def test_manual_leaves_the_power_alone():
     assert plan_machine(spec("present", "manual"), observed("manual", RUNNING)).actions == []
     assert plan_machine(spec("present", "manual"), observed("manual", CRASHED)).actions == []
+
+
+# --- power actions ----------------------------------------------------------------------------------------------
+
+PAUSED = (libvirt.VIR_DOMAIN_PAUSED, libvirt.VIR_DOMAIN_PAUSED_USER)
+
+
+def powered(state, strategy="always", **extra):
+    return dict(spec(state, strategy), **extra)
+
+
+def test_restarted_restarts_once_per_run():
+    plan = plan_machine(powered("restarted", restart="soft"), observed("always", RUNNING, True))
+    assert plan.summaries() == ["restart"] and plan.actions[0].handler == "power_restart"
+    assert [s["action"] for s in plan.actions[0].steps] == ["shutdown", "start"]
+    assert plan.diff() == ({"power": "running"}, {"power": "running"})
+    hard = plan_machine(powered("restarted", restart="hard"), observed("always", RUNNING, True))
+    assert [s["action"] for s in hard.actions[0].steps] == ["destroy", "start"]
+    # the plan after this run restarted it has nothing left (convergence verifies it)
+    assert plan_machine(powered("restarted", restart="soft"), observed("always", RUNNING, True),
+                        restarted=True).actions == []
+
+
+def test_paused_and_resumed():
+    plan = plan_machine(powered("paused"), observed("always", RUNNING, True))
+    assert plan.summaries() == ["pause"] and plan.diff() == ({"power": "running"}, {"power": "paused"})
+    assert plan_machine(powered("paused"), observed("always", PAUSED, True)).actions == []
+    plan = plan_machine(powered("paused"), observed("always", SHUT_DOWN, True))
+    assert plan.actions[0].handler == "start_paused"
+    assert plan_machine(powered("running"), observed("always", PAUSED, True)).summaries() == ["resume"]
+
+
+def test_suspended_and_resumed():
+    plan = plan_machine(powered("suspended"), observed("always", RUNNING, True))
+    assert plan.summaries() == ["suspend"] and plan.diff()[1] == {"power": "suspended"}
+    saved = observed("always", SHUT_DOWN, True, saved=True)
+    assert plan_machine(powered("suspended"), saved).actions == []
+    plan = plan_machine(powered("running"), saved)
+    assert plan.summaries() == ["resume"] and plan.actions[0].steps[0]["action"] == "restore"
+
+
+def test_a_machine_that_is_off_cannot_be_suspended():
+    from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
+    with pytest.raises(ConflictError) as info:
+        plan_machine(powered("suspended", "manual"), observed("manual", SHUT_DOWN))
+    assert info.value.field == "state"
+
+
+def test_halted_contradicts_every_running_state():
+    for state in ("restarted", "paused"):
+        with pytest.raises(ValidationError):
+            run_strategy("halted", state, None, False)
