@@ -608,10 +608,21 @@ MACHINE_SNAPSHOT = (
 
 MIGRATION_MODES = ("cold", "live", "auto")
 
+# a live move under control (fleets/move_policy.py checks the values; KubeVirt's MigrationPolicy, Nova's timeout)
+MOVE_POLICY = (
+    Option("bandwidth", "raw"),
+    Option("max_downtime", "int"),
+    Option("completion_timeout_per_gib", "int"),
+    Option("on_timeout", choices=("abort", "postcopy"), default="abort"),
+    Option("auto_converge", "bool", default=False),
+    Option("max_parallel", "int"),
+)
+
 MACHINE_MIGRATE = (
     Option("machine", required=True),
     Option("target"),
     Option("mode", choices=MIGRATION_MODES, default="auto"),
+    Option("policy", "dict", options=MOVE_POLICY),
     Option("strategy", choices=STRATEGIES, default="spread"),
     Option("shutdown_timeout", "int", default=60),
     Option("wait", choices=WAITS, default="running"),

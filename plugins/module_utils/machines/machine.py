@@ -794,7 +794,7 @@ class MachineService:
                        "machine_class": spec.get("machine_class"), "cpu": spec.get("cpu"),
                        "memory": format_quantity(spec["memory"]), "labels": spec.get("labels")}
         else:
-            if not self.check_mode and resource.state == "running":
+            if not self.check_mode and resource.state in ("running", "restarted"):
                 self.wait(observed.dom, spec, params, resource.earlier_leases)
             if params["wait"] == "address":  # waited for since the observation: read again
                 machine = machine_status(observed.dom, self.ctx, PoolView(self.ctx, volumes_of=self.ctx.view()))
