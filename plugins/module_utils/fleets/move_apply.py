@@ -92,6 +92,19 @@ def domain_xml(source, target, flags):
     return dx.tostring(relocate(tree, source.ctx.storage_path, target.ctx.storage_path))
 
 
+def carry_autostart(machine, source, target):
+    """libvirt keeps autostart per host: the copy on the target gets the source's (the run strategy's)."""
+    try:
+        if not source.dom.autostart():
+            return
+        dom = lv.lookup_domain(target.ctx.conn, machine)
+        if dom is not None:
+            dom.setAutostart(1)
+    except lv.libvirt.libvirtError as exc:
+        raise LibvirtFailure("cannot mark %s autostarted on %s: %s" % (machine, target.pool, lv.describe(exc)),
+                             "target") from None
+
+
 def check_room_locked(machine, source, target):
     """Under the target's admission lock: no machine of that name came meanwhile, and the machine still fits."""
     spec = {"name": machine, "cpu": dx.read_cpu(source.tree), "memory": dx.read_memory(source.tree)}
@@ -199,6 +212,7 @@ class ColdSteps(Steps):
                 raise LibvirtFailure("cannot define %s on %s: %s" % (self.machine, target.pool, lv.describe(exc)),
                                      "target") from None
         run.defined = True
+        carry_autostart(self.machine, source, target)
 
     def start(self, _entry, side, run):
         field = "target" if side is run.target else "machine"
@@ -275,6 +289,7 @@ class LiveSteps(Steps):
             raise LibvirtFailure("the live migration of %s to %s failed, the machine still runs on %s: %s"
                                  % (self.machine, target.pool, source.pool, lv.describe(exc)), "mode") from None
         self._note(watch)
+        carry_autostart(self.machine, source, target)
         try:
             stats = source.dom.jobStats(lv.libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED)
             self.report.downtime = round(stats["downtime"] / 1000.0, 3) if "downtime" in stats else None
@@ -316,7 +331,12 @@ class Rollback(Steps):
                     if dom.isActive():
                         dom.destroy()
                     lv.undefine_domain(dom, self.machine)
-            for name in run.made:
+            # a live move's target QEMU opens the console log itself (outside libvirt's storage: refreshed first)
+            logs = [name for name in journal.get("volumes") or [] if name.endswith("-console.log")
+                    and name not in run.made] if run.defined else []
+            if logs:
+                storage.refresh(target.ctx.storage)
+            for name in list(run.made) + logs:
                 vol = lv.lookup_volume(target.ctx.storage, name)
                 if vol is not None and not storage.users_of(target.ctx.conn, vol.path(), None):
                     storage.delete_volume(target.ctx.storage, name)
