@@ -5,10 +5,14 @@ UUID, and no taint or home label is left. The table says where each went. Idle g
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import libvirt
 
-from conftest import REPO, lab_file, run_module, run_playbook
+from conftest import REPO, lab_file, register, run_module, run_playbook
 
 NAMES = {"mt-a1": 0, "mt-a2": 0, "mt-b1": 1, "mt-c1": 2}
 HOME = "machinery.compute/maintenance-home"
@@ -97,3 +101,56 @@ def test_two_pools_patched_and_rebooted_in_turn_and_every_machine_back_home(regi
                 pool.conn.getVersion()
             except libvirt.libvirtError:
                 pool.reconnect()
+
+
+def test_a_maintenance_killed_midway_is_finished_by_the_next_run(registered, idle_image, tmp_path):
+    pools = registered
+    names = {"mt-k1": 0, "mt-k2": 0}
+    for name in names:
+        remove(pools, name)
+    playbook = tmp_path / "maintenance.yml"
+    playbook.write_text(json.dumps([{
+        "name": "Maintain one pool", "hosts": "localhost", "connection": "local", "gather_facts": False,
+        "tasks": [{"name": "Maintain", "ansible.builtin.include_role": {"name": "machinery.compute.maintenance"}}]}]))
+    variables = tmp_path / "vars.json"
+    variables.write_text(json.dumps({"maintenance_pools": fleet(pools), "maintenance_order": [pools[0].name],
+                                     "maintenance_mode": "live"}))
+    command = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), str(playbook), "-e",
+               "@%s" % variables]
+    env = dict(os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
+    try:
+        for name in names:
+            made = run_module("machine", uri=pools[0].uri, name=name, machine_class="small", image=idle_image,
+                              network_interfaces=[], shutdown_timeout=0)
+            assert not made.get("failed"), made
+        uuids = {name: pools[0].domain(name).UUIDString() for name in names}
+
+        run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                               start_new_session=True)
+        deadline = time.monotonic() + 300
+        # killed once the first machine has left the pool and before the second has
+        while not any(pool.domain(name) is not None for pool in pools[1:] for name in names):
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended before a machine moved"
+            time.sleep(0.05)
+        killed = run.poll() is None
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+        assert killed and run.returncode == -signal.SIGKILL
+        status = run_module("machine_pool_info", uri=pools[0].uri)["pools"][0]
+        assert [t for t in status["taints"] if t["key"] == "machinery.compute/maintenance"], status  # mid-run
+
+        proc, recap = run_playbook(playbook, variables, json.loads(variables.read_text()))
+        assert recap["failed"] == 0, proc.stdout[-6000:]
+        for name in names:
+            homes = [pool.name for pool in pools if pool.domain(name) is not None]
+            assert homes == [pools[0].name], (name, homes)
+            dom = pools[0].domain(name)
+            assert dom.UUIDString() == uuids[name] and dom.isActive()
+            machine = run_module("machine_info", uri=pools[0].uri, name=[name])["machines"][0]
+            assert HOME not in machine["labels"], machine
+        status = run_module("machine_pool_info", uri=pools[0].uri)["pools"][0]
+        assert not [t for t in status["taints"] if t["key"] == "machinery.compute/maintenance"], status
+    finally:
+        for name in names:
+            remove(pools, name)
+        register(pools[0], taints=[])  # a failure midway leaves the maintenance taint

@@ -334,8 +334,13 @@ def list_machines(ctx, include_unmanaged=False, guest=True, keep=True):
     for reading in ctx.readings(keep):
         if reading.record is None and not include_unmanaged:
             continue
-        entries.append((reading.dom,) + _base_status(reading.dom, ctx, view, reading.tree, moment, reading.state,
-                                                     reading.record))
+        try:
+            entries.append((reading.dom,) + _base_status(reading.dom, ctx, view, reading.tree, moment,
+                                                         reading.state, reading.record))
+        except lv.libvirt.libvirtError as exc:
+            # gone since the listing (a live move that ended, a run's delete): as a listing made now would be
+            if exc.get_error_code() != lv.libvirt.VIR_ERR_NO_DOMAIN:
+                raise
     asking = [dom for dom, _status, _active, connected in entries if guest and connected]
     facts = {}
     if asking:
