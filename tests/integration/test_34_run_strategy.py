@@ -136,8 +136,8 @@ def qemu_pids(uuid):
     return pids
 
 
-def test_a_host_reboot_brings_back_exactly_the_machines_whose_strategy_says_so(registered, module, image,
-                                                                             idle_image, tmp_path):
+def test_a_host_reboot_brings_back_exactly_the_machines_whose_strategy_says_so(
+        registered, module, image, idle_image, tmp_path):
     pool = registered[2]
     fleet = {"rs-always": ("always", "running", image), "rs-onfail": ("on_failure", "running", idle_image),
              "rs-manual": ("manual", "running", idle_image), "rs-halted": ("halted", "stopped", idle_image),

@@ -57,8 +57,8 @@ def test_two_pools_patched_and_rebooted_in_turn_and_every_machine_back_home(regi
     playbook.write_text(json.dumps([{
         "name": "Maintain two pools", "hosts": "localhost", "connection": "local", "gather_facts": False,
         "tasks": [{"name": "Maintain", "ansible.builtin.include_role": {"name": "machinery.compute.maintenance"}},
-                  {"name": "Show what was rebooted", "ansible.builtin.debug": {"msg": "REBOOTED {{ maintenance_rebooted "
-                                                                                    "| join(',') }}"}}]}]))
+                  {"name": "Show what was rebooted",
+                   "ansible.builtin.debug": {"msg": "REBOOTED {{ maintenance_rebooted | join(',') }}"}}]}]))
     try:
         for name, index in NAMES.items():
             made = run_module("machine", uri=pools[index].uri, name=name, machine_class="small", image=idle_image,

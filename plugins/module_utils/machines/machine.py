@@ -118,9 +118,9 @@ class Observed:
         if not self.exists:
             return False
         state, reason = self.state
+        failures = (lv.libvirt.VIR_DOMAIN_SHUTOFF_CRASHED, lv.libvirt.VIR_DOMAIN_SHUTOFF_FAILED)
         return state == lv.libvirt.VIR_DOMAIN_CRASHED or (
-            state == lv.libvirt.VIR_DOMAIN_SHUTOFF and reason in (lv.libvirt.VIR_DOMAIN_SHUTOFF_CRASHED,
-                                                                   lv.libvirt.VIR_DOMAIN_SHUTOFF_FAILED))
+            state == lv.libvirt.VIR_DOMAIN_SHUTOFF and reason in failures)
 
 
 def observe_machine(conn, name, journal=False, listing=None, registry=None, dom=None):

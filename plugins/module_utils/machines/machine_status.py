@@ -45,8 +45,8 @@ def _phase(state, reason, record):
 
 def _power_state(dom, state, reason, active):
     """running, paused, suspended (memory saved by libvirt), off or crashed."""
-    if state == lv.libvirt.VIR_DOMAIN_PAUSED and reason not in (lv.libvirt.VIR_DOMAIN_PAUSED_CRASHED,
-                                                                 lv.libvirt.VIR_DOMAIN_PAUSED_IOERROR):
+    errors = (lv.libvirt.VIR_DOMAIN_PAUSED_CRASHED, lv.libvirt.VIR_DOMAIN_PAUSED_IOERROR)
+    if state == lv.libvirt.VIR_DOMAIN_PAUSED and reason not in errors:
         return "paused"
     if active:
         return "running"

@@ -172,3 +172,10 @@ def test_halted_contradicts_every_running_state():
     for state in ("restarted", "paused"):
         with pytest.raises(ValidationError):
             run_strategy("halted", state, None, False)
+
+
+def test_set_members_are_always_unless_the_set_replaces_lost_members():
+    from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import member_strategy
+    assert member_strategy({"unreachable_timeout": None}) == "always"
+    assert member_strategy({}) == "always"
+    assert member_strategy({"unreachable_timeout": 60}) == "manual"
