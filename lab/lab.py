@@ -1312,6 +1312,38 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_reboot(args: argparse.Namespace) -> int:
+    """What a host reboot does to one pool: the daemon is stopped, the guests die as in a power loss (no
+    shutdown reaches them), the runtime state goes (/run is a tmpfs on a real host: this also makes libvirt
+    autostart again, as it does once per boot), and the daemon starts with its autostart networks, storage and
+    domains."""
+    require_root()
+    lab_dir: Path = args.dir
+    pool = next((p for p in existing_pools(lab_dir) if p.name == args.pool), None)
+    if pool is None:
+        raise LabError(f"no pool {args.pool} in {lab_dir}")
+    _lock = lock_lab(lab_dir)  # noqa: F841 (held until exit)
+    t0 = time.monotonic()
+    pid = pool.daemon_pid()
+    if pid is not None:
+        signal_pids([pid], signal.SIGTERM)
+        if wait_gone([pid], 10):
+            signal_pids([pid], signal.SIGKILL)
+            wait_gone([pid], 5)
+    guests = [p for p in pool.leftovers() if os.path.basename((proc_cmdline(p) or [""])[0]).startswith("qemu")]
+    signal_pids(guests, signal.SIGKILL)
+    wait_gone(guests, 10)
+    log(f"{pool.name}: daemon stopped, {len(guests)} guest(s) killed")
+    pool.kill_everything()
+    pool.clear_runtime()
+    pool.prepare(LabPKI(lab_dir).ca)
+    pool.start(find_libvirtd())
+    pool.wait_ready(args.timeout)
+    pool.ensure_resources()
+    log(f"{pool.name}: up again (pid {pool.daemon_pid()}) after {time.monotonic() - t0:.1f}s")
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     lab_dir: Path = args.dir
     sshd, pki = LabSSHD(lab_dir), LabPKI(lab_dir)
@@ -1409,6 +1441,12 @@ def main(argv: list[str] | None = None) -> int:
     add_dir(p_down)
     p_down.add_argument("--purge", action="store_true", help="also delete the lab directory")
     p_down.set_defaults(func=cmd_down)
+
+    p_reboot = sub.add_parser("reboot", help="do to one pool what a host reboot does (guests die as in a power loss)")
+    add_dir(p_reboot)
+    p_reboot.add_argument("--pool", required=True, help="the pool's name (pool1, pool2, ...)")
+    p_reboot.add_argument("--timeout", type=float, default=120, help="seconds to wait for the daemon (default 120)")
+    p_reboot.set_defaults(func=cmd_reboot)
 
     p_status = sub.add_parser("status", help="show the pool hosts")
     add_dir(p_status)

@@ -63,9 +63,23 @@ options:
       - V(running) creates and starts, V(stopped) creates or stops (ACPI power button, forced off after
         O(shutdown_timeout)), V(present) creates and leaves the power state alone, V(absent) shuts down and
         deletes the machine with its ephemeral volumes, seed ISO, Ignition file and console log.
+      - V(restarted) restarts the guest as O(restart) says (a stopped or suspended machine is booted); like
+        C(ansible.builtin.service), every run restarts, so it always reports a change (in check mode too, doing
+        nothing). The restart count goes up by one.
+      - V(paused) pauses the running guest's CPUs (a stopped machine is started paused); V(suspended) saves its
+        memory to the host's disk and stops it (libvirt managed save; a machine that is off is refused, naming
+        this option). V(running) resumes either, with no new boot. Each is idempotent; the diff shows
+        C(power) before and after (running, paused, suspended, off).
     type: str
-    choices: [running, stopped, present, absent]
+    choices: [running, stopped, present, absent, restarted, paused, suspended]
     default: running
+  restart:
+    description:
+      - How O(state=restarted) restarts. V(soft) asks the guest with the ACPI power button and forces it off after
+        O(shutdown_timeout), then starts it; V(hard) power-cycles it at once (destroy, start).
+    type: str
+    choices: [soft, hard]
+    default: soft
   machine_class:
     description: Name of a class published on the pool; gives O(cpu) and O(memory) unless they are set too.
     type: str
@@ -344,6 +358,27 @@ options:
     description: Seconds to wait for O(wait=address); must be positive.
     type: int
     default: 300
+  run_strategy:
+    description:
+      - What keeps the machine running when nobody asks (KubeVirt's run strategies).
+      - V(always) runs it at all times; libvirt starts it when its host boots (autostart), restarts it after a
+        guest crash (C(on_crash=restart)), and every converge starts it when it finds it off, O(state=present)
+        included. A guest that powers itself off stays off until the next converge or the host's next boot.
+      - V(on_failure) brings it back after a failure but not after a clean shutdown. A crash restarts it, a host
+        that loses power while it runs starts it again when it boots (autostart is on while it runs), and a
+        converge with O(state=present) starts it when it finds it crashed or failed. A converge that finds it
+        shut down turns autostart off.
+      - V(manual) does nothing of itself (no autostart, a crash leaves it off); O(state) alone starts and stops it.
+      - V(halted) keeps it off (with O(state=present) a converge stops it).
+      - Left out, a new machine gets the strategy its O(state) implies (V(running) means V(always), V(stopped)
+        V(halted), V(present) V(manual)); an existing one keeps its own, except that an V(always) machine asked
+        to stop becomes V(halted) and a V(halted) one asked to run V(always), as KubeVirt's stop and start do. A
+        machine made before run strategies existed gets the one its state implies (under V(present) it keeps none).
+      - Refused, naming this option, with a state it contradicts (V(always) with O(state=stopped), V(halted)
+        with O(state=running)).
+      - A change is made in place, live, and shown in the diff (C(run_strategy), C(autostart)).
+    type: str
+    choices: [always, on_failure, manual, halted]
   shutdown_timeout:
     description:
       - Seconds the guest has to power off after the ACPI request before it is forced off.
@@ -687,6 +722,19 @@ machine:
       description: Starts after the first one.
       type: int
       sample: 0
+    run_strategy:
+      description: The machine's run strategy (see O(run_strategy)); null for a machine that has none.
+      type: str
+      sample: always
+    power_state:
+      description: What the guest is doing, finer than O(state) shows it.
+      type: str
+      choices: [running, paused, suspended, off, crashed]
+      sample: running
+    autostart:
+      description: Whether its host starts it when the host boots (libvirt autostart).
+      type: bool
+      sample: true
     created:
       description: Creation time (UTC, ISO 8601).
       type: str

@@ -46,6 +46,8 @@ options:
         C(unique_across)), plus the scheduling keys C(machine_pool_selector) (labels) and C(machine_pool) (pin
         to a pool by name). The machine's C(tolerations) (key, operator, value, effect) steer the scheduler too,
         and are recorded with the machine.
+      - Each machine's C(run_strategy) is the machine module's, derived from its C(state) when left out (a
+        running machine is V(always), autostarted by its host and started again by every converge).
       - The scheduler also filters and weighs on storage (a machine's root disk, C(root_size) or its local image's
         virtual size, and its new volumes) and on the machine's C(server_group) (C(name), C(policy) V(affinity),
         V(anti-affinity), V(soft-affinity) or V(soft-anti-affinity)); members on the pools and the machines placed

@@ -21,7 +21,11 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
 # Choices, each typed out once.
-MACHINE_STATES = ("running", "stopped", "present", "absent")
+MACHINE_STATES = ("running", "stopped", "present", "absent", "restarted", "paused", "suspended")
+RESTARTS = ("soft", "hard")
+# KubeVirt's run strategies (Always, RerunOnFailure, Manual, Halted); machine_spec.run_strategy derives the one
+# a task leaves out from its state
+RUN_STRATEGIES = ("always", "on_failure", "manual", "halted")
 PRESENCE = ("present", "absent")
 ATTACH_STATES = ("attached", "detached")
 WAITS = ("none", "running", "address")
@@ -45,7 +49,8 @@ class Owned:
     ``read(tree, record)`` and ``write(tree, record, value)`` map it to the persistent XML and the record,
     ``show`` formats it for a diff, and ``live`` says how a running guest takes a change: ``metadata`` (at
     once, it is only recorded), ``balloon`` (memory, at once up to the boot-time maximum), ``restart`` (at
-    the next start) or ``boot`` (read by the guest at its next first boot)."""
+    the next start), ``boot`` (read by the guest at its next first boot) or ``lifecycle`` (the run strategy:
+    the running guest's crash action is set at once)."""
 
     def __init__(self, read, write, show=None, live="metadata", compared=True):
         self.read = read
@@ -272,6 +277,11 @@ MACHINE = (
     Option("virt_type", choices=VIRT_TYPES, default="auto", recorded=True),
     # the hash of ignition, cloud_init and ssh_authorized_keys (never the configuration itself)
     Option("boot_config", argument=False, owned=_recorded("boot_config", live="boot")),
+    # on_crash in the domain, the strategy in the record; autostart and starts follow from it in plan_machine
+    # how state=restarted restarts: soft (ACPI, forced after shutdown_timeout) or hard (a power cycle)
+    Option("restart", choices=RESTARTS, default="soft"),
+    Option("run_strategy", choices=RUN_STRATEGIES,
+           owned=Owned(dx.read_run_strategy, dx.write_run_strategy, live="lifecycle")),
     Option("wait", choices=WAITS, default="running"),
     Option("wait_timeout", "int", default=300),
     Option("shutdown_timeout", "int", default=60),
@@ -613,10 +623,21 @@ MACHINE_SNAPSHOT = (
 
 MIGRATION_MODES = ("cold", "live", "auto")
 
+# a live move under control (fleets/move_policy.py checks the values; KubeVirt's MigrationPolicy, Nova's timeout)
+MOVE_POLICY = (
+    Option("bandwidth", "raw"),
+    Option("max_downtime", "int"),
+    Option("completion_timeout_per_gib", "int"),
+    Option("on_timeout", choices=("abort", "postcopy"), default="abort"),
+    Option("auto_converge", "bool", default=False),
+    Option("max_parallel", "int"),
+)
+
 MACHINE_MIGRATE = (
     Option("machine", required=True),
     Option("target"),
     Option("mode", choices=MIGRATION_MODES, default="auto"),
+    Option("policy", "dict", options=MOVE_POLICY),
     Option("strategy", choices=STRATEGIES, default="spread"),
     Option("shutdown_timeout", "int", default=60),
     Option("wait", choices=WAITS, default="running"),

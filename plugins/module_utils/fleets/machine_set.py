@@ -516,7 +516,17 @@ def member_spec(desired, name, wait, wait_timeout, unique_across=()):
     spec["labels"] = dict(spec.get("labels") or {}, **{OWNER_LABEL: desired["name"],
                                                        HASH_LABEL: desired["template_hash"]})
     spec.update(name=name, wait=wait, wait_timeout=wait_timeout, unique_across=list(unique_across))
+    if spec.get("run_strategy") is None:
+        spec["run_strategy"] = member_strategy(desired)
     return freeze(spec)
+
+
+def member_strategy(desired):
+    """The run strategy of a new member whose template names none: always, but manual in a set that replaces the
+    members of an unreachable pool (unreachable_timeout), since a host that comes back must not start the copies
+    the set replaced meanwhile (it has no agent to stop them); the set's runs and its health check bring such
+    members back."""
+    return "manual" if desired.get("unreachable_timeout") is not None else "always"
 
 
 def counts(desired, members):

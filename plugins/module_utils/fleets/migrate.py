@@ -31,6 +31,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
     HoldLost, MachineryError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import wait_for_address
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import machine_status
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import move_policy
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_apply import MoveExecutor, Report, Run
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_observe import MoveObserver, Pools
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import (
@@ -52,6 +53,7 @@ class MoveRequest:
         self.mode = check.one_of(params["mode"], MODES, "mode")
         self.strategy = params["strategy"]
         self.shutdown_timeout = check.timeout_seconds(params["shutdown_timeout"], "shutdown_timeout", True)
+        self.policy = move_policy.parse(params.get("policy"))
         self.source_uri = lv.validate_uri(params["uri"], "uri") if params.get("uri") else None
         self.target_name = params.get("target")
         # a move made to resize the machine (resize_move.py, never a module option): the target is checked for
@@ -135,7 +137,7 @@ class MoveResource(Resource):
         self.machine = self.request.machine
         self.report = Report()
         self.observer = MoveObserver(pools, self.request, self.report.warnings)
-        self.executor = MoveExecutor(self.machine, self.report)
+        self.executor = MoveExecutor(self.machine, self.report, self.request.policy)
         self.executor.fence = lambda before: check_held(list(self.held.values()), before)
         self.held = {}  # uri: this run's hold on the machine there
 
@@ -252,6 +254,7 @@ def run(entries, params, check_mode=False, opener=None, coordination=None):
                       "mode": move.after["mode"] if move is not None else None,
                       "reason": move.data["reason"] if move is not None else None,
                       "downtime": resource.downtime,
+                      "migration": resource.report.migration,
                       "warnings": sorted(set(resource.warnings))}
     finally:
         if resource is not None:

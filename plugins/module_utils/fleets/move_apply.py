@@ -20,6 +20,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, HoldLost, LibvirtFailure, MachineryError, PoolFull)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import shutdown
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import move_policy
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import (
     live_transport, move_key, relocate)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.volume_stream import (
@@ -51,6 +52,30 @@ class Report:
     def __init__(self):
         self.warnings = []
         self.downtime = None
+        self.migration = None  # a live move's last progress, its duration, what its timeout did
+
+
+# how long a move waits for a slot among the policy's max_parallel moves of its pools
+SLOT_WAIT_SECONDS = 900
+
+
+def wait_for_slot(machine, run, policy, clock=time.monotonic, sleep=time.sleep):
+    """With ``max_parallel``, wait until fewer than that many other moves are journaled on either pool."""
+    limit = (policy or {}).get("max_parallel")
+    if not limit:
+        return
+    deadline = clock() + SLOT_WAIT_SECONDS
+    while True:
+        others = set()
+        for side in (run.source, run.target):
+            others.update(key for key in reg.Registry.open(side.ctx.conn).keys("move-") if key != move_key(machine))
+        if len(others) < limit:
+            return
+        if clock() > deadline:
+            raise LibvirtFailure("%d moves of pools %s and %s are under way (policy.max_parallel %d) and none ended "
+                                 "within %ds" % (len(others), run.source.pool, run.target.pool, limit,
+                                                 SLOT_WAIT_SECONDS), "policy.max_parallel")
+        sleep(1)
 
 
 class Steps:
@@ -65,6 +90,19 @@ def domain_xml(source, target, flags):
     """The source's domain with its files pointed at the target's storage."""
     tree = dx.parse(source.dom.XMLDesc(flags))
     return dx.tostring(relocate(tree, source.ctx.storage_path, target.ctx.storage_path))
+
+
+def carry_autostart(machine, source, target):
+    """libvirt keeps autostart per host: the copy on the target gets the source's (the run strategy's)."""
+    try:
+        if not source.dom.autostart():
+            return
+        dom = lv.lookup_domain(target.ctx.conn, machine)
+        if dom is not None:
+            dom.setAutostart(1)
+    except lv.libvirt.libvirtError as exc:
+        raise LibvirtFailure("cannot mark %s autostarted on %s: %s" % (machine, target.pool, lv.describe(exc)),
+                             "target") from None
 
 
 def check_room_locked(machine, source, target):
@@ -154,7 +192,12 @@ class ColdSteps(Steps):
     """The cold move: the guest powered off, the copy defined on the target and started there if it ran (start
     is also how a resolved move brings the guest back up, on either side)."""
 
+    def __init__(self, machine, report, policy=None):
+        super().__init__(machine, report)
+        self.policy = policy
+
     def shutdown(self, entry, _side, run):
+        wait_for_slot(self.machine, run, self.policy)
         run.stopped_at = time.monotonic()
         if shutdown(run.source.dom, entry["timeout"]):
             self.report.warnings.append("%s did not power off within %ss of the ACPI request and was forced off"
@@ -171,6 +214,7 @@ class ColdSteps(Steps):
                 raise LibvirtFailure("cannot define %s on %s: %s" % (self.machine, target.pool, lv.describe(exc)),
                                      "target") from None
         run.defined = True
+        carry_autostart(self.machine, source, target)
 
     def start(self, _entry, side, run):
         field = "target" if side is run.target else "machine"
@@ -187,7 +231,12 @@ class ColdSteps(Steps):
 
 
 class LiveSteps(Steps):
-    """The live move: empty disks on the target for the guest's writes, then libvirt's peer-to-peer migration."""
+    """The live move: empty disks on the target for the guest's writes, then libvirt's peer-to-peer migration
+    under the move's policy (move_policy.py)."""
+
+    def __init__(self, machine, report, policy=None):
+        super().__init__(machine, report)
+        self.policy = policy or {}
 
     def prepare_volume(self, entry, _side, run):
         """The empty disk a live move copies the guest's writes into: an overlay on the target's image cache, or
@@ -215,19 +264,45 @@ class LiveSteps(Steps):
                 source, target, lv.libvirt.VIR_DOMAIN_XML_MIGRATABLE)
         flags = (lv.libvirt.VIR_MIGRATE_LIVE | lv.libvirt.VIR_MIGRATE_PEER2PEER |
                  lv.libvirt.VIR_MIGRATE_NON_SHARED_INC | lv.libvirt.VIR_MIGRATE_PERSIST_DEST)
+        params.update(move_policy.params(self.policy))
+        flags |= move_policy.flags(self.policy)
+        wait_for_slot(self.machine, run, self.policy)
         with Admission(target.ctx, []):
             check_room_locked(self.machine, source, target)
+        if self.policy.get("max_downtime"):
+            try:
+                source.dom.migrateSetMaxDowntime(self.policy["max_downtime"], 0)
+            except lv.libvirt.libvirtError as exc:
+                raise LibvirtFailure("cannot set the maximum downtime of %s: %s" % (self.machine, lv.describe(exc)),
+                                     "policy.max_downtime") from None
         run.defined = True  # from here the target may hold the guest: a failure makes sure it does not
+        watch = move_policy.Watch(source.dom, self.machine, self.policy, dx.read_memory(source.tree))
         try:
-            source.dom.migrateToURI3(target.uri, params, flags)
+            with watch:
+                source.dom.migrateToURI3(target.uri, params, flags)
         except lv.libvirt.libvirtError as exc:
+            self._note(watch)
+            if watch.timed_out == "abort":
+                raise LibvirtFailure("the live migration of %s to %s did not complete within %ds (%ds per GiB of "
+                                     "memory) and was aborted; the machine runs on on %s" % (
+                                         self.machine, target.pool, watch.timeout,
+                                         self.policy["completion_timeout_per_gib"], source.pool),
+                                     "policy.completion_timeout_per_gib") from None
             raise LibvirtFailure("the live migration of %s to %s failed, the machine still runs on %s: %s"
                                  % (self.machine, target.pool, source.pool, lv.describe(exc)), "mode") from None
+        self._note(watch)
+        carry_autostart(self.machine, source, target)
         try:
             stats = source.dom.jobStats(lv.libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED)
             self.report.downtime = round(stats["downtime"] / 1000.0, 3) if "downtime" in stats else None
+            self.report.migration["iterations"] = stats.get("memory_iteration")
         except lv.libvirt.libvirtError:
             self.report.downtime = None
+
+    def _note(self, watch):
+        self.report.migration = {"seconds": round(watch.clock() - watch.started, 1), "timeout": watch.timeout,
+                                 "timed_out": watch.timed_out, "progress": dict(watch.last),
+                                 "samples": watch.samples}
 
 
 class RemovalSteps(Steps):
@@ -258,7 +333,12 @@ class Rollback(Steps):
                     if dom.isActive():
                         dom.destroy()
                     lv.undefine_domain(dom, self.machine)
-            for name in run.made:
+            # a live move's target QEMU opens the console log itself (outside libvirt's storage: refreshed first)
+            logs = [name for name in journal.get("volumes") or [] if name.endswith("-console.log")
+                    and name not in run.made] if run.defined else []
+            if logs:
+                storage.refresh(target.ctx.storage)
+            for name in list(run.made) + logs:
                 vol = lv.lookup_volume(target.ctx.storage, name)
                 if vol is not None and not storage.users_of(target.ctx.conn, vol.path(), None):
                     storage.delete_volume(target.ctx.storage, name)
@@ -277,10 +357,11 @@ class MoveExecutor:
     """Carries out the steps of a plan's actions for one machine, each through the method ``methods`` names for
     its kind (a kind it does not name is a bug: UnknownAction)."""
 
-    def __init__(self, machine, report):
+    def __init__(self, machine, report, policy=None):
         self.machine = machine
-        journal, copy, cold = JournalSteps(machine, report), CopySteps(machine, report), ColdSteps(machine, report)
-        live, removal = LiveSteps(machine, report), RemovalSteps(machine, report)
+        journal, copy = JournalSteps(machine, report), CopySteps(machine, report)
+        cold, live = ColdSteps(machine, report, policy), LiveSteps(machine, report, policy)
+        removal = RemovalSteps(machine, report)
         self.rollback = Rollback(machine, report)
         # fence(step): raises HoldLost when the run's holds were taken over (MoveResource sets it)
         self.fence = lambda _step: None

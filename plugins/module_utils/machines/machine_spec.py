@@ -699,6 +699,8 @@ def normalize(prm, facts, record=None, current=None):
                                     else recorded.get("topology"), spec["cpu"])
     spec["firmware"] = prm["firmware"] or recorded.get("firmware") or options.initial(options.MACHINE, "firmware")
     spec["virt_type"] = facts.virt_type if prm["virt_type"] == "auto" else prm["virt_type"]
+    spec["run_strategy"] = run_strategy(prm["run_strategy"], prm["state"], recorded.get("run_strategy"), existing)
+    power_request(prm, spec)
     # fixed at creation (check_fixed refuses a change): an existing machine keeps the group it was placed by
     spec["server_group"] = recorded.get("server_group") if existing else thaw(prm["server_group"])
     _boot_config(prm, spec, recorded, existing)
@@ -744,6 +746,39 @@ def normalize(prm, facts, record=None, current=None):
     spec["ip_reservations"] = cap.desired_reservations(spec["network_interfaces"])
     check_wait(prm, spec)
     return freeze(spec)
+
+
+# what a state implies when the task gives no run strategy and the machine has none that agrees with it
+STATE_STRATEGY = {"running": "always", "stopped": "halted", "present": "manual", "restarted": "always",
+                  "paused": "always", "suspended": "always"}
+# the states a halted machine contradicts, and the one an always machine does
+RUNS = ("running", "restarted", "paused")
+
+
+def run_strategy(given, state, recorded, existing):
+    """The run strategy of a machine: the one given; else the recorded one while the state agrees with it (an
+    ``always`` machine asked to stop becomes ``halted``, a ``halted`` one asked to run ``always``, as KubeVirt's
+    stop and start do); else what the state implies (a running machine is ``always``). A machine made before run
+    strategies existed converges to the one its state implies, except under ``present``, which leaves it alone."""
+    if given == "always" and state == "stopped":
+        raise ValidationError("always keeps the machine running: with state stopped use halted, manual or "
+                              "on_failure", "run_strategy")
+    if given == "halted" and state in RUNS:
+        raise ValidationError("halted keeps the machine off: with state running use always, on_failure or "
+                              "manual (or set state: stopped)", "run_strategy")
+    if given:
+        return given
+    if recorded and (recorded, state) != ("always", "stopped") and not (recorded == "halted" and state in RUNS):
+        return recorded
+    if state == "present" and existing:
+        return recorded
+    return STATE_STRATEGY[state]
+
+
+def power_request(prm, spec):
+    """What a power action needs of the task beyond the state (how state=restarted restarts)."""
+    if prm["state"] == "restarted":
+        spec["restart"] = prm["restart"]
 
 
 def _rebuilt_root(prm, facts, record, spec):
