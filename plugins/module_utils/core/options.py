@@ -419,11 +419,20 @@ IMAGE_OS = (
     Option("architecture", choices=("amd64", "arm64", "x86_64")),
 )
 
+# the machine a captured image is taken from (capture.py)
+CAPTURE_SOURCE = (
+    Option("uri"),
+    Option("machine", required=True),
+    Option("snapshot"),
+)
+
 MACHINE_IMAGE = (
     Option("name", required=True),
     Option("url"),
     Option("path"),
     Option("checksum"),
+    Option("from_machine", "dict", options=CAPTURE_SOURCE),
+    Option("generalize", "bool", default=False),
     Option("os", "dict", options=IMAGE_OS),
     Option("state", choices=PRESENCE, default="present"),
     Option("force", "bool", default=False),
