@@ -93,6 +93,39 @@ options:
   image_checksum:
     description: sha256 of the image (V(sha256:<hex>) or V(<hex>)); required for a URL, verified for a path.
     type: str
+  clone_from:
+    description:
+      - Make the new machine's root disk from another machine's (or one of its snapshots'). Exclusive with
+        O(image). Read only when the machine is created; an existing machine keeps its disks.
+      - The clone is a new machine with its own name, UUID, MACs and cloud-init instance id; its size, NICs,
+        volumes and boot configuration are what this task gives, as for any machine. For a clone with an identity
+        of its own inside the guest (machine-id, SSH host keys), clone a machine sealed by
+        M(machinery.compute.machine_image) O(machinery.compute.machine_image#module:generalize), or build on that
+        captured image with O(image).
+      - The source must be stopped unless O(clone_from.snapshot) is given (the stopped machine is reverted to it
+        for the copy and back); a source whose root disk is encrypted is refused. The source is held while its
+        disk is copied.
+    type: dict
+    suboptions:
+      uri:
+        description: libvirt URI of the source's pool; defaults to O(uri). Another pool's disk is streamed over.
+        type: str
+      machine:
+        description: Name of the source machine.
+        type: str
+        required: true
+      snapshot:
+        description: A snapshot of the source (M(machinery.compute.machine_snapshot)) to copy instead of its present disk.
+        type: str
+      mode:
+        description:
+          - V(full) copies the disk whole and flat; the clone shares nothing with the source.
+          - V(linked) captures the disk as a base in the image cache of the clone's pool (by checksum) and makes
+            the root disk a thin overlay on it; the base stays while any clone uses it (a prune of
+            M(machinery.compute.machine_pool) leaves backing files alone).
+        type: str
+        choices: [full, linked]
+        default: full
   root_size:
     description:
       - Size of the root disk (at least the image's virtual size); defaults to the image's size.

@@ -10,6 +10,7 @@ import hashlib
 import time
 
 import pytest
+from lxml import etree
 
 from conftest import Pool, assert_failed, load_lab, register, run_module
 
@@ -40,7 +41,7 @@ def im_pools():
 
 def clean(pools):
     for pool in pools:
-        for name in (SOURCE, COPY):
+        for name in (SOURCE, COPY, "im-full", "im-linked"):
             if pool.domain(name) is not None:
                 run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=0)
         for name in (IMAGE, SNAP_IMAGE):
@@ -149,3 +150,51 @@ def test_capture_refusals_and_a_snapshot(im_pools):
     withdrawn = run_module("machine_image", uri=first.uri, name=SNAP_IMAGE, state="absent")
     assert withdrawn["changed"], withdrawn
     assert run_module("machine_image", uri=first.uri, name=SNAP_IMAGE, state="absent")["changed"] is False
+
+
+def root_backing(pool, machine):
+    """The backing file of a machine's root volume, as libvirt reads it (None for a flat one)."""
+    storage = pool.conn.storagePoolLookupByName("machinery")
+    storage.refresh(0)
+    xml = storage.storageVolLookupByName("%s-root.qcow2" % machine).XMLDesc(0)
+
+    return etree.fromstring(xml).findtext("backingStore/path")
+
+
+def test_full_and_linked_clones(im_pools):
+    first, second = im_pools
+    if first.domain(SOURCE) is None:
+        pytest.skip("needs the machine the capture test made")
+    source = first.domain(SOURCE)
+    if source.isActive():
+        run_module("machine", uri=first.uri, name=SOURCE, state="stopped", shutdown_timeout=10)
+    full = dict(clone_from={"machine": SOURCE, "mode": "full"})
+    planned = run_module("machine", check=True, uri=first.uri, name="im-full", machine_class="small",
+                         network_interfaces=[], **full)
+    assert planned["changed"] and not planned.get("failed"), planned
+    assert first.domain("im-full") is None and "im-full-root.qcow2" not in first.volumes()
+    both = run_module("machine", uri=first.uri, name="im-full", machine_class="small", image=IMAGE, **full)
+    assert_failed(both, "clone_from", "give image or clone_from")
+    assert first.domain("im-full") is None
+
+    machine(first, "im-full", **full)
+    assert root_backing(first, "im-full") is None  # flat: nothing shared with the source
+    assert MARKER in shell(agent_of(first, "im-full"), READ_MARKER)
+    clone_dom = first.domain("im-full")
+    assert clone_dom.UUIDString() != source.UUIDString()
+    assert run_module("machine", uri=first.uri, name="im-full", machine_class="small", network_interfaces=[],
+                      **full)["changed"] is False
+
+    # linked, onto the other pool: the base is captured into that pool's cache and the root is an overlay on it
+    linked = dict(clone_from={"uri": first.uri, "machine": SOURCE, "mode": "linked"})
+    made = machine(second, "im-linked", **linked)
+    base = root_backing(second, "im-linked")
+    assert base is not None and base.rsplit("/", 1)[-1].startswith("image-"), base
+    assert MARKER in shell(agent_of(second, "im-linked"), READ_MARKER)
+    assert made["machine"]["image"].startswith("clone:%s/%s" % (first.name, SOURCE)), made["machine"]["image"]
+    pruned = run_module("machine_pool", uri=second.uri, name=second.name, networks=[{"name": "machinery"}],
+                        prune_images=True)
+    assert not pruned.get("failed"), pruned
+    assert base.rsplit("/", 1)[-1] in second.volumes()  # a base in use stays
+    for pool, name in ((first, "im-full"), (second, "im-linked")):
+        assert run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=0)["changed"]

@@ -242,6 +242,14 @@ SERVER_GROUP = (
     Option("policy", required=True, choices=SERVER_GROUP_POLICIES),
 )
 
+# the machine a clone's root disk is copied from (clone.py)
+CLONE_SOURCE = (
+    Option("uri"),
+    Option("machine", required=True),
+    Option("snapshot"),
+    Option("mode", choices=("full", "linked"), default="full"),
+)
+
 MACHINE = (
     Option("name", required=True),
     Option("state", choices=MACHINE_STATES, default="running"),
@@ -251,6 +259,7 @@ MACHINE = (
                                         show=lambda value: None if value is None else format_quantity(value))),
     Option("image", fixed=lambda spec: (spec.get("image") or {}).get("source")),
     Option("image_checksum", fixed=lambda spec: (spec.get("image") or {}).get("checksum")),
+    Option("clone_from", "dict", options=CLONE_SOURCE),
     Option("root_size", "raw", recorded=True),
     Option("volumes", "list", elements="dict", options=VOLUME),
     Option("network_interfaces", "list", elements="dict", options=NETWORK_INTERFACE),

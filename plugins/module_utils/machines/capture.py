@@ -34,7 +34,6 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.machines import guest
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import observe_machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import shutdown
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
@@ -91,25 +90,26 @@ def root_disk(tree, record):
     return (booted or disks or [None])[0]
 
 
-def refusal(seen, source, generalize):
-    """Why the machine cannot be captured as asked (a MachineryError), or None."""
+def refusal(seen, source, generalize, option="from_machine"):
+    """Why the machine cannot be captured (or cloned, ``option`` clone_from) as asked (a MachineryError), or
+    None."""
     machine, snapshot = source["machine"], source["snapshot"]
+    field = option + ".machine"
     if not seen["exists"]:
-        return NotFoundError("no machine %s on pool %s" % (machine, seen["pool"]), "from_machine.machine")
+        return NotFoundError("no machine %s on pool %s" % (machine, seen["pool"]), field)
     if not seen["managed"]:
-        return ConflictError("%s was not created by machinery.compute" % machine, "from_machine.machine")
+        return ConflictError("%s was not created by machinery.compute" % machine, field)
     root = seen["root"]
     if root is None:
-        return ValidationError("%s has no root disk to capture" % machine, "from_machine.machine")
+        return ValidationError("%s has no root disk to copy" % machine, field)
     if root["secret"]:
         return ValidationError("the root disk of %s (%s) is encrypted (LUKS): its copy would be published to every "
                                "user of the image, and it cannot be read without the passphrase; capture a "
-                               "machine whose root is not encrypted" % (machine, root["device"]),
-                               "from_machine.machine")
+                               "machine whose root is not encrypted" % (machine, root["device"]), field)
     if snapshot and snapshot not in seen["snapshots"]:
         return NotFoundError("%s has no snapshot %s (it has %s)" % (machine, snapshot,
                                                                     ", ".join(seen["snapshots"]) or "none"),
-                             "from_machine.snapshot")
+                             option + ".snapshot")
     if generalize:
         if snapshot:
             return ValidationError("a snapshot is captured as it was taken; generalizing edits the running guest: "
@@ -121,8 +121,9 @@ def refusal(seen, source, generalize):
                                  "generalize")
         return None
     if seen["active"]:
-        return ConflictError("%s is running: a capture copies a quiet disk; stop it first (state: stopped), or set "
-                             "generalize: true to seal and stop it" % machine, "from_machine.machine")
+        return ConflictError("%s is running: its disk is copied quiet; stop it first (state: stopped)%s"
+                             % (machine, ", or set generalize: true to seal and stop it" if option == "from_machine"
+                                else ""), field)
     return None
 
 
@@ -265,6 +266,86 @@ def write_record(ctx, body):
     return body
 
 
+def observe_source(ctx, machine):
+    """What a capture or a clone needs to know of ``machine`` on the pool of ``ctx``: read only."""
+    seen = {"pool": ctx.name or ctx.uri, "record": None, "cached": False, "exists": False, "managed": False,
+            "active": False, "agent": False, "root": None, "snapshots": [], "image_os": {}, "dom": None,
+            "root_size": None}
+    dom = lv.lookup_domain(ctx.conn, machine)
+    if dom is None:
+        return seen
+    tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+    record = dx.read_record(tree)
+    seen.update(exists=True, managed=record is not None, active=bool(dom.isActive()), dom=dom)
+    if record is None:
+        return seen
+    seen["root"] = root_disk(tree, record)
+    if seen["root"] is not None and seen["root"]["path"]:
+        seen["root_size"] = ctx.conn.storageVolLookupByPath(seen["root"]["path"]).info()[1]
+    seen["snapshots"] = sorted(dom.snapshotListNames(0))
+    if seen["active"]:
+        seen["agent"] = guest.agent_connected(dx.parse(dom.XMLDesc(0)))
+    image = (record.get("spec") or {}).get("image") or {}
+    if image.get("name") or image.get("source"):
+        published = ctx.registry.get(named_images.image_key(image.get("name") or image["source"])) \
+            if named_images.is_reference(image.get("name") or image["source"]) else None
+        seen["image_os"] = (published or {}).get("os") or {}
+    return seen
+
+
+def copy_root(conn, pool, machine, root_path, snapshot, name, capacity=0):
+    """A flat qcow2 copy of a machine's root disk (of its ``snapshot``, when given) as volume ``name`` of the
+    storage ``pool`` the disk is in: libvirt runs qemu-img convert on the host. For a snapshot, the stopped machine
+    is reverted to it for the copy and back to its present disks at once."""
+    dom = lv.lookup_domain(conn, machine)
+    keep = keep_present(dom, machine) if snapshot else None
+    try:
+        if snapshot:
+            try:
+                wanted = dom.snapshotLookupByName(snapshot, 0)
+                memory = elements.read_snapshot(elements.parse(wanted.getXMLDesc(0)))["memory"]
+                # a snapshot with memory comes back running: paused, then stopped, its disks are the snapshot's
+                dom.revertToSnapshot(wanted, lv.libvirt.VIR_DOMAIN_SNAPSHOT_REVERT_PAUSED if memory else 0)
+                if dom.isActive():
+                    dom.destroy()
+            except lv.libvirt.libvirtError as exc:
+                raise LibvirtFailure("cannot copy snapshot %s of %s: %s" % (snapshot, machine, lv.describe(exc))) \
+                    from None
+        root = conn.storageVolLookupByPath(root_path)
+        storage.delete_volume(pool, name)  # a scratch copy left by a run that died while copying
+        return storage.copy_volume(pool, name, max(capacity, root.info()[1]), "qcow2", root)
+    finally:
+        if keep is not None:
+            dom.revertToSnapshot(keep, 0)
+            keep.delete(0)
+
+
+def keep_present(dom, machine):
+    """A disk-only snapshot of the stopped machine's present disks, to come back to."""
+    disks = elements.read_disks(dx.parse(dom.XMLDesc(0)))
+    internal = [disk["device"] for disk in disks
+                if disk["type"] == "disk" and not disk["readonly"] and disk["format"] == "qcow2"]
+    skipped = [disk["device"] for disk in disks if disk["device"] not in internal]
+    xml = elements.to_string(elements.domain_snapshot(TEMPORARY_SNAPSHOT, "machinery.compute copy", internal,
+                                                      skipped))
+    try:
+        return dom.snapshotCreateXML(xml, 0)
+    except lv.libvirt.libvirtError as exc:
+        raise LibvirtFailure("cannot keep the present disks of %s: %s" % (machine, lv.describe(exc))) from None
+
+
+def captured_base(source_ctx, target_ctx, machine, root_path, snapshot, scratch):
+    """The flat copy of a machine's root disk in the image cache of ``target_ctx``'s pool (streamed there from the
+    machine's pool when that is another one): (cached volume, checksum)."""
+    flat = copy_root(source_ctx.conn, source_ctx.storage, machine, root_path, snapshot, scratch)
+    try:
+        checksum = stream_copy(source_ctx.conn, flat)
+        vol = cache_copy(source_ctx.conn, flat, target_ctx.conn, target_ctx.storage, checksum)
+    finally:
+        storage.delete_volume(source_ctx.storage, scratch)
+    return vol, checksum
+
+
 class CaptureResource(Resource):
     """A named image captured from a machine of this pool, for ``converge``."""
 
@@ -286,26 +367,10 @@ class CaptureResource(Resource):
 
     def observe(self):
         self.ctx.reset()
-        pool = self.ctx.name or self.ctx.uri
-        record = self.ctx.registry.get(named_images.image_key(self.params["name"]))
-        cached = bool(record and record.get("checksum")
-                      and images.cached_volume(self.ctx.storage, record["checksum"])[0] is not None)
-        seen = {"pool": pool, "record": record, "cached": cached, "exists": False, "managed": False,
-                "active": False, "agent": False, "root": None, "snapshots": [], "image_os": {}, "dom": None}
-        observed = observe_machine(self.ctx.conn, self.source["machine"])
-        if not observed.exists:
-            return seen
-        seen.update(exists=True, managed=observed.managed, active=observed.active, dom=observed.dom)
-        if not observed.managed:
-            return seen
-        seen["root"] = root_disk(observed.tree, observed.record)
-        seen["snapshots"] = sorted(observed.dom.snapshotListNames(0))
-        if observed.active:
-            seen["agent"] = guest.agent_connected(dx.parse(observed.dom.XMLDesc(0)))
-        image = (observed.record.get("spec") or {}).get("image") or {}
-        if image.get("name"):
-            published = self.ctx.registry.get(named_images.image_key(image["name"])) or {}
-            seen["image_os"] = published.get("os") or {}
+        seen = observe_source(self.ctx, self.source["machine"])
+        seen["record"] = record = self.ctx.registry.get(named_images.image_key(self.params["name"]))
+        seen["cached"] = bool(record and record.get("checksum")
+                              and images.cached_volume(self.ctx.storage, record["checksum"])[0] is not None)
         return seen
 
     def plan(self, observed):
@@ -325,51 +390,9 @@ class CaptureResource(Resource):
                                  "generalize")
         shutdown(dom, SHUTDOWN_TIMEOUT)
 
-    def _capture(self, action, seen):
-        dom = lv.lookup_domain(self.ctx.conn, self.source["machine"])
-        if self.source["snapshot"]:
-            keep = self._keep_present(dom)
-            try:
-                snapshot = dom.snapshotLookupByName(self.source["snapshot"], 0)
-                memory = elements.read_snapshot(elements.parse(snapshot.getXMLDesc(0)))["memory"]
-                # a snapshot with memory comes back running: paused, then stopped, its disks are the snapshot's
-                dom.revertToSnapshot(snapshot, lv.libvirt.VIR_DOMAIN_SNAPSHOT_REVERT_PAUSED if memory else 0)
-                if dom.isActive():
-                    dom.destroy()
-                self._copy(seen)
-            except lv.libvirt.libvirtError as exc:
-                raise LibvirtFailure("cannot capture snapshot %s of %s: %s" % (
-                    self.source["snapshot"], self.source["machine"], lv.describe(exc))) from None
-            finally:
-                dom.revertToSnapshot(keep, 0)
-                keep.delete(0)
-        else:
-            self._copy(seen)
-
-    def _keep_present(self, dom):
-        internal = [disk["device"] for disk in elements.read_disks(dx.parse(dom.XMLDesc(0)))
-                    if disk["type"] == "disk" and not disk["readonly"] and disk["format"] == "qcow2"]
-        skipped = [disk["device"] for disk in elements.read_disks(dx.parse(dom.XMLDesc(0)))
-                   if disk["device"] not in internal]
-        xml = elements.to_string(elements.domain_snapshot(TEMPORARY_SNAPSHOT, "machinery.compute capture", internal,
-                                                          skipped))
-        try:
-            return dom.snapshotCreateXML(xml, 0)
-        except lv.libvirt.libvirtError as exc:
-            raise LibvirtFailure("cannot keep the present disks of %s: %s"
-                                 % (self.source["machine"], lv.describe(exc))) from None
-
-    def _copy(self, seen):
-        pool = self.ctx.storage
-        root = self.ctx.conn.storageVolLookupByPath(seen["root"]["path"])
-        scratch = "capture-%s.part" % self.params["name"]
-        storage.delete_volume(pool, scratch)  # left by a run that died while copying
-        flat = storage.copy_volume(pool, scratch, root.info()[1], "qcow2", root)
-        try:
-            self.checksum = stream_copy(self.ctx.conn, flat)
-            cache_copy(self.ctx.conn, flat, self.ctx.conn, pool, self.checksum)
-        finally:
-            storage.delete_volume(pool, scratch)
+    def _capture(self, _action, seen):
+        _vol, self.checksum = captured_base(self.ctx, self.ctx, self.source["machine"], seen["root"]["path"],
+                                            self.source["snapshot"], "capture-%s.part" % self.params["name"])
 
     def _publish(self, action, seen):
         body = dict(action.data["body"])

@@ -31,6 +31,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
     ConflictError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze, thaw
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.machines import clone
 from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
@@ -309,8 +310,13 @@ def resolve(prm, ctx, record=None):
                                                  prm["image_checksum"], ctx, "image")
         return facts  # an existing machine keeps its image, disks and NICs
     facts.storage_pool = ctx.storage.name()
+    if prm["image"] and prm.get("clone_from"):
+        raise ValidationError("a clone's root disk is copied from its source machine; give image or clone_from",
+                              "clone_from")
     if prm["image"]:
         facts.images["image"] = _image_facts(prm["image"], prm["image_checksum"], ctx, "image")
+    elif prm.get("clone_from"):
+        facts.images["image"] = clone.image_facts(ctx, thaw(prm["clone_from"]), prm["name"])
     names = []
     for index, item in enumerate(prm["volumes"] or []):
         if item.get("volume") is not None:
@@ -674,7 +680,7 @@ def normalize(prm, facts, record=None, current=None):
         _existing_capabilities(prm, facts, spec, recorded)
         check_wait(prm, spec)
         return freeze(spec)
-    if prm["image"]:
+    if prm["image"] or prm.get("clone_from"):
         image = facts.images["image"]
         spec["image"] = image["image"]
         spec["root_size"] = prm["root_size"]
@@ -692,7 +698,7 @@ def normalize(prm, facts, record=None, current=None):
         spec.update(image=None, root_size=None)
         taken = set()
     spec["volumes"] = _volumes(prm, facts, taken)
-    if not prm["image"]:
+    if not spec["image"]:
         next(vol for vol in spec["volumes"] if vol["source"] == "volume")["boot"] = True
     spec["swap"] = _swap(prm, facts, spec["volumes"])
     spec["disk_qos"] = cap.desired_disk_qos(spec["volumes"])
@@ -745,6 +751,8 @@ def recorded_spec(spec, files, created=None):
     if created is not None:
         kept["root_size"] = created.root_size if spec.get("image") else None
     kept["image"] = {key: spec["image"].get(key) for key in ("source", "checksum")} if spec.get("image") else None
+    if kept["image"] is not None and getattr(created, "image_checksum", None):  # a linked clone's base
+        kept["image"]["checksum"] = created.image_checksum
     if kept["image"] is not None:
         kept["image"]["format"] = created.image_format if created is not None else spec["image"].get("format")
     kept["volumes"] = []

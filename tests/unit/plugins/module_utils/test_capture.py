@@ -93,3 +93,22 @@ def test_from_machine_is_checked():
     with pytest.raises(ValidationError) as caught:
         capture.from_machine({"machine": "Web_1"}, "qemu:///system")
     assert caught.value.field == "from_machine.machine"
+
+
+def test_clone_from_is_checked_with_full_by_default():
+    from ansible_collections.machinery.compute.plugins.module_utils.machines import clone
+
+    assert clone.clone_source({"machine": "web"}, "qemu:///system") == {
+        "uri": "qemu:///system", "machine": "web", "snapshot": None, "mode": "full"}
+    with pytest.raises(ValidationError) as caught:
+        clone.clone_source({"machine": "web", "mode": "thin"}, "qemu:///system")
+    assert caught.value.field == "clone_from.mode"
+    with pytest.raises(ValidationError) as caught:
+        clone.clone_source({"machine": "web", "size": "1Gi"}, "qemu:///system")
+    assert caught.value.field == "clone_from"
+
+
+def test_a_clone_refusal_names_clone_from():
+    with pytest.raises(ConflictError) as caught:
+        raise capture.refusal(seen(active=True), {"machine": "web", "snapshot": None}, False, option="clone_from")
+    assert caught.value.field == "clone_from.machine" and "generalize" not in str(caught.value)
