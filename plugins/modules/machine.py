@@ -115,7 +115,8 @@ options:
         type: str
         required: true
       snapshot:
-        description: A snapshot of the source (M(machinery.compute.machine_snapshot)) to copy instead of its present disk.
+        description:
+          - A snapshot of the source (M(machinery.compute.machine_snapshot)) to copy instead of its present disk.
         type: str
       mode:
         description:

@@ -79,7 +79,8 @@ options:
   generalize:
     description:
       - With O(from_machine), clear the guest's identity before the capture so that machines made from the image
-        get their own (cloud-init's instance data, C(/etc/machine-id) emptied, the SSH host keys removed).
+        get their own (cloud-init's instance data, C(/etc/machine-id) emptied, the SSH host keys and the DHCP
+        clients' saved leases removed).
       - It is done inside the running guest through its guest agent, then the machine is shut down (ACPI, then
         forced after 300 seconds) and captured. The machine stays stopped and sealed; started again, it takes a new
         identity as machines made from the image do. A stopped machine, one whose agent does not answer, or a

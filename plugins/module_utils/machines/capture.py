@@ -40,12 +40,14 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import sto
 
 # What generalizing does inside the guest. cloud-init's own ``clean`` removes its instance data (so the next boot
 # is a first boot, which makes new SSH host keys); older releases lack it and the directory goes by hand. An empty
-# /etc/machine-id makes systemd draw a new one at the next boot; dbus's copy goes unless it is the usual link.
+# /etc/machine-id makes systemd draw a new one at the next boot; dbus's copy goes unless it is the usual link. The
+# DHCP clients' saved leases go too: a copy would ask for the source's address (released at its shutdown) and get it.
 GENERALIZE_SCRIPT = (
     "set -e; "
     "if command -v cloud-init >/dev/null 2>&1; then cloud-init clean --logs --seed >/dev/null 2>&1 "
     "|| rm -rf /var/lib/cloud; fi; "
     "rm -f /etc/ssh/ssh_host_*_key /etc/ssh/ssh_host_*_key.pub; "
+    "rm -f /var/lib/dhcp/dhclient*.leases /var/lib/dhclient/*.lease* /var/lib/NetworkManager/*.lease; "
     "if [ -e /etc/machine-id ]; then : > /etc/machine-id; fi; "
     "if [ -f /var/lib/dbus/machine-id ] && [ ! -L /var/lib/dbus/machine-id ]; then rm -f /var/lib/dbus/machine-id; fi; "
     "sync"
