@@ -324,6 +324,14 @@ options:
       - When not given, cloud-init sets the machine's name; an existing machine keeps what it was given. A change is
         read by the guest at its next first boot, as any change of the boot configuration.
     type: str
+  tpm:
+    description:
+      - An emulated TPM 2.0 (QEMU's CRB interface backed by swtpm, which the pool host needs (Debian's C(swtpm)
+        and C(swtpm-tools) packages); the guest sees C(/dev/tpm0).
+      - Its state is kept by libvirt with the machine on its pool host, carried by a live move, and deleted with
+        the machine. Adding or removing it on a running machine takes effect at its next start.
+      - Left out, a new machine has none and an existing one keeps what it has.
+    type: bool
   firmware:
     description: Firmware, fixed at creation; V(bios) when not given.
     type: str

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
@@ -273,6 +274,7 @@ MACHINE = (
     Option("tolerations", "list", elements="dict", owned=_recorded("tolerations")),
     Option("firmware", choices=FIRMWARES, fixed=lambda spec: spec.get("firmware"), initial="bios",
            owned=Owned(dx.read_firmware, dx.write_firmware, compared=False)),
+    Option("tpm", "bool", initial=False, owned=Owned(fw.read_tpm, fw.write_tpm, live="restart")),
     Option("virt_type", choices=VIRT_TYPES, default="auto", recorded=True),
     # the hash of ignition, cloud_init and ssh_authorized_keys (never the configuration itself)
     Option("boot_config", argument=False, owned=_recorded("boot_config", live="boot")),

@@ -667,6 +667,8 @@ def normalize(prm, facts, record=None, current=None):
     spec["topology"] = cap.topology(thaw(prm["topology"]) if prm["topology"] is not None
                                     else recorded.get("topology"), spec["cpu"])
     spec["firmware"] = prm["firmware"] or recorded.get("firmware") or options.initial(options.MACHINE, "firmware")
+    spec["tpm"] = prm["tpm"] if prm["tpm"] is not None else bool(recorded.get("tpm") or
+                                                                  options.initial(options.MACHINE, "tpm"))
     spec["virt_type"] = facts.virt_type if prm["virt_type"] == "auto" else prm["virt_type"]
     # fixed at creation (check_fixed refuses a change): an existing machine keeps the group it was placed by
     spec["server_group"] = recorded.get("server_group") if existing else thaw(prm["server_group"])
