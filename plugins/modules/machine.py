@@ -324,6 +324,14 @@ options:
       - When not given, cloud-init sets the machine's name; an existing machine keeps what it was given. A change is
         read by the guest at its next first boot, as any change of the boot configuration.
     type: str
+  secure_boot:
+    description:
+      - UEFI Secure Boot with the distribution's keys enrolled (Microsoft's UEFI CA among them, so shim-signed
+        bootloaders start), through libvirt's firmware auto-selection; SMM is turned on with it. Needs
+        O(firmware=uefi), and a pool whose firmware can do it (Debian's C(ovmf) package), else it is refused
+        naming this option before anything is made.
+      - Fixed at creation, like O(firmware); left out, a new machine has it off.
+    type: bool
   tpm:
     description:
       - An emulated TPM 2.0 (QEMU's CRB interface backed by swtpm, which the pool host needs (Debian's C(swtpm)

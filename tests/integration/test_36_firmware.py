@@ -61,3 +61,31 @@ def test_tpm_seen_by_the_guest_and_deleted_with_the_machine(fw_pool):
     assert gone["changed"], gone
     assert pool.domain(MACHINE) is None
     assert not os.path.exists(swtpm_state(pool, uuid))
+
+
+SECURE = "fw-secure"
+
+
+def test_secure_boot_firmware_chosen_by_libvirt(fw_pool):
+    pool = fw_pool
+    args = dict(uri=pool.uri, name=SECURE, machine_class="small", image=load_lab()["image"],
+                network_interfaces=[], shutdown_timeout=0, wait="none")
+    try:
+        refused = run_module("machine", firmware="bios", secure_boot=True, **args)
+        assert refused.get("failed") and refused["field"] == "secure_boot" and "UEFI" in refused["msg"], refused
+        assert pool.domain(SECURE) is None
+        made = run_module("machine", firmware="uefi", secure_boot=True, **args)
+        assert made["changed"] and not made.get("failed"), made
+        # the running domain: libvirt picked the OVMF build with the keys enrolled, and its variables' template
+        live = etree.fromstring(pool.domain(SECURE).XMLDesc(0))
+        loader = live.find("os/loader")
+        assert loader.get("secure") == "yes" and loader.text.endswith(".ms.fd"), etree.tostring(loader)
+        assert live.find("os/nvram").get("template").endswith("OVMF_VARS_4M.ms.fd")
+        assert live.find("features/smm").get("state") == "on"
+        again = run_module("machine", firmware="uefi", secure_boot=True, **args)
+        assert again["changed"] is False, again
+        changed = run_module("machine", firmware="uefi", secure_boot=False, **args)
+        assert changed.get("failed") and changed["field"] == "secure_boot", changed
+    finally:
+        if pool.domain(SECURE) is not None:
+            run_module("machine", uri=pool.uri, name=SECURE, state="absent", shutdown_timeout=0)

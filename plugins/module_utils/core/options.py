@@ -275,6 +275,8 @@ MACHINE = (
     Option("firmware", choices=FIRMWARES, fixed=lambda spec: spec.get("firmware"), initial="bios",
            owned=Owned(dx.read_firmware, dx.write_firmware, compared=False)),
     Option("tpm", "bool", initial=False, owned=Owned(fw.read_tpm, fw.write_tpm, live="restart")),
+    Option("secure_boot", "bool", fixed=lambda spec: spec.get("secure_boot", False), initial=False,
+           owned=Owned(fw.read_secure_boot, fw.write_secure_boot, compared=False)),
     Option("virt_type", choices=VIRT_TYPES, default="auto", recorded=True),
     # the hash of ignition, cloud_init and ssh_authorized_keys (never the configuration itself)
     Option("boot_config", argument=False, owned=_recorded("boot_config", live="boot")),

@@ -25,6 +25,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import capa
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
+from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
@@ -266,6 +267,7 @@ class Facts:
         self.volumes = volumes or {}  # existing volume name -> None (missing) or {size, format, users}
         self.images = images or {}  # field -> {image (images.resolve), format, size}
         self.taken_volumes = set(taken_volumes)  # names the machine's new volumes would have that exist already
+        self.secure_boot = False  # whether the pool's firmware can do Secure Boot (read when a machine asks)
 
 
 def new_volume_name(machine, item):
@@ -310,6 +312,9 @@ def resolve(prm, ctx, record=None):
                                                  prm["image_checksum"], ctx, "image")
         return facts  # an existing machine keeps its image, disks and NICs
     facts.storage_pool = ctx.storage.name()
+    if prm.get("secure_boot"):
+        facts.secure_boot = fw.secure_boot_firmware(ctx.conn.getDomainCapabilities(
+            None, "x86_64", "q35", facts.virt_type, 0))
     if prm["image"] and prm.get("clone_from"):
         raise ValidationError("a clone's root disk is copied from its source machine; give image or clone_from",
                               "clone_from")
@@ -669,6 +674,13 @@ def normalize(prm, facts, record=None, current=None):
     spec["firmware"] = prm["firmware"] or recorded.get("firmware") or options.initial(options.MACHINE, "firmware")
     spec["tpm"] = prm["tpm"] if prm["tpm"] is not None else bool(recorded.get("tpm") or
                                                                   options.initial(options.MACHINE, "tpm"))
+    spec["secure_boot"] = bool(recorded.get("secure_boot")) if existing else bool(prm["secure_boot"])
+    if spec["secure_boot"] and not existing:
+        if spec["firmware"] != "uefi":
+            raise ValidationError("Secure Boot is a UEFI feature: set firmware: uefi with it", "secure_boot")
+        if not facts.secure_boot:
+            raise ValidationError("pool %s offers no UEFI firmware that can do Secure Boot (install OVMF, Debian's "
+                                  "ovmf package, on the pool host)" % facts.pool, "secure_boot")
     spec["virt_type"] = facts.virt_type if prm["virt_type"] == "auto" else prm["virt_type"]
     # fixed at creation (check_fixed refuses a change): an existing machine keeps the group it was placed by
     spec["server_group"] = recorded.get("server_group") if existing else thaw(prm["server_group"])
