@@ -5,12 +5,14 @@ guest agent; libvirt keeps the swtpm state under the pool's /var/lib/libvirt/swt
 below its pool directory, and removes it when the machine is deleted.
 """
 
+import hashlib
 import os
+import time
 
 import pytest
 from lxml import etree
 
-from conftest import first_pool, load_lab, run_module
+from conftest import Pool, first_pool, load_lab, register, run_module
 from test_34_images import agent_of, shell
 
 MACHINE = "fw-tpm"
@@ -89,3 +91,59 @@ def test_secure_boot_firmware_chosen_by_libvirt(fw_pool):
     finally:
         if pool.domain(SECURE) is not None:
             run_module("machine", uri=pool.uri, name=SECURE, state="absent", shutdown_timeout=0)
+
+
+UEFI = "fw-uefi"
+VARS_TEMPLATE = "/usr/share/OVMF/OVMF_VARS_4M.fd"
+
+
+def nvram_digest(pool, name):
+    return hashlib.sha256(pool.download("%s-nvram.fd" % name)).hexdigest()
+
+
+def test_uefi_variables_move_with_the_machine():
+    lab = load_lab()
+    if len(lab["pools"]) < 2:
+        pytest.skip("a move needs two pools")
+    first, second = (Pool(entry["name"], entry["uri"]) for entry in lab["pools"][:2])
+    for pool in (first, second):
+        register(pool)
+        if pool.domain(UEFI) is not None:
+            run_module("machine", uri=pool.uri, name=UEFI, state="absent", shutdown_timeout=0)
+    args = dict(name=UEFI, machine_class="small", image=lab["image"], network_interfaces=[], shutdown_timeout=0,
+                firmware="uefi", wait="none")
+    try:
+        made = run_module("machine", uri=first.uri, **args)
+        assert made["changed"] and not made.get("failed"), made
+        nvram = etree.fromstring(first.domain(UEFI).XMLDesc(2)).findtext("os/nvram")
+        assert nvram.endswith("/%s-nvram.fd" % UEFI), nvram
+        with open(VARS_TEMPLATE, "rb") as handle:
+            template = hashlib.sha256(handle.read()).hexdigest()
+        # OVMF writes its variables (boot entries, its counters) while it runs: wait until it has
+        deadline = time.monotonic() + 240
+        while nvram_digest(first, UEFI) == template:
+            assert time.monotonic() < deadline, "OVMF wrote no variable"
+            time.sleep(2)
+        stopped = run_module("machine", uri=first.uri, state="stopped", **dict(args, wait="none"))
+        assert not stopped.get("failed"), stopped
+        before = nvram_digest(first, UEFI)
+        assert before != template
+        moved = run_module("machine_migrate", uri=first.uri, machine=UEFI, target=second.uri, mode="cold",
+                           shutdown_timeout=0, wait="none")
+        assert moved["changed"] and not moved.get("failed"), moved
+        assert first.domain(UEFI) is None and "%s-nvram.fd" % UEFI not in first.volumes()
+        moved_xml = etree.fromstring(second.domain(UEFI).XMLDesc(2))
+        assert moved_xml.findtext("os/nvram") == nvram.replace(
+            os.path.dirname(nvram), storage_dir(second))
+        assert nvram_digest(second, UEFI) == before
+        gone = run_module("machine", uri=second.uri, name=UEFI, state="absent", shutdown_timeout=0)
+        assert gone["changed"], gone
+        assert "%s-nvram.fd" % UEFI not in second.volumes()
+    finally:
+        for pool in (first, second):
+            if pool.domain(UEFI) is not None:
+                run_module("machine", uri=pool.uri, name=UEFI, state="absent", shutdown_timeout=0)
+
+
+def storage_dir(pool):
+    return etree.fromstring(pool.conn.storagePoolLookupByName("machinery").XMLDesc(0)).findtext("target/path")

@@ -78,3 +78,21 @@ def secure_boot_firmware(domain_capabilities_xml):
     efi = "efi" in [value.text for value in tree.findall("os/enum[@name='firmware']/value")]
     secure = "yes" in [value.text for value in tree.findall("os/loader/enum[@name='secure']/value")]
     return efi and secure
+
+
+def nvram_volume(machine):
+    """The volume of the pool's storage that keeps a UEFI machine's variables."""
+    return "%s-nvram.fd" % machine
+
+
+def place_nvram(tree, path):
+    """Keep a UEFI machine's variables at ``path`` (a volume of the pool's storage) instead of libvirt's own
+    directory, so that moving the machine's volumes moves them too; libvirt fills it from the firmware's
+    variables template at the first start. A BIOS machine is left alone."""
+    os_node = tree.find("os")
+    if os_node.get("firmware") != "efi":
+        return
+    node = os_node.find("nvram")
+    if node is None:
+        node = etree.SubElement(os_node, "nvram")
+    node.text = path

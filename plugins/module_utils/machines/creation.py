@@ -9,6 +9,7 @@ from __future__ import annotations
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.machines import clone
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
@@ -199,7 +200,9 @@ class Creation:
                 nics.append(nic)
             inputs = dict(paths, name=name, virt_type=spec["virt_type"], record=record, disks=disks, nics=nics,
                           console_path=self.ctx.storage_file(files["console"]))
-            self.defined = self._define(options.build(inputs, spec), "define machine")
+            tree = options.build(inputs, spec)
+            fw.place_nvram(tree, self.ctx.storage_file(fw.nvram_volume(name)))
+            self.defined = self._define(tree, "define machine")
             for nic in reserved_nics(record):
                 reserve_address(self.ctx, nic, name)
                 reserved.append(nic)
