@@ -1,8 +1,10 @@
-"""The emulated TPM 2.0 of a busybox guest: in the domain, seen by the guest, its state deleted with the machine.
+"""Firmware of busybox guests: the emulated TPM 2.0, Secure Boot, and UEFI variables carried by a move.
 
-The guest's kernel finds the CRB TPM (/dev/tpm0, /sys/class/tpm/tpm0) and asks it for random bytes through the
-guest agent; libvirt keeps the swtpm state under the pool's /var/lib/libvirt/swtpm/<uuid>, which the lab binds
-below its pool directory, and removes it when the machine is deleted.
+The guest's kernel finds the CRB TPM (/dev/tpm0, /sys/class/tpm/tpm0); a value extended into PCR 16 with a raw
+TPM2_PCR_Extend written to /dev/tpm0 is read back after a live move; libvirt keeps the swtpm state under the
+pool's /var/lib/libvirt/swtpm/<uuid>, which the lab binds below its pool directory, and removes it when the
+machine is deleted. Secure Boot is read from the loader libvirt chose; UEFI variables OVMF wrote are read back,
+byte for byte, on the pool a cold move took the machine to.
 """
 
 import hashlib
@@ -16,6 +18,15 @@ from conftest import Pool, first_pool, load_lab, register, run_module
 from test_34_images import agent_of, shell
 
 MACHINE = "fw-tpm"
+# TPM2_PCR_Extend of PCR 16 (the debug PCR) with one sha256 digest of 32 bytes 0x41, under an empty password
+# session, as octal escapes for the guest's printf: header (tag, size 65, command code), the PCR's handle, the
+# session (TPM_RS_PW, no nonce, no attributes, no password), then the digest list
+EXTEND = ("\\200\\002\\000\\000\\000\\101\\000\\000\\001\\202" "\\000\\000\\000\\020"
+          "\\000\\000\\000\\011\\100\\000\\000\\011\\000\\000\\000\\000\\000"
+          "\\000\\000\\000\\001\\000\\013" + "\\101" * 32)
+# PCR 16 after that one extension from its reset value: sha256(32 zero bytes || 32 bytes 0x41)
+EXTENDED = hashlib.sha256(bytes(32) + b"A" * 32).hexdigest().upper()
+PCR16 = "cat /sys/class/tpm/tpm0/pcr-sha256/16"
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +35,11 @@ def fw_pool():
         yield pool
 
 
-def clean(pool):
-    if pool.domain(MACHINE) is not None:
-        run_module("machine", uri=pool.uri, name=MACHINE, state="absent", shutdown_timeout=0)
+def clean(_pool):
+    for entry in load_lab()["pools"][:2]:  # the TPM test moves its machine to the second pool
+        pool = Pool(entry["name"], entry["uri"])
+        if pool.domain(MACHINE) is not None:
+            run_module("machine", uri=pool.uri, name=MACHINE, state="absent", shutdown_timeout=0)
 
 
 def swtpm_state(pool, uuid):
@@ -58,6 +71,22 @@ def test_tpm_seen_by_the_guest_and_deleted_with_the_machine(fw_pool):
     assert shell(agent, "test -c /dev/tpm0 && echo present").strip() == "present"
     uuid = pool.domain(MACHINE).UUIDString()
     assert os.path.isdir(swtpm_state(pool, uuid))
+    # a value extended into a PCR, read back by the guest's kernel
+    assert shell(agent, PCR16).strip() == "0" * 64
+    response = shell(agent, "exec 3<>/dev/tpm0; printf '%s' >&3; dd bs=4096 count=1 <&3 2>/dev/null | od -An -tx1"
+                     % EXTEND).split()
+    assert response[6:10] == ["00", "00", "00", "00"], response  # TPM_RC_SUCCESS
+    assert shell(agent, PCR16).strip() == EXTENDED
+
+    # a live move carries the whole TPM state, PCRs included, in QEMU's migration stream
+    other = next((Pool(entry["name"], entry["uri"]) for entry in load_lab()["pools"][1:2]), None)
+    if other is not None:
+        register(other)
+        moved = run_module("machine_migrate", uri=pool.uri, machine=MACHINE, target=other.uri, mode="live")
+        assert moved["changed"] and not moved.get("failed"), moved
+        assert shell(agent_of(other, MACHINE), PCR16).strip() == EXTENDED
+        assert os.path.isdir(swtpm_state(other, uuid)) and not os.path.exists(swtpm_state(pool, uuid))
+        pool = other
 
     gone = run_module("machine", uri=pool.uri, name=MACHINE, state="absent", shutdown_timeout=0)
     assert gone["changed"], gone
