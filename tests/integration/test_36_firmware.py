@@ -27,6 +27,11 @@ EXTEND = ("\\200\\002\\000\\000\\000\\101\\000\\000\\001\\202" "\\000\\000\\000\
 # PCR 16 after that one extension from its reset value: sha256(32 zero bytes || 32 bytes 0x41)
 EXTENDED = hashlib.sha256(bytes(32) + b"A" * 32).hexdigest().upper()
 PCR16 = "cat /sys/class/tpm/tpm0/pcr-sha256/16"
+# TPM2_NV_Read of the first 128 bytes of the NV index 0x01c00002, the RSA endorsement key's certificate that
+# swtpm_setup wrote when libvirt first started the TPM: unique to this TPM, and kept across power cycles
+READ_EK_CERT = ("\\200\\002\\000\\000\\000\\043\\000\\000\\001\\116" "\\001\\300\\000\\002"
+                "\\001\\300\\000\\002" "\\000\\000\\000\\011\\100\\000\\000\\011\\000\\000"
+                "\\000\\000\\000" "\\000\\200\\000\\000")
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +52,12 @@ def swtpm_state(pool, uuid):
     entry = next(item for item in load_lab()["pools"] if item["name"] == pool.name)
     pool_dir = os.path.dirname(os.path.dirname(entry["uri"].split("socket=", 1)[1]))
     return os.path.join(pool_dir, "lib", "swtpm", uuid)
+
+
+def tpm_command(agent, command):
+    """The TPM's response to a raw command (octal escapes) written to /dev/tpm0 in the guest, as hex bytes."""
+    return shell(agent, "exec 3<>/dev/tpm0; printf '%s' >&3; dd bs=4096 count=1 <&3 2>/dev/null | od -An -tx1"
+                 % command).split()
 
 
 def tpm_of(pool):
@@ -73,8 +84,7 @@ def test_tpm_seen_by_the_guest_and_deleted_with_the_machine(fw_pool):
     assert os.path.isdir(swtpm_state(pool, uuid))
     # a value extended into a PCR, read back by the guest's kernel
     assert shell(agent, PCR16).strip() == "0" * 64
-    response = shell(agent, "exec 3<>/dev/tpm0; printf '%s' >&3; dd bs=4096 count=1 <&3 2>/dev/null | od -An -tx1"
-                     % EXTEND).split()
+    response = tpm_command(agent, EXTEND)
     assert response[6:10] == ["00", "00", "00", "00"], response  # TPM_RC_SUCCESS
     assert shell(agent, PCR16).strip() == EXTENDED
 
@@ -86,7 +96,16 @@ def test_tpm_seen_by_the_guest_and_deleted_with_the_machine(fw_pool):
         assert moved["changed"] and not moved.get("failed"), moved
         assert shell(agent_of(other, MACHINE), PCR16).strip() == EXTENDED
         assert os.path.isdir(swtpm_state(other, uuid)) and not os.path.exists(swtpm_state(pool, uuid))
-        pool = other
+        # a cold move restarts the guest (its PCRs start again from zero, as at any power on) with the same TPM:
+        # the endorsement key's certificate in its NV memory is the one it had
+        certificate = tpm_command(agent_of(other, MACHINE), READ_EK_CERT)
+        assert certificate[6:10] == ["00", "00", "00", "00"] and len(certificate) > 100, certificate
+        moved = run_module("machine_migrate", uri=other.uri, machine=MACHINE, target=pool.uri, mode="cold",
+                           shutdown_timeout=10)
+        assert moved["changed"] and not moved.get("failed"), moved
+        agent = agent_of(pool, MACHINE)
+        assert shell(agent, PCR16).strip() == "0" * 64
+        assert tpm_command(agent, READ_EK_CERT) == certificate
 
     gone = run_module("machine", uri=pool.uri, name=MACHINE, state="absent", shutdown_timeout=0)
     assert gone["changed"], gone
