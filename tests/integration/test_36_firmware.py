@@ -172,7 +172,7 @@ def test_uefi_variables_move_with_the_machine():
         while nvram_digest(first, UEFI) == template:
             assert time.monotonic() < deadline, "OVMF wrote no variable"
             time.sleep(2)
-        stopped = run_module("machine", uri=first.uri, state="stopped", **dict(args, wait="none"))
+        stopped = run_module("machine", uri=first.uri, state="stopped", **args)
         assert not stopped.get("failed"), stopped
         before = nvram_digest(first, UEFI)
         assert before != template

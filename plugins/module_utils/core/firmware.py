@@ -15,7 +15,10 @@ OVMF_CODE_4M.ms.fd, its variables from OVMF_VARS_4M.ms.fd); it needs SMM, which 
 
 from __future__ import annotations
 
-from lxml import etree
+try:
+    from lxml import etree
+except ImportError:  # reported by the module base with a pointer to the package
+    etree = None
 
 TPM_MODEL = "tpm-crb"
 TPM_VERSION = "2.0"

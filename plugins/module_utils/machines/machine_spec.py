@@ -672,8 +672,8 @@ def normalize(prm, facts, record=None, current=None):
     spec["topology"] = cap.topology(thaw(prm["topology"]) if prm["topology"] is not None
                                     else recorded.get("topology"), spec["cpu"])
     spec["firmware"] = prm["firmware"] or recorded.get("firmware") or options.initial(options.MACHINE, "firmware")
-    spec["tpm"] = prm["tpm"] if prm["tpm"] is not None else bool(recorded.get("tpm") or
-                                                                  options.initial(options.MACHINE, "tpm"))
+    spec["tpm"] = prm["tpm"] if prm["tpm"] is not None \
+        else bool(recorded.get("tpm") or options.initial(options.MACHINE, "tpm"))
     spec["secure_boot"] = bool(recorded.get("secure_boot")) if existing else bool(prm["secure_boot"])
     if spec["secure_boot"] and not existing:
         if spec["firmware"] != "uefi":

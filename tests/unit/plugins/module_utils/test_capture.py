@@ -41,8 +41,8 @@ def test_a_snapshot_is_reverted_to_and_back():
     source = {"uri": "qemu:///system", "machine": "web", "snapshot": "s1"}
     plan = capture.plan_capture(params(from_machine=source), seen(snapshots=["s1"]))
     steps = [entry["action"] for entry in plan.find("capture").steps]
-    assert steps[:2] == ["snapshot_create", "snapshot_revert"] and steps[-2:] == ["snapshot_revert",
-                                                                                   "snapshot_delete"]
+    assert steps[:2] == ["snapshot_create", "snapshot_revert"]
+    assert steps[-2:] == ["snapshot_revert", "snapshot_delete"]
     assert plan.facts["published"]["source"] == "machine:hv1/web@s1"
 
 

@@ -102,8 +102,8 @@ def test_owned_fields_know_how_a_running_guest_takes_them():
         "tolerations": "metadata",
         "boot_config": "boot", "topology": "restart", "disk_qos": "iotune", "ip_reservations": "network",
         "tpm": "restart"}
-    assert [item.name for item in options.FIXED] == ["image", "image_checksum", "firmware", "secure_boot", "server_group",
-                                                   "swap"]
+    assert [item.name for item in options.FIXED] == ["image", "image_checksum", "firmware", "secure_boot",
+                                                     "server_group", "swap"]
 
 
 def missing_samples(returns, where=""):
