@@ -41,7 +41,7 @@ def im_pools():
 
 def clean(pools):
     for pool in pools:
-        for name in (SOURCE, COPY, "im-full", "im-linked"):
+        for name in (SOURCE, COPY, "im-full", "im-linked", "im-placed"):
             if pool.domain(name) is not None:
                 run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=0)
         for name in (IMAGE, SNAP_IMAGE):
@@ -198,3 +198,12 @@ def test_full_and_linked_clones(im_pools):
     assert base.rsplit("/", 1)[-1] in second.volumes()  # a base in use stays
     for pool, name in ((first, "im-full"), (second, "im-linked")):
         assert run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=0)["changed"]
+
+    # a clone placed by the scheduler, as the machines role places machines: its disk goes where it lands
+    batch = run_module("machine_batch", pools=[pool.uri for pool in im_pools], machines=[
+        {"name": "im-placed", "machine_class": "small", "network_interfaces": [], "state": "present",
+         "clone_from": {"uri": first.uri, "machine": SOURCE, "mode": "full"}}])
+    assert not batch.get("failed"), batch
+    (landed,) = [pool for pool in im_pools if pool.domain("im-placed") is not None]
+    assert root_backing(landed, "im-placed") is None
+    assert run_module("machine", uri=landed.uri, name="im-placed", state="absent", shutdown_timeout=0)["changed"]
