@@ -9,29 +9,39 @@ byte for byte, on the pool a cold move took the machine to.
 
 import hashlib
 import os
+import struct
+import subprocess
 import time
 
 import pytest
 from lxml import etree
 
-from conftest import Pool, first_pool, load_lab, register, run_module
+from conftest import REPO, Pool, first_pool, load_lab, register, run_module
 from test_34_images import agent_of, shell
 
 MACHINE = "fw-tpm"
-# TPM2_PCR_Extend of PCR 16 (the debug PCR) with one sha256 digest of 32 bytes 0x41, under an empty password
-# session, as octal escapes for the guest's printf: header (tag, size 65, command code), the PCR's handle, the
-# session (TPM_RS_PW, no nonce, no attributes, no password), then the digest list
-EXTEND = ("\\200\\002\\000\\000\\000\\101\\000\\000\\001\\202" "\\000\\000\\000\\020"
-          "\\000\\000\\000\\011\\100\\000\\000\\011\\000\\000\\000\\000\\000"
-          "\\000\\000\\000\\001\\000\\013" + "\\101" * 32)
+
+
+def octal(data):
+    """Bytes as the octal escapes the guest's printf writes."""
+    return "".join("\\%03o" % byte for byte in data)
+
+
+# the authorization area of a command under an empty password session: its size (9), TPM_RS_PW, no nonce, no
+# attributes, no password
+PASSWORD_SESSION = struct.pack(">IIHBH", 9, 0x40000009, 0, 0, 0)
+# TPM2_PCR_Extend (tag TPM_ST_SESSIONS, 65 bytes, command 0x182) of PCR 16, the debug PCR, with one sha256 digest
+# of 32 bytes 0x41
+EXTEND = octal(struct.pack(">HIII", 0x8002, 65, 0x182, 16) + PASSWORD_SESSION + struct.pack(">IH", 1, 0x000B) +
+               b"A" * 32)
 # PCR 16 after that one extension from its reset value: sha256(32 zero bytes || 32 bytes 0x41)
 EXTENDED = hashlib.sha256(bytes(32) + b"A" * 32).hexdigest().upper()
 PCR16 = "cat /sys/class/tpm/tpm0/pcr-sha256/16"
-# TPM2_NV_Read of the first 128 bytes of the NV index 0x01c00002, the RSA endorsement key's certificate that
-# swtpm_setup wrote when libvirt first started the TPM: unique to this TPM, and kept across power cycles
-READ_EK_CERT = ("\\200\\002\\000\\000\\000\\043\\000\\000\\001\\116" "\\001\\300\\000\\002"
-                "\\001\\300\\000\\002" "\\000\\000\\000\\011\\100\\000\\000\\011\\000\\000"
-                "\\000\\000\\000" "\\000\\200\\000\\000")
+# TPM2_NV_Read (35 bytes, command 0x14E) of the first 128 bytes of the NV index 0x01c00002, the RSA endorsement
+# key's certificate that swtpm_setup wrote when libvirt first started the TPM (the index authorizes its own
+# reads): unique to this TPM, and kept across power cycles
+READ_EK_CERT = octal(struct.pack(">HIIII", 0x8002, 35, 0x14E, 0x01C00002, 0x01C00002) + PASSWORD_SESSION +
+                     struct.pack(">HH", 128, 0))
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +205,41 @@ def test_uefi_variables_move_with_the_machine():
 
 def storage_dir(pool):
     return etree.fromstring(pool.conn.storagePoolLookupByName("machinery").XMLDesc(0)).findtext("target/path")
+
+
+SIGNED = "fw-signed"
+
+
+def secureboot_image():
+    """$MACHINERY_SECUREBOOT_IMAGE, else built beside the lab's test image from it and Debian's signed shim and
+    GRUB (lab/image/secureboot/build.sh; cached by its recipe)."""
+    path = os.environ.get("MACHINERY_SECUREBOOT_IMAGE")
+    if path:
+        return path
+    image = load_lab()["image"]
+    script = os.path.join(REPO, "lab", "image", "secureboot", "build.sh")
+    built = subprocess.run([script, os.path.dirname(image), image], capture_output=True, text=True, timeout=600,
+                           check=False)
+    if built.returncode != 0:
+        pytest.skip("cannot build the Secure Boot test image: %s" % built.stderr[-2000:])
+    return built.stdout.strip().splitlines()[-1]
+
+
+def test_secure_boot_reported_by_the_guest(fw_pool):
+    """Debian's signed shim and GRUB start Debian's signed kernel under Secure Boot; the guest says it is on."""
+    pool = fw_pool
+    image = secureboot_image()
+    args = dict(uri=pool.uri, name=SIGNED, cpu=1, memory="384Mi", image=image, network_interfaces=[],
+                firmware="uefi", secure_boot=True, shutdown_timeout=0)
+    try:
+        made = run_module("machine", **args)
+        assert made["changed"] and not made.get("failed"), made
+        pool.wait_console(SIGNED, "MACHINERY-READY", timeout=300)
+        agent = agent_of(pool, SIGNED)
+        # the kernel reads the firmware's SecureBoot variable at boot and locks itself down when it is set
+        kernel_log = shell(agent, "dmesg")
+        assert "secureboot: Secure boot enabled" in kernel_log, kernel_log[-3000:]
+        assert "Kernel is locked down from EFI Secure Boot" in kernel_log
+    finally:
+        if pool.domain(SIGNED) is not None:
+            run_module("machine", uri=pool.uri, name=SIGNED, state="absent", shutdown_timeout=0)
