@@ -168,6 +168,7 @@ def test_uefi_variables_move_with_the_machine():
         register(pool)
         if pool.domain(UEFI) is not None:
             run_module("machine", uri=pool.uri, name=UEFI, state="absent", shutdown_timeout=0)
+        run_module("machine_backup", uri=pool.uri, machine=UEFI, name="b1", state="absent")
     args = dict(name=UEFI, machine_class="small", image=lab["image"], network_interfaces=[], shutdown_timeout=0,
                 firmware="uefi", wait="none")
     try:
@@ -194,6 +195,23 @@ def test_uefi_variables_move_with_the_machine():
         assert moved_xml.findtext("os/nvram") == nvram.replace(
             os.path.dirname(nvram), storage_dir(second))
         assert nvram_digest(second, UEFI) == before
+        # a backup keeps the variables; a boot since changes them (OVMF counts boots in them); a restore brings
+        # back the ones of the backup
+        backup = dict(uri=second.uri, machine=UEFI, name="b1")
+        taken = run_module("machine_backup", **backup)
+        assert taken["changed"] and not taken.get("failed"), taken
+        assert hashlib.sha256(second.download("%s.backup.b1.nvram.fd" % UEFI)).hexdigest() == before
+        assert not run_module("machine", uri=second.uri, state="running", **args).get("failed")
+        deadline = time.monotonic() + 240
+        while nvram_digest(second, UEFI) == before:
+            assert time.monotonic() < deadline, "OVMF wrote no variable at its second boot"
+            time.sleep(2)
+        assert not run_module("machine", uri=second.uri, state="stopped", **args).get("failed")
+        restored = run_module("machine_backup", restore=True, **backup)
+        assert restored["changed"] and not restored.get("failed"), restored
+        assert nvram_digest(second, UEFI) == before
+        dropped = run_module("machine_backup", state="absent", **backup)
+        assert dropped["changed"] and "%s.backup.b1.nvram.fd" % UEFI not in second.volumes()
         gone = run_module("machine", uri=second.uri, name=UEFI, state="absent", shutdown_timeout=0)
         assert gone["changed"], gone
         assert "%s-nvram.fd" % UEFI not in second.volumes()
