@@ -17,7 +17,7 @@ import libvirt
 import pytest
 
 from conftest import ModuleRun, run_module
-from test_13_migrate import fleet, homes, journals, listed, make, remove
+from test_13_migrate import MIB, fleet, homes, journals, listed, make, remove, upload
 from test_24_races import holds, wait_for, whole_once
 
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds as coordination
@@ -145,6 +145,100 @@ def test_an_operation_during_a_live_move_is_refused_and_lost_nowhere(machine, op
     _source, target, result = race(machine, operation, "live")
     assert_refused_by_the_move(result)
     assert_nothing_of(operation, machine, target)
+
+
+def lock_capacity(pool, name):
+    """The size of the machine's hold volume (its holder grows it at each renewal of its lease), or None."""
+    try:
+        storage = pool.conn.storagePoolLookupByName("machinery-registry")
+        return storage.storageVolLookupByName("hold-%s.lock" % name).info()[1]
+    except libvirt.libvirtError:
+        return None
+
+
+def test_a_move_that_outlasts_its_lease_keeps_it(machine, tmp_path, monkeypatch):
+    """With the lease shortened to 2 s, a move renews it while it works: a second move started meanwhile waits
+    (it says so) and never takes the hold over; the first move's hold is seen renewed over more than a lease.
+    The machine gets 128 MiB of data to copy first, so the move lasts (it keeps the volume from here on)."""
+    source = next(pool for pool in machine if pool.domain(NAME) is not None)
+    target = next(pool for pool in machine if pool is not source)
+    big = "%s-big.raw" % NAME
+    attached = run_module("volume_attach", uri=source.uri, machine=NAME, volume=big, size="128Mi", format="raw")
+    assert attached["changed"], attached
+    upload(source, big, os.urandom(128 * MIB))
+    monkeypatch.setenv("MACHINERY_LEASE_SECONDS", "2")
+    args = dict(uri=source.uri, pools=fleet(machine), machine=NAME, target=target.name, mode="cold",
+                shutdown_timeout=1)
+    first = ModuleRun("machine_migrate", **args)
+    second = None
+    try:
+        def held():
+            """the first move's hold on the source"""
+            return any(".machine_migrate." in volume for volume in holds(source, NAME))
+        wait_for(held, timeout=300)
+        progress = tmp_path / "move-progress.json"
+        monkeypatch.setenv("MACHINERY_PROGRESS_FILE", str(progress))
+        second = ModuleRun("machine_migrate", hold_timeout=600, **args)
+        sizes = set()
+        while first.running():  # the hold's size, read all along: each renewal grows it by a block
+            size = lock_capacity(source, NAME)
+            if size is not None:
+                sizes.add(size)
+        moved = first.finish()
+        assert moved.get("changed") and not moved.get("failed"), moved
+        assert progress.exists() and "held by machine_migrate" in progress.read_text()  # the second one waited
+        after = second.finish()
+        assert not after.get("failed") and after["changed"] is False, after  # found it moved, took nothing over
+        assert len(sizes) >= 4, sizes  # renewed at least three times: every 2/3 s, so for more than one lease
+        assert big in [os.path.basename(path) for path in disk_paths(target.domain(NAME))]
+        assert whole_once(machine, NAME) is target and target.domain(NAME).isActive()
+        assert all(holds(pool, NAME) == [] and journals(pool, NAME) == [] for pool in machine)
+    finally:
+        for run in (first, second):
+            if run is not None and run.running():
+                run.kill()
+
+
+def test_a_holder_paused_past_its_lease_stops_before_its_next_step(machine, monkeypatch):
+    """A move frozen (SIGSTOP) past its 2 s lease, once it holds the machine and before its first step, is taken
+    over by a second move, which moves the machine; the first, let go again, never acts on its stale belief: it
+    stops before its next step and says so (or, frozen before it read the pools, finds the machine moved), and
+    undoes nothing: the machine is on the target once, whole, and no hold or journal is left."""
+    source = next(pool for pool in machine if pool.domain(NAME) is not None)
+    target = next(pool for pool in machine if pool is not source)
+    monkeypatch.setenv("MACHINERY_LEASE_SECONDS", "2")
+    args = dict(uri=source.uri, pools=fleet(machine), machine=NAME, target=target.name, mode="cold",
+                shutdown_timeout=1)
+    first = ModuleRun("machine_migrate", **args)
+    second = None
+    try:
+        def holding():
+            """the first move's hold on the source: it holds the machine and reads both pools, before any step"""
+            return any(".machine_migrate." in volume for volume in holds(source, NAME))
+        wait_for(holding, timeout=300)
+        os.killpg(first.proc.pid, signal.SIGSTOP)
+        try:
+            assert first.running()
+            second = ModuleRun("machine_migrate", hold_timeout=600, **args)
+            taken_over = second.finish()
+            assert first.running()  # still frozen: the second one did not wait for it to end
+        finally:
+            os.killpg(first.proc.pid, signal.SIGCONT)
+        stopped = first.finish()
+    finally:
+        for run in (first, second):
+            if run is not None and run.running():
+                run.kill()
+    assert not taken_over.get("failed") and taken_over["changed"], taken_over
+    # the first run, let go, either stops at its next step saying its lease was taken over, or (frozen before it
+    # had read where the machine is) reads it afresh on the target and reports nothing to do: never a change
+    lost = bool(stopped.get("failed")) and stopped.get("reason") == "Conflict" and \
+        "paused for longer than its lease" in stopped.get("msg", "")
+    found_moved = not stopped.get("failed") and stopped.get("changed") is False and \
+        (stopped.get("machine") or {}).get("pool") == target.name
+    assert lost or found_moved, stopped
+    assert whole_once(machine, NAME) is target and target.domain(NAME).isActive()
+    assert all(holds(pool, NAME) == [] and journals(pool, NAME) == [] for pool in machine)
 
 
 def set_members(pools, name):

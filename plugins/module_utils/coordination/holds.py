@@ -23,10 +23,15 @@ import threading
 import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import progress
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, HoldLost, MachineryError
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 
 DEFAULT_HOLD_TIMEOUT = 900
+# A hold is a lease: its holder renews it every third of LEASE_SECONDS while it works, and a waiter that has seen
+# no renewal for that long (on its own monotonic clock) takes it over. LEASE_ENV shortens it, for tests.
+LEASE_SECONDS = 90
+LEASE_ENV = "MACHINERY_LEASE_SECONDS"
 MOVE = "machine_migrate"  # the operation of a move's holds (the module, the drain role, a resize that moves)
 PROGRESS_EVERY = 5.0  # seconds between two progress lines of a waiting run
 SET_HOLD = "set.%s"  # a set's hold, named apart from every machine (a machine name has no dot)
@@ -44,12 +49,13 @@ class Coordination:
     Built once per run by the module base; nothing is kept between runs or in the process."""
 
     def __init__(self, operation="machinery", hold_timeout=DEFAULT_HOLD_TIMEOUT, progress_path=None,
-                 host=None, clock=time.time):
+                 host=None, clock=time.time, lease=None):
         self.operation = operation
         self.hold_timeout = DEFAULT_HOLD_TIMEOUT if hold_timeout is None else hold_timeout
         self.progress_path = progress_path if progress_path is not None else os.environ.get(progress.ENV)
         self.host = host or socket.gethostname()
         self.clock = clock
+        self.lease = lease if lease is not None else lease_seconds(os.environ.get(LEASE_ENV))
         # {key: [hold, depth]} of the holds this run has taken: an operation that holds a machine and then has
         # the machine module act on it (a health check's restart) takes it once
         self.held = {}
@@ -90,6 +96,22 @@ class Coordination:
             os.replace(partial, self.progress_path)
         except OSError:
             self.progress_path = None
+
+
+def lease_seconds(text):
+    """The lease LEASE_ENV asks for (a positive number of seconds), else LEASE_SECONDS."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return LEASE_SECONDS
+    return value if value > 0 else LEASE_SECONDS
+
+
+def check_held(holds, before):
+    """Raise HoldLost when any of ``holds`` (taken, MachineHold) was taken over by another run: called before
+    each step that changes something (``before`` names it for the message)."""
+    for hold in holds:
+        hold.check(before)
 
 
 def _json_string(text):
@@ -207,7 +229,7 @@ class MachineHold:
     def _take(self):
         self.lock = reg.machine_hold(self.conn, self.machine, self.timeout, refuse=self._refuse, field=self.field,
                                      registry=self.registry, tag=self.coordination.tag(self.operation),
-                                     waiting=self._waiting)
+                                     waiting=self._waiting, lease=self.coordination.lease)
         try:
             self.lock.acquire()
         except ConflictError as exc:
@@ -219,6 +241,21 @@ class MachineHold:
                 exc.message = ("%s is held by %s; waited %ds (hold_timeout) and changed nothing: run again once "
                                "that run is done" % (self.label, describe_holder(found), self.timeout))
             raise
+
+    def check(self, before):
+        """Raise HoldLost when this run's hold was taken over (it was paused past its lease): it must stop
+        before ``before``, the next step that changes anything."""
+        if self.lock is None or isinstance(self.lock, _Inner):
+            return
+        try:
+            if self.lock.still_held():
+                return
+            why = "was taken over by another run"
+        except (MachineryError, lv.libvirt.libvirtError) as exc:  # the daemon closed a connection paused too long
+            why = "cannot be confirmed (%s)" % (exc.message if isinstance(exc, MachineryError) else lv.describe(exc))
+        raise HoldLost("this run's hold on %s %s: this run was paused for longer than its lease (%ss) and stopped "
+                       "before %s; the run holding the machine now finishes or rolls back what this one did"
+                       % (self.label, why, self.coordination.lease, before), self.field)
 
     def release(self):
         if self.lock is None:
@@ -243,6 +280,9 @@ class _Inner:
     def __init__(self, outer):
         self.outer = outer
         self.marker = outer[0].marker
+
+    def still_held(self):
+        return True
 
     def release(self):
         self.outer[1] -= 1

@@ -171,10 +171,15 @@ class Resource(abc.ABC):
 
     def apply_plan(self, plan, observed):
         """Carry out the plan's actions in order (a resource over many objects applies in waves of its own),
-        noting each one done in ``self.done`` (which ``converge`` sets)."""
+        noting each one done in ``self.done`` (which ``converge`` sets), checking before each one that this
+        run still holds what it holds (``fence``)."""
         for action in plan.actions:
+            self.fence(action.summary)
             self.apply(action, observed)
             self.note_done(action)
+
+    def fence(self, before):
+        """Stop (HoldLost) before ``before`` when a hold this run took was taken over; ``converge`` sets it."""
 
     def note_done(self, action):
         """Note ``action`` as carried out, for the report of a run that fails later."""
@@ -193,6 +198,8 @@ def converge(resource, check_mode=False):
     try:
         for hold in ordered(resource.holds(plan, observed)):
             taken.append(hold.acquire())
+        if taken:
+            resource.fence = lambda before: [hold.check(before) for hold in taken]
         if taken:  # what was observed before the holds may have changed before they were taken
             observed = resource.observe()
             plan = resource.plan(observed)

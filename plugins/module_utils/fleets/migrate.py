@@ -24,11 +24,11 @@ from __future__ import annotations
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import MOVE
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import MOVE, check_held
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
-    MachineryError, NotFoundError, ValidationError)
+    HoldLost, MachineryError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import wait_for_address
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import machine_status
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_apply import MoveExecutor, Report, Run
@@ -136,6 +136,7 @@ class MoveResource(Resource):
         self.report = Report()
         self.observer = MoveObserver(pools, self.request, self.report.warnings)
         self.executor = MoveExecutor(self.machine, self.report)
+        self.executor.fence = lambda before: check_held(list(self.held.values()), before)
         self.held = {}  # uri: this run's hold on the machine there
 
     def hold(self, uri):
@@ -226,7 +227,16 @@ def run(entries, params, check_mode=False, opener=None, coordination=None):
         resource = MoveResource(pools, params, check_mode)
         if not check_mode:
             resource.hold_home()
-        plan, obs = converge(resource, check_mode)
+        try:
+            plan, obs = converge(resource, check_mode)
+        except Exception as exc:
+            if not isinstance(exc, HoldLost):  # a failure of a run that lost its holds meanwhile says that first
+                try:
+                    check_held(list(resource.held.values()), "its next step")
+                except HoldLost as lost:
+                    lost.done = list(getattr(exc, "done", None) or [])
+                    raise lost from exc
+            raise
         side = obs.done or obs.source  # after a move its target; in check mode where the machine is now
         machine = machine_status(side.dom, side.ctx) if side is not None and side.exists else None
         if not check_mode and machine and side.active and params.get("wait") == "address":

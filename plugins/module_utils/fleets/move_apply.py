@@ -18,7 +18,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import sto
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, check_room
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import dispatch
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
-    ConflictError, LibvirtFailure, MachineryError, PoolFull)
+    ConflictError, HoldLost, LibvirtFailure, MachineryError, PoolFull)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import shutdown
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import tpm_state
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import (
@@ -98,7 +98,9 @@ class JournalSteps(Steps):
     """The move's journal in both registries: written before the first change, cleared after the last."""
 
     def write(self, _entry, _side, run):
-        for side in (run.source, run.target):  # the source first: a re-run always looks there
+        for index, side in enumerate((run.source, run.target)):  # the source first: a re-run always looks there
+            if index:  # a run paused between the two writes must not write the second one for a taker
+                getattr(run, "fence", lambda _before: None)("write_journal on %s" % side.pool)
             reg.Registry.open(side.ctx.conn).put(move_key(self.machine), run.journal)
 
     def clear(self, _entry, _side, run):
@@ -283,6 +285,8 @@ class MoveExecutor:
         journal, copy, cold = JournalSteps(machine, report), CopySteps(machine, report), ColdSteps(machine, report)
         live, removal = LiveSteps(machine, report), RemovalSteps(machine, report)
         self.rollback = Rollback(machine, report)
+        # fence(step): raises HoldLost when the run's holds were taken over (MoveResource sets it)
+        self.fence = lambda _step: None
         self.methods = {
             "write_journal": journal.write, "clear_journal": journal.clear,
             "cache_image": copy.cache_image, "copy_volume": copy.copy_volume,
@@ -292,7 +296,9 @@ class MoveExecutor:
             "undefine": removal.undefine}
 
     def execute(self, steps, run):
+        run.fence = self.fence
         for entry in steps:
+            self.fence("%s %s" % (entry["action"], entry.get("target", "")))
             side = run.side(entry.get("pool"))
             if entry["action"] in ("delete_volume", "undefine") and side is run.source:
                 run.deleting = True  # from here on the move is only ever finished
@@ -302,7 +308,13 @@ class MoveExecutor:
         """The steps of a new move; one that fails before the source is deleted is rolled back at once."""
         try:
             self.execute(steps, run)
-        except BaseException:
+        except HoldLost:
+            raise  # the run holding the machine now owns the journal and what it lists: nothing is undone here
+        except BaseException as exc:
             if not run.deleting:
+                try:
+                    self.fence("the rollback")
+                except HoldLost as lost:  # a step failed because the run that took over changed things
+                    raise lost from exc
                 self.rollback.undo(run)
             raise

@@ -461,7 +461,7 @@ class AdmissionLock:
 
     def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS, name=LOCK_VOLUME, holder_prefix=HOLDER_PREFIX,
                  stale=LOCK_STALE_SECONDS, what="the admission lock of this pool", refuse=None, field="uri",
-                 markerless=None, tag="", waiting=None):
+                 markerless=None, tag="", waiting=None, lease=None):
         self.conn = conn
         self.pool = pool
         self.timeout = timeout
@@ -475,6 +475,15 @@ class AdmissionLock:
         # holds its machine that way, named by its wave); None: once it has had no marker for MARKERLESS_SECONDS
         self.markerless = markerless
         self.tag = tag  # appended to the holder marker (holder_marker)
+        # lease: seconds a holder's lease lasts unless renewed (a renewer thread grows the lock volume by a block
+        # every third of it); a waiter takes it as expired when it has seen no change for that long on its own
+        # monotonic clock. None: a lock judged by the age of its file (the admission and upload locks).
+        self.lease = lease
+        self._seen = None  # (capacity, markers) of the lock as this waiter last saw it change, and when
+        self._seen_at = None
+        self._renewer = None
+        self._stop = None
+        self.renewals = 0
         # waiting(holder marker or None, seconds waited): called while the lock is held by another run
         self.waiting = waiting
         self.volume = None
@@ -489,20 +498,34 @@ class AdmissionLock:
         if vol is None:
             return None
         try:
-            mtime = elements.read_volume(elements.parse(vol.XMLDesc(0)))["mtime"]
+            found = elements.read_volume(elements.parse(vol.XMLDesc(0)))
             markers = sorted(name for name in self.pool.listVolumes() if name.startswith(self.holder_prefix))
         except lv.libvirt.libvirtError:
             return None  # released meanwhile: try again
+        self._note(found["capacity"], markers)
+        mtime = found["mtime"]
         return max(0.0, time.time() - mtime) if mtime else 0.0, markers
+
+    def _note(self, capacity, markers):
+        """Remember when (this process's monotonic clock) the lock last looked different: a renewal grows it."""
+        seen = (capacity, tuple(markers))
+        if seen != self._seen:
+            self._seen, self._seen_at = seen, time.monotonic()
+
+    def _expired(self):
+        """A leased lock whose holder has not renewed it for a whole lease, as this waiter has watched it."""
+        return self._seen_at is not None and time.monotonic() - self._seen_at > self.lease
 
     def _abandoned(self, age, markers):
         """Whether a lock of this age and these markers has no live holder: its one holder is known dead, it has
         had no holder for MARKERLESS_SECONDS, or it is older than the stale limit."""
-        if age > self.stale:
-            return True
         if not markers:
             return self.markerless(age) if self.markerless is not None else age > MARKERLESS_SECONDS
-        return all(holder_is_dead(marker, self.holder_prefix) for marker in markers)
+        if all(holder_is_dead(marker, self.holder_prefix) for marker in markers):
+            return True  # liveness first: a holder known dead is not waited for
+        if self.lease is not None:
+            return self._expired()  # never the host's file time against this controller's clock
+        return age > self.stale
 
     def _break(self, markers):
         """Delete the lock when it still has ``markers``, and those markers. Waiters on this controller break one
@@ -541,6 +564,8 @@ class AdmissionLock:
                 raise
             else:
                 self.volume, self.marker, self.marker_volume = volume, marker, marker_volume
+                if self.lease is not None:
+                    self._start_renewing()
                 return self
             current = self._current()
             if current is None:
@@ -602,8 +627,48 @@ class AdmissionLock:
                 _delete_quietly(self.pool, marker)
         return names
 
+    def _start_renewing(self):
+        self._stop = threading.Event()
+        self._renewer = threading.Thread(target=self._renew, args=(self._stop, self.volume), daemon=True,
+                                         name="lease-%s" % self.name)
+        self._renewer.start()
+
+    def _renew(self, stop, volume):
+        """Grow the lock volume by a block every third of the lease while this run holds it: waiters see it
+        change. A renewal that fails is tried again at the next; check() tells the holder whether it still
+        holds the lock."""
+        capacity = 1
+        while not stop.wait(self.lease / 3.0):
+            capacity += 512
+            try:
+                volume.resize(capacity, 0)
+                self.renewals += 1
+            except lv.libvirt.libvirtError:
+                pass
+
+    def _stop_renewing(self):
+        if self._renewer is not None:
+            self._stop.set()
+            self._renewer.join()
+            self._renewer = None
+
+    def still_held(self):
+        """Whether this run still holds the lock: its lock volume and its own marker are both there (a run that
+        takes over a lease deletes the markers it found). Looked up, and again for a moment when missing: a
+        lookup during libvirt's refresh of the pool can miss a volume that is there."""
+        if self.marker is None or self.lease is None:
+            return True
+
+        def both():
+            return lv.lookup_volume(self.pool, self.name) is not None and \
+                lv.lookup_volume(self.pool, self.marker) is not None
+        return bool(reread(self.pool, both, bool))
+
     def release(self):
         # the lock before its marker: a run killed between the two leaves a dead marker, never a nameless lock
+        self._stop_renewing()
+        if self.volume is not None and self.lease is not None and not self.still_held():
+            self.volume = None  # taken over: the lock is the new holder's now; only this run's marker goes
         if self.volume is not None:
             _delete_made(self.pool, self.volume, self.name)
             self.volume = None
@@ -619,12 +684,11 @@ class AdmissionLock:
         return False
 
 
-# A run that changes a machine holds it on its pool (``machine_hold``): the machine module while it applies, a
-# move on both pools from before it observes the machine until its journal is cleared. A move is long (its disks
-# are copied), so its hold is taken as abandoned only after MOVE_STALE_SECONDS when its holder cannot be checked,
-# and a second move of the machine waits for the first up to MOVE_WAIT_SECONDS.
+# A run that changes a machine holds it on its pool (``machine_hold``; coordination/holds.py takes it for every
+# operation and makes it a lease, which its waiters judge on their own clocks; docs/concurrency.md). Without a
+# lease (a create's claim, judged by its wave; a dead run's hold broken by clear_dead_holds) it is taken as
+# abandoned after MOVE_STALE_SECONDS when its holder cannot be checked.
 MOVE_STALE_SECONDS = UPLOAD_STALE_SECONDS
-MOVE_WAIT_SECONDS = UPLOAD_WAIT_SECONDS
 
 
 HOLD_PREFIX = "hold-"  # the holds on machines in a registry: hold-<machine>.lock and its holder markers
@@ -643,7 +707,8 @@ def holder_description(marker, prefix):
     return "pid %s on this controller" % pid if controller == _controller() else "on controller %s" % controller
 
 
-def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=None, tag="", waiting=None):
+def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=None, tag="", waiting=None,
+                 lease=None):
     """The hold on ``machine`` in the registry of the pool behind ``conn`` (nothing when the pool has no
     registry): one run at a time changes the machine there. ``refuse(marker)`` says why not to wait for the
     run holding it (a move, for the machine module), or None to wait up to ``timeout``. ``registry`` (the run's
@@ -659,7 +724,7 @@ def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=Non
         return _Held()
     return AdmissionLock(conn, pool, timeout, hold_volume(machine), hold_prefix(machine), MOVE_STALE_SECONDS,
                          "the hold on machine %s" % machine, refuse, field,
-                         lambda age: claim_abandoned(conn, pool, machine, age), tag, waiting)
+                         lambda age: claim_abandoned(conn, pool, machine, age), tag, waiting, lease)
 
 
 # A create holds its machine too, but more cheaply than a change does (a marker and a lock volume, made and deleted,
@@ -756,6 +821,9 @@ class _Held:
 
     def acquire(self):
         return self
+
+    def still_held(self):
+        return True
 
     def release(self):
         pass

@@ -22,6 +22,9 @@ class FakeHold:
     def release(self):
         self.log.append(("release", self.key))
 
+    def check(self, before):
+        self.log.append(("check", before))
+
 
 class Counter(Resource):
     """A counter that must reach ``wanted``; another run may bump it before this run's holds are taken."""
@@ -63,7 +66,7 @@ def test_holds_are_taken_once_each_in_key_order_and_released_in_reverse():
     counter = Counter(3)
     converge(counter)
     assert counter.log == [("observe", 0), ("acquire", ("uri1", "a")), ("acquire", ("uri2", "b")),
-                           ("observe", 0), ("set", 3), ("observe", 3),
+                           ("observe", 0), ("check", "set"), ("check", "set"), ("set", 3), ("observe", 3),
                            ("release", ("uri2", "b")), ("release", ("uri1", "a"))]
 
 
@@ -169,3 +172,30 @@ def test_every_kind_says_what_it_holds():
                      if issubclass(obj, Resource) and obj is not Resource and obj.__module__ == info.name)
     assert len(kinds) >= 12
     assert all("holds" not in getattr(kind, "__abstractmethods__", ()) for kind in kinds)
+
+
+def test_a_waiter_judges_a_lease_on_its_own_clock_from_the_last_change(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(reg.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(reg, "holder_is_dead", lambda marker, prefix: None)  # another controller's: unknown
+    lock = reg.AdmissionLock(None, None, lease=6)
+    lock._note(1, ["hold-a.holder.x"])
+    now[0] += 5
+    assert not lock._abandoned(10 ** 6, ["hold-a.holder.x"])  # however old the file: the host's clock is not read
+    lock._note(513, ["hold-a.holder.x"])  # renewed: the lease starts again from here
+    now[0] += 5
+    assert not lock._abandoned(0, ["hold-a.holder.x"])
+    now[0] += 1.5
+    assert lock._abandoned(0, ["hold-a.holder.x"])  # a whole lease without a change
+
+
+def test_a_dead_holder_is_not_waited_for_even_within_its_lease(monkeypatch):
+    monkeypatch.setattr(reg, "holder_is_dead", lambda marker, prefix: True)
+    lock = reg.AdmissionLock(None, None, lease=600)
+    lock._note(1, ["hold-a.holder.x"])
+    assert lock._abandoned(0, ["hold-a.holder.x"])
+
+
+def test_the_lease_setting():
+    assert holds.lease_seconds("2") == 2.0 and holds.lease_seconds(None) == holds.LEASE_SECONDS
+    assert holds.lease_seconds("0") == holds.LEASE_SECONDS and holds.lease_seconds("x") == holds.LEASE_SECONDS
