@@ -295,6 +295,12 @@ def observe_source(ctx, machine):
     return seen
 
 
+def scratch_name(name, machine):
+    """The scratch volume a copy of ``machine``'s disk goes through: the machine is held while it exists, so no
+    other run makes one of the same name, and one left there is a dead run's."""
+    return "capture-%s-%s.part" % (name, machine)
+
+
 def copy_root(conn, pool, machine, root_path, snapshot, name, capacity=0):
     """A flat qcow2 copy of a machine's root disk (of its ``snapshot``, when given) as volume ``name`` of the
     storage ``pool`` the disk is in: libvirt runs qemu-img convert on the host. For a snapshot, the stopped machine
@@ -393,8 +399,9 @@ class CaptureResource(Resource):
         shutdown(dom, SHUTDOWN_TIMEOUT)
 
     def _capture(self, _action, seen):
+        scratch = scratch_name(self.params["name"], self.source["machine"])
         _vol, self.checksum = captured_base(self.ctx, self.ctx, self.source["machine"], seen["root"]["path"],
-                                            self.source["snapshot"], "capture-%s.part" % self.params["name"])
+                                            self.source["snapshot"], scratch)
 
     def _publish(self, action, seen):
         body = dict(action.data["body"])

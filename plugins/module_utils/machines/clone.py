@@ -85,7 +85,7 @@ def linked_base(ctx, clone, name):
     """(cached base volume, its checksum) on the clone's pool."""
     origin = source_context(ctx, clone["uri"])
     return capture.captured_base(origin, ctx, clone["machine"], clone["path"], clone["snapshot"],
-                                 "%s-clone.part" % name)
+                                 capture.scratch_name(name, clone["machine"]))
 
 
 def full_root(ctx, clone, volume_name, capacity):
@@ -94,7 +94,7 @@ def full_root(ctx, clone, volume_name, capacity):
     if origin is ctx:
         return capture.copy_root(ctx.conn, ctx.storage, clone["machine"], clone["path"], clone["snapshot"],
                                  volume_name, capacity)
-    scratch = "%s-clone.part" % volume_name.rsplit("-root", 1)[0]
+    scratch = capture.scratch_name(volume_name.rsplit("-root", 1)[0], clone["machine"])
     flat = capture.copy_root(origin.conn, origin.storage, clone["machine"], clone["path"], clone["snapshot"],
                              scratch)
     try:
