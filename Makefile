@@ -16,7 +16,8 @@ CORE_BIN := $(VENV)/cores/$(MIN_CORE)/bin
 APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt-dev \
 	libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils \
 	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time libxml2-utils \
-	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils docker-registry apache2-utils
+	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils docker-registry apache2-utils \
+	swtpm swtpm-tools
 
 .PHONY: help deps venv core-venv image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
 	sanity-and-lint molecule-and-packaging \

@@ -47,11 +47,12 @@ die() {
 
 # Every file of the recipe except its documentation, with its relative path,
 # so renaming a file also changes the hash. real/ and idle/ are the recipes of
-# the other images (real/build.sh, idle/build.sh), not of this one.
+# the other images (real/build.sh, idle/build.sh, secureboot/build.sh), not of
+# this one.
 recipe_hash() {
     (
         cd "$RECIPE_DIR"
-        find . \( -path ./real -o -path ./idle \) -prune -o -type f ! -name '*.md' -print0 |
+        find . \( -path ./real -o -path ./idle -o -path ./secureboot \) -prune -o -type f ! -name '*.md' -print0 |
             LC_ALL=C sort -z | xargs -0 sha256sum
     ) | sha256sum | cut -d ' ' -f 1
 }

@@ -131,6 +131,40 @@ options:
         description: Password or token.
         type: str
         required: true
+  clone_from:
+    description:
+      - Make the new machine's root disk from another machine's (or one of its snapshots'). Exclusive with
+        O(image). Read only when the machine is created; an existing machine keeps its disks.
+      - The clone is a new machine with its own name, UUID, MACs and cloud-init instance id; its size, NICs,
+        volumes and boot configuration are what this task gives, as for any machine. For a clone with an identity
+        of its own inside the guest (machine-id, SSH host keys), clone a machine sealed by
+        M(machinery.compute.machine_image) O(machinery.compute.machine_image#module:generalize), or build on that
+        captured image with O(image).
+      - The source must be stopped unless O(clone_from.snapshot) is given (the stopped machine is reverted to it
+        for the copy and back); a source whose root disk is encrypted is refused. The source is held while its
+        disk is copied.
+    type: dict
+    suboptions:
+      uri:
+        description: libvirt URI of the source's pool; defaults to O(uri). Another pool's disk is streamed over.
+        type: str
+      machine:
+        description: Name of the source machine.
+        type: str
+        required: true
+      snapshot:
+        description:
+          - A snapshot of the source (M(machinery.compute.machine_snapshot)) to copy instead of its present disk.
+        type: str
+      mode:
+        description:
+          - V(full) copies the disk whole and flat; the clone shares nothing with the source.
+          - V(linked) captures the disk as a base in the image cache of the clone's pool (by checksum) and makes
+            the root disk a thin overlay on it; the base stays while any clone uses it (a prune of
+            M(machinery.compute.machine_pool) leaves backing files alone).
+        type: str
+        choices: [full, linked]
+        default: full
   root_size:
     description:
       - Size of the root disk (at least the image's virtual size); defaults to the image's size.
@@ -335,6 +369,22 @@ options:
       - When not given, cloud-init sets the machine's name; an existing machine keeps what it was given. A change is
         read by the guest at its next first boot, as any change of the boot configuration.
     type: str
+  secure_boot:
+    description:
+      - UEFI Secure Boot with the distribution's keys enrolled (Microsoft's UEFI CA among them, so shim-signed
+        bootloaders start), through libvirt's firmware auto-selection; SMM is turned on with it. Needs
+        O(firmware=uefi), and a pool whose firmware can do it (Debian's C(ovmf) package), else it is refused
+        naming this option before anything is made.
+      - Fixed at creation, like O(firmware); left out, a new machine has it off.
+    type: bool
+  tpm:
+    description:
+      - An emulated TPM 2.0 (QEMU's CRB interface backed by swtpm, which the pool host needs (Debian's C(swtpm)
+        and C(swtpm-tools) packages); the guest sees C(/dev/tpm0).
+      - Its state is kept by libvirt with the machine on its pool host, carried by a live move, and deleted with
+        the machine. Adding or removing it on a running machine takes effect at its next start.
+      - Left out, a new machine has none and an existing one keeps what it has.
+    type: bool
   firmware:
     description: Firmware, fixed at creation; V(bios) when not given.
     type: str

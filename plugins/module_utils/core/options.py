@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
@@ -248,6 +249,13 @@ SERVER_GROUP = (
 )
 
 IMAGE_PULL_SECRET = (Option("username", required=True), Option("password", required=True, no_log=True))
+# the machine a clone's root disk is copied from (clone.py)
+CLONE_SOURCE = (
+    Option("uri"),
+    Option("machine", required=True),
+    Option("snapshot"),
+    Option("mode", choices=("full", "linked"), default="full"),
+)
 
 MACHINE = (
     Option("name", required=True),
@@ -261,6 +269,7 @@ MACHINE = (
     # an OCI registry's CA and credentials, for an image (or a volume's) given as oci://...; read, never recorded
     Option("image_ca_file", "path"),
     Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
+    Option("clone_from", "dict", options=CLONE_SOURCE),
     Option("root_size", "raw", recorded=True),
     Option("volumes", "list", elements="dict", options=VOLUME),
     Option("network_interfaces", "list", elements="dict", options=NETWORK_INTERFACE),
@@ -274,6 +283,9 @@ MACHINE = (
     Option("tolerations", "list", elements="dict", owned=_recorded("tolerations")),
     Option("firmware", choices=FIRMWARES, fixed=lambda spec: spec.get("firmware"), initial="bios",
            owned=Owned(dx.read_firmware, dx.write_firmware, compared=False)),
+    Option("tpm", "bool", initial=False, owned=Owned(fw.read_tpm, fw.write_tpm, live="restart")),
+    Option("secure_boot", "bool", fixed=lambda spec: spec.get("secure_boot", False), initial=False,
+           owned=Owned(fw.read_secure_boot, fw.write_secure_boot, compared=False)),
     Option("virt_type", choices=VIRT_TYPES, default="auto", recorded=True),
     # the hash of ignition, cloud_init and ssh_authorized_keys (never the configuration itself)
     Option("boot_config", argument=False, owned=_recorded("boot_config", live="boot")),
@@ -437,6 +449,13 @@ IMAGE_OS = (
     Option("architecture", choices=("amd64", "arm64", "x86_64")),
 )
 
+# the machine a captured image is taken from (capture.py)
+CAPTURE_SOURCE = (
+    Option("uri"),
+    Option("machine", required=True),
+    Option("snapshot"),
+)
+
 MACHINE_IMAGE = (
     Option("name", required=True),
     Option("url"),
@@ -444,6 +463,8 @@ MACHINE_IMAGE = (
     Option("checksum"),
     Option("image_ca_file", "path"),
     Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
+    Option("from_machine", "dict", options=CAPTURE_SOURCE),
+    Option("generalize", "bool", default=False),
     Option("os", "dict", options=IMAGE_OS),
     Option("state", choices=PRESENCE, default="present"),
     Option("force", "bool", default=False),

@@ -21,6 +21,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
     ConflictError, HoldLost, LibvirtFailure, MachineryError, PoolFull)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import shutdown
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import move_policy
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import tpm_state
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import (
     live_transport, move_key, relocate)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.volume_stream import (
@@ -215,6 +216,8 @@ class ColdSteps(Steps):
                                      "target") from None
         run.defined = True
         carry_autostart(self.machine, source, target)
+        if tpm_state.has_emulated_tpm(dx.parse(xml)):  # before its first start there makes it a new TPM
+            tpm_state.carry(source.ctx.conn, target.ctx.conn, run.journal["uuid"])
 
     def start(self, _entry, side, run):
         field = "target" if side is run.target else "machine"

@@ -293,9 +293,12 @@ class NewMove:
         images = {}
         for item in machine_files(home.tree, source_dir):
             vol = lv.lookup_volume(ctx.storage, item["volume"])
+            if vol is None and item["kind"] == "nvram":  # libvirt made it at a start, behind the pool's back
+                storage.refresh(ctx.storage)
+                vol = lv.lookup_volume(ctx.storage, item["volume"])
             if vol is None:
-                if item["kind"] == "log":
-                    continue  # never started, or its log was removed: QEMU makes a new one
+                if item["kind"] in ("log", "nvram"):
+                    continue  # never started, or its log was removed: QEMU (libvirt) makes a new one
                 raise ConflictError("volume %s of %s is missing from pool %s: the machine is not whole"
                                     % (item["volume"], self.machine, home.pool), "machine")
             facts = volume_facts(vol)

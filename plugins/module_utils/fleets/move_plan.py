@@ -77,6 +77,9 @@ def relocate(tree, source_dir, target_dir):
             value = node.get(attribute)
             if value and value.startswith(old):
                 node.set(attribute, new + value[len(old):])
+    nvram = tree.find("os/nvram")
+    if nvram is not None and (nvram.text or "").startswith(old):
+        nvram.text = new + nvram.text[len(old):]
     emulator = tree.find("devices/emulator")
     if emulator is not None:
         emulator.getparent().remove(emulator)
@@ -86,7 +89,8 @@ def relocate(tree, source_dir, target_dir):
 def machine_files(tree, storage_dir):
     """[{volume, kind, device}] of every file of a machine's domain in its pool's storage, in document order:
     ``disk`` (written by the guest), ``readonly`` (seed cdrom), ``file`` (the Ignition file) and ``log`` (the
-    console). A disk outside the storage cannot be moved through the pool's volumes: ConflictError."""
+    console), ``nvram`` (UEFI variables kept in the storage). A disk outside the storage cannot be moved through the
+    pool's volumes: ConflictError."""
     prefix = storage_dir.rstrip("/") + "/"
     found = []
     seen = set()
@@ -106,6 +110,9 @@ def machine_files(tree, storage_dir):
         add(entry.get("file"), "file")
     for log in tree.findall("devices/serial/log") + tree.findall("devices/console/log"):
         add(log.get("file"), "log")
+    nvram = (tree.findtext("os/nvram") or "").strip()
+    if nvram.startswith(prefix):  # UEFI variables kept in the storage (firmware.place_nvram) move with the machine
+        add(nvram, "nvram")
     return found
 
 

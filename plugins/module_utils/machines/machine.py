@@ -27,6 +27,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, PoolFull)
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import FrozenDict
+from ansible_collections.machinery.compute.plugins.module_utils.machines import clone
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.changes import Changes, live_effects
 from ansible_collections.machinery.compute.plugins.module_utils.machines.creation import (
@@ -476,7 +477,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         """The hold on the machine for ``converge`` to take, for every plan but a create's: a create holds it
         the cheap way, through its wave, under the admission lock (``apply_plan``)."""
         if plan.actions and plan.actions[0].kind == "create":
-            return ()
+            return clone.holds(self.ctx, self.spec)  # a clone's source, while its disk is copied
         return [self.ctx.coordination.of(self.ctx, self.name, field="name")]
 
     def apply_plan(self, plan, observed):

@@ -25,12 +25,14 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import capa
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
+from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze, thaw
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.machines import clone
 from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
@@ -269,6 +271,7 @@ class Facts:
         self.volumes = volumes or {}  # existing volume name -> None (missing) or {size, format, users}
         self.images = images or {}  # field -> {image (images.resolve), format, size}
         self.taken_volumes = set(taken_volumes)  # names the machine's new volumes would have that exist already
+        self.secure_boot = False  # whether the pool's firmware can do Secure Boot (read when a machine asks)
 
 
 def new_volume_name(machine, item):
@@ -323,8 +326,16 @@ def resolve(prm, ctx, record=None):
             facts.volumes = {name: {} if lv.lookup_volume(ctx.storage, name) is not None else None for name in kept}
         return facts
     facts.storage_pool = ctx.storage.name()
+    if prm.get("secure_boot"):
+        facts.secure_boot = fw.secure_boot_firmware(ctx.conn.getDomainCapabilities(
+            None, "x86_64", "q35", facts.virt_type, 0))
+    if prm["image"] and prm.get("clone_from"):
+        raise ValidationError("a clone's root disk is copied from its source machine; give image or clone_from",
+                              "clone_from")
     if prm["image"]:
         facts.images["image"] = _image_facts(prm["image"], prm["image_checksum"], ctx, "image", registry_of(prm))
+    elif prm.get("clone_from"):
+        facts.images["image"] = clone.image_facts(ctx, thaw(prm["clone_from"]), prm["name"])
     names = []
     for index, item in enumerate(prm["volumes"] or []):
         if item.get("volume") is not None:
@@ -698,6 +709,15 @@ def normalize(prm, facts, record=None, current=None):
     spec["topology"] = cap.topology(thaw(prm["topology"]) if prm["topology"] is not None
                                     else recorded.get("topology"), spec["cpu"])
     spec["firmware"] = prm["firmware"] or recorded.get("firmware") or options.initial(options.MACHINE, "firmware")
+    spec["tpm"] = prm["tpm"] if prm["tpm"] is not None \
+        else bool(recorded.get("tpm") or options.initial(options.MACHINE, "tpm"))
+    spec["secure_boot"] = bool(recorded.get("secure_boot")) if existing else bool(prm["secure_boot"])
+    if spec["secure_boot"] and not existing:
+        if spec["firmware"] != "uefi":
+            raise ValidationError("Secure Boot is a UEFI feature: set firmware: uefi with it", "secure_boot")
+        if not facts.secure_boot:
+            raise ValidationError("pool %s offers no UEFI firmware that can do Secure Boot (install OVMF, Debian's "
+                                  "ovmf package, on the pool host)" % facts.pool, "secure_boot")
     spec["virt_type"] = facts.virt_type if prm["virt_type"] == "auto" else prm["virt_type"]
     spec["run_strategy"] = run_strategy(prm["run_strategy"], prm["state"], recorded.get("run_strategy"), existing)
     power_request(prm, spec)
@@ -714,7 +734,7 @@ def normalize(prm, facts, record=None, current=None):
         _existing_capabilities(prm, facts, spec, recorded)
         check_wait(prm, spec)
         return freeze(spec)
-    if prm["image"]:
+    if prm["image"] or prm.get("clone_from"):
         image = facts.images["image"]
         spec["image"] = image["image"]
         spec["root_size"] = prm["root_size"]
@@ -736,7 +756,7 @@ def normalize(prm, facts, record=None, current=None):
         spec.update(image=None, root_size=None)
         taken = set()
     spec["volumes"] = _volumes(prm, facts, taken)
-    if not prm["image"]:
+    if not spec["image"]:
         booted = [vol for vol in spec["volumes"] if vol["source"] in ("volume", "image")] or \
             [vol for vol in spec["volumes"] if vol["source"] == "empty"]
         booted[0]["boot"] = True
@@ -824,6 +844,8 @@ def recorded_spec(spec, files, created=None):
     if created is not None:
         kept["root_size"] = created.root_size if spec.get("image") else None
     kept["image"] = {key: spec["image"].get(key) for key in ("source", "checksum")} if spec.get("image") else None
+    if kept["image"] is not None and getattr(created, "image_checksum", None):  # a linked clone's base
+        kept["image"]["checksum"] = created.image_checksum
     if kept["image"] is not None:
         kept["image"]["format"] = created.image_format if created is not None else spec["image"].get("format")
     kept["volumes"] = []

@@ -167,6 +167,15 @@ def validated(params):
     if params["state"] == "absent":
         return params
     url, path = params.get("url"), params.get("path")
+    if params.get("from_machine") is not None:
+        for field in ("url", "path", "checksum"):
+            if params.get(field):
+                raise ValidationError("a captured image takes its bits and checksum from the machine; leave %s "
+                                      "out" % field, field)
+        os_info(params.get("os"))
+        return params
+    if params.get("generalize"):
+        raise ValidationError("only a captured image (from_machine) is generalized", "generalize")
     if bool(url) == bool(path):
         raise ValidationError("give exactly one of url or path", "url" if url else "path")
     if url and not url.startswith(("http://", "https://", "oci://")):

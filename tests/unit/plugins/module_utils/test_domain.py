@@ -70,7 +70,7 @@ def test_owned_values_and_edit_in_place():
     assert options.owned_values(tree, record) == {"cpu": 1, "memory": 128 * 2 ** 20, "machine_class": "small",
                                                   "labels": {"app": "web"}, "tolerations": None,
                                                   "boot_config": "abc", "topology": None, "disk_qos": {},
-                                                  "ip_reservations": {}, "run_strategy": None}
+                                                  "ip_reservations": {}, "run_strategy": None, "tpm": False}
     desired = {"cpu": 2, "memory": 256 * 2 ** 20, "labels": {"app": "db"}, "machine_class": "small",
                "boot_config": "abc"}
     names = options.changed_fields(options.owned_values(tree, record), desired)

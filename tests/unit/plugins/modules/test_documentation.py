@@ -101,8 +101,9 @@ def test_owned_fields_know_how_a_running_guest_takes_them():
         "machine_class": "metadata", "cpu": "restart", "memory": "balloon", "labels": "metadata",
         "tolerations": "metadata",
         "boot_config": "boot", "topology": "restart", "disk_qos": "iotune", "ip_reservations": "network",
-        "run_strategy": "lifecycle"}
-    assert [item.name for item in options.FIXED] == ["image", "image_checksum", "firmware", "server_group", "swap"]
+        "run_strategy": "lifecycle", "tpm": "restart"}
+    assert [item.name for item in options.FIXED] == ["image", "image_checksum", "firmware", "secure_boot",
+                                                     "server_group", "swap"]
 
 
 def missing_samples(returns, where=""):
