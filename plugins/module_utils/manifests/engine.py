@@ -421,9 +421,6 @@ class Run:
             # apply, and the checks then count what runs now
             self.sets("present")
             self.checks(count_only=True)
-        for dialect in DIALECTS:  # what a dialect sets on the domains once they exist (libvirt autostart)
-            if hasattr(dialect, "after_apply"):
-                dialect.after_apply(self, pools)
         if self.params["prune"]:
             self.prune(pools)
 

@@ -486,8 +486,3 @@ def export(machine, record_spec):
         metadata["labels"] = dict(machine["labels"])
     return {"apiVersion": API, "kind": "Machine", "metadata": metadata,
             "spec": {"providerSpec": {"value": value}}}
-
-
-def after_apply(run, pools):
-    """libvirt autostart of the machines of OpenShift's own libvirt providerSpec (openshift_libvirt.py)."""
-    upstream.apply_autostart(run, pools)
