@@ -13,12 +13,24 @@ PY := $(VENV)/bin/python
 # The contract's minimum ansible-core: unit and inventory tests run under it too, from a venv of its own.
 MIN_CORE := 2.16.19
 CORE_BIN := $(VENV)/cores/$(MIN_CORE)/bin
+# The newest ansible-core release, on a Python that runs its controller (3.12 or later: the system's on Debian 13,
+# else the newest the machine has, tests/newest_python.sh). Unit tests, its ansible-test sanity and the
+# integration files of each plugin type run under it. Without such a Python it is not tested, and make says so.
+NEWEST_CORE := 2.21.5
+NEWEST_PYTHON ?= $(shell bash tests/newest_python.sh 3.12)
+NEWEST_VENV := $(VENV)/cores/$(NEWEST_CORE)
+NEWEST_SKIPPED = echo "!!! NOT TESTED: ansible-core $(NEWEST_CORE) needs Python 3.12 or later and this machine has none" \
+	"(set NEWEST_PYTHON=/path/to/python3.12+) !!!" >&2
+# A module, the action plugins, the inventory, the lookup (test_11's scheduler cases), the connection (the guest
+# agent), the filters and the roles' plays.
+NEWEST_INTEGRATION := test_03_machine.py test_05_roles.py test_06_machine_batch.py test_07_inventory.py \
+	test_11_bad_input.py test_18_guest_agent.py test_33_filters.py
 APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt-dev \
 	libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils \
 	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time libxml2-utils \
 	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils
 
-.PHONY: help deps venv core-venv image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
+.PHONY: help deps venv core-venv newest-venv sanity-newest image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
 	sanity-and-lint molecule-and-packaging \
 	packaging integration molecule docs docs-lint benchmark benchmark-scale clean
 
@@ -55,6 +67,11 @@ venv: $(VENV)/.stamp
 core-venv: venv
 	bash tests/core_venv.sh $(VENV) $(MIN_CORE) >/dev/null
 
+newest-venv: venv
+	@if [ -n "$(NEWEST_PYTHON)" ]; then \
+		bash tests/core_venv.sh $(VENV) $(NEWEST_CORE) $(NEWEST_PYTHON) >/dev/null; \
+	else $(NEWEST_SKIPPED); fi
+
 # The busybox image, and the idle image (lab/image/idle) for tests that need a machine running but never look
 # inside it.
 image: deps
@@ -89,13 +106,24 @@ demo-down:
 	cd playbooks && $(VENV)/bin/ansible-playbook demo_down.yml -e lab_file=$(LAB)/lab.json
 	python3 lab/lab.py down --dir $(LAB)
 
-unit: venv core-venv
+unit: venv core-venv newest-venv
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
 	@echo "-- the same under ansible-core $(MIN_CORE)"
 	$(CORE_BIN)/pytest -q -p no:cacheprovider tests/unit
+	@if [ -n "$(NEWEST_PYTHON)" ]; then \
+		echo "-- the same under ansible-core $(NEWEST_CORE) (Python $$($(NEWEST_VENV)/bin/python -V | cut -d' ' -f2))"; \
+		$(NEWEST_VENV)/bin/pytest -q -p no:cacheprovider tests/unit; \
+	else $(NEWEST_SKIPPED); fi
 
 sanity: venv
 	bash tests/sanity/run.sh $(VENV)
+
+# ansible-test sanity of the newest release, on its own Python, with the same empty ignore files.
+sanity-newest: newest-venv
+	@if [ -n "$(NEWEST_PYTHON)" ]; then \
+		echo "-- ansible-test sanity of ansible-core $(NEWEST_CORE)"; \
+		bash tests/sanity/run.sh $(NEWEST_VENV); \
+	else $(NEWEST_SKIPPED); fi
 
 lint: venv
 	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks extensions/awx/playbooks $(wildcard roles/*) extensions/molecule
@@ -127,7 +155,7 @@ INTEGRATION_LABS_DOWN = for dir in $(INTEGRATION_LAB_DIRS); do python3 lab/lab.p
 # The suite starts some 1,500 Python processes (module runs, ansible-playbook) that import the collection's code
 # from this tree: it is compiled once first, so none compiles it again (0.4 CPU s a module run without bytecode,
 # 0.25 with; Python reads bytecode even where PYTHONDONTWRITEBYTECODE keeps it from writing any).
-integration: venv core-venv image image-real
+integration: venv core-venv newest-venv image image-real
 	$(PY) -m compileall -q plugins
 	pids=; for dir in $(INTEGRATION_LAB_DIRS); do \
 		python3 lab/lab.py up --pools 3 --dir $$dir --image $(IMAGE_DIR)/machinery-test.qcow2 & pids="$$pids $$!"; \
@@ -141,20 +169,27 @@ integration: venv core-venv image image-real
 			--no-loadscope-reorder \
 			tests/integration && \
 		echo "-- the inventory tests under ansible-core $(MIN_CORE)" && \
-		$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py; \
+		$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py && \
+		if [ -n "$(NEWEST_PYTHON)" ]; then \
+			echo "-- the files of each plugin type under ansible-core $(NEWEST_CORE)" && \
+			$(NEWEST_VENV)/bin/pytest -q -p no:cacheprovider -n $(INTEGRATION_LABS) --dist loadfile \
+				$(addprefix tests/integration/,$(NEWEST_INTEGRATION)); \
+		else $(NEWEST_SKIPPED); fi; \
 		status=$$?; $(INTEGRATION_LABS_DOWN); exit $$status
 
 # make test in three stages, each keeping both cores busy:
 # 1. the virtual environments, the busybox image and the unit tests, beside the real image's build (pip and
-#    mmdebstrap each keep about one core busy, and the unit tests need no image);
+#    mmdebstrap each keep about one core busy, and the unit tests need no image), and the newest ansible-core's
+#    sanity, whose own test venvs pip builds (it would unbalance stage 2's two sides);
 # 2. the checks that need no lab beside the roles' molecule scenarios, which use the CPU while molecule's guests
 #    boot and its plays wait on them. ansible-test sanity and ansible-lint on one side, molecule then the docs lint
 #    and the packaging test on the other, so the two sides end together;
-# 3. the integration suite.
+# 3. the integration suite, then the inventory file under the minimum ansible-core and the files of each plugin
+#    type under the newest.
 # Each parallel job shows its output whole when it ends. The apt packages come first, so no two jobs run apt-get.
 test:
 	$(MAKE) --no-print-directory deps
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse unit image image-real
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse unit image image-real sanity-newest
 	$(MAKE) --no-print-directory -j2 --output-sync=recurse sanity-and-lint molecule-and-packaging
 	$(MAKE) --no-print-directory integration
 
