@@ -16,7 +16,7 @@ stamp="$dest/.stamp"
 skip='ansible-core|ansible-lint|molecule|antsibull-docs|sphinx|myst-parser|ansible-builder|ansible-runner'
 wanted=$(cat "$repo/requirements.txt" "$repo/requirements-dev.txt" | grep -Ev "^(#|-r|$skip)" \
     | grep -v '^$' | tr '\n' ' ')
-pins=$(grep -Ev "^(#|$skip)" "$repo/constraints.txt" | grep -v '^$' | tr '\n' ' ')
+pins=$(bash "$repo/tests/constraints.sh" | grep -Ev "^(#|$skip)" | grep -v '^$' | tr '\n' ' ')
 python_version=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$version $python_version $wanted| $pins" ]; then
     "$python" -m venv --clear "$dest" >&2
