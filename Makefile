@@ -31,7 +31,7 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt
 	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time libxml2-utils \
 	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils xz-utils
 
-.PHONY: help deps venv core-venv newest-venv sanity-newest debian13 debian13-lab image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
+.PHONY: help deps venv core-venv newest-venv sanity-newest debian13 debian13-lab ee image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
 	sanity-and-lint molecule-and-packaging \
 	packaging integration molecule docs docs-lint benchmark benchmark-scale clean
 
@@ -41,6 +41,7 @@ help:
 	@echo "make demo REAL=1 the same, then a play inside a real Debian guest (builds make image-real first)"
 	@echo "make molecule    the roles' molecule scenarios on a lab of their own"
 	@echo "make docs        the collection's documentation site (antsibull-docs, Sphinx) in .cache/docsite/html"
+	@echo "make ee          the execution environment image (ansible-builder, podman, a Debian base) and AWX jobs in it"
 	@echo "make debian13    the two commands above in a Debian 13 root (mmdebstrap; RUN='make unit' for another)"
 	@echo "make lab-up [POOLS=N] [NEWER=N: the last N pools on Debian 13's libvirt and QEMU] | lab-down | lab-status | image | image-real | venv | benchmark"
 
@@ -185,6 +186,7 @@ integration: venv core-venv newest-venv image image-real debian13-lab
 		MACHINERY_REAL_IMAGE=$(IMAGE_DIR)/machinery-real.qcow2; \
 		$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 -n $(INTEGRATION_LABS) --dist loadfile \
 			--no-loadscope-reorder --ignore=tests/integration/test_34_mixed_versions.py \
+			--ignore=tests/integration/test_35_execution_environment.py \
 			tests/integration && \
 		echo "-- the inventory tests under ansible-core $(MIN_CORE)" && \
 		$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py && \
@@ -206,6 +208,19 @@ ifeq ($(MIXED),1)
 else
 	@$(MIXED_SKIPPED)
 endif
+
+# The execution environment, built and run: ansible-builder and podman (Debian's package) make machinery-ee:debian
+# on a base image made from Debian packages (extensions/awx/ee/), then AWX's jobs run in it through ansible-runner's
+# container mode against a lab of its own (3 pools, two of them used), over SSH and TLS (test_35_execution_environment.py).
+EE_DIR ?= $(CURDIR)/.cache/ee
+EE_LAB ?= $(CURDIR)/.lab/ee
+ee: venv image
+	bash extensions/awx/ee/build.sh $(EE_DIR) $(VENV) >/dev/null
+	python3 lab/lab.py up --pools 3 --dir $(EE_LAB) --image $(IMAGE_DIR)/machinery-test.qcow2 --newer 0
+	if [ -f $(EE_DIR)/containers.conf ]; then export CONTAINERS_CONF=$(EE_DIR)/containers.conf; fi; \
+	MACHINERY_LAB=$(EE_LAB)/lab.json MACHINERY_EE_IMAGE=machinery-ee:debian \
+		$(VENV)/bin/pytest -q -p no:cacheprovider tests/integration/test_35_execution_environment.py; \
+		status=$$?; python3 lab/lab.py down --dir $(EE_LAB); exit $$status
 
 # The Debian 13 root whose libvirt and QEMU a mixed lab's newer pools run (lab-up NEWER=N, the integration suite).
 debian13-lab: deps
