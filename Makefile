@@ -31,7 +31,7 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt
 	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time libxml2-utils \
 	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils xz-utils
 
-.PHONY: help deps venv core-venv newest-venv sanity-newest debian13 debian13-lab ee image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
+.PHONY: help deps venv core-venv newest-venv sanity-newest debian13 debian13-lab ee integration-mixed image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
 	sanity-and-lint molecule-and-packaging \
 	packaging integration molecule docs docs-lint benchmark benchmark-scale clean
 
@@ -196,6 +196,10 @@ integration: venv core-venv newest-venv image image-real debian13-lab
 				$(addprefix tests/integration/,$(NEWEST_INTEGRATION)); \
 		else $(NEWEST_SKIPPED); fi; \
 		status=$$?; $(INTEGRATION_LABS_DOWN); exit $$status
+	$(MAKE) --no-print-directory integration-mixed
+
+# INTEGRATION_LABS=1 make integration-mixed runs the mixed fleet's step alone, on one lab.
+integration-mixed: venv image debian13-lab
 ifeq ($(MIXED),1)
 	@echo "-- a mixed fleet: the last pool of each lab on Debian 13's libvirt and QEMU"
 	$(call INTEGRATION_LABS_UP,--newer 1 --newer-root $(DEBIAN13_DIR)/lab)

@@ -109,6 +109,12 @@ enter() {
         mount -t tmpfs -o mode=0755 tmpfs "$root/run"
         mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
         mount --bind "$repo" "$root/src/machinery"
+        # a git worktree keeps its repository elsewhere (.git is a file naming it): that too, at its own path
+        if [ -f "$repo/.git" ]; then
+            common=$(git -C "$repo" rev-parse --path-format=absolute --git-common-dir)
+            mkdir -p "$root$common"
+            mount --bind "$common" "$root$common"
+        fi
         for dir in venv:.venv lab:.lab cache:.cache; do
             mkdir -p "$repo/${dir#*:}"
             mount --bind "$root/var/lib/machinery/${dir%%:*}" "$root/src/machinery/${dir#*:}"
