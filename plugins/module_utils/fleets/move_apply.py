@@ -88,8 +88,10 @@ class Steps:
 
 
 def domain_xml(source, target, flags):
-    """The source's domain with its files pointed at the target's storage."""
-    tree = dx.parse(source.dom.XMLDesc(flags))
+    """The source's domain with its files pointed at the target's storage, in libvirt's migratable form: without
+    the devices a libvirt adds by itself, which another release may not know (libvirt 11's implicit iTCO
+    watchdog of q35, which libvirt 9 refuses to define)."""
+    tree = dx.parse(source.dom.XMLDesc(flags | lv.libvirt.VIR_DOMAIN_XML_MIGRATABLE))
     return dx.tostring(relocate(tree, source.ctx.storage_path, target.ctx.storage_path))
 
 

@@ -22,8 +22,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_co
 from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 from ansible_collections.machinery.compute.plugins.module_utils.machines.snapshots import snapshot_names
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import (
-    choose_mode, image_of, machine_files, move_key, ours, pick_target, resolve_interrupted, scheduling_spec,
-    unmovable)
+    choose_mode, image_of, machine_files, missing_hardware, move_key, ours, pick_target, resolve_interrupted,
+    scheduling_spec, unmovable)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.volume_stream import refresh, volume_facts
 
 
@@ -327,6 +327,20 @@ class NewMove:
             files.append(item)
         return files, images
 
+    @staticmethod
+    def _cpu_models(tree, there):
+        """The custom CPU models the target's QEMU offers for the machine's type, when the machine names one."""
+        cpu = tree.find("cpu")
+        if cpu is None or cpu.get("mode", "custom") != "custom" or not cpu.findtext("model"):
+            return set()
+        os_type = tree.find("os/type")
+        try:
+            caps = dx.parse(there.conn.getDomainCapabilities(None, os_type.get("arch"), os_type.get("machine"),
+                                                             tree.get("type"), 0))
+        except lv.libvirt.libvirtError:
+            return set()  # a machine type the target lacks: missing_hardware names it
+        return {node.text for node in caps.iterfind("cpu/mode[@name='custom']/model")}
+
     def _check_target(self, home, target, files):
         """The target can run the machine: its networks and bridges, its virt type, room for it."""
         there = target.ctx
@@ -338,6 +352,8 @@ class NewMove:
                 host_bridge(there, nic["bridge"], "target")
         if home.tree.get("type") == "kvm" and there.virt_type() != "kvm":
             raise ConflictError("%s runs on KVM and pool %s has no KVM" % (self.machine, target.pool), "target")
+        missing_hardware(self.machine, home.tree, target.pool, dx.parse(there.conn.getCapabilities()),
+                         self._cpu_models(home.tree, there))
         spec = {"name": self.machine, "cpu": dx.read_cpu(home.tree), "memory": dx.read_memory(home.tree)}
         try:
             check_room(there, spec, [("target", item["capacity"]) for item in files if item["kind"] == "disk"])

@@ -230,6 +230,30 @@ def unmovable(machine, record, snapshots=()):
                             "it is not supported" % (machine, ", ".join(fixed)), "machine")
 
 
+def missing_hardware(machine, tree, target, capabilities, cpu_models):
+    """Refuse a move to a pool whose QEMU lacks the machine's virtual hardware: its machine type (libvirt writes
+    the creating host's newest, pc-q35-10.0 on QEMU 10, which QEMU 7.2 does not have) or its named CPU model.
+    ``capabilities`` is the target's capabilities XML (its machine types), ``cpu_models`` the names of the
+    custom CPU models its domain capabilities list; both are parsed trees."""
+    os_type = tree.find("os/type")
+    wanted = os_type.get("machine") if os_type is not None else None
+    arch = os_type.get("arch") if os_type is not None else None
+    if wanted:
+        offered = set()
+        for node in capabilities.iterfind("guest/arch[@name='%s']//machine" % (arch or "x86_64")):
+            offered.update(name for name in (node.text, node.get("canonical")) if name)
+        if wanted not in offered:
+            raise ConflictError("%s has machine type %s, which the QEMU of pool %s does not have: a machine moves "
+                                "only to hosts whose QEMU offers its machine type (a mixed fleet: "
+                                "docs/migrate.md)" % (machine, wanted, target), "target")
+    cpu = tree.find("cpu")
+    model = cpu.findtext("model") if cpu is not None and cpu.get("mode", "custom") == "custom" else None
+    if model and model not in cpu_models:
+        raise ConflictError("%s has CPU model %s, which the QEMU of pool %s does not have: a machine moves only to "
+                            "hosts that offer its CPU model (a mixed fleet: docs/migrate.md)"
+                            % (machine, model, target), "target")
+
+
 def pick_target(machine, snapshots, source_uri, strategy="spread", wanted=None):
     """The pool a machine moves to: ``wanted`` (a pool name) or the scheduler's choice among the pools other
     than its own that publish its class, with the filters and score of scheduler.py. Raises Unschedulable."""
