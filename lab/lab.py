@@ -414,7 +414,28 @@ LogLevel VERBOSE
 """
 
 
-class LabSSHD:
+class LabDaemon:
+    """A daemon of the lab's own (its sshd, its registry): its state file records its pid and start time, so a
+    pid that was reused by another process since is never taken for it."""
+
+    state_file: Path
+
+    def read_state(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def recorded_pid(self) -> int | None:
+        """The recorded pid while that process still runs (the same start time), else None."""
+        st = self.read_state()
+        pid = st.get("pid")
+        if not isinstance(pid, int) or proc_starttime(pid) != st.get("starttime"):
+            return None
+        return pid
+
+
+class LabSSHD(LabDaemon):
     """The lab's sshd and its files in <dir>/ssh: host key, the lab's client key (id_ed25519),
     authorized_keys, known_hosts (the host key at [127.0.0.1]:<port>), sshd_config, sshd.json, sshd.log."""
 
@@ -429,17 +450,10 @@ class LabSSHD:
         self.authorized_keys = self.dir / "authorized_keys"
         self.client_bin = self.dir / "bin"
 
-    def read_state(self) -> dict:
-        try:
-            return json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
-
     def pid(self) -> int | None:
         """The pid of the lab's running sshd, or None."""
-        st = self.read_state()
-        pid = st.get("pid")
-        if not isinstance(pid, int) or proc_starttime(pid) != st.get("starttime"):
+        pid = self.recorded_pid()
+        if pid is None:
             return None
         # The listener rewrites its command line ("sshd: /usr/sbin/sshd -D -f <config> ... [listener] ...").
         try:
@@ -569,7 +583,7 @@ def bcrypt_hash(password: str) -> str:
     raise LabError("no bcrypt here for the registry's password (Python's crypt module or apache2-utils' htpasswd)")
 
 
-class LabRegistry:
+class LabRegistry(LabDaemon):
     """The lab's registry and its files in <dir>/registry: config.yml, servercert.pem / serverkey.pem (for
     127.0.0.1, signed by the lab CA), htpasswd and credentials.json (user lab, a random password), registry.json
     (pid, start time, port), registry.log, data/ (the blobs)."""
@@ -581,16 +595,9 @@ class LabRegistry:
         self.log_file = self.dir / "registry.log"
         self.credentials_file = self.dir / "credentials.json"
 
-    def read_state(self) -> dict:
-        try:
-            return json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
-
     def pid(self) -> int | None:
-        st = self.read_state()
-        pid = st.get("pid")
-        if not isinstance(pid, int) or proc_starttime(pid) != st.get("starttime"):
+        pid = self.recorded_pid()
+        if pid is None:
             return None
         cmdline = proc_cmdline(pid)
         if not cmdline or cmdline[0] != REGISTRY_BIN or str(self.config) not in cmdline:
