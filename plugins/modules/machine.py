@@ -31,6 +31,7 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
   - machinery.compute.action_group
+  - machinery.compute.oci_image
 seealso:
   - module: machinery.compute.machine_info
     description: List machines and their status, with filters.
@@ -98,25 +99,6 @@ options:
   image_checksum:
     description: sha256 of the image (V(sha256:<hex>) or V(<hex>)); required for a URL, verified for a path.
     type: str
-  image_ca_file:
-    description:
-      - The CA certificate (PEM) that a private OCI registry's HTTPS certificate is verified against, for an
-        O(image) (or O(volumes[].image)) given as V(oci://...); without it, the system's certificates.
-    type: path
-  image_pull_secret:
-    description:
-      - Credentials of the OCI registry of an V(oci://...) image, sent when the registry asks for them (Basic,
-        or to its token service for a Bearer token). Never recorded.
-    type: dict
-    suboptions:
-      username:
-        description: User name.
-        type: str
-        required: true
-      password:
-        description: Password or token.
-        type: str
-        required: true
   root_size:
     description:
       - Size of the root disk (at least the image's virtual size); defaults to the image's size.

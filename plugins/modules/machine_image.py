@@ -21,6 +21,7 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection.pools
   - machinery.compute.action_group
+  - machinery.compute.oci_image
 seealso:
   - module: machinery.compute.machine
     description: Build machines on a published image by giving its name as O(machinery.compute.machine#module:image).
@@ -55,21 +56,6 @@ options:
   checksum:
     description: sha256 of the image (V(sha256:<hex>) or the bare hex). Required with an http(s) O(url).
     type: str
-  image_ca_file:
-    description: The CA certificate (PEM) of the private OCI registry of an V(oci://) O(url).
-    type: path
-  image_pull_secret:
-    description: Credentials of the OCI registry of an V(oci://) O(url), sent when it asks for them.
-    type: dict
-    suboptions:
-      username:
-        description: User name.
-        type: str
-        required: true
-      password:
-        description: Password or token.
-        type: str
-        required: true
   os:
     description:
       - What the image is; kept with the name and returned.

@@ -27,6 +27,7 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection.pools
   - machinery.compute.action_group
+  - machinery.compute.oci_image
 seealso:
   - module: machinery.compute.manifest_info
     description: Export existing machines as documents of a dialect.
@@ -80,26 +81,6 @@ options:
     description: Seconds a deleted machine is given to power off gracefully before it is forced off.
     type: int
     default: 60
-  image_ca_file:
-    description:
-      - The CA certificate (PEM) of a private OCI registry that the documents' V(oci://) images (and IronCore's
-        bare references, such as V(registry.example.com/os/debian:12)) are pulled from; as
-        M(machinery.compute.machine)'s O(machinery.compute.machine#module:image_ca_file).
-    type: path
-  image_pull_secret:
-    description:
-      - Credentials of that registry, for every machine whose document gives none (IronCore's
-        C(spec.imagePullSecret) gives a machine its own).
-    type: dict
-    suboptions:
-      username:
-        description: User name.
-        type: str
-        required: true
-      password:
-        description: Password or token.
-        type: str
-        required: true
 """
 
 EXAMPLES = r"""

@@ -29,6 +29,7 @@ author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
   - machinery.compute.action_group
+  - machinery.compute.oci_image
 seealso:
   - module: machinery.compute.volume_info
     description: List the volumes of pools.
@@ -65,21 +66,6 @@ options:
         O(machinery.compute.machine#module:image)), pulled and cached on the pool by its digest first.
       - The copy is complete (no backing file) and bootable.
     type: str
-  image_ca_file:
-    description: The CA certificate (PEM) of the private OCI registry of an V(oci://) O(image).
-    type: path
-  image_pull_secret:
-    description: Credentials of the OCI registry of an V(oci://) O(image), sent when it asks for them.
-    type: dict
-    suboptions:
-      username:
-        description: User name.
-        type: str
-        required: true
-      password:
-        description: Password or token.
-        type: str
-        required: true
   format:
     description:
       - Format of the volume. A new volume is V(qcow2) when this is not given; an existing one keeps its own.
