@@ -8,17 +8,31 @@ TEST_LAB ?= $(CURDIR)/.lab/test
 MOLECULE_LAB ?= $(CURDIR)/.lab/molecule-test
 DOCS_DIR ?= $(CURDIR)/.cache/docsite
 IMAGE_DIR ?= $(CURDIR)/.lab/image
+DEBIAN13_DIR ?= $(CURDIR)/.cache/debian13
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 # The contract's minimum ansible-core: unit and inventory tests run under it too, from a venv of its own.
 MIN_CORE := 2.16.19
 CORE_BIN := $(VENV)/cores/$(MIN_CORE)/bin
+# The newest ansible-core release, on a Python that runs its controller (3.12 or later: the system's on Debian 13,
+# else the newest the machine has, tests/newest_python.sh). Unit tests, its ansible-test sanity and the
+# integration files of each plugin type run under it. Without such a Python it is not tested, and make says so.
+NEWEST_CORE := 2.21.5
+NEWEST_PYTHON ?= $(shell bash tests/newest_python.sh 3.12)
+NEWEST_VENV := $(VENV)/cores/$(NEWEST_CORE)
+NEWEST_SKIPPED = echo "!!! NOT TESTED: ansible-core $(NEWEST_CORE) needs Python 3.12 or later and this machine has none" \
+	"(set NEWEST_PYTHON=/path/to/python3.12+) !!!" >&2
+# A module, the action plugins, the inventory, the lookup (test_11's scheduler cases), the connection (the guest
+# agent), the filters and the roles' plays.
+NEWEST_INTEGRATION := test_03_machine.py test_05_roles.py test_06_machine_batch.py test_07_inventory.py \
+	test_11_bad_input.py test_18_guest_agent.py test_33_filters.py
 APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt-dev \
 	libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils \
 	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time libxml2-utils \
-	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils docker-registry apache2-utils
+	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils xz-utils docker-registry \
+	apache2-utils swtpm swtpm-tools
 
-.PHONY: help deps venv core-venv image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
+.PHONY: help deps venv core-venv newest-venv sanity-newest debian13 debian13-lab ee integration-mixed image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
 	sanity-and-lint molecule-and-packaging \
 	packaging integration molecule docs docs-lint benchmark benchmark-scale clean
 
@@ -28,7 +42,9 @@ help:
 	@echo "make demo REAL=1 the same, then a play inside a real Debian guest (builds make image-real first)"
 	@echo "make molecule    the roles' molecule scenarios on a lab of their own"
 	@echo "make docs        the collection's documentation site (antsibull-docs, Sphinx) in .cache/docsite/html"
-	@echo "make lab-up [POOLS=N] | lab-down | lab-status | image | image-real | venv | benchmark"
+	@echo "make ee          the execution environment image (ansible-builder, podman, a Debian base) and AWX jobs in it"
+	@echo "make debian13    the two commands above in a Debian 13 root (mmdebstrap; RUN='make unit' for another)"
+	@echo "make lab-up [POOLS=N] [NEWER=N: the last N pools on Debian 13's libvirt and QEMU] | lab-down | lab-status | image | image-real | venv | benchmark"
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
@@ -41,10 +57,12 @@ deps:
 # ansible_collections/machinery/compute -> the repository, which ansible-core scans on sys.path.
 # requirements*.txt name the packages (the runtime ones with their oldest supported releases), constraints.txt
 # pins the versions the tests run with.
+# (libvirt-python's pin follows a newer libvirt of the machine: tests/constraints.sh).
 $(VENV)/.stamp: requirements.txt requirements-dev.txt constraints.txt
 	$(MAKE) --no-print-directory deps
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt -c constraints.txt
+	bash tests/constraints.sh > $(VENV)/constraints.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt -c $(VENV)/constraints.txt
 	site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
 		mkdir -p "$$site/ansible_collections/machinery" && \
 		ln -sfn $(CURDIR) "$$site/ansible_collections/machinery/compute"
@@ -55,19 +73,27 @@ venv: $(VENV)/.stamp
 core-venv: venv
 	bash tests/core_venv.sh $(VENV) $(MIN_CORE) >/dev/null
 
+newest-venv: venv
+	@if [ -n "$(NEWEST_PYTHON)" ]; then \
+		bash tests/core_venv.sh $(VENV) $(NEWEST_CORE) $(NEWEST_PYTHON) >/dev/null; \
+	else $(NEWEST_SKIPPED); fi
+
 # The busybox image, and the idle image (lab/image/idle) for tests that need a machine running but never look
 # inside it.
 image: deps
-	@bash lab/image/build.sh $(IMAGE_DIR) | tail -n 1
-	@bash lab/image/idle/build.sh $(IMAGE_DIR) | tail -n 1
+	@set -o pipefail; bash lab/image/build.sh $(IMAGE_DIR) | tail -n 1
+	@set -o pipefail; bash lab/image/idle/build.sh $(IMAGE_DIR) | tail -n 1
 
 # A real Debian 12 guest (systemd, cloud-init, sshd, Python, the guest agent) for the tests and the demo that
 # work inside machines; the busybox image above stays the fast default.
 image-real: deps
-	@bash lab/image/real/build.sh $(IMAGE_DIR) | tail -n 1
+	@set -o pipefail; bash lab/image/real/build.sh $(IMAGE_DIR) | tail -n 1
 
+# NEWER=N: the last N pools are Debian 13 hosts, their daemons run with the programs of a Debian 13 root that has
+# libvirt 11 and QEMU 10 (lab/debian13/root.sh lab: made once, kept in $(DEBIAN13_DIR)/lab).
 lab-up: deps image
-	python3 lab/lab.py up --pools $(POOLS) --dir $(LAB) --image $(IMAGE_DIR)/machinery-test.qcow2
+	python3 lab/lab.py up --pools $(POOLS) --dir $(LAB) --image $(IMAGE_DIR)/machinery-test.qcow2 \
+		--newer $(or $(NEWER),0) $(if $(NEWER),--newer-root $$(bash lab/debian13/root.sh lab $(DEBIAN13_DIR)))
 
 lab-down:
 	python3 lab/lab.py down --dir $(LAB)
@@ -89,13 +115,24 @@ demo-down:
 	cd playbooks && $(VENV)/bin/ansible-playbook demo_down.yml -e lab_file=$(LAB)/lab.json
 	python3 lab/lab.py down --dir $(LAB)
 
-unit: venv core-venv
+unit: venv core-venv newest-venv
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
 	@echo "-- the same under ansible-core $(MIN_CORE)"
 	$(CORE_BIN)/pytest -q -p no:cacheprovider tests/unit
+	@if [ -n "$(NEWEST_PYTHON)" ]; then \
+		echo "-- the same under ansible-core $(NEWEST_CORE) (Python $$($(NEWEST_VENV)/bin/python -V | cut -d' ' -f2))"; \
+		$(NEWEST_VENV)/bin/pytest -q -p no:cacheprovider tests/unit; \
+	else $(NEWEST_SKIPPED); fi
 
 sanity: venv
 	bash tests/sanity/run.sh $(VENV)
+
+# ansible-test sanity of the newest release, on its own Python, with the same empty ignore files.
+sanity-newest: newest-venv
+	@if [ -n "$(NEWEST_PYTHON)" ]; then \
+		echo "-- ansible-test sanity of ansible-core $(NEWEST_CORE)"; \
+		bash tests/sanity/run.sh $(NEWEST_VENV); \
+	else $(NEWEST_SKIPPED); fi
 
 lint: venv
 	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/ansible-lint --profile production playbooks extensions/awx/playbooks $(wildcard roles/*) extensions/molecule
@@ -127,34 +164,88 @@ INTEGRATION_LABS_DOWN = for dir in $(INTEGRATION_LAB_DIRS); do python3 lab/lab.p
 # The suite starts some 1,500 Python processes (module runs, ansible-playbook) that import the collection's code
 # from this tree: it is compiled once first, so none compiles it again (0.4 CPU s a module run without bytecode,
 # 0.25 with; Python reads bytecode even where PYTHONDONTWRITEBYTECODE keeps it from writing any).
-integration: venv core-venv image image-real
-	$(PY) -m compileall -q plugins
-	pids=; for dir in $(INTEGRATION_LAB_DIRS); do \
-		python3 lab/lab.py up --pools 3 --dir $$dir --image $(IMAGE_DIR)/machinery-test.qcow2 & pids="$$pids $$!"; \
+# $(1): more options of lab.py up.
+INTEGRATION_LABS_UP = pids=; for dir in $(INTEGRATION_LAB_DIRS); do \
+		python3 lab/lab.py up --pools 3 --dir $$dir --image $(IMAGE_DIR)/machinery-test.qcow2 $(1) & pids="$$pids $$!"; \
 	done; \
 	status=0; for pid in $$pids; do wait $$pid || status=1; done; \
 	if [ $$status -ne 0 ]; then $(INTEGRATION_LABS_DOWN); exit 1; fi
+# The mixed fleet, last: the labs come up again with their last pool a Debian 13 host (lab.py --newer 1), and the
+# files that need such a fleet run on them: moves between the releases (test_34), and the pool and machine
+# lifecycles with the Debian 13 pool first (tests/integration/newer_first.py).
+# On a machine of Debian 13 or later there is no newer release to mix in: the step says so instead.
+MIXED_INTEGRATION := test_34_mixed_versions.py test_01_machine_pool.py test_03_machine.py
+HOST_RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $${VERSION_ID%%.*})
+MIXED ?= $(if $(filter 12,$(HOST_RELEASE)),1,0)
+MIXED_SKIPPED = echo "!!! NOT TESTED: the mixed fleet (Debian 13 pools beside the machine's) needs a Debian 12 machine," \
+	"this is Debian $(HOST_RELEASE) !!!" >&2
+integration: venv core-venv newest-venv image image-real debian13-lab
+	$(PY) -m compileall -q plugins
+	$(call INTEGRATION_LABS_UP,--newer 0)
 	set -o pipefail; export MACHINERY_LAB=$(TEST_LAB)1/lab.json \
 		MACHINERY_LABS=$$(printf '%s/lab.json:' $(INTEGRATION_LAB_DIRS)) \
 		MACHINERY_REAL_IMAGE=$(IMAGE_DIR)/machinery-real.qcow2; \
 		$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 -n $(INTEGRATION_LABS) --dist loadfile \
-			--no-loadscope-reorder \
+			--no-loadscope-reorder --ignore=tests/integration/test_34_mixed_versions.py \
+			--ignore=tests/integration/test_35_execution_environment.py \
 			tests/integration && \
 		echo "-- the inventory tests under ansible-core $(MIN_CORE)" && \
-		$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py; \
+		$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py && \
+		if [ -n "$(NEWEST_PYTHON)" ]; then \
+			echo "-- the files of each plugin type under ansible-core $(NEWEST_CORE)" && \
+			$(NEWEST_VENV)/bin/pytest -q -p no:cacheprovider -n $(INTEGRATION_LABS) --dist loadfile \
+				$(addprefix tests/integration/,$(NEWEST_INTEGRATION)); \
+		else $(NEWEST_SKIPPED); fi; \
 		status=$$?; $(INTEGRATION_LABS_DOWN); exit $$status
+	$(MAKE) --no-print-directory integration-mixed
+
+# INTEGRATION_LABS=1 make integration-mixed runs the mixed fleet's step alone, on one lab.
+integration-mixed: venv image debian13-lab
+ifeq ($(MIXED),1)
+	@echo "-- a mixed fleet: the last pool of each lab on Debian 13's libvirt and QEMU"
+	$(call INTEGRATION_LABS_UP,--newer 1 --newer-root $(DEBIAN13_DIR)/lab)
+	set -o pipefail; python3 tests/integration/newer_first.py $(INTEGRATION_LAB_DIRS) && \
+		export MACHINERY_LAB=$(TEST_LAB)1/lab-newer-first.json \
+		MACHINERY_LABS=$$(printf '%s/lab-newer-first.json:' $(INTEGRATION_LAB_DIRS)); \
+		$(VENV)/bin/pytest -q -p no:cacheprovider -n $(INTEGRATION_LABS) --dist loadfile \
+			$(addprefix tests/integration/,$(MIXED_INTEGRATION)); \
+		status=$$?; $(INTEGRATION_LABS_DOWN); exit $$status
+else
+	@$(MIXED_SKIPPED)
+endif
+
+# The execution environment, built and run: ansible-builder and podman (Debian's package) make machinery-ee:debian
+# on a base image made from Debian packages (extensions/awx/ee/), then AWX's jobs run in it through ansible-runner's
+# container mode against a lab of its own (3 pools, two of them used), over SSH and TLS (test_35_execution_environment.py).
+EE_DIR ?= $(CURDIR)/.cache/ee
+EE_LAB ?= $(CURDIR)/.lab/ee
+ee: venv image
+	bash extensions/awx/ee/build.sh $(EE_DIR) $(VENV) >/dev/null
+	python3 lab/lab.py up --pools 3 --dir $(EE_LAB) --image $(IMAGE_DIR)/machinery-test.qcow2 --newer 0
+	if [ -f $(EE_DIR)/containers.conf ]; then export CONTAINERS_CONF=$(EE_DIR)/containers.conf; fi; \
+	MACHINERY_LAB=$(EE_LAB)/lab.json MACHINERY_EE_IMAGE=machinery-ee:debian \
+		$(VENV)/bin/pytest -q -p no:cacheprovider tests/integration/test_35_execution_environment.py; \
+		status=$$?; python3 lab/lab.py down --dir $(EE_LAB); exit $$status
+
+# The Debian 13 root whose libvirt and QEMU a mixed lab's newer pools run (lab-up NEWER=N, the integration suite).
+debian13-lab: deps
+ifeq ($(MIXED),1)
+	bash lab/debian13/root.sh lab $(DEBIAN13_DIR) >/dev/null
+endif
 
 # make test in three stages, each keeping both cores busy:
 # 1. the virtual environments, the busybox image and the unit tests, beside the real image's build (pip and
-#    mmdebstrap each keep about one core busy, and the unit tests need no image);
+#    mmdebstrap each keep about one core busy, and the unit tests need no image), and the newest ansible-core's
+#    sanity, whose own test venvs pip builds (it would unbalance stage 2's two sides);
 # 2. the checks that need no lab beside the roles' molecule scenarios, which use the CPU while molecule's guests
 #    boot and its plays wait on them. ansible-test sanity and ansible-lint on one side, molecule then the docs lint
 #    and the packaging test on the other, so the two sides end together;
-# 3. the integration suite.
+# 3. the integration suite, then the inventory file under the minimum ansible-core and the files of each plugin
+#    type under the newest.
 # Each parallel job shows its output whole when it ends. The apt packages come first, so no two jobs run apt-get.
 test:
 	$(MAKE) --no-print-directory deps
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse unit image image-real
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse unit image image-real sanity-newest debian13-lab
 	$(MAKE) --no-print-directory -j2 --output-sync=recurse sanity-and-lint molecule-and-packaging
 	$(MAKE) --no-print-directory integration
 
@@ -179,6 +270,14 @@ molecule: venv image
 	export PATH=$(VENV)/bin:$$PATH MACHINERY_LAB=$(MOLECULE_LAB)/lab.json ANSIBLE_NOCOLOR=1 NO_COLOR=1; \
 		$(VENV)/bin/molecule test --all; \
 		status=$$?; python3 lab/lab.py down --dir $(MOLECULE_LAB); exit $$status
+
+# The README's two commands on Debian 13: a trixie root made with mmdebstrap (kept in $(DEBIAN13_DIR)/base, made
+# again when missing), copied afresh to $(DEBIAN13_DIR)/machine, entered with the mounts the lab needs and this
+# repository at /src/machinery, with .venv, .lab and .cache of its own. RUN='make unit' runs another command in
+# that copy instead (kept between runs).
+debian13:
+	bash lab/debian13/root.sh build $(DEBIAN13_DIR)
+	$(if $(RUN),bash lab/debian13/root.sh run $(DEBIAN13_DIR) '$(RUN)',time bash lab/debian13/root.sh readme $(DEBIAN13_DIR))
 
 # The parallel floor wants 10 pools (300 machines on 10); the plots want matplotlib (benchmarks/requirements.txt).
 # benchmark-scale: 10,000 machines over 20 pools for the inventory and the 1,000-machine runs of docs/performance.md.

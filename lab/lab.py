@@ -127,13 +127,23 @@ stdio_handler = "file"
 
 # Runs inside the new namespaces (as PID == the one unshare got) and turns
 # into libvirtd.  $1 = pool dir (absolute), $2 = libvirtd binary, $3 = the
-# pool's end of the veth pair, which lab.py moves in and gives its address.
+# pool's end of the veth pair, which lab.py moves in and gives its address,
+# $4 = a root of another Debian release whose programs the pool host runs
+# (--newer), or empty.
 NAMESPACE_SCRIPT = r"""
 set -e
 D="$1"
 LIBVIRTD="$2"
 IFACE="$3"
+ROOT="$4"
 mount --make-rprivate /
+if [ -n "$ROOT" ]; then
+    # A host of that release: every program started from here on (libvirtd,
+    # QEMU, dnsmasq, iptables) and its libraries come from the root's /usr;
+    # /etc stays the machine's but for the loader's cache of that /usr.
+    mount --bind "$ROOT/usr" /usr
+    mount --bind "$ROOT/etc/ld.so.cache" /etc/ld.so.cache
+fi
 # A sysfs mounted from inside the new network namespace shows that
 # namespace's interfaces (mcbr0, vnetN) instead of the machine's.
 mount -t sysfs lab-sysfs /sys
@@ -731,11 +741,29 @@ class Pool:
         self.daemon_log = self.dir / "log" / "libvirtd.log"
         self.stdout_log = self.dir / "log" / "libvirtd.stdout.log"
         self.link_file = self.dir / LINK_FILE
+        # the root of another Debian release this pool host runs its daemon from (--newer), when it does
+        self.root_file = self.dir / "root"
         self.pki = self.dir / "etc" / "pki"  # /etc/libvirt/pki inside the pool
         # The machine's end of the TLS link: a name unique to this pool directory (15 bytes at most).
         self.host_if = "mlab" + hashlib.sha1(os.fsencode(str(self.dir))).hexdigest()[:8]
 
     # -- state ------------------------------------------------------------
+
+    def root(self) -> str | None:
+        try:
+            return self.root_file.read_text().strip() or None
+        except OSError:
+            return None
+
+    def versions(self) -> dict:
+        """What the running daemon reports: libvirt's and QEMU's versions."""
+        out = virsh(self.uri, "version", "--daemon", timeout=30, check=False)
+        found = {}
+        for key, pattern in (("libvirt_version", r"Running against daemon: (\S+)"),
+                             ("qemu_version", r"Running hypervisor: QEMU (\S+)")):
+            match = re.search(pattern, out)
+            found[key] = match.group(1) if match else None
+        return found
 
     def read_state(self) -> dict | None:
         try:
@@ -865,9 +893,16 @@ class Pool:
 
     # -- preparation ------------------------------------------------------
 
-    def prepare(self, ca_dir: Path) -> None:
+    def prepare(self, ca_dir: Path, root: str | None) -> None:
         for sub, _mountpoint in BIND_MOUNTS:
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        if root != self.root():
+            # QEMU's capabilities cached by the other release's daemon describe other binaries
+            shutil.rmtree(self.dir / "cache" / "qemu" / "capabilities", ignore_errors=True)
+        if root:
+            self.root_file.write_text(root + "\n")
+        elif self.root_file.exists():
+            self.root_file.unlink()
         etc = self.dir / "etc"
         link = self.allocate_link()
         self.ensure_server_cert(ca_dir, link["address"])
@@ -896,6 +931,8 @@ class Pool:
         if dst.is_dir() and any(dst.glob("*.xml")):
             return
         for donor in donors:
+            if donor.root() != self.root():
+                continue
             src = donor.dir / "cache" / "qemu" / "capabilities"
             files = sorted(src.glob("*.xml")) if src.is_dir() else []
             if files:
@@ -964,6 +1001,7 @@ class Pool:
                     str(self.dir),
                     libvirtd,
                     POOL_IF,
+                    self.root() or "",
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -1155,6 +1193,8 @@ def write_lab_json(lab_dir: Path, image: str | None) -> None:
                 "tls_address": (p.link() or {}).get("address"),
                 "network": NETWORK_NAME,
                 "storage_pool": STORAGE_POOL_NAME,
+                **p.versions(),
+                "debian_root": p.root(),
             }
             for p in running
         ],
@@ -1201,12 +1241,31 @@ def read_lab_json(lab_dir: Path) -> dict:
 # commands
 
 
+def newer_root(args: argparse.Namespace, pool: Pool, count: int) -> str | None:
+    """The root a pool about to start runs its daemon from: with --newer N, the last N pools run the
+    --newer-root's programs and the others the machine's; without it, each pool keeps what it ran before
+    (a pool restarted by ``up`` stays the host it was)."""
+    if args.newer is None:
+        return pool.root()
+    return args.newer_root if pool.index > count - args.newer else None
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     require_root()
     lab_dir: Path = args.dir
     if not 1 <= args.pools <= MAX_POOLS:
         raise LabError(f"--pools must be between 1 and {MAX_POOLS}")
     libvirtd = find_libvirtd()
+    if args.newer is not None:
+        if not 0 <= args.newer <= args.pools:
+            raise LabError(f"--newer must be between 0 and --pools ({args.pools})")
+        if args.newer and not args.newer_root:
+            raise LabError("--newer needs --newer-root, a root with the newer release's libvirt and QEMU "
+                           "(lab/debian13/root.sh lab DIR makes one)")
+        if args.newer:
+            args.newer_root = os.path.abspath(args.newer_root)
+            if not os.access(os.path.join(args.newer_root, "usr/sbin/libvirtd"), os.X_OK):
+                raise LabError(f"--newer-root {args.newer_root} has no usr/sbin/libvirtd")
     wanted = [Pool(lab_dir, i) for i in range(1, args.pools + 1)]
     for pool in wanted:
         pool.check_socket_path()
@@ -1239,17 +1298,18 @@ def cmd_up(args: argparse.Namespace) -> int:
             log(f"{pool.name}: cleaning up after a dead daemon")
             pool.kill_everything()
         pool.clear_runtime()
-        pool.prepare(pki.ca)
+        pool.prepare(pki.ca, newer_root(args, pool, len(wanted)))
         to_start.append(pool)
 
-    # The first QEMU capability probe costs seconds of CPU; do it once and let
-    # the other pools start from a copy of the cache.
+    # The first QEMU capability probe costs seconds of CPU; do it once per
+    # release of the pools' programs and let the others start from a copy.
     donors = [
         p for p in existing_pools(lab_dir) if any((p.dir / "cache/qemu/capabilities").glob("*.xml"))
     ]
-    first_batch, second_batch = to_start, []
-    if to_start and not donors:
-        first_batch, second_batch = to_start[:1], to_start[1:]
+    first_batch, second_batch = [], []
+    for pool in to_start:
+        seeded = any(d.root() == pool.root() for d in donors + first_batch)
+        (second_batch if seeded else first_batch).append(pool)
     for batch in (first_batch, second_batch):
         for pool in batch:
             pool.seed_capabilities(donors)
@@ -1260,7 +1320,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f"{pool.name}: libvirtd up (pid {pool.daemon_pid()}) after "
                 f"{time.monotonic() - t0:.1f}s"
             )
-        donors = donors or batch
+        donors = donors + batch
 
     for pool in wanted:
         pool.wait_ready(args.timeout)
@@ -1317,6 +1377,38 @@ def cmd_down(args: argparse.Namespace) -> int:
         log(f"deleted {lab_dir}")
     log(f"lab down in {time.monotonic() - t0:.1f}s")
     return 1 if failed else 0
+
+
+def cmd_reboot(args: argparse.Namespace) -> int:
+    """What a host reboot does to one pool: the daemon is stopped, the guests die as in a power loss (no
+    shutdown reaches them), the runtime state goes (/run is a tmpfs on a real host: this also makes libvirt
+    autostart again, as it does once per boot), and the daemon starts with its autostart networks, storage and
+    domains."""
+    require_root()
+    lab_dir: Path = args.dir
+    pool = next((p for p in existing_pools(lab_dir) if p.name == args.pool), None)
+    if pool is None:
+        raise LabError(f"no pool {args.pool} in {lab_dir}")
+    _lock = lock_lab(lab_dir)  # noqa: F841 (held until exit)
+    t0 = time.monotonic()
+    pid = pool.daemon_pid()
+    if pid is not None:
+        signal_pids([pid], signal.SIGTERM)
+        if wait_gone([pid], 10):
+            signal_pids([pid], signal.SIGKILL)
+            wait_gone([pid], 5)
+    guests = [p for p in pool.leftovers() if os.path.basename((proc_cmdline(p) or [""])[0]).startswith("qemu")]
+    signal_pids(guests, signal.SIGKILL)
+    wait_gone(guests, 10)
+    log(f"{pool.name}: daemon stopped, {len(guests)} guest(s) killed")
+    pool.kill_everything()
+    pool.clear_runtime()
+    pool.prepare(LabPKI(lab_dir).ca)
+    pool.start(find_libvirtd())
+    pool.wait_ready(args.timeout)
+    pool.ensure_resources()
+    log(f"{pool.name}: up again (pid {pool.daemon_pid()}) after {time.monotonic() - t0:.1f}s")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -1405,6 +1497,17 @@ def main(argv: list[str] | None = None) -> int:
         help="test image path recorded in lab.json (default: keep previous)",
     )
     p_up.add_argument(
+        "--newer",
+        type=int,
+        default=None,
+        help="the last N pools run their daemons from --newer-root (default: as each ran before; 0 for none)",
+    )
+    p_up.add_argument(
+        "--newer-root",
+        default=None,
+        help="a root of a newer Debian release with libvirt and QEMU installed (lab/debian13/root.sh lab DIR)",
+    )
+    p_up.add_argument(
         "--timeout",
         type=float,
         default=120,
@@ -1416,6 +1519,12 @@ def main(argv: list[str] | None = None) -> int:
     add_dir(p_down)
     p_down.add_argument("--purge", action="store_true", help="also delete the lab directory")
     p_down.set_defaults(func=cmd_down)
+
+    p_reboot = sub.add_parser("reboot", help="do to one pool what a host reboot does (guests die as in a power loss)")
+    add_dir(p_reboot)
+    p_reboot.add_argument("--pool", required=True, help="the pool's name (pool1, pool2, ...)")
+    p_reboot.add_argument("--timeout", type=float, default=120, help="seconds to wait for the daemon (default 120)")
+    p_reboot.set_defaults(func=cmd_reboot)
 
     p_status = sub.add_parser("status", help="show the pool hosts")
     add_dir(p_status)

@@ -47,11 +47,12 @@ die() {
 
 # Every file of the recipe except its documentation, with its relative path,
 # so renaming a file also changes the hash. real/ and idle/ are the recipes of
-# the other images (real/build.sh, idle/build.sh), not of this one.
+# the other images (real/build.sh, idle/build.sh, secureboot/build.sh), not of
+# this one.
 recipe_hash() {
     (
         cd "$RECIPE_DIR"
-        find . \( -path ./real -o -path ./idle \) -prune -o -type f ! -name '*.md' -print0 |
+        find . \( -path ./real -o -path ./idle -o -path ./secureboot \) -prune -o -type f ! -name '*.md' -print0 |
             LC_ALL=C sort -z | xargs -0 sha256sum
     ) | sha256sum | cut -d ' ' -f 1
 }
@@ -92,12 +93,21 @@ fetch_packages() {
     fetch_agent
     dpkg -x "$WORK"/debs/linux-image-*.deb "$WORK/kernel"
     dpkg -x "$WORK"/debs/busybox-static_*.deb "$WORK/busybox"
+    # Debian 13's packages install under /usr only (usr/bin/busybox, usr/lib/modules), Debian 12's do not.
     BUSYBOX="$WORK/busybox/bin/busybox"
-    [ -x "$BUSYBOX" ] || die "busybox-static has no bin/busybox"
+    [ -x "$BUSYBOX" ] || BUSYBOX="$WORK/busybox/usr/bin/busybox"
+    [ -x "$BUSYBOX" ] || die "busybox-static has no bin/busybox nor usr/bin/busybox"
+    if [ ! -d "$WORK/kernel/lib/modules" ] && [ -d "$WORK/kernel/usr/lib/modules" ]; then
+        mkdir -p "$WORK/kernel/lib"
+        ln -s ../usr/lib/modules "$WORK/kernel/lib/modules"
+    fi
     VMLINUZ=$(echo "$WORK"/kernel/boot/vmlinuz-*)
     [ -f "$VMLINUZ" ] || die "$kernel_package has no /boot/vmlinuz-*"
     KVER=${VMLINUZ##*/vmlinuz-}
     [ -d "$WORK/kernel/lib/modules/$KVER" ] || die "$kernel_package has no modules for $KVER"
+    # Debian 13's modules are xz-compressed (.ko.xz), which busybox's depmod and modprobe do not read: unpack them
+    # (only where the package compresses them).
+    find "$WORK/kernel/lib/modules/$KVER/" -name '*.ko.xz' -print0 | xargs -0 -r -n 64 -P "$(nproc)" xz -d
 }
 
 # The agent's package and its dependencies, recursively (real packages only:
@@ -281,8 +291,8 @@ if is_cached; then
 fi
 
 [ "$(id -u)" -eq 0 ] || die "must run as root"
-for tool in apt-get apt-cache dpkg readelf chroot mformat mcopy syslinux qemu-img gzip flock; do
-    command -v "$tool" >/dev/null || die "$tool not found (apt-get install mtools syslinux syslinux-common qemu-utils binutils)"
+for tool in apt-get apt-cache dpkg readelf chroot mformat mcopy syslinux qemu-img gzip flock xz; do
+    command -v "$tool" >/dev/null || die "$tool not found (apt-get install mtools syslinux syslinux-common qemu-utils binutils xz-utils)"
 done
 
 WORK=$(mktemp -d "$OUTPUT_DIR/.$IMAGE_NAME.build.XXXXXX")

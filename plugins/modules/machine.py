@@ -64,9 +64,23 @@ options:
       - V(running) creates and starts, V(stopped) creates or stops (ACPI power button, forced off after
         O(shutdown_timeout)), V(present) creates and leaves the power state alone, V(absent) shuts down and
         deletes the machine with its ephemeral volumes, seed ISO, Ignition file and console log.
+      - V(restarted) restarts the guest as O(restart) says (a stopped or suspended machine is booted); like
+        C(ansible.builtin.service), every run restarts, so it always reports a change (in check mode too, doing
+        nothing). The restart count goes up by one.
+      - V(paused) pauses the running guest's CPUs (a stopped machine is started paused); V(suspended) saves its
+        memory to the host's disk and stops it (libvirt managed save; a machine that is off is refused, naming
+        this option). V(running) resumes either, with no new boot. Each is idempotent; the diff shows
+        C(power) before and after (running, paused, suspended, off).
     type: str
-    choices: [running, stopped, present, absent]
+    choices: [running, stopped, present, absent, restarted, paused, suspended]
     default: running
+  restart:
+    description:
+      - How O(state=restarted) restarts. V(soft) asks the guest with the ACPI power button and forces it off after
+        O(shutdown_timeout), then starts it; V(hard) power-cycles it at once (destroy, start).
+    type: str
+    choices: [soft, hard]
+    default: soft
   machine_class:
     description: Name of a class published on the pool; gives O(cpu) and O(memory) unless they are set too.
     type: str
@@ -99,6 +113,40 @@ options:
   image_checksum:
     description: sha256 of the image (V(sha256:<hex>) or V(<hex>)); required for a URL, verified for a path.
     type: str
+  clone_from:
+    description:
+      - Make the new machine's root disk from another machine's (or one of its snapshots'). Exclusive with
+        O(image). Read only when the machine is created; an existing machine keeps its disks.
+      - The clone is a new machine with its own name, UUID, MACs and cloud-init instance id; its size, NICs,
+        volumes and boot configuration are what this task gives, as for any machine. For a clone with an identity
+        of its own inside the guest (machine-id, SSH host keys), clone a machine sealed by
+        M(machinery.compute.machine_image) O(machinery.compute.machine_image#module:generalize), or build on that
+        captured image with O(image).
+      - The source must be stopped unless O(clone_from.snapshot) is given (the stopped machine is reverted to it
+        for the copy and back); a source whose root disk is encrypted is refused. The source is held while its
+        disk is copied.
+    type: dict
+    suboptions:
+      uri:
+        description: libvirt URI of the source's pool; defaults to O(uri). Another pool's disk is streamed over.
+        type: str
+      machine:
+        description: Name of the source machine.
+        type: str
+        required: true
+      snapshot:
+        description:
+          - A snapshot of the source (M(machinery.compute.machine_snapshot)) to copy instead of its present disk.
+        type: str
+      mode:
+        description:
+          - V(full) copies the disk whole and flat; the clone shares nothing with the source.
+          - V(linked) captures the disk as a base in the image cache of the clone's pool (by checksum) and makes
+            the root disk a thin overlay on it; the base stays while any clone uses it (a prune of
+            M(machinery.compute.machine_pool) leaves backing files alone).
+        type: str
+        choices: [full, linked]
+        default: full
   root_size:
     description:
       - Size of the root disk (at least the image's virtual size); defaults to the image's size.
@@ -123,7 +171,10 @@ options:
         description: Name of an existing volume in the pool's C(machinery) storage pool.
         type: str
       image:
-        description: Image path or URL (or a published image's name) for an overlay disk.
+        description:
+          - Image path or URL (or a published image's name) for an overlay disk.
+          - A machine without O(image) boots from its first existing volume or volume of an image, else its first
+            empty volume.
         type: str
       image_checksum:
         description: sha256 of O(volumes[].image).
@@ -300,6 +351,22 @@ options:
       - When not given, cloud-init sets the machine's name; an existing machine keeps what it was given. A change is
         read by the guest at its next first boot, as any change of the boot configuration.
     type: str
+  secure_boot:
+    description:
+      - UEFI Secure Boot with the distribution's keys enrolled (Microsoft's UEFI CA among them, so shim-signed
+        bootloaders start), through libvirt's firmware auto-selection; SMM is turned on with it. Needs
+        O(firmware=uefi), and a pool whose firmware can do it (Debian's C(ovmf) package), else it is refused
+        naming this option before anything is made.
+      - Fixed at creation, like O(firmware); left out, a new machine has it off.
+    type: bool
+  tpm:
+    description:
+      - An emulated TPM 2.0 (QEMU's CRB interface backed by swtpm, which the pool host needs (Debian's C(swtpm)
+        and C(swtpm-tools) packages); the guest sees C(/dev/tpm0).
+      - Its state is kept by libvirt with the machine on its pool host, carried by a live move, and deleted with
+        the machine. Adding or removing it on a running machine takes effect at its next start.
+      - Left out, a new machine has none and an existing one keeps what it has.
+    type: bool
   firmware:
     description: Firmware, fixed at creation; V(bios) when not given.
     type: str
@@ -323,6 +390,27 @@ options:
     description: Seconds to wait for O(wait=address); must be positive.
     type: int
     default: 300
+  run_strategy:
+    description:
+      - What keeps the machine running when nobody asks (KubeVirt's run strategies).
+      - V(always) runs it at all times; libvirt starts it when its host boots (autostart), restarts it after a
+        guest crash (C(on_crash=restart)), and every converge starts it when it finds it off, O(state=present)
+        included. A guest that powers itself off stays off until the next converge or the host's next boot.
+      - V(on_failure) brings it back after a failure but not after a clean shutdown. A crash restarts it, a host
+        that loses power while it runs starts it again when it boots (autostart is on while it runs), and a
+        converge with O(state=present) starts it when it finds it crashed or failed. A converge that finds it
+        shut down turns autostart off.
+      - V(manual) does nothing of itself (no autostart, a crash leaves it off); O(state) alone starts and stops it.
+      - V(halted) keeps it off (with O(state=present) a converge stops it).
+      - Left out, a new machine gets the strategy its O(state) implies (V(running) means V(always), V(stopped)
+        V(halted), V(present) V(manual)); an existing one keeps its own, except that an V(always) machine asked
+        to stop becomes V(halted) and a V(halted) one asked to run V(always), as KubeVirt's stop and start do. A
+        machine made before run strategies existed gets the one its state implies (under V(present) it keeps none).
+      - Refused, naming this option, with a state it contradicts (V(always) with O(state=stopped), V(halted)
+        with O(state=running)).
+      - A change is made in place, live, and shown in the diff (C(run_strategy), C(autostart)).
+    type: str
+    choices: [always, on_failure, manual, halted]
   shutdown_timeout:
     description:
       - Seconds the guest has to power off after the ACPI request before it is forced off.
@@ -666,6 +754,19 @@ machine:
       description: Starts after the first one.
       type: int
       sample: 0
+    run_strategy:
+      description: The machine's run strategy (see O(run_strategy)); null for a machine that has none.
+      type: str
+      sample: always
+    power_state:
+      description: What the guest is doing, finer than O(state) shows it.
+      type: str
+      choices: [running, paused, suspended, off, crashed]
+      sample: running
+    autostart:
+      description: Whether its host starts it when the host boots (libvirt autostart).
+      type: bool
+      sample: true
     created:
       description: Creation time (UTC, ISO 8601).
       type: str

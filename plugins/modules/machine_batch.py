@@ -46,6 +46,8 @@ options:
         C(unique_across)), plus the scheduling keys C(machine_pool_selector) (labels) and C(machine_pool) (pin
         to a pool by name). The machine's C(tolerations) (key, operator, value, effect) steer the scheduler too,
         and are recorded with the machine.
+      - Each machine's C(run_strategy) is the machine module's, derived from its C(state) when left out (a
+        running machine is V(always), autostarted by its host and started again by every converge).
       - The scheduler also filters and weighs on storage (a machine's root disk, C(root_size) or its local image's
         virtual size, and its new volumes) and on the machine's C(server_group) (C(name), C(policy) V(affinity),
         V(anti-affinity), V(soft-affinity) or V(soft-anti-affinity)); members on the pools and the machines placed
@@ -228,7 +230,7 @@ class MachineBatchModule(MachineryModule):
             self.hide_secrets(spec)
         outcome = batch.converge(entries, specs, self.params["strategy"], self.params["retries"],
                                  self.params["workers"], self.check_mode, self.url_opener(),
-                                 self.params["topology_spread"])
+                                 self.params["topology_spread"], self.coordination)
         result = dict(batch.summary(outcome, specs, self.params["return_machines"]), changed=outcome.changed,
                       warnings=outcome.warnings,
                       diff=self.diff(outcome.before, outcome.after) if outcome.changed else None)

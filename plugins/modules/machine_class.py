@@ -33,7 +33,10 @@ attributes:
     description: Shows the class before and after.
 options:
   name:
-    description: Name of the class, a DNS-1123 label.
+    description:
+      - Name of the class, a Kubernetes object name, that is a DNS-1123 subdomain of at most 253 characters (lower
+        case letters, digits, C(-) and C(.)), so a cloud instance type such as C(t3.medium) is a class name as
+        written.
     type: str
     required: true
   cpu:

@@ -230,7 +230,7 @@ class MachineHealthCheckModule(MachineryModule):
     argument_spec = options.argument_spec(options.MACHINE_HEALTH_CHECK)
 
     def run_pools(self, entries):
-        fleet = Fleet(entries)
+        fleet = Fleet(entries, coordination=self.coordination)
         try:
             resource = HealthCheckResource(fleet, self.params, self.check_mode)
             plan, _observed = converge(resource, self.check_mode)

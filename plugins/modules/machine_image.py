@@ -56,9 +56,46 @@ options:
   checksum:
     description: sha256 of the image (V(sha256:<hex>) or the bare hex). Required with an http(s) O(url).
     type: str
+  from_machine:
+    description:
+      - Capture the image from a machine instead of a file or URL. Exclusive with O(url) and O(path).
+      - The machine's root disk (or the disk of one of its snapshots) is copied whole and flat (no backing file)
+        on the machine's pool, through libvirt, and its sha256 read back; the copy is published on that pool and,
+        by checksum, on the other pools of O(pools).
+      - The machine must be stopped, unless O(generalize) seals and stops it. A machine whose root disk is
+        encrypted is refused, naming the reason.
+      - A name already captured from the same machine (and snapshot) is left alone, so a re-run changes nothing;
+        withdraw it (O(state=absent)) to capture again.
+    type: dict
+    suboptions:
+      uri:
+        description: libvirt URI of the machine's pool; defaults to O(uri), else the first of O(pools).
+        type: str
+      machine:
+        description: Name of the machine.
+        type: str
+        required: true
+      snapshot:
+        description:
+          - A snapshot of the machine (M(machinery.compute.machine_snapshot)) to capture instead of its present
+            disk. The machine must be stopped; it is reverted to the snapshot for the copy and back afterwards.
+        type: str
+  generalize:
+    description:
+      - With O(from_machine), clear the guest's identity before the capture so that machines made from the image
+        get their own (cloud-init's instance data, C(/etc/machine-id) emptied, the SSH host keys and the DHCP
+        clients' saved leases removed).
+      - It is done inside the running guest through its guest agent, then the machine is shut down (ACPI, then
+        forced after 300 seconds) and captured. The machine stays stopped and sealed; started again, it takes a new
+        identity as machines made from the image do. A stopped machine, one whose agent does not answer, or a
+        snapshot is refused.
+      - New SSH host keys are made at the next first boot by cloud-init.
+    type: bool
+    default: false
   os:
     description:
       - What the image is; kept with the name and returned.
+      - A captured image takes the description of the image its machine was built on when this is left out.
       - Left out, a published image keeps its description; given, it replaces the description as a whole.
     type: dict
     suboptions:
@@ -100,6 +137,15 @@ EXAMPLES = r"""
       version: "12"
       architecture: amd64
 
+- name: Capture a prepared machine, sealed, and publish it on every pool
+  machinery.compute.machine_image:
+    pools: "{{ groups['hypervisors'] | map('extract', hostvars, 'libvirt_uri') }}"
+    name: web-golden
+    from_machine:
+      uri: qemu+ssh://root@hv1/system
+      machine: web-template
+    generalize: true
+
 - name: A machine built on it
   machinery.compute.machine:
     uri: qemu+ssh://root@hv1/system
@@ -130,13 +176,20 @@ image:
       description: The os description given.
       type: dict
       sample: {"family": "linux", "distribution": "debian", "version": "12", "architecture": "amd64"}
+    generalized:
+      description: Whether a captured image was generalized (false for an image from a file or URL).
+      type: bool
+      returned: with O(from_machine)
+      sample: true
     pools:
       description: Names of the pools it is published on after the run.
       type: list
       elements: str
       sample: ["hv1", "hv2"]
 actions:
-  description: Short form of each planned action (cache, publish, withdraw), over every pool in order.
+  description:
+    - Short form of each planned action (cache, publish, withdraw; generalize, capture, copy for a captured image),
+      over every pool in order.
   returned: always
   type: list
   elements: str
@@ -164,6 +217,7 @@ plan:
 """
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.machines import capture
 from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Plan, converge
@@ -174,22 +228,28 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_co
 class MachineImageModule(MachineryModule):
     multi_pool = True
     argument_spec = options.argument_spec(options.MACHINE_IMAGE)
-    module_kwargs = {"mutually_exclusive": [("url", "path")]}
+    module_kwargs = {"mutually_exclusive": [("url", "path", "from_machine")]}
+
+    def pool_entries(self):
+        """With from_machine and no pools, the machine's own pool."""
+        if self.params.get("from_machine") and self.params["pools"] is None and not self.params.get("uri"):
+            return [{"name": None, "uri": self.params["from_machine"].get("uri")}]
+        return super().pool_entries()
 
     def run_pools(self, entries):
         params = named_images.validated(self.params)
+        if params.get("from_machine") is not None and params["state"] == "present":
+            return self.capture(params, entries)
         whole = Plan()
         shown, pools = None, []
         for entry in entries:
             with lv.Connection(entry["uri"]) as conn:
-                ctx = PoolContext(conn, entry["uri"])
+                ctx = PoolContext(conn, entry["uri"], self.coordination)
                 ctx.url_opener = self.url_opener()
                 ctx.require_registration()
                 plan, observed = converge(named_images.ImageResource(ctx, params), self.check_mode)
                 pool = ctx.name or entry["uri"]
-                for action in plan.actions:
-                    action.target = "%s/%s" % (pool, action.target)
-                whole.actions.extend(plan.actions)
+                self.gather(whole, plan, pool)
                 current = observed[0]
                 if self.check_mode and params["state"] == "present":
                     current = dict(current or {}, **plan.facts["published"])
@@ -198,6 +258,39 @@ class MachineImageModule(MachineryModule):
                     shown = named_images.shown(current)
         image = dict(shown or {"name": params["name"]}, pools=pools)
         return self.converged(whole, image=image)
+
+    @staticmethod
+    def gather(whole, plan, pool):
+        for action in plan.actions:
+            action.target = "%s/%s" % (pool, action.target)
+        whole.actions.extend(plan.actions)
+
+    def capture(self, params, entries):
+        """Capture on the machine's pool, then publish on the other pools by checksum."""
+        params["from_machine"] = capture.from_machine(params["from_machine"], entries[0]["uri"])
+        origin_uri = params["from_machine"]["uri"]
+        whole = Plan()
+        pools = []
+        with lv.Connection(origin_uri) as origin_conn:
+            origin = PoolContext(origin_conn, origin_uri, self.coordination)
+            origin.require_registration()
+            plan, seen = converge(capture.CaptureResource(origin, params), self.check_mode)
+            self.gather(whole, plan, origin.name or origin_uri)
+            pools.append(origin.name or origin_uri)
+            record = origin.registry.get(named_images.image_key(params["name"])) if not self.check_mode \
+                else (seen["record"] if not plan.actions or plan.kinds() == ["publish"] else None)
+            shown = named_images.shown(record if record is not None else plan.facts["published"])
+            for entry in entries:
+                if entry["uri"] == origin_uri:
+                    continue
+                with lv.Connection(entry["uri"]) as conn:
+                    ctx = PoolContext(conn, entry["uri"], self.coordination)
+                    ctx.require_registration()
+                    replica, _seen = converge(capture.ReplicaResource(ctx, params, origin, record), self.check_mode)
+                    self.gather(whole, replica, ctx.name or entry["uri"])
+                    pools.append(ctx.name or entry["uri"])
+        shown["generalized"] = bool((record or plan.facts["published"]).get("generalized"))
+        return self.converged(whole, image=dict(shown, pools=pools))
 
 
 def main():

@@ -34,6 +34,7 @@ version_added: 0.1.0
 author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.action_group
+  - machinery.compute.connection.HOLD
 seealso:
   - module: machinery.compute.machine
     description: Create, change or delete one machine.
@@ -79,6 +80,43 @@ options:
     type: str
     choices: [cold, live, auto]
     default: auto
+  policy:
+    description:
+      - How a live move is run (KubeVirt's MigrationPolicy, Nova's live-migration timeout). Left out, libvirt's
+        defaults, no timeout.
+      - Only O(policy.max_parallel) applies to a cold move (its copies are streams of the collection's own).
+    type: dict
+    suboptions:
+      bandwidth:
+        description:
+          - The most the migration may send per second, a quantity (V(100Mi), or V(100Mi/s)); libvirt counts in
+            whole MiB per second, so less than V(1Mi) is refused.
+        type: raw
+      max_downtime:
+        description: Milliseconds the guest may be paused at the switch-over (virDomainMigrateSetMaxDowntime).
+        type: int
+      completion_timeout_per_gib:
+        description:
+          - Seconds the move may take per GiB of the guest's memory (a 512Mi guest gets half); then O(policy.on_timeout).
+        type: int
+      on_timeout:
+        description:
+          - V(abort) cancels the migration; the machine runs on at the source, whole, the copy on the target is
+            removed, and the run fails naming O(policy.completion_timeout_per_gib).
+          - V(postcopy) switches to post-copy (the guest runs on the target, fetching the pages it lacks), which
+            always completes; where the daemons cannot, the migration fails as it would without a policy.
+        type: str
+        choices: [abort, postcopy]
+        default: abort
+      auto_converge:
+        description: Let QEMU slow the guest's CPUs down while it dirties memory faster than it is copied.
+        type: bool
+        default: false
+      max_parallel:
+        description:
+          - At most this many moves at once on the source and the target pools; a move waits (up to 900 s) for
+            the others' journals to go.
+        type: int
   strategy:
     description: Scheduling strategy when the scheduler picks the target.
     type: str
@@ -174,6 +212,15 @@ downtime:
   returned: always
   type: float
   sample: 2.4
+migration:
+  description:
+    - What a live move's watch saw, polling the source's job every half second (also written as progress while it
+      runs, when an action plugin watches), or null for a cold move or none.
+  returned: always
+  type: dict
+  sample: {"seconds": 14.2, "timeout": 16.0, "timed_out": null, "iterations": 4, "samples": 27,
+           "progress": {"data_remaining": 1048576, "memory_remaining": 1048576, "dirty_rate": 1200,
+                        "iteration": 3, "memory_bps": 104857600}}
 actions:
   description: The plan's actions (V(move), or V(finish), V(discard), V(discard_copy) or V(roll_back) for a move
     a dead run left).
@@ -227,7 +274,8 @@ class MachineMigrateModule(MachineryModule):
         return pool_entries(self.params["pools"]) if self.params["pools"] is not None else []
 
     def run_pools(self, entries):
-        plan, result = migrate.run(entries, self.params, self.check_mode, self.url_opener())
+        plan, result = migrate.run(entries, self.params, self.check_mode, self.url_opener(),
+                                   self.coordination)
         return self.converged(plan, **result)
 
 

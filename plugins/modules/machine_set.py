@@ -74,6 +74,9 @@ options:
       - A member as M(machinery.compute.machine) takes it (every option but C(name), C(uri), C(adopt),
         C(unique_across), C(wait) and C(wait_timeout)), plus C(machine_pool_selector) and C(tolerations) for
         the scheduler. Its C(labels) must include O(selector.match_labels).
+      - Members take the template's C(run_strategy). Left out, members are V(always) (autostarted by their host,
+        restarted after a crash), but V(manual) in a set with O(unreachable_timeout) - a host that comes back
+        must not start the copies the set replaced while it was unreachable, so its members are not autostarted.
       - With a C(server_group) (C(name), C(policy)) every member joins the group and new members are placed by
         its rule over all Ready pools (with V(anti-affinity), one member per pool at most; a member that
         fits nowhere is reported, not created).
@@ -339,7 +342,7 @@ class MachineSetModule(MachineryModule):
     def run_pools(self, entries):
         template = self.params.get("template") or {}
         self.hide_secrets(template)
-        fleet = Fleet(entries, self.url_opener())
+        fleet = Fleet(entries, self.url_opener(), self.coordination)
         try:
             resource = MachineSetResource(fleet, self.params, self.check_mode)
             plan, observed = converge(resource, self.check_mode)

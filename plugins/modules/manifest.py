@@ -13,10 +13,16 @@ description:
     (C(compute.ironcore.dev/v1alpha1) Machine, MachineClass, MachinePool; C(storage.ironcore.dev/v1alpha1) Volume;
     C(networking.ironcore.dev/v1alpha1) NetworkInterface; C(v1) Secret), the OpenShift Machine API
     (C(machine.openshift.io/v1beta1) Machine, MachineSet, MachineHealthCheck with a C(LibvirtMachineProviderSpec)),
-    KupenStack (C(kupenstack.io/v1alpha1) VirtualMachine) and vitistack (C(vitistack.io/v1alpha1) Machine).
-    docs/manifests.md has every field.
+    KupenStack (C(kupenstack.io/v1alpha1) VirtualMachine, Flavor, Image, KeyPair, Network, VirtualNetwork, Volume)
+    and vitistack (C(vitistack.io/v1alpha1) Machine of both CRD generations, MachineClass; C(v1) ConfigMap for
+    cloud-init data). docs/manifests.md has every field.
   - Every document is checked before anything is written, and every problem is reported at once, each with
     its object (C(Kind/name)) and field path, as kubectl prints them.
+  - The objects a document names (a class, an image, a network, a volume) are made before it in the same run,
+    wherever they are in the documents.
+  - An image URL given without a checksum (vitistack's C(os.imageID) and C(os.isoUri), KupenStack's Image
+    C(src)) is downloaded once into the controller's cache, its sha256 recorded there and warned about; later
+    runs verify the download against it, so a file changed at that URL is refused as a checksum mismatch.
   - Every field a dialect's schema allows is applied, warned about or refused, naming its path; none is silently
     ignored (docs/manifests.md lists the verdicts). Deleting reports each dialect's own phases.
   - Each object is handed to the core its kind maps onto (M(machinery.compute.machine),
@@ -81,6 +87,15 @@ options:
     description: Seconds a deleted machine is given to power off gracefully before it is forced off.
     type: int
     default: 60
+  providers:
+    description:
+      - The vitistack providers this run serves on these pools. A vitistack Machine whose C(spec.provider) (or
+        C(spec.providerConfig.name)) is among them runs as a QEMU machine of these pools; any other provider is
+        refused, naming the field and this option.
+      - Left out, V(libvirt) alone. vitistack's own examples say C(kubevirt); give C([libvirt, kubevirt]) to run
+        them here.
+    type: list
+    elements: str
 """
 
 EXAMPLES = r"""
@@ -172,7 +187,8 @@ class ManifestModule(MachineryModule):
         documents, problems = docs.load_sources(self.params.get("src"), self.params.get("definition"))
         self.module.no_log_values.update(docs.secret_strings(documents))
         try:
-            result = engine.apply(entries, documents, self.params, self.check_mode, self.url_opener(), problems)
+            result = engine.apply(entries, documents, self.params, self.check_mode, self.url_opener(), problems,
+                                  self.coordination)
         except docs.ManifestError as exc:
             return {"failed": True, "msg": str(exc), "problems": exc.problems, "reason": exc.reason,
                     "changed": False}

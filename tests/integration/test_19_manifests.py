@@ -340,8 +340,9 @@ def test_invalid_documents_all_reported_nothing_written(lab2):
     assert any(p.startswith("Machine/bad-1: spec.machineClassRef.name: MachineClass 'nope'") for p in problems)
     assert any(p.startswith("Machine/bad-2: spec.providerSpec.value.kind:") for p in problems)
     assert any(p.startswith("Machine/bad-3: apiVersion: unknown apiVersion") for p in problems)
-    assert "Machine/bad-4: spec.providerConfig.name: provider 'aws' is not served by machinery.compute: only " \
-           "libvirt is" in problems
+    assert "Machine/bad-4: spec.providerConfig.name: provider 'aws' is not served by this run (the manifest option " \
+           "providers is [libvirt]); add aws to providers to run this machine as a QEMU machine on these pools" \
+           in problems
     assert "Machine/bad-4: spec.cpu.cores: must be between 1 and 256" in problems
     assert "Machine/bad-4: spec.disks[0].iops: must be between 100 and 64000" in problems
     assert any(p.startswith("VirtualMachine/bad-5: spec.diskAttachments[0].name: Volume 'no-such-volume'")
@@ -465,7 +466,7 @@ def test_vitistack_machine_applied_exported_and_deleted(lab2):
     pools, entries, _image = lab2
     for pool in pools:
         register(pool, labels={"topology.kubernetes.io/region": "lab-west"})
-        assert not run_module("machine_class", uri=pool.uri, name="t3-medium", cpu=1, memory="128Mi").get("failed")
+        assert not run_module("machine_class", uri=pool.uri, name="t3.medium", cpu=1, memory="128Mi").get("failed")
     pool = pools[0]
     secrets_before = set(pool.conn.listSecrets())
     machine = {"apiVersion": "vitistack.io/v1alpha1", "kind": "Machine",
@@ -486,7 +487,10 @@ def test_vitistack_machine_applied_exported_and_deleted(lab2):
     assert made["changed"] and not made.get("failed"), (made.get("msg"), warnings_of(made), made.get("actions"))
     where = next(p for p in pools if p.domain("viti-1"))
     spec = record(where, "viti-1")["spec"]
-    assert spec["machine_class"] == "t3-medium" and spec["labels"]["team"] == "platform"
+    # the class is named as written (a DNS-1123 subdomain), its registry key keeps the dot
+    assert spec["machine_class"] == "t3.medium" and spec["labels"]["team"] == "platform"
+    listed = where.conn.storagePoolLookupByName("machinery-registry").listVolumes()
+    assert any(re.match(r"^class-t3\.medium\.[0-9]+\.json$", name) for name in listed), listed
     secure = next(vol for vol in spec["volumes"] if vol["name"] == "secure")
     assert secure["encrypted"] is True and "passphrase" not in secure
     added = set(where.conn.listSecrets()) - (secrets_before if where is pool else set())
@@ -514,7 +518,7 @@ def test_vitistack_machine_applied_exported_and_deleted(lab2):
 
     exported = run_module("manifest_info", pools=entries, dialect="vitistack", name=["viti-1"])
     document = exported["documents"][0]
-    assert document["spec"]["os"]["imageID"] == "my-image" and document["spec"]["instanceType"] == "t3-medium"
+    assert document["spec"]["os"]["imageID"] == "my-image" and document["spec"]["instanceType"] == "t3.medium"
     assert run_module("manifest", pools=entries, definition=[document])["changed"] is False
 
     deleted = run_module("manifest", pools=entries, definition=[machine], state="absent", shutdown_timeout=2)
@@ -522,7 +526,7 @@ def test_vitistack_machine_applied_exported_and_deleted(lab2):
     gone = run_module("manifest", pools=entries, definition=[machine], state="absent")
     assert gone["changed"] is False and gone["objects"][0]["status"]["phase"] == "Terminated"
     for entry in pools:
-        run_module("machine_class", uri=entry.uri, name="t3-medium", state="absent")
+        run_module("machine_class", uri=entry.uri, name="t3.medium", state="absent")
         register(entry, labels={})
 
 

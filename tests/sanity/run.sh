@@ -38,4 +38,7 @@ mkdir -p "$dest"
 (cd "$repo" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$dest")
 cd "$dest"
 git init -q && git add -A
-HOME="$home" "$venv/bin/ansible-test" sanity --venv --python 3.11 --color no "$@"
+# The tests run on the virtual environment's own Python (3.11 for the pinned release on Debian 12, 3.13 for the
+# newest release and on Debian 13).
+python=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+HOME="$home" "$venv/bin/ansible-test" sanity --venv --python "$python" --color no "$@"

@@ -51,6 +51,12 @@ class FakeDomain:
     def isActive(self):  # noqa: N802
         return self.state_value == libvirt.VIR_DOMAIN_RUNNING
 
+    def autostart(self):
+        return False
+
+    def hasManagedSaveImage(self, _flags=0):  # noqa: N802
+        return False
+
 
 def pool_snapshot(name, uri, cpu=8, memory=16 * GIB, used_cpu=0, used_memory=0, classes=None, labels=None,
                   taints=None, state="Ready", machines=()):

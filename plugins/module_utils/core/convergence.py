@@ -9,10 +9,15 @@ A resource kind is a ``Resource``; it supplies:
 - ``plan(observation)``: the desired spec against the observation, a ``Plan`` of ``Action`` s. It writes
   nothing and calls nothing that writes; the planning functions of each kind are pure and unit-tested alone;
 - ``APPLY``: the table {action kind: method(resource, action, observation)} that carries out each kind of action
-  through libvirt; ``apply`` dispatches through it, and a kind it does not name is a bug (``UnknownAction``).
+  through libvirt; ``apply`` dispatches through it, and a kind it does not name is a bug (``UnknownAction``);
+- ``holds(plan, observation)``: the holds on the machines the plan changes (coordination/holds.py), or none for a
+  kind that changes no machine. Every kind must say (it is abstract): ``converge`` is the one place that takes
+  them, so no operation on a machine can forget to.
 
 ``converge`` runs them: in check mode it stops after planning, so ``changed``, ``diff`` and the returned actions
-of a check-mode run are exactly those of the real run. After applying, it observes again and plans again: an
+of a check-mode run are exactly those of the real run, and a plan with no action takes no hold (a converged
+machine costs no registry write). Otherwise it takes the plan's holds, observes and plans again under them
+(another run may have changed the machine before the hold was taken), and applies. After applying, it observes again and plans again: an
 action left over means the apply did not do what the plan said, which is a bug, reported as such.
 """
 
@@ -145,6 +150,12 @@ class Resource(abc.ABC):
     def plan(self, observed):
         """The ``Plan`` from the desired spec and ``observed``; pure."""
 
+    @abc.abstractmethod
+    def holds(self, plan, observed):
+        """The holds (coordination/holds.py ``MachineHold``, not taken yet) on every machine ``plan`` changes;
+        empty for a kind that changes no machine. ``converge`` takes them before applying, in order of their
+        ``key``, and gives them back when it is done."""
+
     def applier(self, kind):
         """The function of ``APPLY`` for an action ``kind``; UnknownAction when there is none."""
         return dispatch(self.APPLY, kind, self.describe())
@@ -160,10 +171,15 @@ class Resource(abc.ABC):
 
     def apply_plan(self, plan, observed):
         """Carry out the plan's actions in order (a resource over many objects applies in waves of its own),
-        noting each one done in ``self.done`` (which ``converge`` sets)."""
+        noting each one done in ``self.done`` (which ``converge`` sets), checking before each one that this
+        run still holds what it holds (``fence``)."""
         for action in plan.actions:
+            self.fence(action.summary)
             self.apply(action, observed)
             self.note_done(action)
+
+    def fence(self, before):
+        """Stop (HoldLost) before ``before`` when a hold this run took was taken over; ``converge`` sets it."""
 
     def note_done(self, action):
         """Note ``action`` as carried out, for the report of a run that fails later."""
@@ -178,6 +194,32 @@ def converge(resource, check_mode=False):
     plan = resource.plan(observed)
     if check_mode or not plan.actions:
         return plan, observed
+    taken = []
+    try:
+        for hold in ordered(resource.holds(plan, observed)):
+            taken.append(hold.acquire())
+        if taken:
+            resource.fence = lambda before: [hold.check(before) for hold in taken]
+        if taken:  # what was observed before the holds may have changed before they were taken
+            observed = resource.observe()
+            plan = resource.plan(observed)
+            if not plan.actions:
+                return plan, observed
+        return _apply_and_verify(resource, plan, observed)
+    finally:
+        for hold in reversed(taken):
+            hold.release()
+
+
+def ordered(holds):
+    """``holds`` without repeats, in order of their keys (runs holding several machines take them alike)."""
+    unique = {}
+    for hold in holds:
+        unique.setdefault(hold.key, hold)
+    return [unique[key] for key in sorted(unique)]
+
+
+def _apply_and_verify(resource, plan, observed):
     resource.done = []
     try:
         resource.apply_plan(plan, observed)

@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 
 try:
@@ -156,6 +157,29 @@ def write_memory(tree, record, value):
     _set_text(tree, "currentMemory", kib, {"unit": "KiB"})
 
 
+# A run strategy (KubeVirt's runStrategy) as the domain carries it: on_crash restart for the strategies that bring
+# a crashed guest back; autostart (not in the XML) is converged by the machine's plan.
+RESTARTED_AFTER_CRASH = ("always", "on_failure")
+
+
+def crash_action(strategy):
+    return "restart" if strategy in RESTARTED_AFTER_CRASH else "destroy"
+
+
+def read_run_strategy(tree, record=None):
+    """The recorded strategy while the domain's on_crash agrees with it, else None (converged again)."""
+    strategy = (record or {}).get("spec", {}).get("run_strategy")
+    if strategy is None or (tree.findtext("on_crash") or "destroy") != crash_action(strategy):
+        return None
+    return strategy
+
+
+def write_run_strategy(tree, record, value):
+    record["spec"]["run_strategy"] = value
+    if value is not None:
+        _set_text(tree, "on_crash", crash_action(value))
+
+
 # --- building a new domain ------------------------------------------------------------------------------------
 
 def _sub(parent, tag, text=None, **attrib):
@@ -262,3 +286,17 @@ def tostring(tree):
 
 def parse(xml):
     return elements.parse(xml)
+
+
+def defined_domains(conn):
+    """(domain, its parsed persistent XML) of every domain of the host that is still defined when its XML is read:
+    another run may undefine a machine between the listing and the read, and a run must not fail because of a
+    machine that is not its own (it is simply no longer there)."""
+    for dom in conn.listAllDomains(0):
+        try:
+            xml = dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE)
+        except lv.libvirt.libvirtError as exc:
+            if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_DOMAIN:
+                continue
+            raise
+        yield dom, elements.parse(xml)

@@ -291,23 +291,31 @@ def read_volume(tree):
 
 # --- network --------------------------------------------------------------------------------------------------
 
-def network(name, cidr, mode="nat", dhcp_hosts=()):
+def network(name, cidr, mode="nat", dhcp_hosts=(), gateway=None, dhcp_range=None, dhcp=True, mtu=None):
     """An IPv4 network: the first host is the gateway, DHCP hands out the 10th host to the last one (from the
-    second-last on nets too small for that), and ``dhcp_hosts`` [{mac, ip, name?}] get fixed addresses."""
+    second-last on nets too small for that), and ``dhcp_hosts`` [{mac, ip, name?}] get fixed addresses.
+    ``gateway`` (the host's address on it), ``dhcp_range`` (start, end), ``dhcp`` False (no DHCP server) and
+    ``mtu`` override those defaults (KupenStack's networks give them)."""
     if mode not in NETWORK_MODES:
         raise ValueError("network mode must be one of %s, got %r" % (", ".join(NETWORK_MODES), mode))
     net = ipaddress.IPv4Network(cidr)
     hosts = list(net.hosts())
-    gateway, first, last = hosts[0], hosts[min(9, len(hosts) - 2)], hosts[-1]
+    first, last = hosts[min(9, len(hosts) - 2)], hosts[-1]
+    gateway = gateway or hosts[0]
+    if dhcp_range:
+        first, last = dhcp_range
     node = _element("network")
     _sub(node, "name", name)
     if mode == "nat":
         _sub(node, "forward", mode="nat")
+    if mtu:
+        _sub(node, "mtu", size=int(mtu))
     ip = _sub(node, "ip", address=gateway, netmask=net.netmask)
-    dhcp = _sub(ip, "dhcp")
-    _sub(dhcp, "range", start=first, end=last)
-    for host in dhcp_hosts:
-        _sub(dhcp, "host", mac=host["mac"], ip=host["ip"], name=host.get("name"))
+    if dhcp:
+        dhcp_node = _sub(ip, "dhcp")
+        _sub(dhcp_node, "range", start=first, end=last)
+        for host in dhcp_hosts:
+            _sub(dhcp_node, "host", mac=host["mac"], ip=host["ip"], name=host.get("name"))
     return node
 
 

@@ -37,6 +37,11 @@ class ConflictError(MachineryError):
     reason = "Conflict"
 
 
+class HoldLost(ConflictError):
+    """This run's hold was taken over by another run (it was paused past its lease): it stops before its next
+    step that changes anything, and leaves what it did to the run that holds the object now."""
+
+
 class NameTaken(ConflictError):
     """Another pool already has a machine of this name (a concurrent run created it there first)."""
 

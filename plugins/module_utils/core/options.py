@@ -16,12 +16,17 @@ from __future__ import annotations
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
 # Choices, each typed out once.
-MACHINE_STATES = ("running", "stopped", "present", "absent")
+MACHINE_STATES = ("running", "stopped", "present", "absent", "restarted", "paused", "suspended")
+RESTARTS = ("soft", "hard")
+# KubeVirt's run strategies (Always, RerunOnFailure, Manual, Halted); machine_spec.run_strategy derives the one
+# a task leaves out from its state
+RUN_STRATEGIES = ("always", "on_failure", "manual", "halted")
 PRESENCE = ("present", "absent")
 ATTACH_STATES = ("attached", "detached")
 WAITS = ("none", "running", "address")
@@ -45,7 +50,8 @@ class Owned:
     ``read(tree, record)`` and ``write(tree, record, value)`` map it to the persistent XML and the record,
     ``show`` formats it for a diff, and ``live`` says how a running guest takes a change: ``metadata`` (at
     once, it is only recorded), ``balloon`` (memory, at once up to the boot-time maximum), ``restart`` (at
-    the next start) or ``boot`` (read by the guest at its next first boot)."""
+    the next start), ``boot`` (read by the guest at its next first boot) or ``lifecycle`` (the run strategy:
+    the running guest's crash action is set at once)."""
 
     def __init__(self, read, write, show=None, live="metadata", compared=True):
         self.read = read
@@ -160,9 +166,13 @@ def secret_paths(table, prefix=()):
 
 # --- the connection, common to every module of the action group -----------------------------------------------
 
-COMMON = (Option("uri", default="qemu:///system"),)
+# hold_timeout: how long a run waits for a machine another run holds (coordination/holds.py, docs/concurrency.md);
+# 0 fails at once. Every member takes it, read-only ones too (they never wait), so module_defaults can set it.
+HOLD_TIMEOUT = Option("hold_timeout", "int", default=900, check=lambda value, field: check.whole_number(
+    value, field, minimum=0))
+COMMON = (Option("uri", default="qemu:///system"), HOLD_TIMEOUT)
 # A module over several pools takes the group's uri as its one pool when no pools are given, so it has no default.
-MULTI_POOL = (Option("uri"), Option("pools", "list", elements="raw"))
+MULTI_POOL = (Option("uri"), Option("pools", "list", elements="raw"), HOLD_TIMEOUT)
 
 # --- machine capabilities (issue 13: topology, swap, disk QoS, encrypted volumes, static addresses) -----------
 # Ranges from the vitistack Machine CRD; the XML mapping and the pure checks are in capabilities.py. Owned fields
@@ -239,6 +249,13 @@ SERVER_GROUP = (
 )
 
 IMAGE_PULL_SECRET = (Option("username", required=True), Option("password", required=True, no_log=True))
+# the machine a clone's root disk is copied from (clone.py)
+CLONE_SOURCE = (
+    Option("uri"),
+    Option("machine", required=True),
+    Option("snapshot"),
+    Option("mode", choices=("full", "linked"), default="full"),
+)
 
 MACHINE = (
     Option("name", required=True),
@@ -252,6 +269,7 @@ MACHINE = (
     # an OCI registry's CA and credentials, for an image (or a volume's) given as oci://...; read, never recorded
     Option("image_ca_file", "path"),
     Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
+    Option("clone_from", "dict", options=CLONE_SOURCE),
     Option("root_size", "raw", recorded=True),
     Option("volumes", "list", elements="dict", options=VOLUME),
     Option("network_interfaces", "list", elements="dict", options=NETWORK_INTERFACE),
@@ -265,9 +283,17 @@ MACHINE = (
     Option("tolerations", "list", elements="dict", owned=_recorded("tolerations")),
     Option("firmware", choices=FIRMWARES, fixed=lambda spec: spec.get("firmware"), initial="bios",
            owned=Owned(dx.read_firmware, dx.write_firmware, compared=False)),
+    Option("tpm", "bool", initial=False, owned=Owned(fw.read_tpm, fw.write_tpm, live="restart")),
+    Option("secure_boot", "bool", fixed=lambda spec: spec.get("secure_boot", False), initial=False,
+           owned=Owned(fw.read_secure_boot, fw.write_secure_boot, compared=False)),
     Option("virt_type", choices=VIRT_TYPES, default="auto", recorded=True),
     # the hash of ignition, cloud_init and ssh_authorized_keys (never the configuration itself)
     Option("boot_config", argument=False, owned=_recorded("boot_config", live="boot")),
+    # on_crash in the domain, the strategy in the record; autostart and starts follow from it in plan_machine
+    # how state=restarted restarts: soft (ACPI, forced after shutdown_timeout) or hard (a power cycle)
+    Option("restart", choices=RESTARTS, default="soft"),
+    Option("run_strategy", choices=RUN_STRATEGIES,
+           owned=Owned(dx.read_run_strategy, dx.write_run_strategy, live="lifecycle")),
     Option("wait", choices=WAITS, default="running"),
     Option("wait_timeout", "int", default=300),
     Option("shutdown_timeout", "int", default=60),
@@ -423,6 +449,13 @@ IMAGE_OS = (
     Option("architecture", choices=("amd64", "arm64", "x86_64")),
 )
 
+# the machine a captured image is taken from (capture.py)
+CAPTURE_SOURCE = (
+    Option("uri"),
+    Option("machine", required=True),
+    Option("snapshot"),
+)
+
 MACHINE_IMAGE = (
     Option("name", required=True),
     Option("url"),
@@ -430,6 +463,8 @@ MACHINE_IMAGE = (
     Option("checksum"),
     Option("image_ca_file", "path"),
     Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
+    Option("from_machine", "dict", options=CAPTURE_SOURCE),
+    Option("generalize", "bool", default=False),
     Option("os", "dict", options=IMAGE_OS),
     Option("state", choices=PRESENCE, default="present"),
     Option("force", "bool", default=False),
@@ -449,6 +484,7 @@ MANIFEST = (
     Option("shutdown_timeout", "int", default=60),
     Option("image_ca_file", "path"),
     Option("image_pull_secret", "dict", no_log=False, options=IMAGE_PULL_SECRET),
+    Option("providers", "list", elements="str"),  # left out: libvirt alone (engine.DEFAULT_PROVIDERS)
 )
 
 MANIFEST_INFO = (
@@ -608,10 +644,21 @@ MACHINE_SNAPSHOT = (
 
 MIGRATION_MODES = ("cold", "live", "auto")
 
+# a live move under control (fleets/move_policy.py checks the values; KubeVirt's MigrationPolicy, Nova's timeout)
+MOVE_POLICY = (
+    Option("bandwidth", "raw"),
+    Option("max_downtime", "int"),
+    Option("completion_timeout_per_gib", "int"),
+    Option("on_timeout", choices=("abort", "postcopy"), default="abort"),
+    Option("auto_converge", "bool", default=False),
+    Option("max_parallel", "int"),
+)
+
 MACHINE_MIGRATE = (
     Option("machine", required=True),
     Option("target"),
     Option("mode", choices=MIGRATION_MODES, default="auto"),
+    Option("policy", "dict", options=MOVE_POLICY),
     Option("strategy", choices=STRATEGIES, default="spread"),
     Option("shutdown_timeout", "int", default=60),
     Option("wait", choices=WAITS, default="running"),

@@ -38,6 +38,22 @@ def dns_label(value, field="name"):
     return value
 
 
+def class_name(value, field="machine_class"):
+    """A machine class name: a Kubernetes object name, a DNS-1123 subdomain (lower case letters, digits, '-'
+    and '.', at most 253 characters, each dot-separated part starting and ending with a letter or digit), so a
+    cloud instance type such as ``t3.medium`` is a class name as it is written."""
+    if not isinstance(value, str) or not value:
+        raise ValidationError("must be a non-empty string", field)
+    if len(value) > 253:
+        raise ValidationError("%r is %d characters long; a DNS-1123 subdomain has at most 253" % (value, len(value)),
+                              field)
+    if not all(_DNS1123_LABEL.match(part) for part in value.split(".")):
+        raise ValidationError(
+            "%r is not a DNS-1123 subdomain (lower case letters, digits, '-' and '.', each part starting and "
+            "ending with a letter or digit)" % (value,), field)
+    return value
+
+
 def hostname(value, field="hostname"):
     """An RFC 1123 host name: DNS-1123 labels joined by dots, at most 253 characters (a guest's hostname)."""
     if not isinstance(value, str) or not value:

@@ -201,13 +201,13 @@ def pool_problems(snapshots):
 def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "strategy"),
              retries=options.default(options.MACHINE_BATCH, "retries"),
              workers=options.default(options.MACHINE_BATCH, "workers"), check_mode=False, opener=None,
-             topology_spread=None):
+             topology_spread=None, coordination=None):
     """Converge ``specs`` (machine_spec.params with the scheduling keys, one per machine) over the pools;
     ``topology_spread`` spreads the batch's own machines over pool labels."""
     retries = check.whole_number(retries, "retries", 0, MAX_RETRIES)
     spread = placement_rules.spread_constraints(topology_spread)  # checked before any pool is read
     workers = check.whole_number(workers, "workers", 1, MAX_WORKERS)
-    fleet = Fleet(entries, opener)
+    fleet = Fleet(entries, opener, coordination)
     result = BatchOutcome()
     prepared = {}
     progress = Progress("machines", total=len({spec["name"] for spec in specs}))

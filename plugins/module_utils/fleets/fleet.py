@@ -13,6 +13,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 
 
 def pool_entries(items, field="pools"):
@@ -96,9 +97,10 @@ def read_snapshots(entries, workers=16):
 class Fleet:
     """Open connections to every pool; pools that cannot be reached are kept as Offline snapshots."""
 
-    def __init__(self, entries, opener=None):
+    def __init__(self, entries, opener=None, coordination=None):
         self.entries = entries
         self.contexts = {}
+        self.coordination = coordination if coordination is not None else Coordination()
         self.offline = {}
 
         def connect(entry):
@@ -111,7 +113,7 @@ class Fleet:
             if isinstance(conn, MachineryError):
                 self.offline[entry["uri"]] = str(conn)
                 continue
-            ctx = PoolContext(conn, entry["uri"])
+            ctx = PoolContext(conn, entry["uri"], self.coordination)
             ctx.url_opener = opener
             self.contexts[entry["uri"]] = ctx
         for ctx in self.contexts.values():

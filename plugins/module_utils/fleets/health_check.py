@@ -246,6 +246,18 @@ class HealthCheckResource(Resource):
     def describe(self):
         return "machine health check %s" % self.desired["name"]
 
+    def holds(self, plan, observed):
+        """The members it deletes or restarts, on their pools, for the whole remediation: a restart's stop and
+        start are one operation (the machine module's runs inside take the same holds). And the set whose
+        document it writes, on each pool it writes it to: machine_set writes the same document."""
+        contexts = self.fleet.contexts
+        members = [self.fleet.coordination.of(contexts[action.data["uri"]], action.target)
+                   for action in plan.actions if action.kind in ("delete", "restart")]
+        sets = [self.fleet.coordination.set_of(contexts[uri], action.target)
+                for action in plan.actions if action.kind in ("record", "replace")
+                for uri in action.data["uris"] if uri in contexts]
+        return sets + members
+
     def observe(self):
         """The machines the check covers, each with the ``health`` its record keeps; outside check mode the
         conditions that changed since the last observation are recorded (so timeouts count across runs)."""

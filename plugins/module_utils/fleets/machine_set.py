@@ -516,7 +516,17 @@ def member_spec(desired, name, wait, wait_timeout, unique_across=()):
     spec["labels"] = dict(spec.get("labels") or {}, **{OWNER_LABEL: desired["name"],
                                                        HASH_LABEL: desired["template_hash"]})
     spec.update(name=name, wait=wait, wait_timeout=wait_timeout, unique_across=list(unique_across))
+    if spec.get("run_strategy") is None:
+        spec["run_strategy"] = member_strategy(desired)
     return freeze(spec)
+
+
+def member_strategy(desired):
+    """The run strategy of a new member whose template names none: always, but manual in a set that replaces the
+    members of an unreachable pool (unreachable_timeout), since a host that comes back must not start the copies
+    the set replaced meanwhile (it has no agent to stop them); the set's runs and its health check bring such
+    members back."""
+    return "manual" if desired.get("unreachable_timeout") is not None else "always"
 
 
 def counts(desired, members):
@@ -562,6 +572,13 @@ class MachineSetResource(Resource):
 
     def describe(self):
         return "machine set %s" % self.desired["name"]
+
+    def holds(self, plan, observed):
+        """The set, on every pool of the run that answers: a second run of the set waits, then plans from what
+        the first one left (never more members than the larger replicas). Each member's create or delete then
+        holds that member too (the machine resource's converge)."""
+        return [self.fleet.coordination.set_of(self.fleet.contexts[pool["uri"]], self.desired["name"])
+                for pool in observed["pools"] if pool["state"] != "Offline" and pool["uri"] in self.fleet.contexts]
 
     def observe(self):
         snapshots, contexts, machines = read_fleet(self.fleet)
@@ -713,7 +730,7 @@ class MachineSetResource(Resource):
         """Remove the volumes a fenced member made for itself (its record's, never a volume it was given), then
         its journal."""
         ctx = self.fleet.contexts[action.data["uri"]]
-        ctx.storage.refresh(0)
+        storage.refresh(ctx.storage)
         for volume in action.data["volumes"]:
             storage.delete_volume(ctx.storage, volume)
         ctx.registry.delete(reg.pending_key(action.target))

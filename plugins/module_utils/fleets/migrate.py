@@ -24,13 +24,14 @@ from __future__ import annotations
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import MOVE, check_held
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
-    MachineryError, NotFoundError, ValidationError)
+    HoldLost, MachineryError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import wait_for_address
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import machine_status
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import move_policy
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_apply import MoveExecutor, Report, Run
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_observe import MoveObserver, Pools
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import (
@@ -52,6 +53,7 @@ class MoveRequest:
         self.mode = check.one_of(params["mode"], MODES, "mode")
         self.strategy = params["strategy"]
         self.shutdown_timeout = check.timeout_seconds(params["shutdown_timeout"], "shutdown_timeout", True)
+        self.policy = move_policy.parse(params.get("policy"))
         self.source_uri = lv.validate_uri(params["uri"], "uri") if params.get("uri") else None
         self.target_name = params.get("target")
         # a move made to resize the machine (resize_move.py, never a module option): the target is checked for
@@ -135,16 +137,18 @@ class MoveResource(Resource):
         self.machine = self.request.machine
         self.report = Report()
         self.observer = MoveObserver(pools, self.request, self.report.warnings)
-        self.executor = MoveExecutor(self.machine, self.report)
-        self.holds = {}  # uri: this run's hold on the machine there
+        self.executor = MoveExecutor(self.machine, self.report, self.request.policy)
+        self.executor.fence = lambda before: check_held(list(self.held.values()), before)
+        self.held = {}  # uri: this run's hold on the machine there
 
     def hold(self, uri):
         """Hold the machine on pool ``uri`` for the rest of the run: a second move of it waits for this one, and
         the machine module refuses to change it meanwhile (it reads the holder in the journal)."""
-        if uri not in self.holds:
-            hold = reg.machine_hold(self.pools.get(uri).conn, self.machine, reg.MOVE_WAIT_SECONDS, field="machine")
-            self.holds[uri] = hold.__enter__()
-        return self.holds[uri]
+        if uri not in self.held:
+            ctx = self.pools.get(uri)
+            hold = self.pools.coordination.machine(ctx.conn, self.machine, uri, operation=MOVE)
+            self.held[uri] = hold.acquire()
+        return self.held[uri]
 
     def hold_home(self):
         """Hold the machine where it is before anything is observed: the pool to move it off (``uri``), or the
@@ -161,12 +165,18 @@ class MoveResource(Resource):
                 continue  # unreachable: the observation warns about it
 
     def release(self):
-        for hold in self.holds.values():
+        for hold in self.held.values():
             hold.release()
-        self.holds = {}
+        self.held = {}
 
     def holder(self):
-        return next((hold.marker for hold in self.holds.values() if hold.marker), None)
+        return next((hold.marker for hold in self.held.values() if hold.marker), None)
+
+    def holds(self, plan, observed):
+        """None for ``converge`` to take: a move holds the machine on its pool from before it observes it
+        (``hold_home``, called by ``run``) and on the target once it knows it (``_move``, ``_resolve``), for the
+        whole run; the holds are this run's coordination's, so they are the same holds converge would take."""
+        return ()
 
     @property
     def warnings(self):
@@ -210,16 +220,25 @@ class MoveResource(Resource):
 
 # --- the service the module calls -------------------------------------------------------------------------------
 
-def run(entries, params, check_mode=False, opener=None):
+def run(entries, params, check_mode=False, opener=None, coordination=None):
     """Move one machine as ``params`` say: (plan, the module's return beyond what the plan gives)."""
-    pools = Pools(entries, opener)
+    pools = Pools(entries, opener, coordination)
     params = options.defaulted(options.MACHINE_MIGRATE, params)
     resource = None
     try:
         resource = MoveResource(pools, params, check_mode)
         if not check_mode:
             resource.hold_home()
-        plan, obs = converge(resource, check_mode)
+        try:
+            plan, obs = converge(resource, check_mode)
+        except Exception as exc:
+            if not isinstance(exc, HoldLost):  # a failure of a run that lost its holds meanwhile says that first
+                try:
+                    check_held(list(resource.held.values()), "its next step")
+                except HoldLost as lost:
+                    lost.done = list(getattr(exc, "done", None) or [])
+                    raise lost from exc
+            raise
         side = obs.done or obs.source  # after a move its target; in check mode where the machine is now
         machine = machine_status(side.dom, side.ctx) if side is not None and side.exists else None
         if not check_mode and machine and side.active and params.get("wait") == "address":
@@ -235,6 +254,7 @@ def run(entries, params, check_mode=False, opener=None):
                       "mode": move.after["mode"] if move is not None else None,
                       "reason": move.data["reason"] if move is not None else None,
                       "downtime": resource.downtime,
+                      "migration": resource.report.migration,
                       "warnings": sorted(set(resource.warnings))}
     finally:
         if resource is not None:

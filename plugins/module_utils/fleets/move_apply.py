@@ -18,8 +18,10 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import sto
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, check_room
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import dispatch
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
-    ConflictError, LibvirtFailure, MachineryError, PoolFull)
+    ConflictError, HoldLost, LibvirtFailure, MachineryError, PoolFull)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import shutdown
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import move_policy
+from ansible_collections.machinery.compute.plugins.module_utils.fleets import tpm_state
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import (
     live_transport, move_key, relocate)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.volume_stream import (
@@ -51,6 +53,30 @@ class Report:
     def __init__(self):
         self.warnings = []
         self.downtime = None
+        self.migration = None  # a live move's last progress, its duration, what its timeout did
+
+
+# how long a move waits for a slot among the policy's max_parallel moves of its pools
+SLOT_WAIT_SECONDS = 900
+
+
+def wait_for_slot(machine, run, policy, clock=time.monotonic, sleep=time.sleep):
+    """With ``max_parallel``, wait until fewer than that many other moves are journaled on either pool."""
+    limit = (policy or {}).get("max_parallel")
+    if not limit:
+        return
+    deadline = clock() + SLOT_WAIT_SECONDS
+    while True:
+        others = set()
+        for side in (run.source, run.target):
+            others.update(key for key in reg.Registry.open(side.ctx.conn).keys("move-") if key != move_key(machine))
+        if len(others) < limit:
+            return
+        if clock() > deadline:
+            raise LibvirtFailure("%d moves of pools %s and %s are under way (policy.max_parallel %d) and none ended "
+                                 "within %ds" % (len(others), run.source.pool, run.target.pool, limit,
+                                                 SLOT_WAIT_SECONDS), "policy.max_parallel")
+        sleep(1)
 
 
 class Steps:
@@ -62,9 +88,24 @@ class Steps:
 
 
 def domain_xml(source, target, flags):
-    """The source's domain with its files pointed at the target's storage."""
-    tree = dx.parse(source.dom.XMLDesc(flags))
+    """The source's domain with its files pointed at the target's storage, in libvirt's migratable form: without
+    the devices a libvirt adds by itself, which another release may not know (libvirt 11's implicit iTCO
+    watchdog of q35, which libvirt 9 refuses to define)."""
+    tree = dx.parse(source.dom.XMLDesc(flags | lv.libvirt.VIR_DOMAIN_XML_MIGRATABLE))
     return dx.tostring(relocate(tree, source.ctx.storage_path, target.ctx.storage_path))
+
+
+def carry_autostart(machine, source, target):
+    """libvirt keeps autostart per host: the copy on the target gets the source's (the run strategy's)."""
+    try:
+        if not source.dom.autostart():
+            return
+        dom = lv.lookup_domain(target.ctx.conn, machine)
+        if dom is not None:
+            dom.setAutostart(1)
+    except lv.libvirt.libvirtError as exc:
+        raise LibvirtFailure("cannot mark %s autostarted on %s: %s" % (machine, target.pool, lv.describe(exc)),
+                             "target") from None
 
 
 def check_room_locked(machine, source, target):
@@ -97,7 +138,9 @@ class JournalSteps(Steps):
     """The move's journal in both registries: written before the first change, cleared after the last."""
 
     def write(self, _entry, _side, run):
-        for side in (run.source, run.target):  # the source first: a re-run always looks there
+        for index, side in enumerate((run.source, run.target)):  # the source first: a re-run always looks there
+            if index:  # a run paused between the two writes must not write the second one for a taker
+                getattr(run, "fence", lambda _before: None)("write_journal on %s" % side.pool)
             reg.Registry.open(side.ctx.conn).put(move_key(self.machine), run.journal)
 
     def clear(self, _entry, _side, run):
@@ -152,7 +195,12 @@ class ColdSteps(Steps):
     """The cold move: the guest powered off, the copy defined on the target and started there if it ran (start
     is also how a resolved move brings the guest back up, on either side)."""
 
+    def __init__(self, machine, report, policy=None):
+        super().__init__(machine, report)
+        self.policy = policy
+
     def shutdown(self, entry, _side, run):
+        wait_for_slot(self.machine, run, self.policy)
         run.stopped_at = time.monotonic()
         if shutdown(run.source.dom, entry["timeout"]):
             self.report.warnings.append("%s did not power off within %ss of the ACPI request and was forced off"
@@ -169,6 +217,9 @@ class ColdSteps(Steps):
                 raise LibvirtFailure("cannot define %s on %s: %s" % (self.machine, target.pool, lv.describe(exc)),
                                      "target") from None
         run.defined = True
+        carry_autostart(self.machine, source, target)
+        if tpm_state.has_emulated_tpm(dx.parse(xml)):  # before its first start there makes it a new TPM
+            tpm_state.carry(source.ctx.conn, target.ctx.conn, run.journal["uuid"])
 
     def start(self, _entry, side, run):
         field = "target" if side is run.target else "machine"
@@ -185,7 +236,12 @@ class ColdSteps(Steps):
 
 
 class LiveSteps(Steps):
-    """The live move: empty disks on the target for the guest's writes, then libvirt's peer-to-peer migration."""
+    """The live move: empty disks on the target for the guest's writes, then libvirt's peer-to-peer migration
+    under the move's policy (move_policy.py)."""
+
+    def __init__(self, machine, report, policy=None):
+        super().__init__(machine, report)
+        self.policy = policy or {}
 
     def prepare_volume(self, entry, _side, run):
         """The empty disk a live move copies the guest's writes into: an overlay on the target's image cache, or
@@ -213,19 +269,45 @@ class LiveSteps(Steps):
                 source, target, lv.libvirt.VIR_DOMAIN_XML_MIGRATABLE)
         flags = (lv.libvirt.VIR_MIGRATE_LIVE | lv.libvirt.VIR_MIGRATE_PEER2PEER |
                  lv.libvirt.VIR_MIGRATE_NON_SHARED_INC | lv.libvirt.VIR_MIGRATE_PERSIST_DEST)
+        params.update(move_policy.params(self.policy))
+        flags |= move_policy.flags(self.policy)
+        wait_for_slot(self.machine, run, self.policy)
         with Admission(target.ctx, []):
             check_room_locked(self.machine, source, target)
+        if self.policy.get("max_downtime"):
+            try:
+                source.dom.migrateSetMaxDowntime(self.policy["max_downtime"], 0)
+            except lv.libvirt.libvirtError as exc:
+                raise LibvirtFailure("cannot set the maximum downtime of %s: %s" % (self.machine, lv.describe(exc)),
+                                     "policy.max_downtime") from None
         run.defined = True  # from here the target may hold the guest: a failure makes sure it does not
+        watch = move_policy.Watch(source.dom, self.machine, self.policy, dx.read_memory(source.tree))
         try:
-            source.dom.migrateToURI3(target.uri, params, flags)
+            with watch:
+                source.dom.migrateToURI3(target.uri, params, flags)
         except lv.libvirt.libvirtError as exc:
+            self._note(watch)
+            if watch.timed_out == "abort":
+                raise LibvirtFailure("the live migration of %s to %s did not complete within %ds (%ds per GiB of "
+                                     "memory) and was aborted; the machine runs on on %s" % (
+                                         self.machine, target.pool, watch.timeout,
+                                         self.policy["completion_timeout_per_gib"], source.pool),
+                                     "policy.completion_timeout_per_gib") from None
             raise LibvirtFailure("the live migration of %s to %s failed, the machine still runs on %s: %s"
                                  % (self.machine, target.pool, source.pool, lv.describe(exc)), "mode") from None
+        self._note(watch)
+        carry_autostart(self.machine, source, target)
         try:
             stats = source.dom.jobStats(lv.libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED)
             self.report.downtime = round(stats["downtime"] / 1000.0, 3) if "downtime" in stats else None
+            self.report.migration["iterations"] = stats.get("memory_iteration")
         except lv.libvirt.libvirtError:
             self.report.downtime = None
+
+    def _note(self, watch):
+        self.report.migration = {"seconds": round(watch.clock() - watch.started, 1), "timeout": watch.timeout,
+                                 "timed_out": watch.timed_out, "progress": dict(watch.last),
+                                 "samples": watch.samples}
 
 
 class RemovalSteps(Steps):
@@ -256,7 +338,12 @@ class Rollback(Steps):
                     if dom.isActive():
                         dom.destroy()
                     lv.undefine_domain(dom, self.machine)
-            for name in run.made:
+            # a live move's target QEMU opens the console log itself (outside libvirt's storage: refreshed first)
+            logs = [name for name in journal.get("volumes") or [] if name.endswith("-console.log")
+                    and name not in run.made] if run.defined else []
+            if logs:
+                storage.refresh(target.ctx.storage)
+            for name in list(run.made) + logs:
                 vol = lv.lookup_volume(target.ctx.storage, name)
                 if vol is not None and not storage.users_of(target.ctx.conn, vol.path(), None):
                     storage.delete_volume(target.ctx.storage, name)
@@ -275,11 +362,14 @@ class MoveExecutor:
     """Carries out the steps of a plan's actions for one machine, each through the method ``methods`` names for
     its kind (a kind it does not name is a bug: UnknownAction)."""
 
-    def __init__(self, machine, report):
+    def __init__(self, machine, report, policy=None):
         self.machine = machine
-        journal, copy, cold = JournalSteps(machine, report), CopySteps(machine, report), ColdSteps(machine, report)
-        live, removal = LiveSteps(machine, report), RemovalSteps(machine, report)
+        journal, copy = JournalSteps(machine, report), CopySteps(machine, report)
+        cold, live = ColdSteps(machine, report, policy), LiveSteps(machine, report, policy)
+        removal = RemovalSteps(machine, report)
         self.rollback = Rollback(machine, report)
+        # fence(step): raises HoldLost when the run's holds were taken over (MoveResource sets it)
+        self.fence = lambda _step: None
         self.methods = {
             "write_journal": journal.write, "clear_journal": journal.clear,
             "cache_image": copy.cache_image, "copy_volume": copy.copy_volume,
@@ -289,7 +379,9 @@ class MoveExecutor:
             "undefine": removal.undefine}
 
     def execute(self, steps, run):
+        run.fence = self.fence
         for entry in steps:
+            self.fence("%s %s" % (entry["action"], entry.get("target", "")))
             side = run.side(entry.get("pool"))
             if entry["action"] in ("delete_volume", "undefine") and side is run.source:
                 run.deleting = True  # from here on the move is only ever finished
@@ -299,7 +391,13 @@ class MoveExecutor:
         """The steps of a new move; one that fails before the source is deleted is rolled back at once."""
         try:
             self.execute(steps, run)
-        except BaseException:
+        except HoldLost:
+            raise  # the run holding the machine now owns the journal and what it lists: nothing is undone here
+        except BaseException as exc:
             if not run.deleting:
+                try:
+                    self.fence("the rollback")
+                except HoldLost as lost:  # a step failed because the run that took over changed things
+                    raise lost from exc
                 self.rollback.undo(run)
             raise

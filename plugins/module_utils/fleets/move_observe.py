@@ -19,10 +19,11 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet imp
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import host_bridge
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import is_active
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 from ansible_collections.machinery.compute.plugins.module_utils.machines.snapshots import snapshot_names
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import (
-    choose_mode, image_of, machine_files, move_key, ours, pick_target, resolve_interrupted, scheduling_spec,
-    unmovable)
+    choose_mode, image_of, machine_files, missing_hardware, move_key, ours, pick_target, resolve_interrupted,
+    scheduling_spec, unmovable)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.volume_stream import refresh, volume_facts
 
 
@@ -86,15 +87,16 @@ class Pools:
     """One PoolContext per URI, opened when first needed; names given in ``pools`` are kept for pools that are
     not registered (their registration's name wins)."""
 
-    def __init__(self, entries, opener=None):
+    def __init__(self, entries, opener=None, coordination=None):
         self.entries = entries
         self.labels = {entry["uri"]: entry.get("name") for entry in entries}
         self.opener = opener
         self.contexts = {}
+        self.coordination = coordination if coordination is not None else Coordination()
 
     def get(self, uri, field="pools"):
         if uri not in self.contexts:
-            ctx = PoolContext(lv.open_connection(uri, field), uri)
+            ctx = PoolContext(lv.open_connection(uri, field), uri, self.coordination)
             ctx.url_opener = self.opener
             self.contexts[uri] = ctx
         return self.contexts[uri]
@@ -179,11 +181,10 @@ class MoveObserver:
         """Of ``names``, the volumes ``side`` has that no domain uses but the journal's machine."""
         refresh(side.ctx.storage)
         used = set()
-        for dom in side.ctx.conn.listAllDomains(0):
+        for dom, tree in dx.defined_domains(side.ctx.conn):
             if dom.name() == self.machine and dom.UUIDString() == journal.get("uuid"):
                 continue
-            used.update(disk["path"] for disk in elements.read_disks(dx.parse(
-                dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))))
+            used.update(disk["path"] for disk in elements.read_disks(tree))
         return [name for name in names if lv.lookup_volume(side.ctx.storage, name) is not None
                 and side.ctx.storage_file(name) not in used]
 
@@ -292,9 +293,12 @@ class NewMove:
         images = {}
         for item in machine_files(home.tree, source_dir):
             vol = lv.lookup_volume(ctx.storage, item["volume"])
+            if vol is None and item["kind"] == "nvram":  # libvirt made it at a start, behind the pool's back
+                storage.refresh(ctx.storage)
+                vol = lv.lookup_volume(ctx.storage, item["volume"])
             if vol is None:
-                if item["kind"] == "log":
-                    continue  # never started, or its log was removed: QEMU makes a new one
+                if item["kind"] in ("log", "nvram"):
+                    continue  # never started, or its log was removed: QEMU (libvirt) makes a new one
                 raise ConflictError("volume %s of %s is missing from pool %s: the machine is not whole"
                                     % (item["volume"], self.machine, home.pool), "machine")
             facts = volume_facts(vol)
@@ -323,6 +327,20 @@ class NewMove:
             files.append(item)
         return files, images
 
+    @staticmethod
+    def _cpu_models(tree, there):
+        """The custom CPU models the target's QEMU offers for the machine's type, when the machine names one."""
+        cpu = tree.find("cpu")
+        if cpu is None or cpu.get("mode", "custom") != "custom" or not cpu.findtext("model"):
+            return set()
+        os_type = tree.find("os/type")
+        try:
+            caps = dx.parse(there.conn.getDomainCapabilities(None, os_type.get("arch"), os_type.get("machine"),
+                                                             tree.get("type"), 0))
+        except lv.libvirt.libvirtError:
+            return set()  # a machine type the target lacks: missing_hardware names it
+        return {node.text for node in caps.iterfind("cpu/mode[@name='custom']/model")}
+
     def _check_target(self, home, target, files):
         """The target can run the machine: its networks and bridges, its virt type, room for it."""
         there = target.ctx
@@ -334,6 +352,8 @@ class NewMove:
                 host_bridge(there, nic["bridge"], "target")
         if home.tree.get("type") == "kvm" and there.virt_type() != "kvm":
             raise ConflictError("%s runs on KVM and pool %s has no KVM" % (self.machine, target.pool), "target")
+        missing_hardware(self.machine, home.tree, target.pool, dx.parse(there.conn.getCapabilities()),
+                         self._cpu_models(home.tree, there))
         spec = {"name": self.machine, "cpu": dx.read_cpu(home.tree), "memory": dx.read_memory(home.tree)}
         try:
             check_room(there, spec, [("target", item["capacity"]) for item in files if item["kind"] == "disk"])

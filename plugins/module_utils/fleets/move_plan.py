@@ -77,6 +77,9 @@ def relocate(tree, source_dir, target_dir):
             value = node.get(attribute)
             if value and value.startswith(old):
                 node.set(attribute, new + value[len(old):])
+    nvram = tree.find("os/nvram")
+    if nvram is not None and (nvram.text or "").startswith(old):
+        nvram.text = new + nvram.text[len(old):]
     emulator = tree.find("devices/emulator")
     if emulator is not None:
         emulator.getparent().remove(emulator)
@@ -86,7 +89,8 @@ def relocate(tree, source_dir, target_dir):
 def machine_files(tree, storage_dir):
     """[{volume, kind, device}] of every file of a machine's domain in its pool's storage, in document order:
     ``disk`` (written by the guest), ``readonly`` (seed cdrom), ``file`` (the Ignition file) and ``log`` (the
-    console). A disk outside the storage cannot be moved through the pool's volumes: ConflictError."""
+    console), ``nvram`` (UEFI variables kept in the storage). A disk outside the storage cannot be moved through the
+    pool's volumes: ConflictError."""
     prefix = storage_dir.rstrip("/") + "/"
     found = []
     seen = set()
@@ -106,6 +110,9 @@ def machine_files(tree, storage_dir):
         add(entry.get("file"), "file")
     for log in tree.findall("devices/serial/log") + tree.findall("devices/console/log"):
         add(log.get("file"), "log")
+    nvram = (tree.findtext("os/nvram") or "").strip()
+    if nvram.startswith(prefix):  # UEFI variables kept in the storage (firmware.place_nvram) move with the machine
+        add(nvram, "nvram")
     return found
 
 
@@ -221,6 +228,30 @@ def unmovable(machine, record, snapshots=()):
     if fixed:
         raise ConflictError("%s has fixed addresses (network interfaces %s) reserved on its pool's network; moving "
                             "it is not supported" % (machine, ", ".join(fixed)), "machine")
+
+
+def missing_hardware(machine, tree, target, capabilities, cpu_models):
+    """Refuse a move to a pool whose QEMU lacks the machine's virtual hardware: its machine type (libvirt writes
+    the creating host's newest, pc-q35-10.0 on QEMU 10, which QEMU 7.2 does not have) or its named CPU model.
+    ``capabilities`` is the target's capabilities XML (its machine types), ``cpu_models`` the names of the
+    custom CPU models its domain capabilities list; both are parsed trees."""
+    os_type = tree.find("os/type")
+    wanted = os_type.get("machine") if os_type is not None else None
+    arch = os_type.get("arch") if os_type is not None else None
+    if wanted:
+        offered = set()
+        for node in capabilities.iterfind("guest/arch[@name='%s']//machine" % (arch or "x86_64")):
+            offered.update(name for name in (node.text, node.get("canonical")) if name)
+        if wanted not in offered:
+            raise ConflictError("%s has machine type %s, which the QEMU of pool %s does not have: a machine moves "
+                                "only to hosts whose QEMU offers its machine type (a mixed fleet: "
+                                "docs/migrate.md)" % (machine, wanted, target), "target")
+    cpu = tree.find("cpu")
+    model = cpu.findtext("model") if cpu is not None and cpu.get("mode", "custom") == "custom" else None
+    if model and model not in cpu_models:
+        raise ConflictError("%s has CPU model %s, which the QEMU of pool %s does not have: a machine moves only to "
+                            "hosts that offer its CPU model (a mixed fleet: docs/migrate.md)"
+                            % (machine, model, target), "target")
 
 
 def pick_target(machine, snapshots, source_uri, strategy="spread", wanted=None):

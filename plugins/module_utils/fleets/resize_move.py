@@ -83,7 +83,7 @@ def resize_elsewhere(ctx, params, refusal, entries, check_mode=False, opener=Non
                    "resize_to": {key: value for key, value in placement_request(refusal.resize).items()
                                  if key in ("machine_class", "size")}}
     moved_plan, moved = migrate.run([source, {"name": chosen["name"], "uri": chosen["uri"]}], move_params,
-                                    check_mode, opener)
+                                    check_mode, opener, ctx.coordination)
     warnings = list(moved.get("warnings") or [])
     warnings.append("%s did not fit pool %s at its new size: moved to %s (%s)"
                     % (params["name"], ctx.name or ctx.uri, chosen["name"], reason))
@@ -91,7 +91,7 @@ def resize_elsewhere(ctx, params, refusal, entries, check_mode=False, opener=Non
         outcome = MachineService(ctx, True).ensure(params, room=False)
         return Plan(moved_plan.actions + outcome.plan.actions, warnings), outcome
     with lv.Connection(chosen["uri"]) as conn:
-        target = PoolContext(conn, chosen["uri"])
+        target = PoolContext(conn, chosen["uri"], ctx.coordination)
         target.url_opener = opener
         try:
             outcome = MachineService(target).ensure(params)

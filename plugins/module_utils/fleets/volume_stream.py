@@ -17,16 +17,9 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import header_bytes_needed, rebase_header
 
 
-def refresh(pool, attempts=50):
-    """Rescan a storage pool; libvirt refuses while a volume is being created in it, so try again briefly."""
-    for attempt in range(attempts):
-        try:
-            pool.refresh(0)
-            return
-        except lv.libvirt.libvirtError as exc:
-            if attempt == attempts - 1:
-                raise LibvirtFailure("cannot refresh storage pool %s: %s" % (pool.name(), lv.describe(exc))) from None
-            time.sleep(0.1)
+def refresh(pool):
+    """Rescan a storage pool; libvirt refuses while a volume is being created in it (storage.refresh waits)."""
+    storage.refresh(pool)
 
 
 def volume_facts(vol):

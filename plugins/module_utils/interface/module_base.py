@@ -16,6 +16,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import thaw
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
 
 
@@ -57,6 +58,12 @@ class MachineryModule:
         self.module = AnsibleModule(argument_spec=spec, supports_check_mode=True, **self.module_kwargs)
         self.params = self.module.params
         self.check_mode = self.module.check_mode
+        self.coordination = None  # the run's holds on machines (coordination/holds.py), built in __call__
+
+    def operation(self):
+        """The name a hold of this run shows its waiters: the module's short name (machine_snapshot)."""
+        name = getattr(self.module, "_name", None) or type(self).__module__
+        return name.rsplit(".", 1)[-1]
 
     def pool_entries(self):
         """The pools of a multi-pool module: ``pools``, else the one at ``uri``, else an error naming ``pools``."""
@@ -83,16 +90,19 @@ class MachineryModule:
         try:
             lv.require_libvirt()
             lv.remember_failed_opens()  # this process is one run: a pool that failed to open is not tried again
+            option = options.option(options.COMMON, "hold_timeout")
+            self.coordination = Coordination(self.operation(),
+                                             option.check(self.params["hold_timeout"], "hold_timeout"))
             if self.multi_pool:
                 result = self.run_pools(self.pool_entries())
             else:
                 with lv.Connection(self.params["uri"]) as conn:
-                    ctx = PoolContext(conn, self.params["uri"])
+                    ctx = PoolContext(conn, self.params["uri"], self.coordination)
                     ctx.url_opener = open_url
                     result = self.run(ctx)
         except MachineryError as exc:
             self.module.fail_json(msg=with_done(str(exc), exc.done), field=exc.field, reason=exc.reason,
-                                  **done_before(exc))
+                                  **dict(getattr(exc, "details", None) or {}, **done_before(exc)))
         except lv.libvirt.libvirtError as exc:
             self.module.fail_json(msg=with_done("libvirt error on %s: %s" % (where, lv.describe(exc)),
                                                 getattr(exc, "done", None)),

@@ -76,6 +76,10 @@ class Attachment(Resource):
     def describe(self):
         return "%s of machine %s" % (self.entry_key, self.machine)
 
+    def holds(self, plan, observed):
+        """The target machine: a device goes in or out of it."""
+        return [self.ctx.coordination.of(self.ctx, self.machine)]
+
     def observe_target(self):
         return observe_target(self.conn, self.machine, self.ctx.name or self.ctx.uri)
 
@@ -392,8 +396,7 @@ class NicAttachment(Attachment):
         target = self.observe_target()
         mac_users = {}
         if self.state == "attached":
-            for dom in self.conn.listAllDomains(0):
-                tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+            for dom, tree in dx.defined_domains(self.conn):
                 for nic in elements.read_interfaces(tree):
                     mac_users.setdefault((nic["mac"] or "").lower(), []).append(
                         (dom.name(), nic["network"] or nic["bridge"]))

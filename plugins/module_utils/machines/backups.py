@@ -10,8 +10,10 @@ named ``<machine>.backup.<backup>.<device>.qcow2``, made through libvirt alone (
   of the job when the agent answers, else the copy is crash-consistent and the return says why;
 - a stopped machine: each disk volume is cloned through the storage driver (virStorageVolCreateXMLFrom, which
   flattens the root's backing image into the copy).
-The list of a machine's backups (names, times, disks, how consistent) is one document of the pool's registry,
-``backups-<machine>``; restoring copies the backup volumes back over the (stopped) machine's disks.
+A UEFI machine's variables, when the pool's storage keeps them, are copied beside its disks
+(``<machine>.backup.<backup>.nvram.fd``) and restored with them. The list of a machine's backups (names, times,
+disks, how consistent) is one document of the pool's registry, ``backups-<machine>``; restoring copies the
+backup volumes back over the (stopped) machine's disks.
 """
 
 from __future__ import annotations
@@ -99,6 +101,17 @@ def own_disks(tree):
     return disks, skipped
 
 
+def stored_nvram(tree, storage_dir):
+    """The volume name of a UEFI machine's variables when they are kept in the pool's storage (firmware.py)."""
+    path = (tree.findtext("os/nvram") or "").strip()
+    prefix = (storage_dir or "").rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) and "/" not in path[len(prefix):] else None
+
+
+def nvram_backup(machine, backup):
+    return "%s.backup.%s.nvram.fd" % (machine, backup)
+
+
 def plan_backups(params, seen):
     """The backup run's plan (pure): ``params`` validated, ``seen`` what observe read: {machine, active, disks,
     backups, boots, last_restore}."""
@@ -177,17 +190,25 @@ class BackupResource(Resource):
     def describe(self):
         return "the backups of machine %s" % self.machine
 
+    def holds(self, plan, observed):
+        """The machine, for a backup (a job on its disks) and a restore (its disks replaced); deleting or
+        pruning backup files leaves it alone."""
+        if any(action.kind in ("backup", "restore") for action in plan.actions):
+            return [self.ctx.coordination.of(self.ctx, self.machine)]
+        return ()
+
     def observe(self):
         self.ctx.reset()
         observed = observe_machine(self.conn, self.machine)
         document = self.ctx.registry.get(backup_key(self.machine)) or {}
         seen = {"machine": self.machine, "exists": observed.exists, "active": observed.active, "disks": [],
                 "skipped": [], "backups": document.get("backups") or [], "boots": None, "last_restore": None,
-                "dom": observed.dom, "pool": self.ctx.name or self.ctx.uri}
+                "dom": observed.dom, "pool": self.ctx.name or self.ctx.uri, "nvram": None}
         if observed.exists:
             if not observed.managed:
                 raise ConflictError("%s was not created by machinery.compute" % self.machine, "machine")
             seen["disks"], seen["skipped"] = own_disks(observed.tree)
+            seen["nvram"] = stored_nvram(observed.tree, self.ctx.storage_path)
             seen.update(boots=observed.record.get("boots"), last_restore=observed.record.get("last_restore"))
         return seen
 
@@ -212,7 +233,7 @@ class BackupResource(Resource):
         if action.data["method"] == "push":
             self._end_dead_job(seen["dom"])
         # a copy a dead run left: QEMU made its stores behind the storage pool's back, so it is read again first
-        pool.refresh(0)
+        storage.refresh(pool)
         for volume in targets.values():
             storage.delete_volume(pool, volume)
         try:
@@ -228,22 +249,40 @@ class BackupResource(Resource):
                     except lv.libvirt.libvirtError as exc:
                         raise LibvirtFailure("cannot copy %s: %s" % (disk["device"], lv.describe(exc))) from None
         except BaseException:
-            pool.refresh(0)
+            storage.refresh(pool)
             for volume in targets.values():
                 try:
                     storage.delete_volume(pool, volume)
                 except MachineryError:
                     pass
             raise
-        pool.refresh(0)
+        storage.refresh(pool)
         disks = []
         for disk in seen["disks"]:
             vol = pool.storageVolLookupByName(targets[disk["device"]])
             disks.append({"device": disk["device"], "volume": vol.name(), "size": vol.info()[1]})
         entry = {"name": name, "created": self.params["moment"].isoformat(), "method": action.data["method"],
                  "quiesced": quiesced, "reason": reason, "disks": disks}
+        variables = self._copy_nvram(seen.get("nvram"), nvram_backup(self.machine, name))
+        if variables:
+            entry["nvram"] = variables
         self.report = entry
         self._save(lambda backups: [item for item in backups if item["name"] != name] + [entry])
+
+    def _copy_nvram(self, source_name, target_name):
+        """A copy of the UEFI variables volume ``source_name`` as ``target_name``; None when there is none yet (a
+        machine never started). The firmware writes its variables seldom: the copy is taken as the file is."""
+        pool = self.ctx.storage
+        source = lv.lookup_volume(pool, source_name) if source_name else None
+        if source is None:
+            return None
+        storage.delete_volume(pool, target_name)
+        try:
+            pool.createXMLFrom(storage.volume_xml(target_name, source.info()[1], "raw", mode="0600"), source, 0)
+        except lv.libvirt.libvirtError as exc:
+            raise LibvirtFailure("cannot copy the UEFI variables of %s: %s" % (self.machine, lv.describe(exc))) \
+                from None
+        return target_name
 
     def _end_dead_job(self, dom):
         """A backup job a killed run began is still running in libvirt: it is aborted and waited for, or the new
@@ -325,6 +364,8 @@ class BackupResource(Resource):
         for entry in entries:
             for disk in entry["disks"]:
                 storage.delete_volume(pool, disk["volume"])
+            if entry.get("nvram"):
+                storage.delete_volume(pool, entry["nvram"])
         names = {entry["name"] for entry in entries}
         self._save(lambda backups: [item for item in backups if item["name"] not in names])
 
@@ -346,6 +387,12 @@ class BackupResource(Resource):
             except lv.libvirt.libvirtError as exc:
                 raise LibvirtFailure("cannot restore %s of %s: %s" % (disk["device"], self.machine,
                                                                       lv.describe(exc))) from None
+        saved = action.data["entry"].get("nvram")
+        if saved and seen.get("nvram"):  # the variables as they were, over the ones the firmware wrote since
+            if lv.lookup_volume(pool, saved) is None:
+                raise NotFoundError("backup volume %s is gone" % saved, "name")
+            storage.delete_volume(pool, seen["nvram"])
+            self._copy_nvram(saved, seen["nvram"])
         boots = seen["boots"]
 
         def note(record):

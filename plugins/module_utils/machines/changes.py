@@ -142,6 +142,18 @@ class Changes:
                                      % (nic, self.name, lv.describe(exc)),
                                      "network_interfaces") from None
 
+    def _set_crash_action(self, dom):
+        """The running guest's on_crash follows its new run strategy at once (the definition has it already)."""
+        actions = {"restart": lv.libvirt.VIR_DOMAIN_LIFECYCLE_ACTION_RESTART,
+                   "destroy": lv.libvirt.VIR_DOMAIN_LIFECYCLE_ACTION_DESTROY}
+        try:
+            dom.setLifecycleAction(lv.libvirt.VIR_DOMAIN_LIFECYCLE_CRASH,
+                                   actions[dx.crash_action(self.spec["run_strategy"])],
+                                   lv.libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        except lv.libvirt.libvirtError as exc:
+            self.warnings.append("the run strategy of the running machine %s reaches its crash handling at its "
+                                 "next start: %s" % (self.name, lv.describe(exc)))
+
     def _rewrite_boot_files(self, record):
         files = record["spec"].get("files") or {}
         pool = self.ctx.storage
@@ -162,6 +174,8 @@ class Changes:
         except lv.libvirt.libvirtError:
             pass
         pending, _notes = live_effects(names, self.spec, observed)
+        if "run_strategy" in names:
+            self._set_crash_action(dom)
         if "memory" in names and "memory" not in pending:
             try:
                 dom.setMemoryFlags(self.spec["memory"] // 1024, live)

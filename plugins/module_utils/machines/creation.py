@@ -9,6 +9,8 @@ from __future__ import annotations
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
+from ansible_collections.machinery.compute.plugins.module_utils.machines import clone
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
@@ -87,6 +89,7 @@ class Created:
         self.root_size = None
         self.volume_sizes = {}
         self.secrets = {}
+        self.image_checksum = None  # the base a linked clone is made on (clone.py)
 
 
 class Creation:
@@ -109,6 +112,12 @@ class Creation:
         spec = self.spec
         if not spec.get("image"):
             return None, None
+        source = spec["image"].get("clone")
+        if source is not None:  # a clone: its base is captured now (linked), or its root copied later (full)
+            if source["mode"] != "linked":
+                return None, "qcow2"
+            vol, self.clone_base = clone.linked_base(self.ctx, source, spec["name"])
+            return vol, "qcow2"
         return images.ensure_cached(self.conn, self.ctx.storage, spec["image"], self.ctx.url_opener, self.ctx.images)
 
     def _create_admitted(self, admission, cached):
@@ -160,9 +169,16 @@ class Creation:
                                           % (format_quantity(root_size), format_quantity(image_size)), "root_size")
                 learned.root_size = root_size
                 root = {"name": "root", "device": "vda", "boot": True}
-                # the cached image is in the same storage pool: its path is the pool's path and its name
-                disks.append(self._new_volume(pool, created, "%s-root.qcow2" % name, root_size,
-                                              (images.backing_path(self.ctx, image_vol, spec["image"]), fmt), root))
+                source = spec["image"].get("clone")
+                if source is not None and source["mode"] == "full":
+                    created.append("%s-root.qcow2" % name)
+                    clone.full_root(self.ctx, source, "%s-root.qcow2" % name, root_size)
+                    disks.append(dict(root, path=self.ctx.storage_file("%s-root.qcow2" % name), format="qcow2"))
+                else:
+                    learned.image_checksum = getattr(self, "clone_base", None)
+                    # the cached image is in the same storage pool: its path is the pool's path and its name
+                    disks.append(self._new_volume(pool, created, "%s-root.qcow2" % name, root_size,
+                                                  (images.backing_path(self.ctx, image_vol, spec["image"]), fmt), root))
             for vol in spec["volumes"]:
                 disks.append(self._volume_disk(pool, created, vol, learned))
             files = {"console": "%s-console.log" % name}
@@ -184,7 +200,9 @@ class Creation:
                 nics.append(nic)
             inputs = dict(paths, name=name, virt_type=spec["virt_type"], record=record, disks=disks, nics=nics,
                           console_path=self.ctx.storage_file(files["console"]))
-            self.defined = self._define(options.build(inputs, spec), "define machine")
+            tree = options.build(inputs, spec)
+            fw.place_nvram(tree, self.ctx.storage_file(fw.nvram_volume(name)))
+            self.defined = self._define(tree, "define machine")
             for nic in reserved_nics(record):
                 reserve_address(self.ctx, nic, name)
                 reserved.append(nic)
@@ -260,7 +278,7 @@ class Creation:
             return storage.virtual_size(image["path"])
         if image.get("virtual_size"):
             return image["virtual_size"]
-        pool.refresh(0)
+        storage.refresh(pool)
         return pool.storageVolLookupByName(image_vol.name()).info()[1]
 
     def _secret(self, pool, created, volume_name, data):

@@ -109,14 +109,33 @@ def download(url, checksum, opener):
 
     ``opener(url, timeout)`` returns a file-like response: the modules pass Ansible's open_url, which honours
     proxies and the system's certificates."""
-    if opener is None:
-        raise MachineryError("no way to download %s here" % url, "image")
     target = os.path.join(cache_dir(), "images", checksum)
     if os.path.isfile(target):
         return target
-    os.makedirs(os.path.dirname(target), exist_ok=True)
+    path, found = _fetch(url, opener)
+    if found != checksum:
+        os.unlink(path)
+        raise ValidationError("checksum mismatch for %s: expected sha256 %s, got %s"
+                              % (url, checksum, found), "image_checksum")
+    with open(path, "rb") as downloaded:  # the same rule as a local image, before it is cached
+        header = downloaded.read(check.IMAGE_HEADER_BYTES)
+    try:
+        check.disk_image(header, os.path.getsize(path), "image")
+    except MachineryError:
+        os.unlink(path)
+        raise
+    os.replace(path, target)
+    return target
+
+
+def _fetch(url, opener):
+    """(path, sha256) of ``url`` downloaded into a new file of the local image cache."""
+    if opener is None:
+        raise MachineryError("no way to download %s here" % url, "image")
+    directory = os.path.join(cache_dir(), "images")
+    os.makedirs(directory, exist_ok=True)
     digest = hashlib.sha256()
-    with tempfile.NamedTemporaryFile(dir=os.path.dirname(target), delete=False) as handle:
+    with tempfile.NamedTemporaryFile(dir=directory, delete=False) as handle:
         try:
             with opener(url, timeout=60) as response:
                 for block in iter(lambda: response.read(storage.CHUNK), b""):
@@ -125,19 +144,29 @@ def download(url, checksum, opener):
         except (OSError, ValueError) as exc:
             os.unlink(handle.name)
             raise MachineryError("cannot download %s: %s" % (url, exc), "image") from None
-    if digest.hexdigest() != checksum:
-        os.unlink(handle.name)
-        raise ValidationError("checksum mismatch for %s: expected sha256 %s, got %s"
-                              % (url, checksum, digest.hexdigest()), "image_checksum")
-    with open(handle.name, "rb") as downloaded:  # the same rule as a local image, before it is cached
-        header = downloaded.read(check.IMAGE_HEADER_BYTES)
+    return handle.name, digest.hexdigest()
+
+
+def checksum_of_url(url, opener):
+    """(sha256, first) of an image URL given without a checksum (vitistack's os.imageID). The first call downloads
+    the file once into the cache, records its sha256 by URL on this controller and returns first=True; later
+    calls return the recorded sha256, against which the download is then verified, so a file changed at that URL
+    is a checksum mismatch rather than a different image booted."""
+    memo_path = os.path.join(cache_dir(), "url-checksums.json")
     try:
-        check.disk_image(header, os.path.getsize(handle.name), "image")
-    except MachineryError:
-        os.unlink(handle.name)
-        raise
-    os.replace(handle.name, target)
-    return target
+        with open(memo_path) as handle:
+            memo = json.load(handle)
+    except (OSError, ValueError):
+        memo = {}
+    if url in memo:
+        return memo[url], False
+    path, checksum = _fetch(url, opener)
+    os.replace(path, os.path.join(cache_dir(), "images", checksum))
+    memo[url] = checksum
+    with tempfile.NamedTemporaryFile("w", dir=cache_dir(), delete=False) as handle:
+        json.dump(memo, handle)
+    os.replace(handle.name, memo_path)
+    return checksum, True
 
 
 _UPLOAD_LOCKS = {}

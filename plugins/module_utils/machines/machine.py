@@ -21,11 +21,13 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools.journal im
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, check_room
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import move_refusal, moving
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, PoolFull)
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import FrozenDict
+from ansible_collections.machinery.compute.plugins.module_utils.machines import clone
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.changes import Changes, live_effects
 from ansible_collections.machinery.compute.plugins.module_utils.machines.creation import (
@@ -50,7 +52,8 @@ CAPABILITIES_SHOWN = ("topology", "disk_qos", "ip_reservations")
 class Observed:
     """One reading of a machine's domain. ``dom`` is None when there is no domain of that name."""
 
-    def __init__(self, name, dom=None, tree=None, record=None, state=None, live_max_memory=None):
+    def __init__(self, name, dom=None, tree=None, record=None, state=None, live_max_memory=None, autostart=None,
+                 saved=None):
         self.name = name
         self.dom = dom
         self.tree = tree
@@ -60,6 +63,8 @@ class Observed:
         self.journal = None  # of a dead run, for a machine that does not exist
         self.snapshots = 0  # how many snapshots it has: read only when a rebuild is wanted (they refuse it)
         self.security_groups = {}  # NIC name -> the groups guarding it, read from its nwfilter
+        self._autostart = autostart
+        self._saved = saved
 
     @property
     def exists(self):
@@ -72,6 +77,51 @@ class Observed:
     @property
     def active(self):
         return self.exists and is_active(self.state[0])
+
+    @property
+    def autostart(self):
+        """Whether the host starts the machine when its daemon starts (read once, when a plan asks)."""
+        if not self.exists:
+            return False
+        if self._autostart is None:
+            self._autostart = bool(self.dom.autostart())
+        return self._autostart
+
+    @property
+    def paused(self):
+        """Paused by a request (pause, or started paused), not by an error."""
+        return self.exists and self.state[0] == lv.libvirt.VIR_DOMAIN_PAUSED and self.state[1] not in (
+            lv.libvirt.VIR_DOMAIN_PAUSED_CRASHED, lv.libvirt.VIR_DOMAIN_PAUSED_IOERROR)
+
+    @property
+    def saved(self):
+        """Off with its memory saved by libvirt (managed save): a start resumes it."""
+        if not self.exists or self.active:
+            return False
+        if self._saved is None:
+            self._saved = bool(self.dom.hasManagedSaveImage(0))
+        return self._saved
+
+    @property
+    def power(self):
+        """The power state a diff shows."""
+        if not self.exists:
+            return None
+        if self.paused:
+            return "paused"
+        if self.active:
+            return "running"
+        return "suspended" if self.saved else "off"
+
+    @property
+    def failed(self):
+        """Off because it crashed or failed, not because it was shut down."""
+        if not self.exists:
+            return False
+        state, reason = self.state
+        failures = (lv.libvirt.VIR_DOMAIN_SHUTOFF_CRASHED, lv.libvirt.VIR_DOMAIN_SHUTOFF_FAILED)
+        return state == lv.libvirt.VIR_DOMAIN_CRASHED or (
+            state == lv.libvirt.VIR_DOMAIN_SHUTOFF and reason in failures)
 
 
 def observe_machine(conn, name, journal=False, listing=None, registry=None, dom=None):
@@ -215,7 +265,7 @@ def resize_refusal(prm, spec, grows, pool, cause):
     return refusal
 
 
-def plan_machine(spec, observed, record=None, current=None):
+def plan_machine(spec, observed, record=None, current=None, restarted=False):
     """The actions that take the machine from ``observed`` to ``spec``; ``record`` is the machine's record
     (the one about to be written when the plan adopts the domain); ``current`` its owned values
     (options.owned_values of the observed tree and that record) when the caller read them already."""
@@ -239,8 +289,11 @@ def plan_machine(spec, observed, record=None, current=None):
             after["swap"] = format_quantity(spec["swap"])
         after.update(state=spec["state"], image=(spec.get("image") or {}).get("source"))
         actions = [Action("create", name, {}, after, create_steps(spec))]
-        if spec["state"] == "running":
+        if should_start(spec, observed):
             actions.append(Action("start", name, steps=[step("start", name)]))
+        autostart = autostart_action(spec, observed, should_start(spec, observed))
+        if autostart is not None:
+            actions.append(autostart)
         return Plan(actions, restart_required=False)
     actions = []
     record = record or observed.record
@@ -280,11 +333,75 @@ def plan_machine(spec, observed, record=None, current=None):
         restart, pending = (None, []) if observed.active else (restart, pending)
     if restart is not None:
         actions.append(restart)
-    if spec["state"] == "running" and not observed.active:
+    running_after = observed.active
+    power = power_action(spec, observed, restarted)
+    if power is not None:
+        actions.append(power)
+        running_after = power.kind in ("restart", "resume", "pause")
+    elif should_start(spec, observed) and not observed.active:
         actions.append(Action("start", name, steps=[step("start", name)]))
-    elif spec["state"] == "stopped" and observed.active and rebuild is None:
+        running_after = True
+    elif should_stop(spec) and observed.active and rebuild is None:
         actions.append(Action("stop", name, steps=[step("shutdown", name)]))
+        running_after = False
+    autostart = autostart_action(spec, observed, running_after)
+    if autostart is not None:
+        actions.append(autostart)
     return Plan(actions, warnings, restart_required=bool(pending))
+
+
+def power_action(spec, observed, restarted=False):
+    """The action of a power request (``state`` restarted, paused, suspended, or running on a paused or suspended
+    machine), or None. ``restarted``: this run restarted the machine already (a restart is done once per run)."""
+    name, state = spec["name"], spec["state"]
+    shown = ({"power": observed.power}, )
+    if state == "restarted" and not restarted:
+        mode = spec["restart"]
+        steps = ([step("destroy" if mode == "hard" else "shutdown", name)] if observed.active else []) + \
+            [step("start", name)]
+        return Action("restart", name, shown[0], {"power": "running"}, steps, handler="power_restart", mode=mode)
+    if state == "paused" and not observed.paused:
+        if observed.active:
+            return Action("pause", name, shown[0], {"power": "paused"}, [step("suspend", name)])
+        return Action("start", name, shown[0], {"power": "paused"}, [step("start", name, paused=True)],
+                      handler="start_paused")
+    if state == "suspended" and not observed.saved:
+        if not observed.active:
+            raise ConflictError("%s is off: there is no running guest to suspend" % name, "state")
+        return Action("suspend", name, shown[0], {"power": "suspended"}, [step("managed_save", name)])
+    if (state in ("running", "restarted") or (state == "present" and spec.get("run_strategy") == "always")) and \
+            (observed.paused or observed.saved):
+        return Action("resume", name, shown[0], {"power": "running"},
+                      [step("resume" if observed.paused else "restore", name)])
+    return None
+
+
+def should_start(spec, observed):
+    """Whether the machine is to run: its state says so, or, under ``present``, its run strategy does (``always``
+    starts it when found off, ``on_failure`` when it crashed or failed)."""
+    strategy = spec.get("run_strategy")
+    if spec["state"] == "running":
+        return True
+    return spec["state"] == "present" and (strategy == "always" or (strategy == "on_failure" and observed.failed))
+
+
+def should_stop(spec):
+    return spec["state"] == "stopped" or (spec["state"] == "present" and spec.get("run_strategy") == "halted")
+
+
+def autostart_action(spec, observed, running_after):
+    """libvirt's autostart as the run strategy wants it: on for ``always``; for ``on_failure`` while the machine
+    runs (a host that loses power has failed it), off once it was shut down; off for ``manual`` and ``halted``.
+    A machine without a strategy (made before they existed, under ``present``) is left as it is."""
+    strategy = spec.get("run_strategy")
+    if strategy is None:
+        return None
+    wanted = strategy == "always" or (strategy == "on_failure" and running_after)
+    if observed.autostart == wanted:
+        return None
+    return Action("update", spec["name"], {"autostart": observed.autostart}, {"autostart": wanted},
+                  [step("set_autostart", spec["name"], autostart=wanted)], fields=["autostart"],
+                  handler="set_autostart", grows=[])
 
 
 # --- apply ------------------------------------------------------------------------------------------------------
@@ -351,20 +468,26 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         self.defined = None  # the handle of the domain this run's create defined, for the observation after it
         # the leases listed for the machine's NICs when this run booted it (lease_expiries)
         self.earlier_leases = None
+        self.power_done = False  # state=restarted: this run restarted the machine (its plan after says so)
 
     def describe(self):
         return "machine %s on pool %s" % (self.name, self.ctx.name or self.ctx.uri)
 
+    def holds(self, plan, observed):
+        """The hold on the machine for ``converge`` to take, for every plan but a create's: a create holds it
+        the cheap way, through its wave, under the admission lock (``apply_plan``)."""
+        if plan.actions and plan.actions[0].kind == "create":
+            return clone.holds(self.ctx, self.spec)  # a clone's source, while its disk is copied
+        return [self.ctx.coordination.of(self.ctx, self.name, field="name")]
+
     def apply_plan(self, plan, observed):
-        """Apply while holding the machine on its pool: another run changing it waits its turn, and a move of it
-        (which holds it from before it stops the guest until the copy has taken over) refuses this run. A create
-        holds it through its wave first (``_apply_claimed``)."""
-        if plan.actions and plan.actions[0].kind == "create" and self._apply_claimed(plan, observed):
-            return
-        registry = self.ctx.registry if self.ctx.registration else None  # the run's, opened once
-        with reg.machine_hold(self.conn, self.name, reg.LOCK_WAIT_SECONDS, refuse=self._being_moved,
-                              registry=registry):
+        """Apply; a create holds the machine through its wave (``_apply_claimed``). When another run holds the
+        name already, the create waits for that hold as a change does (converge took the others' holds)."""
+        if not (plan.actions and plan.actions[0].kind == "create"):
             super().apply_plan(plan, observed)
+        elif not self._apply_claimed(plan, observed):
+            with self.ctx.coordination.of(self.ctx, self.name, field="name"):
+                super().apply_plan(plan, observed)
 
     def _apply_claimed(self, plan, observed):
         """Create the machine (and start it) holding it the cheap way (registry.claim): admitted onto the pool
@@ -384,15 +507,6 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
                 self.admission = self.cached = None
                 admission.unclaim(self.name, claimed)
         return True
-
-    def _being_moved(self, marker):
-        """Why this run must not wait for ``marker``: it is a move of the machine (its journal names it)."""
-        journal = reg.Registry.open(self.conn).get(reg.move_key(self.name))
-        if not journal or journal.get("holder") != marker:
-            return None
-        return ("machine %s is being moved from %s to %s by another run (%s): nothing was changed; run again once "
-                "the move is done" % (self.name, journal["source"]["pool"], journal["target"]["pool"],
-                                      reg.holder_description(marker, reg.hold_prefix(self.name))))
 
     def interference(self, plan, leftover):
         """Who changed the machine after this run applied ``plan`` (see convergence.converge)."""
@@ -450,7 +564,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
                 self.spec = machine_spec.normalize(self.params, facts, record, current)
         if observed.exists and wants_rebuild(self.spec, record):
             observed.snapshots = observed.dom.snapshotNum(0)
-        plan = plan_machine(self.spec, observed, record, current)
+        plan = plan_machine(self.spec, observed, record, current, restarted=self.power_done)
         for action in plan.actions:
             if action.kind == "create":  # a plan that needs room is refused in check mode too
                 check_room(self.ctx, self.spec, new_disks(self.spec))
@@ -531,6 +645,53 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         raise LibvirtFailure("cannot resize %s: %s; it was put back as it was%s" % (
             self.name, cause, ", running" if backup["running"] else ""), field)
 
+    def _set_autostart(self, action, _observed):
+        dom = self.defined or lv.lookup_domain(self.conn, self.name)
+        try:
+            dom.setAutostart(1 if action.after["autostart"] else 0)
+        except lv.libvirt.libvirtError as exc:
+            raise LibvirtFailure("cannot set autostart of %s: %s" % (self.name, lv.describe(exc)),
+                                 "run_strategy") from None
+
+    def _power_restart(self, action, observed):
+        """Restart: soft is the ACPI power button (forced off after shutdown_timeout), hard a power cycle; a
+        suspended machine's saved memory is discarded, as a reboot would lose it."""
+        dom = observed.dom
+        try:
+            if dom.isActive():
+                if action.data["mode"] == "hard":
+                    dom.destroy()
+                elif shutdown(dom, self.params["shutdown_timeout"]):
+                    self.warnings.append("%s did not power off within %ss of the ACPI request and was forced off "
+                                         "to be restarted" % (self.name, self.params["shutdown_timeout"]))
+            elif dom.hasManagedSaveImage(0):
+                dom.managedSaveRemove(0)
+        except lv.libvirt.libvirtError as exc:
+            raise LibvirtFailure("cannot restart %s: %s" % (self.name, lv.describe(exc)), "state") from None
+        self.power_done = True
+        self._start(action, observed)
+
+    def _power(self, what, call, field="state"):
+        try:
+            call()
+        except lv.libvirt.libvirtError as exc:
+            raise LibvirtFailure("cannot %s %s: %s" % (what, self.name, lv.describe(exc)), field) from None
+
+    def _pause(self, _action, observed):
+        self._power("pause", observed.dom.suspend)
+
+    def _start_paused(self, _action, observed):
+        self._power("start", lambda: observed.dom.createWithFlags(lv.libvirt.VIR_DOMAIN_START_PAUSED))
+        self._update_record(observed.dom, bump_boots)
+
+    def _suspend(self, _action, observed):
+        self._power("suspend", lambda: observed.dom.managedSave(0))
+
+    def _resume(self, _action, observed):
+        """A paused guest runs on; a suspended one is restored from its saved memory (no new boot)."""
+        dom = observed.dom
+        self._power("resume", dom.resume if observed.paused else dom.create)
+
     def _stop(self, _action, observed):
         timeout = self.params["shutdown_timeout"]
         if shutdown(observed.dom, timeout):
@@ -553,7 +714,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         pool = self.ctx.storage
         for volume_name in volumes:
             if volume_name.endswith("-console.log"):
-                pool.refresh(0)
+                storage.refresh(pool)
             storage.delete_volume(pool, volume_name)
         for vol in (observed.record or {}).get("spec", {}).get("volumes") or []:
             if vol.get("encrypted") and vol.get("ephemeral"):
@@ -583,7 +744,8 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
 
     APPLY = {"create": Creation._create, "clean_up": Creation._clean_up, "adopt": Changes._adopt,
              "update": Changes._update, "update_security_groups": Changes._update_security_groups, "start": _start,
-             "restart": _restart, "stop": _stop, "delete": _delete,
+             "set_autostart": _set_autostart, "restart": _restart, "power_restart": _power_restart,
+             "pause": _pause, "start_paused": _start_paused, "suspend": _suspend, "resume": _resume, "stop": _stop, "delete": _delete,
              "rebuild": Rebuild._rebuild}
 
 
@@ -621,7 +783,10 @@ class MachineService:
         with self.ctx.applying:
             plan, observed = converge(resource, self.check_mode)
         if not self.check_mode:
-            self.ctx.clear_abandoned_lock()
+            names = self.ctx.clear_abandoned_lock()
+            mover = moving(names, resource.name) if observed.exists and not plan.actions else None
+            if mover is not None:  # converged only until the move holding it goes on (holds.moving)
+                raise move_refusal(self.conn, resource.name, mover)
         spec = resource.spec or {"name": resource.name, "state": resource.state}
         if resource.state == "absent":
             machine = {"name": resource.name, "pool": self.ctx.name, "uri": self.ctx.uri, "phase": "Terminated"}
@@ -630,7 +795,7 @@ class MachineService:
                        "machine_class": spec.get("machine_class"), "cpu": spec.get("cpu"),
                        "memory": format_quantity(spec["memory"]), "labels": spec.get("labels")}
         else:
-            if not self.check_mode and resource.state == "running":
+            if not self.check_mode and resource.state in ("running", "restarted"):
                 self.wait(observed.dom, spec, params, resource.earlier_leases)
             if params["wait"] == "address":  # waited for since the observation: read again
                 machine = machine_status(observed.dom, self.ctx, PoolView(self.ctx, volumes_of=self.ctx.view()))

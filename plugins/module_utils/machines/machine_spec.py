@@ -25,12 +25,14 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import capa
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
+from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze, thaw
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.machines import clone
 from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
@@ -89,7 +91,7 @@ def params(raw, field=None, scheduling=False, defaults=None, defaults_field="def
         checked["tolerations"] = scheduler.normalize_tolerations(given["tolerations"],
                                                                  _at(field, "tolerations")) or []
     if given["machine_class"]:
-        check.dns_label(given["machine_class"], _at(field, "machine_class"))
+        check.class_name(given["machine_class"], _at(field, "machine_class"))
     if given["cpu"] is not None:
         checked["cpu"] = check.cpu_count(given["cpu"], _at(field, "cpu"))
     if given["memory"] is not None:
@@ -269,6 +271,7 @@ class Facts:
         self.volumes = volumes or {}  # existing volume name -> None (missing) or {size, format, users}
         self.images = images or {}  # field -> {image (images.resolve), format, size}
         self.taken_volumes = set(taken_volumes)  # names the machine's new volumes would have that exist already
+        self.secure_boot = False  # whether the pool's firmware can do Secure Boot (read when a machine asks)
 
 
 def new_volume_name(machine, item):
@@ -323,8 +326,16 @@ def resolve(prm, ctx, record=None):
             facts.volumes = {name: {} if lv.lookup_volume(ctx.storage, name) is not None else None for name in kept}
         return facts
     facts.storage_pool = ctx.storage.name()
+    if prm.get("secure_boot"):
+        facts.secure_boot = fw.secure_boot_firmware(ctx.conn.getDomainCapabilities(
+            None, "x86_64", "q35", facts.virt_type, 0))
+    if prm["image"] and prm.get("clone_from"):
+        raise ValidationError("a clone's root disk is copied from its source machine; give image or clone_from",
+                              "clone_from")
     if prm["image"]:
         facts.images["image"] = _image_facts(prm["image"], prm["image_checksum"], ctx, "image", registry_of(prm))
+    elif prm.get("clone_from"):
+        facts.images["image"] = clone.image_facts(ctx, thaw(prm["clone_from"]), prm["name"])
     names = []
     for index, item in enumerate(prm["volumes"] or []):
         if item.get("volume") is not None:
@@ -698,7 +709,18 @@ def normalize(prm, facts, record=None, current=None):
     spec["topology"] = cap.topology(thaw(prm["topology"]) if prm["topology"] is not None
                                     else recorded.get("topology"), spec["cpu"])
     spec["firmware"] = prm["firmware"] or recorded.get("firmware") or options.initial(options.MACHINE, "firmware")
+    spec["tpm"] = prm["tpm"] if prm["tpm"] is not None \
+        else bool(recorded.get("tpm") or options.initial(options.MACHINE, "tpm"))
+    spec["secure_boot"] = bool(recorded.get("secure_boot")) if existing else bool(prm["secure_boot"])
+    if spec["secure_boot"] and not existing:
+        if spec["firmware"] != "uefi":
+            raise ValidationError("Secure Boot is a UEFI feature: set firmware: uefi with it", "secure_boot")
+        if not facts.secure_boot:
+            raise ValidationError("pool %s offers no UEFI firmware that can do Secure Boot (install OVMF, Debian's "
+                                  "ovmf package, on the pool host)" % facts.pool, "secure_boot")
     spec["virt_type"] = facts.virt_type if prm["virt_type"] == "auto" else prm["virt_type"]
+    spec["run_strategy"] = run_strategy(prm["run_strategy"], prm["state"], recorded.get("run_strategy"), existing)
+    power_request(prm, spec)
     # fixed at creation (check_fixed refuses a change): an existing machine keeps the group it was placed by
     spec["server_group"] = recorded.get("server_group") if existing else thaw(prm["server_group"])
     _boot_config(prm, spec, recorded, existing)
@@ -712,7 +734,7 @@ def normalize(prm, facts, record=None, current=None):
         _existing_capabilities(prm, facts, spec, recorded)
         check_wait(prm, spec)
         return freeze(spec)
-    if prm["image"]:
+    if prm["image"] or prm.get("clone_from"):
         image = facts.images["image"]
         spec["image"] = image["image"]
         spec["root_size"] = prm["root_size"]
@@ -722,24 +744,61 @@ def normalize(prm, facts, record=None, current=None):
         taken = {"vda"}
     else:
         # no image: the machine boots from the first existing volume attached (as KupenStack's machines do), or
-        # from the first volume made from an image (IronCore's ephemeral root volume filled from its OS image)
-        if not any(item.get("volume") or item.get("image") for item in prm["volumes"] or []):
-            raise ValidationError("is required to create a machine, unless it boots from an existing volume "
-                                  "or a volume made from an image (a volumes entry with volume or image set)",
-                                  "image")
+        # from the first volume made from an image (IronCore's ephemeral root volume filled from its OS image; a
+        # vitistack boot disk with limits of its own), else from its first empty one (as vitistack's kubevirt
+        # machines do)
+        if not any(item.get("volume") or item.get("image") or item.get("size") is not None
+                   for item in prm["volumes"] or []):
+            raise ValidationError("is required to create a machine, unless it boots from a volume (an existing one, "
+                                  "one made from an image, or an empty one)", "image")
         if prm["root_size"]:
             raise ValidationError("a machine without an image has no root disk to size", "root_size")
         spec.update(image=None, root_size=None)
         taken = set()
     spec["volumes"] = _volumes(prm, facts, taken)
-    if not prm["image"]:
-        next(vol for vol in spec["volumes"] if vol["source"] in ("volume", "image"))["boot"] = True
+    if not spec["image"]:
+        booted = [vol for vol in spec["volumes"] if vol["source"] in ("volume", "image")] or \
+            [vol for vol in spec["volumes"] if vol["source"] == "empty"]
+        booted[0]["boot"] = True
     spec["swap"] = _swap(prm, facts, spec["volumes"])
     spec["disk_qos"] = cap.desired_disk_qos(spec["volumes"])
     spec["network_interfaces"] = _nics(prm, facts)
     spec["ip_reservations"] = cap.desired_reservations(spec["network_interfaces"])
     check_wait(prm, spec)
     return freeze(spec)
+
+
+# what a state implies when the task gives no run strategy and the machine has none that agrees with it
+STATE_STRATEGY = {"running": "always", "stopped": "halted", "present": "manual", "restarted": "always",
+                  "paused": "always", "suspended": "always"}
+# the states a halted machine contradicts, and the one an always machine does
+RUNS = ("running", "restarted", "paused")
+
+
+def run_strategy(given, state, recorded, existing):
+    """The run strategy of a machine: the one given; else the recorded one while the state agrees with it (an
+    ``always`` machine asked to stop becomes ``halted``, a ``halted`` one asked to run ``always``, as KubeVirt's
+    stop and start do); else what the state implies (a running machine is ``always``). A machine made before run
+    strategies existed converges to the one its state implies, except under ``present``, which leaves it alone."""
+    if given == "always" and state == "stopped":
+        raise ValidationError("always keeps the machine running: with state stopped use halted, manual or "
+                              "on_failure", "run_strategy")
+    if given == "halted" and state in RUNS:
+        raise ValidationError("halted keeps the machine off: with state running use always, on_failure or "
+                              "manual (or set state: stopped)", "run_strategy")
+    if given:
+        return given
+    if recorded and (recorded, state) != ("always", "stopped") and not (recorded == "halted" and state in RUNS):
+        return recorded
+    if state == "present" and existing:
+        return recorded
+    return STATE_STRATEGY[state]
+
+
+def power_request(prm, spec):
+    """What a power action needs of the task beyond the state (how state=restarted restarts)."""
+    if prm["state"] == "restarted":
+        spec["restart"] = prm["restart"]
 
 
 def _rebuilt_root(prm, facts, record, spec):
@@ -785,6 +844,8 @@ def recorded_spec(spec, files, created=None):
     if created is not None:
         kept["root_size"] = created.root_size if spec.get("image") else None
     kept["image"] = {key: spec["image"].get(key) for key in ("source", "checksum")} if spec.get("image") else None
+    if kept["image"] is not None and getattr(created, "image_checksum", None):  # a linked clone's base
+        kept["image"]["checksum"] = created.image_checksum
     if kept["image"] is not None:
         kept["image"]["format"] = created.image_format if created is not None else spec["image"].get("format")
     kept["volumes"] = []

@@ -43,6 +43,18 @@ def _phase(state, reason, record):
     return "Shutdown" if (record or {}).get("boots") else "Pending"
 
 
+def _power_state(dom, state, reason, active):
+    """running, paused, suspended (memory saved by libvirt), off or crashed."""
+    errors = (lv.libvirt.VIR_DOMAIN_PAUSED_CRASHED, lv.libvirt.VIR_DOMAIN_PAUSED_IOERROR)
+    if state == lv.libvirt.VIR_DOMAIN_PAUSED and reason not in errors:
+        return "paused"
+    if active:
+        return "running"
+    if state == lv.libvirt.VIR_DOMAIN_CRASHED or reason == lv.libvirt.VIR_DOMAIN_SHUTOFF_CRASHED:
+        return "crashed"
+    return "suspended" if dom.hasManagedSaveImage(0) else "off"
+
+
 def age(created, moment=None):
     """How long ago ``created`` (an ISO time) was, as kubectl shows it: 45s, 12m, 3h, 2d."""
     return _age(created, moment or now())
@@ -238,7 +250,8 @@ def _base_status(dom, ctx, view, tree, moment, state, record=None):
         "network_interfaces": nics,
         "volumes": volumes,
         "conditions": [
-            _condition("Ready", phase == "Running", phase),
+            _condition("Ready", phase == "Running" and state != lv.libvirt.VIR_DOMAIN_PAUSED,
+                       "Paused" if phase == "Running" and state == lv.libvirt.VIR_DOMAIN_PAUSED else phase),
             _condition("VolumesReady", volumes_ready, "Missing" if missing else
                        "Attached" if volumes_ready else "Pending",
                        "volume(s) gone from the pool's storage: %s" % ", ".join(missing) if missing else ""),
@@ -246,6 +259,9 @@ def _base_status(dom, ctx, view, tree, moment, state, record=None):
         ],
         "guest": None,
         "restart_count": max(0, int(record.get("boots") or 0) - 1),
+        "run_strategy": spec.get("run_strategy"),
+        "power_state": _power_state(dom, state, reason, active),
+        "autostart": bool(dom.autostart()),
         "created": record.get("created"),
         "age": _age(record.get("created"), moment or now()),
         "last_error": record.get("last_error"),
@@ -279,7 +295,7 @@ def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None, gues
 def console_tail(ctx, names, lines):
     """{name: last ``lines`` lines of the machine's serial console log}, read through a libvirt stream."""
     storage_pool = ctx.storage
-    storage_pool.refresh(0)
+    storage.refresh(storage_pool)
     tails = {}
     for name in names:
         vol = lv.lookup_volume(storage_pool, "%s-console.log" % name)
@@ -318,8 +334,13 @@ def list_machines(ctx, include_unmanaged=False, guest=True, keep=True):
     for reading in ctx.readings(keep):
         if reading.record is None and not include_unmanaged:
             continue
-        entries.append((reading.dom,) + _base_status(reading.dom, ctx, view, reading.tree, moment, reading.state,
-                                                     reading.record))
+        try:
+            entries.append((reading.dom,) + _base_status(reading.dom, ctx, view, reading.tree, moment,
+                                                         reading.state, reading.record))
+        except lv.libvirt.libvirtError as exc:
+            # gone since the listing (a live move that ended, a run's delete): as a listing made now would be
+            if exc.get_error_code() != lv.libvirt.VIR_ERR_NO_DOMAIN:
+                raise
     asking = [dom for dom, _status, _active, connected in entries if guest and connected]
     facts = {}
     if asking:

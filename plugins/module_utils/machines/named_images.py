@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
@@ -107,8 +107,8 @@ def shown(body):
 
 def machines_using(conn, name):
     users = []
-    for dom in conn.listAllDomains(0):
-        record = dx.read_record(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE)))
+    for dom, tree in dx.defined_domains(conn):
+        record = dx.read_record(tree)
         if record and ((record.get("spec") or {}).get("image") or {}).get("source") == name:
             users.append(dom.name())
     return sorted(users)
@@ -124,6 +124,10 @@ class ImageResource(Resource):
 
     def describe(self):
         return "image %s on pool %s" % (self.name, self.ctx.name or self.ctx.uri)
+
+    def holds(self, plan, observed):
+        """None: a named image changes no machine."""
+        return ()
 
     def observe(self):
         self.ctx.reset()
@@ -144,7 +148,7 @@ class ImageResource(Resource):
     def _publish(self, action, _observed):
         body = dict(action.data["body"])
         vol, fmt = images.cached_volume(self.ctx.storage, body["checksum"])
-        self.ctx.storage.refresh(0)
+        storage.refresh(self.ctx.storage)
         body.update(format=fmt, virtual_size=self.ctx.storage.storageVolLookupByName(vol.name()).info()[1])
         self.ctx.registry.put(image_key(self.name), body)
 
@@ -163,6 +167,15 @@ def validated(params):
     if params["state"] == "absent":
         return params
     url, path = params.get("url"), params.get("path")
+    if params.get("from_machine") is not None:
+        for field in ("url", "path", "checksum"):
+            if params.get(field):
+                raise ValidationError("a captured image takes its bits and checksum from the machine; leave %s "
+                                      "out" % field, field)
+        os_info(params.get("os"))
+        return params
+    if params.get("generalize"):
+        raise ValidationError("only a captured image (from_machine) is generalized", "generalize")
     if bool(url) == bool(path):
         raise ValidationError("give exactly one of url or path", "url" if url else "path")
     if url and not url.startswith(("http://", "https://", "oci://")):

@@ -15,6 +15,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.pools import jou
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NotFoundError
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import PoolView
 
@@ -75,8 +76,15 @@ def stream_domains(conn):
         for start in range(0, len(found), LISTING_CHUNK):
             chunk = found[start:start + LISTING_CHUNK]
             for (dom, stats), xml in zip(chunk, executor.map(_inactive_xml, [dom for dom, _stats in chunk])):
-                if xml is not None:  # else undefined since the stats call
-                    yield _reading(dom, stats, xml)
+                if xml is None:  # undefined since the stats call
+                    continue
+                try:
+                    reading = _reading(dom, stats, xml)
+                except lv.libvirt.libvirtError as exc:
+                    if exc.get_error_code() != lv.libvirt.VIR_ERR_NO_DOMAIN:
+                        raise
+                    continue  # undefined since its XML was read
+                yield reading
 
 
 def read_domains(conn):
@@ -95,9 +103,11 @@ APPLYING_PER_POOL = 4
 class PoolContext:
     """What one run needs from a pool host, each piece fetched at most once."""
 
-    def __init__(self, conn, uri):
+    def __init__(self, conn, uri, coordination=None):
         self.conn = conn
         self.uri = uri
+        # the run's holds on machines (coordination/holds.py): shared by every pool of a run
+        self.coordination = coordination if coordination is not None else Coordination()
         # the threads of a run that change machines on this pool at once (see APPLYING_PER_POOL)
         self.applying = threading.BoundedSemaphore(APPLYING_PER_POOL)
         self._registry = None
@@ -112,6 +122,7 @@ class PoolContext:
         self.streamed_sizes = None  # the machines' sizes when the domains were read without a listing (readings)
         self._view = None
         self._lock_cleared = False
+        self.registry_names = []  # the registry's volumes as clear_abandoned_lock listed them
         self.records = {}  # uuid -> record (or None) of the domains seen by capacity.current_sizes
         self._records_seeded = None  # the listing whose records are among them (known_records)
         self.locked_sizes = (None, [])  # (admission epoch, machine sizes) for the checks under a held lock
@@ -222,19 +233,20 @@ class PoolContext:
     def clear_abandoned_lock(self, again=False):
         """Once per pool and run (or ``again``, when the run's work on the pool is over): break the admission lock
         a killed run of this controller left, and its dead markers, even when this run writes nothing (so nothing
-        a kill left outlives the next run)."""
+        a kill left outlives the next run). Returns the registry's volumes as it listed them."""
         if self._lock_cleared and not again:
-            return
+            return self.registry_names
         self._lock_cleared = True
         pool = self.registry.pool if self.registration else None
         if pool is not None:
-            names = reg.AdmissionLock(self.conn, pool).clear_abandoned()
+            names = self.registry_names = reg.AdmissionLock(self.conn, pool).clear_abandoned()
             if any(name.startswith(reg.HOLD_PREFIX) for name in names):
                 reg.clear_dead_holds(self.conn, pool, names)
             # a wave of this controller's run killed after its last create: no later create on the pool meets it
             if any(journal.wave_is_dead(key) for key in self.registry.keys(journal.WAVE_PREFIX)):
                 with Admission(self, []) as admission:
                     admission.clean_dead_waves()
+        return self.registry_names
 
     @property
     def registration(self):

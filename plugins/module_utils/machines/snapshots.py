@@ -188,6 +188,10 @@ class SnapshotResource(Resource):
     def describe(self):
         return "the snapshots of machine %s" % self.machine
 
+    def holds(self, plan, observed):
+        """The machine: a snapshot is taken of, reverted on or deleted from its disks."""
+        return [self.ctx.coordination.of(self.ctx, self.machine)]
+
     def observe(self):
         observed = observe_machine(self.conn, self.machine)
         seen = {"machine": self.machine, "exists": observed.exists, "active": observed.active, "snapshots": [],

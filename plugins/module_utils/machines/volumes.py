@@ -328,6 +328,12 @@ class VolumeResource(Resource):
     def describe(self):
         return "volume %s on pool %s" % (self.name, pool_label(self.ctx))
 
+    def holds(self, plan, observed):
+        """The machines the volume is a disk of, when the plan grows it or deletes it from under them."""
+        users = sorted({user["machine"] for action in plan.actions if action.kind in ("grow", "delete")
+                        for user in action.data.get("users") or []})
+        return [self.ctx.coordination.of(self.ctx, machine) for machine in users]
+
     def observe(self):
         self.ctx.reset()
         pool = refreshed(self.ctx.storage)

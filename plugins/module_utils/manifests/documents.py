@@ -204,8 +204,8 @@ def load_sources(src=None, definition=None):
 
 def secret_strings(documents):
     """The strings of the documents that are secrets, for the module to mask wherever they would be shown: the
-    data and stringData of v1 Secrets (encoded and decoded) and vitistack's userData. Strings under 4 characters
-    are not masked (hiding every 'yes' would hide far more than it protects)."""
+    data and stringData of v1 Secrets (encoded and decoded) and vitistack's userData (and cloudInit's). Strings
+    under 4 characters are not masked (hiding every 'yes' would hide far more than it protects)."""
     found = set()
     for _origin, doc in documents:
         if not isinstance(doc, dict):
@@ -223,6 +223,8 @@ def secret_strings(documents):
         spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
         if isinstance(spec.get("userData"), str):
             values.append(spec["userData"])
+        cloud_init = spec.get("cloudInit") if isinstance(spec.get("cloudInit"), dict) else {}
+        values.extend(str(cloud_init[key]) for key in ("userData", "userDataBase64") if cloud_init.get(key))
         found.update(value for value in values if len(value) >= 4)
     return found
 
@@ -339,6 +341,11 @@ class Fields:
     def name(self, value, path, required=True):
         text = self.string(value, path, required)
         return None if text is None else self.run(check.dns_label, text, path)
+
+    def class_name(self, value, path, required=True):
+        """A machine class name: a DNS-1123 subdomain (``t3.medium``), as Kubernetes object names are."""
+        text = self.string(value, path, required)
+        return None if text is None else self.run(check.class_name, text, path)
 
     def integer(self, value, path, minimum=None, maximum=None, required=False):
         if value is None:

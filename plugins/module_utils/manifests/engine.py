@@ -44,6 +44,8 @@ except ImportError:  # pragma: no cover
     pass
 
 PRUNE_LABEL = "app"
+DEFAULT_PROVIDERS = ("libvirt",)  # the vitistack providers a run serves when the providers option is left out
+CLASS_KINDS = ("MachineClass", "Flavor")  # the kinds that become machine classes
 # the metadata keys a document may carry: what users write, and what an export from a cluster carries (each
 # warned by conformance.METADATA)
 SERVER_METADATA = ("name", "namespace", "labels", "annotations", "uid", "resourceVersion", "generation",
@@ -92,7 +94,9 @@ def parse(documents, problems):
             fields.error("metadata", "required value")
             continue
         fields.known(metadata, SERVER_METADATA, "metadata")
-        if fields.name(name, "metadata.name") is None:
+        # a class is named as Kubernetes names objects (a DNS-1123 subdomain: t3.medium); the rest name domains
+        named = fields.class_name if kind in CLASS_KINDS else fields.name
+        if named(name, "metadata.name") is None:
             continue
         labels = fields.run(check.labels, metadata.get("labels") or {}, "metadata.labels") or {}
         dialect = index[(api, kind)]
@@ -154,6 +158,9 @@ def link(objects, problems, pools):
     first_pool = pools.snapshots[0]["name"] if pools.snapshots else None
     for obj in objects:
         fields = Fields(problems, obj.ref)
+        if obj.role in ("volume", "image") and hasattr(obj.dialect, "link_" + obj.role):
+            # a dialect's own sources of images: a URL with no checksum (KupenStack's Image and Volume)
+            getattr(obj.dialect, "link_" + obj.role)(obj, by_key, fields, pools)
         if obj.role == "pool" and obj.name not in pools.by_name:
             fields.error("metadata.name", "no pool named %r in this run (pools: %s)"
                          % (obj.name, ", ".join(sorted(pools.by_name)) or "none"))
@@ -163,9 +170,10 @@ def link(objects, problems, pools):
             obj.dialect.link(obj, by_key, fields, pools)
         params = obj.params["template"] if obj.role == "set" else obj.params
         cls = obj.refs.get("class")
-        if cls and ("MachineClass", cls) not in by_key and not pools.class_on(cls):
-            fields.error(_class_path(obj), "MachineClass %r is neither among the documents nor published on a pool"
-                         % cls)
+        if cls and not any(other.role == "class" and other.name == cls for other in objects) \
+                and not pools.class_on(cls):
+            fields.error(_class_path(obj), "%s %r is neither among the documents nor published on a pool"
+                         % ("Flavor" if obj.kind == "VirtualMachine" else "MachineClass", cls))
         pool = params.get("machine_pool")
         if pool and pool not in pools.by_name:
             fields.error(_pool_path(obj), "no pool named %r in this run" % pool)
@@ -200,7 +208,7 @@ def link_volume_images(objects, problems, pools):
         if image.startswith("oci://"):
             continue  # read from its registry when the volume is made
         if is_reference(image):
-            if image not in pools.images.get(pool, {}):
+            if image not in pools.images.get(pool, {}) and ("Image", image) not in {o.key for o in objects}:
                 Fields(problems, obj.ref).error(obj.data["image_path"], "no image named %r is published on pool %s "
                                                 "(publish it with machinery.compute.machine_image)" % (image, pool))
         elif not os.path.isfile(image):
@@ -213,7 +221,7 @@ def _class_path(obj):
         return "spec.machineClassRef.name"
     if obj.dialect is openshift:
         return ("spec.template.spec" if obj.role == "set" else "spec") + ".providerSpec.value.machineClass"
-    return getattr(obj.dialect, "CLASS_PATH", "spec")
+    return obj.data.get("class_path") or getattr(obj.dialect, "CLASS_PATH", "spec")
 
 
 def _pool_path(obj):
@@ -261,7 +269,7 @@ def core_checks(obj, fields, pools):
         core_problem(obj, fields, exc)
 
 
-def _networks_exist(obj, params, fields, pools):
+def _networks_exist(obj, params, fields, pools, made):
     """A NIC's libvirt network exists on the machine's pool (or, unplaced, on some pool of the run): what the
     apply would refuse, refused by check mode too."""
     pinned = params.get("machine_pool")
@@ -272,6 +280,8 @@ def _networks_exist(obj, params, fields, pools):
         if not network:
             continue
         where = [pinned] if pinned else sorted(pools.by_name)
+        if network in made.get("network", ()):
+            continue  # a network of the documents, made on every pool before the machines
         if not any(network in pools.networks_of(pool) for pool in where):
             shown = obj.where.get("network_interfaces[%d].network" % index) or \
                 obj.where.get("network_interfaces[%d]" % index) or "spec"
@@ -279,7 +289,7 @@ def _networks_exist(obj, params, fields, pools):
                 network, "pool %s" % pinned if pinned else "any pool of this run (%s)" % ", ".join(where)))
 
 
-def _image_exists(obj, params, fields, pools):
+def _image_exists(obj, params, fields, pools, made):
     """A machine's image is published on its pool (or, unplaced, on some pool of the run), or is a file here or a
     URL: what the apply would refuse, refused by check mode too, under the document's own path."""
     pinned = params.get("machine_pool")
@@ -291,12 +301,14 @@ def _image_exists(obj, params, fields, pools):
                                                 if isinstance(vol, dict)]
     for option, image in given:
         if isinstance(image, str) and image:
-            _one_image_exists(obj, image, obj.where.get(option) or "spec", pinned, fields, pools)
+            _one_image_exists(obj, image, obj.where.get(option) or "spec", pinned, fields, pools, made)
 
 
-def _one_image_exists(obj, image, shown, pinned, fields, pools):
+def _one_image_exists(obj, image, shown, pinned, fields, pools, made):
     where = [pinned] if pinned else sorted(pools.by_name)
     if is_reference(image):
+        if image in made.get("image", ()):
+            return  # an image of the documents, published on every pool before the machines
         if not any(image in pools.images.get(pool, {}) for pool in where):
             place = "pool %s" % pinned if pinned else "any pool of this run (%s)" % ", ".join(where)
             fields.error(shown, "no image named %r is published on %s (publish it with "
@@ -304,6 +316,27 @@ def _one_image_exists(obj, image, shown, pinned, fields, pools):
     elif "://" not in image and not image.startswith("volume:") and not os.path.isfile(image):
         # (a base volume on the pool host, volume:<storage pool>/<volume>, is checked by its dialect's link)
         fields.error(shown, "%r is neither an image published on a pool of this run nor a file" % image)
+
+
+def made_by(objects):
+    """{role: names} of the networks and images the documents make (KupenStack's Network, VirtualNetwork and
+    Image), which the machines of the same documents may name before they exist on the pools."""
+    made = {}
+    for obj in objects:
+        if obj.role in ("network", "image"):
+            made.setdefault(obj.role, set()).add(obj.name)
+    return made
+
+
+def served(objects, problems, providers):
+    """A machine whose document names a provider (vitistack's ``spec.provider``) runs here only when the run
+    serves that provider (the ``providers`` option): any other is refused, naming the field and the option."""
+    for obj in objects:
+        provider = obj.data.get("provider")
+        if provider and provider not in providers:
+            Fields(problems, obj.ref).error(obj.data.get("provider_path") or "spec", (
+                "provider %r is not served by this run (the manifest option providers is [%s]); add %s to providers "
+                "to run this machine as a QEMU machine on these pools" % (provider, ", ".join(providers), provider)))
 
 
 def registry_options(params):
@@ -323,19 +356,21 @@ def _with_registry(objects, registry):
                 params.setdefault(key, value)
 
 
-def check_documents(documents, pools, load_problems=(), registry=None):
+def check_documents(documents, pools, load_problems=(), registry=None, providers=DEFAULT_PROVIDERS):
     """Every document parsed and linked; raises ManifestError with every problem. Returns (objects, warnings)."""
     problems = Problems()
     problems.errors.extend(load_problems)
     objects = parse(documents, problems)
+    served(objects, problems, list(providers))
+    made = made_by(objects)
     if pools is not None:
         link(objects, problems, pools)
         _with_registry(objects, registry or {})
         for obj in objects:
             if obj.role in ("machine", "set"):
                 params = obj.params["template"] if obj.role == "set" else obj.params
-                _networks_exist(obj, params, Fields(problems, obj.ref), pools)
-                _image_exists(obj, params, Fields(problems, obj.ref), pools)
+                _networks_exist(obj, params, Fields(problems, obj.ref), pools, made)
+                _image_exists(obj, params, Fields(problems, obj.ref), pools, made)
             if not problems.of(obj.ref):
                 core_checks(obj, Fields(problems, obj.ref), pools)
     problems.raise_if_any()
@@ -375,6 +410,8 @@ class Run:
         self.warnings.extend("%s: %s" % (obj_ref, warning) for warning in plan.warnings)
 
     def present(self, pools):
+        self.networks(pools, "present")
+        self.images(pools, "present")
         self.classes(pools, "present")
         self.volumes(pools, "present")
         self.machines(pools, "present")
@@ -384,9 +421,6 @@ class Run:
             # apply, and the checks then count what runs now
             self.sets("present")
             self.checks(count_only=True)
-        for dialect in DIALECTS:  # what a dialect sets on the domains once they exist (libvirt autostart)
-            if hasattr(dialect, "after_apply"):
-                dialect.after_apply(self, pools)
         if self.params["prune"]:
             self.prune(pools)
 
@@ -395,6 +429,8 @@ class Run:
         self.machines(pools, "absent")
         self.volumes(pools, "absent")
         self.classes(pools, "absent")
+        self.images(pools, "absent")
+        self.networks(pools, "absent")
 
     def classes(self, pools, state):
         for obj in self.of("class"):
@@ -410,6 +446,40 @@ class Run:
                     published.append(ctx.name)
             self.observed[obj.key]["pools"] = published
 
+    def networks(self, pools, state):
+        """KupenStack's Networks and VirtualNetworks: a libvirt network of that name on every pool of the run
+        (pools/networks.py)."""
+        from ansible_collections.machinery.compute.plugins.module_utils.pools.networks import NetworkResource
+        for obj in self.of("network"):
+            made = []
+            for ctx in pools.contexts:
+                try:
+                    plan, _observed = converge(NetworkResource(ctx, dict(obj.data, state=state)), self.check_mode)
+                except MachineryError as exc:
+                    self.failures.append("%s on %s: %s" % (obj.ref, ctx.name, spoken(obj, exc.field, str(exc))))
+                    continue
+                self.note(obj.ref, plan, ctx.name)
+                made.append(ctx.name)
+            self.observed[obj.key]["pools"] = made if state == "present" else []
+
+    def images(self, pools, state):
+        """KupenStack's Images: published on every pool of the run, as machine_image publishes them."""
+        from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images
+        for obj in self.of("image"):
+            published = []
+            for ctx in pools.contexts:
+                params = {"name": obj.name, "url": obj.data["url"], "checksum": obj.data.get("checksum"),
+                          "state": state, "force": False}
+                try:
+                    resource = named_images.ImageResource(ctx, named_images.validated(params))
+                    plan, _observed = converge(resource, self.check_mode)
+                except MachineryError as exc:
+                    self.failures.append("%s on %s: %s" % (obj.ref, ctx.name, exc))
+                    continue
+                self.note(obj.ref, plan, ctx.name)
+                published.append(ctx.name)
+            self.observed[obj.key]["pools"] = published if state == "present" else []
+
     def volumes(self, pools, state):
         """Volumes through the volume module's core; one a machine still uses is not deleted (no force)."""
         for obj in self.of("volume"):
@@ -421,7 +491,8 @@ class Run:
                       "image_ca_file": self.params.get("image_ca_file"),
                       "image_pull_secret": self.params.get("image_pull_secret"),
                       "labels": obj.labels, "state": state, "force": False}
-            paths = {"size": "spec.resources.storage", "image": obj.data.get("image_path") or "spec.image",
+            paths = {"size": obj.data.get("size_path") or "spec.resources.storage",
+                     "image": obj.data.get("image_path") or "spec.image",
                      "name": "metadata.name"}
             try:
                 plan, volume, warnings = VolumeResource(ctx, params, self.check_mode).ensure()
@@ -456,7 +527,8 @@ class Run:
         if not specs:
             return
         opener = self.fleet.contexts and next(iter(self.fleet.contexts.values())).url_opener
-        outcome = batch.converge(self.fleet.entries, specs, check_mode=self.check_mode, opener=opener)
+        outcome = batch.converge(self.fleet.entries, specs, check_mode=self.check_mode, opener=opener,
+                                 coordination=self.fleet.coordination)
         by_name = {obj.name: obj for obj in objs}
         for name, actions in outcome.actions.items():
             for summary in actions:
@@ -500,6 +572,14 @@ class Run:
         cls = obj.params.get("machine_class")
         if cls and not pools.class_on(cls):
             return False
+        made = made_by(self.objects)
+        if obj.params.get("image") in made.get("image", ()) and not any(
+                obj.params["image"] in images for images in pools.images.values()):
+            return False
+        for nic in obj.params.get("network_interfaces") or []:
+            if nic.get("network") in made.get("network", ()) and not all(
+                    nic["network"] in pools.networks_of(pool) for pool in pools.by_name):
+                return False
         for vol in obj.params.get("volumes") or []:
             if vol.get("volume") and not pools.volume_on(vol["volume"]):
                 return False
@@ -574,7 +654,8 @@ class Run:
         specs = [machine_spec.params({"name": name, "state": "absent",
                                       "shutdown_timeout": self.params["shutdown_timeout"]}, scheduling=True)
                  for name in doomed]
-        outcome = batch.converge(self.fleet.entries, specs, check_mode=self.check_mode)
+        outcome = batch.converge(self.fleet.entries, specs, check_mode=self.check_mode,
+                                 coordination=self.fleet.coordination)
         for name, actions in outcome.actions.items():
             self.actions.extend("Machine/%s: %s (prune)" % (name, summary) for summary in actions)
         for failure in outcome.failures:
@@ -589,6 +670,8 @@ class Run:
                 observed["pool"] = (self._pool(obj.name) or {}).get("status")
             if obj.kind == "NetworkInterface":
                 observed["machine"] = self._user_of(obj.name)
+            if obj.role in ("class", "image", "keypair", "network"):
+                observed["users"] = self._referrers(obj)
             status = obj.dialect.status(obj, observed)
             metadata = {"name": obj.name}
             if obj.labels:
@@ -603,6 +686,18 @@ class Run:
                         obj.dialect.member_row(machine))
         tables = {kind: columns(header, lines) for kind, (header, lines) in rows.items() if header}
         return shown_objects, tables
+
+    def _referrers(self, obj):
+        """The machines of the documents naming ``obj`` (a class, image, key pair or network), as
+        ``Kind/name``."""
+        found = []
+        for machine in self.of("machine"):
+            named = {"class": machine.params.get("machine_class"), "image": machine.params.get("image"),
+                     "keypair": machine.refs.get("keypair")}.get(obj.role)
+            networks = {nic.get("network") for nic in machine.params.get("network_interfaces") or []}
+            if named == obj.name or (obj.role == "network" and obj.name in networks):
+                found.append(machine.ref)
+        return found
 
     def _user_of(self, nic):
         """The machine status of the Machine whose networkInterfaceRef names ``nic``."""
@@ -623,16 +718,17 @@ class Run:
         return self._fresh
 
 
-def apply(entries, documents, params, check_mode=False, opener=None, load_problems=()):
+def apply(entries, documents, params, check_mode=False, opener=None, load_problems=(), coordination=None):
     """Apply (state present) or delete (absent) the documents over the pools ``entries``; returns the module's
     result without ``changed`` handling of its own: changed is whether any action was planned."""
     params = options.defaulted(options.MANIFEST, params)
     state = check.one_of(params["state"], options.PRESENCE, "state")
     check.one_of(params["wait"], WAITS, "wait")
-    fleet = Fleet(entries, opener)
+    fleet = Fleet(entries, opener, coordination)
     try:
         pools = Pools(fleet)
-        objects, warnings = check_documents(documents, pools, load_problems, registry_options(params))
+        objects, warnings = check_documents(documents, pools, load_problems, registry_options(params),
+                                            params.get("providers") or DEFAULT_PROVIDERS)
         run = Run(fleet, objects, params, check_mode)
         run.warnings.extend(warnings)
         if state == "present":

@@ -255,7 +255,7 @@ def _machine(obj, fields):
     fields.known(spec, MACHINE_SPEC, "spec")
     params = {"name": obj.name, "labels": dict(obj.labels)}
     cls = fields.mapping(spec.get("machineClassRef"), "spec.machineClassRef", required=True) or {}
-    params["machine_class"] = fields.name(cls.get("name"), "spec.machineClassRef.name") if cls else None
+    params["machine_class"] = fields.class_name(cls.get("name"), "spec.machineClassRef.name") if cls else None
     if spec.get("image") is not None:
         params["image"] = oci_image(fields.string(spec.get("image"), "spec.image"))
     pull = fields.mapping(spec.get("imagePullSecret"), "spec.imagePullSecret")

@@ -140,7 +140,7 @@ def provider_spec(fields, value, path, labels, member_of_set=False):
     if "memory" in params:
         kube_quantity(fields, params["memory"], path + ".memory", True)
     if "machine_class" in params:
-        fields.name(params["machine_class"], path + ".machineClass")
+        fields.class_name(params["machine_class"], path + ".machineClass")
     elif "cpu" not in params or "memory" not in params:
         fields.error(path + ".machineClass", "give machineClass, or both cpu and memory")
     if "image" in params:
@@ -486,8 +486,3 @@ def export(machine, record_spec):
         metadata["labels"] = dict(machine["labels"])
     return {"apiVersion": API, "kind": "Machine", "metadata": metadata,
             "spec": {"providerSpec": {"value": value}}}
-
-
-def after_apply(run, pools):
-    """libvirt autostart of the machines of OpenShift's own libvirt providerSpec (openshift_libvirt.py)."""
-    upstream.apply_autostart(run, pools)

@@ -86,6 +86,9 @@ def read(fields, value, path, labels, member_of_set=False):
         size = kube_quantity(fields, volume["volumeSize"], path + ".volume.volumeSize")
     libvirt = {"path": path, "uri": None, "ign_key": None, "volume_size_given": volume.get("volumeSize") is not None,
                "autostart": bool(fields.boolean(value.get("autostart"), path + ".autostart"))}
+    # the provider sets libvirt autostart on every domain it defines, true or false: a run strategy here, so
+    # that the machine module keeps it (always: autostart on, started when found off; manual: neither)
+    params["run_strategy"] = "always" if libvirt["autostart"] else "manual"
     if base and pool_name:
         params["image"] = "volume:" + (base if base.startswith("/") else "%s/%s" % (pool_name, base))
         params["root_size"] = size
@@ -286,32 +289,3 @@ def addresses(machine, network):
             shown += [{"type": "Hostname", "address": machine["name"]},
                       {"type": "InternalDNS", "address": machine["name"]}]
     return shown
-
-
-# --- autostart --------------------------------------------------------------------------------------------------
-
-def apply_autostart(run, pools):
-    """libvirt autostart of each Machine (and MachineSet member) of an upstream providerSpec, set as ``autostart``
-    says (the provider sets it, true or false, on every domain it defines)."""
-    for obj in run.objects:
-        libvirt = (obj.refs or {}).get("libvirt") if obj.role in ("machine", "set") else None
-        if libvirt is None:
-            continue
-        observed = run.observed[obj.key]
-        machines = observed.get("members") or [] if obj.role == "set" else [observed.get("machine")]
-        for machine in machines:
-            if not machine or not machine.get("pool"):
-                continue
-            ctx = pools.context(machine["pool"])
-            dom = lv.lookup_domain(ctx.conn, machine["name"]) if ctx is not None else None
-            if dom is None:
-                continue
-            if bool(dom.autostart()) == libvirt["autostart"]:
-                continue
-            member = "" if obj.role == "machine" else " " + machine["name"]
-            run.actions.append("%s: autostart %s%s" % (obj.ref, "on" if libvirt["autostart"] else "off", member))
-            if not run.check_mode:
-                try:
-                    dom.setAutostart(1 if libvirt["autostart"] else 0)
-                except lv.libvirt.libvirtError as exc:
-                    run.failures.append("%s: %s.autostart: %s" % (obj.ref, libvirt["path"], lv.describe(exc)))

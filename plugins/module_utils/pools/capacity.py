@@ -39,8 +39,7 @@ def machine_sizes(conn, listing=None):
     machines (domains with our record) on the host; from ``listing`` (pool_context.read_domains) when the run has read one."""
     if listing is None:
         readings = []
-        for dom in conn.listAllDomains(0):
-            tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+        for dom, tree in dx.defined_domains(conn):
             readings.append((dom.name(), tree, dx.read_record(tree)))
     else:
         readings = [(name, reading.tree, reading.record) for name, reading in listing.items()]

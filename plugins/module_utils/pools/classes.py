@@ -6,7 +6,6 @@ observe -> plan -> apply."""
 
 from __future__ import annotations
 
-from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
@@ -24,8 +23,8 @@ def shown(body):
 
 def machines_using(conn, name):
     users = []
-    for dom in conn.listAllDomains(0):
-        record = dx.read_record(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE)))
+    for dom, tree in dx.defined_domains(conn):
+        record = dx.read_record(tree)
         if record and record.get("spec", {}).get("machine_class") == name:
             users.append(dom.name())
     return sorted(users)
@@ -33,7 +32,7 @@ def machines_using(conn, name):
 
 def plan_class(params, current, users):
     """Publish or withdraw: pure, from the parameters, the published body and the machines using the class."""
-    name = check.dns_label(params.get("name"), "name")
+    name = check.class_name(params.get("name"), "name")
     state = check.one_of(params.get("state") or "present", options.PRESENCE, "state")
     key = reg.class_key(name)
     if state == "absent":
@@ -61,10 +60,14 @@ class ClassResource(Resource):
     def __init__(self, ctx, params):
         self.ctx = ctx
         self.params = params
-        self.name = check.dns_label(params.get("name"), "name")
+        self.name = check.class_name(params.get("name"), "name")
 
     def describe(self):
         return "machine class %s" % self.name
+
+    def holds(self, plan, observed):
+        """None: a class changes no machine."""
+        return ()
 
     def observe(self):
         self.ctx.reset()

@@ -87,7 +87,7 @@ def remove_orphans(ctx, journal, skip_defined=False):
     if skip_defined and lv.lookup_domain(ctx.conn, journal["machine"]) is not None:
         return
     pool = ctx.storage
-    pool.refresh(0)
+    storage.refresh(pool)
     for volume_name in journal["volumes"]:
         vol = lv.lookup_volume(pool, volume_name)
         path = vol.path() if vol is not None else ctx.storage_file(volume_name)

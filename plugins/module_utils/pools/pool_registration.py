@@ -12,6 +12,7 @@ import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
@@ -291,6 +292,10 @@ class PoolResource(Resource):
     def describe(self):
         return "pool %s" % self.params.get("name")
 
+    def holds(self, plan, observed):
+        """None: a pool's registration, storage and networks changes no machine."""
+        return ()
+
     def observe(self):
         conn = self.conn
         self.ctx.reset()
@@ -372,7 +377,7 @@ def unused_images(conn):
     machines = lv.lookup_storage_pool(conn, reg.STORAGE_POOL)
     if machines is None or not machines.isActive():
         return []
-    machines.refresh(0)
+    storage.refresh(machines)
     images, backing = {}, set()
     for vol in machines.listAllVolumes(0):
         name = vol.name()
@@ -380,8 +385,7 @@ def unused_images(conn):
             images[vol.path()] = name
         elif name.endswith(".qcow2"):
             backing.add(elements.read_volume(elements.parse(vol.XMLDesc(0)))["backing"])
-    for dom in conn.listAllDomains(0):
-        tree = elements.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+    for _dom, tree in dx.defined_domains(conn):
         backing.update(disk["path"] for disk in elements.read_disks(tree))
     return sorted(name for path, name in images.items() if path not in backing)
 

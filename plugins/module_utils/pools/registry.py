@@ -31,7 +31,8 @@ EXPECTED_RETRY_SECONDS = 2.0
 PRUNE_RETRY_SECONDS = 8.0
 STORAGE_POOL = "machinery"
 POOL_KEY = "pool"
-_DOC = re.compile(r"^(?P<key>[a-z0-9][-a-z0-9]*)\.(?P<generation>[0-9]+)\.json$")
+# a key may hold dots (a class named t3.medium): the generation is the last number before ".json"
+_DOC = re.compile(r"^(?P<key>[a-z0-9][-a-z0-9.]*)\.(?P<generation>[0-9]+)\.json$")
 
 
 def registry_path(storage_path):
@@ -390,12 +391,13 @@ def _controller():
     return _identity()[0]
 
 
-def holder_marker(prefix=HOLDER_PREFIX):
+def holder_marker(prefix=HOLDER_PREFIX, tag=""):
     """The name of the volume that says who holds the lock: this controller, this process (pid and start time)
-    and its thread (threads of one run take a pool's lock in turn). A name, not content: it is read with a
-    listing, never with a stream that would keep the lock busy."""
+    and its thread (threads of one run take a pool's lock in turn), then ``tag`` (what the holder tells its
+    waiters: coordination/holds.py). A name, not content: it is read with a listing, never with a stream that
+    would keep the lock busy."""
     controller, start = _identity()
-    return "%s%s.%d.%s.%d" % (prefix, controller, os.getpid(), start, threading.get_ident() % 10 ** 9)
+    return "%s%s.%d.%s.%d%s" % (prefix, controller, os.getpid(), start, threading.get_ident() % 10 ** 9, tag)
 
 
 def holder_is_dead(marker, prefix=HOLDER_PREFIX):
@@ -456,6 +458,12 @@ def _delete_made(pool, volume, name):
             _delete_quietly(pool, name)
 
 
+def _naming(exc, marker):
+    """``exc`` (a refusal to wait) with the holder ``marker`` it names (None: a holder that named nobody)."""
+    exc.holder_marker = marker
+    return exc
+
+
 class AdmissionLock:
     """A lock on one pool host made from libvirt alone: creating a storage volume is atomic, so whoever creates
     ``admission.lock`` in the registry pool holds it; beside it, the volume ``admission.holder.<controller>.<pid>.
@@ -464,7 +472,7 @@ class AdmissionLock:
 
     def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS, name=LOCK_VOLUME, holder_prefix=HOLDER_PREFIX,
                  stale=LOCK_STALE_SECONDS, what="the admission lock of this pool", refuse=None, field="uri",
-                 markerless=None):
+                 markerless=None, tag="", waiting=None, lease=None):
         self.conn = conn
         self.pool = pool
         self.timeout = timeout
@@ -477,6 +485,18 @@ class AdmissionLock:
         # markerless(age): whether a lock of this age with no holder marker is abandoned (machine_hold: a create
         # holds its machine that way, named by its wave); None: once it has had no marker for MARKERLESS_SECONDS
         self.markerless = markerless
+        self.tag = tag  # appended to the holder marker (holder_marker)
+        # lease: seconds a holder's lease lasts unless renewed (a renewer thread grows the lock volume by a block
+        # every third of it); a waiter takes it as expired when it has seen no change for that long on its own
+        # monotonic clock. None: a lock judged by the age of its file (the admission and upload locks).
+        self.lease = lease
+        self._seen = None  # (capacity, markers) of the lock as this waiter last saw it change, and when
+        self._seen_at = None
+        self._renewer = None
+        self._stop = None
+        self.renewals = 0
+        # waiting(holder marker or None, seconds waited): called while the lock is held by another run
+        self.waiting = waiting
         self.volume = None
         self.marker = None
         self.marker_volume = None
@@ -489,20 +509,34 @@ class AdmissionLock:
         if vol is None:
             return None
         try:
-            mtime = elements.read_volume(elements.parse(vol.XMLDesc(0)))["mtime"]
+            found = elements.read_volume(elements.parse(vol.XMLDesc(0)))
             markers = sorted(name for name in self.pool.listVolumes() if name.startswith(self.holder_prefix))
         except lv.libvirt.libvirtError:
             return None  # released meanwhile: try again
+        self._note(found["capacity"], markers)
+        mtime = found["mtime"]
         return max(0.0, time.time() - mtime) if mtime else 0.0, markers
+
+    def _note(self, capacity, markers):
+        """Remember when (this process's monotonic clock) the lock last looked different: a renewal grows it."""
+        seen = (capacity, tuple(markers))
+        if seen != self._seen:
+            self._seen, self._seen_at = seen, time.monotonic()
+
+    def _expired(self):
+        """A leased lock whose holder has not renewed it for a whole lease, as this waiter has watched it."""
+        return self._seen_at is not None and time.monotonic() - self._seen_at > self.lease
 
     def _abandoned(self, age, markers):
         """Whether a lock of this age and these markers has no live holder: its one holder is known dead, it has
         had no holder for MARKERLESS_SECONDS, or it is older than the stale limit."""
-        if age > self.stale:
-            return True
         if not markers:
             return self.markerless(age) if self.markerless is not None else age > MARKERLESS_SECONDS
-        return all(holder_is_dead(marker, self.holder_prefix) for marker in markers)
+        if all(holder_is_dead(marker, self.holder_prefix) for marker in markers):
+            return True  # liveness first: a holder known dead is not waited for
+        if self.lease is not None:
+            return self._expired()  # never the host's file time against this controller's clock
+        return age > self.stale
 
     def _break(self, markers):
         """Delete the lock when it still has ``markers``, and those markers. Waiters on this controller break one
@@ -523,8 +557,9 @@ class AdmissionLock:
             self._break(markers)
 
     def acquire(self):
-        deadline = time.monotonic() + self.timeout
-        marker = holder_marker(self.holder_prefix)
+        began = time.monotonic()
+        deadline = began + self.timeout
+        marker = holder_marker(self.holder_prefix, self.tag)
         while True:
             # named first: a run killed at any point leaves no lock without its (dead, so breakable) holder
             marker_volume = storage.create_volume(self.pool, marker, 1, "raw", mode="0600", replace=True)
@@ -539,7 +574,13 @@ class AdmissionLock:
                 _delete_quietly(self.pool, marker)
                 raise
             else:
+                if self.lease is not None and lv.lookup_volume(self.pool, marker) is None:
+                    # a waiter breaking the lock before us deleted every marker it listed, ours too: the lock
+                    # is ours (we made it), so we name ourselves again (the protocol model found this)
+                    marker_volume = storage.create_volume(self.pool, marker, 1, "raw", mode="0600", replace=True)
                 self.volume, self.marker, self.marker_volume = volume, marker, marker_volume
+                if self.lease is not None:
+                    self._start_renewing()
                 return self
             current = self._current()
             if current is None:
@@ -556,13 +597,15 @@ class AdmissionLock:
                 holders = [marker for marker in current[1] if not holder_is_dead(marker, self.holder_prefix)]
                 refusal = self.refuse(holders[0]) if self.refuse is not None and len(holders) == 1 else None
                 if refusal:
-                    raise ConflictError(refusal, self.field)
+                    raise _naming(ConflictError(refusal, self.field), holders[0])
+            holder = current[1][0] if current is not None and len(current[1]) == 1 else None
             if time.monotonic() > deadline:
-                who = ""
-                if current is not None and len(current[1]) == 1:
-                    who = " (%s)" % current[1][0][len(self.holder_prefix):]
-                raise ConflictError("%s has been held for over %ds by another run%s; a lock is taken as abandoned "
-                                    "after %ds" % (self.what, self.timeout, who, self.stale), self.field)
+                who = " (%s)" % holder[len(self.holder_prefix):] if holder else ""
+                raise _naming(ConflictError("%s has been held for over %ds by another run%s; a lock is taken as "
+                                            "abandoned after %ds" % (self.what, self.timeout, who, self.stale),
+                                            self.field), holder)
+            if self.waiting is not None:
+                self.waiting(holder, time.monotonic() - began)
             time.sleep(0.05 + random.random() * 0.1)
 
     def _complete_names(self):
@@ -599,8 +642,48 @@ class AdmissionLock:
                 _delete_quietly(self.pool, marker)
         return names
 
+    def _start_renewing(self):
+        self._stop = threading.Event()
+        self._renewer = threading.Thread(target=self._renew, args=(self._stop, self.volume), daemon=True,
+                                         name="lease-%s" % self.name)
+        self._renewer.start()
+
+    def _renew(self, stop, volume):
+        """Grow the lock volume by a block every third of the lease while this run holds it: waiters see it
+        change. A renewal that fails is tried again at the next; check() tells the holder whether it still
+        holds the lock."""
+        capacity = 1
+        while not stop.wait(self.lease / 3.0):
+            capacity += 512
+            try:
+                volume.resize(capacity, 0)
+                self.renewals += 1
+            except lv.libvirt.libvirtError:
+                pass
+
+    def _stop_renewing(self):
+        if self._renewer is not None:
+            self._stop.set()
+            self._renewer.join()
+            self._renewer = None
+
+    def still_held(self):
+        """Whether this run still holds the lock: its lock volume and its own marker are both there (a run that
+        takes over a lease deletes the markers it found). Looked up, and again for a moment when missing: a
+        lookup during libvirt's refresh of the pool can miss a volume that is there."""
+        if self.marker is None or self.lease is None:
+            return True
+
+        def both():
+            return lv.lookup_volume(self.pool, self.name) is not None and \
+                lv.lookup_volume(self.pool, self.marker) is not None
+        return bool(reread(self.pool, both, bool))
+
     def release(self):
         # the lock before its marker: a run killed between the two leaves a dead marker, never a nameless lock
+        self._stop_renewing()
+        if self.volume is not None and self.lease is not None and not self.still_held():
+            self.volume = None  # taken over: the lock is the new holder's now; only this run's marker goes
         if self.volume is not None:
             _delete_made(self.pool, self.volume, self.name)
             self.volume = None
@@ -616,12 +699,11 @@ class AdmissionLock:
         return False
 
 
-# A run that changes a machine holds it on its pool (``machine_hold``): the machine module while it applies, a
-# move on both pools from before it observes the machine until its journal is cleared. A move is long (its disks
-# are copied), so its hold is taken as abandoned only after MOVE_STALE_SECONDS when its holder cannot be checked,
-# and a second move of the machine waits for the first up to MOVE_WAIT_SECONDS.
+# A run that changes a machine holds it on its pool (``machine_hold``; coordination/holds.py takes it for every
+# operation and makes it a lease, which its waiters judge on their own clocks; docs/concurrency.md). Without a
+# lease (a create's claim, judged by its wave; a dead run's hold broken by clear_dead_holds) it is taken as
+# abandoned after MOVE_STALE_SECONDS when its holder cannot be checked.
 MOVE_STALE_SECONDS = UPLOAD_STALE_SECONDS
-MOVE_WAIT_SECONDS = UPLOAD_WAIT_SECONDS
 
 
 HOLD_PREFIX = "hold-"  # the holds on machines in a registry: hold-<machine>.lock and its holder markers
@@ -640,7 +722,8 @@ def holder_description(marker, prefix):
     return "pid %s on this controller" % pid if controller == _controller() else "on controller %s" % controller
 
 
-def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=None):
+def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=None, tag="", waiting=None,
+                 lease=None):
     """The hold on ``machine`` in the registry of the pool behind ``conn`` (nothing when the pool has no
     registry): one run at a time changes the machine there. ``refuse(marker)`` says why not to wait for the
     run holding it (a move, for the machine module), or None to wait up to ``timeout``. ``registry`` (the run's
@@ -656,7 +739,7 @@ def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=Non
         return _Held()
     return AdmissionLock(conn, pool, timeout, hold_volume(machine), hold_prefix(machine), MOVE_STALE_SECONDS,
                          "the hold on machine %s" % machine, refuse, field,
-                         lambda age: claim_abandoned(conn, pool, machine, age))
+                         lambda age: claim_abandoned(conn, pool, machine, age), tag, waiting, lease)
 
 
 # A create holds its machine too, but more cheaply than a change does (a marker and a lock volume, made and deleted,
@@ -750,6 +833,12 @@ def clear_dead_holds(conn, pool, names):
 
 class _Held:
     marker = None
+
+    def acquire(self):
+        return self
+
+    def still_held(self):
+        return True
 
     def release(self):
         pass

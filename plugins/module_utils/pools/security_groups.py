@@ -24,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
@@ -246,8 +247,7 @@ def users_of(conn, name):
     """['machine/nic'] of every NIC on the pool that group ``name`` guards, and their filters."""
     users = []
     wanted = group_filter(name)
-    for dom in conn.listAllDomains(0):
-        tree = elements.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
+    for dom, tree in dx.defined_domains(conn):
         for interface in elements.read_interfaces(tree):
             filter_name = interface.get("filterref") or ""
             if not filter_name.startswith(NIC_PREFIX):
@@ -320,6 +320,10 @@ class SecurityGroupResource(Resource):
 
     def describe(self):
         return "security group %s" % self.name
+
+    def holds(self, plan, observed):
+        """None: a group's nwfilter (the NICs using it are machines' own; they name the filter) changes no machine."""
+        return ()
 
     def observe(self):
         found = read_group(self.conn, self.name)

@@ -8,9 +8,11 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, LibvirtFailure, NotFoundError
 
@@ -95,6 +97,30 @@ def start_dir_pool(conn, name, start=True):
             pool.setAutostart(1)
     except lv.libvirt.libvirtError as exc:
         raise LibvirtFailure("cannot start storage pool %s: %s" % (name, lv.describe(exc)), "storage_path") from None
+
+
+# libvirt refuses to rescan a storage pool while it builds a volume there ("pool has asynchronous jobs running"):
+# another run making a disk, a copy, a LUKS volume. That is another run's work, not a failure of this one, so a
+# rescan is tried again for up to BUSY_SECONDS (a large image copied in, under load) before it fails.
+BUSY_SECONDS = 120.0
+
+
+def refresh(pool, seconds=BUSY_SECONDS, clock=time.monotonic, pause=time.sleep):
+    """Rescan the storage ``pool``, waiting (bounded) while another run builds a volume in it."""
+    deadline = clock() + seconds
+    while True:
+        try:
+            pool.refresh(0)
+            return pool
+        except lv.libvirt.libvirtError as exc:
+            if not busy(exc) or clock() > deadline:
+                raise LibvirtFailure("cannot rescan storage pool %s: %s" % (pool.name(), lv.describe(exc))) from None
+        pause(0.1)
+
+
+def busy(exc):
+    """True for libvirt's refusal to rescan a pool while it builds a volume there."""
+    return "asynchronous jobs running" in (exc.get_error_message() or "")
 
 
 def pool_path(pool):
@@ -318,10 +344,9 @@ def delete_volume_secret(conn, path):
 def users_of(conn, path, except_machine):
     """Names of the other domains of the pool whose persistent XML uses ``path`` as a disk."""
     users = []
-    for dom in conn.listAllDomains(0):
+    for dom, tree in dx.defined_domains(conn):
         if dom.name() == except_machine:
             continue
-        tree = elements.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
         if any(disk["path"] == path for disk in elements.read_disks(tree)):
             users.append(dom.name())
     return sorted(users)

@@ -19,6 +19,9 @@ class Lamp(Resource):
     def describe(self):
         return "the lamp"
 
+    def holds(self, plan, observed):
+        return ()
+
     def observe(self):
         return self.lit
 
@@ -75,6 +78,9 @@ def test_a_resource_must_observe_and_plan():
     class Half(Resource):
         def describe(self):
             return "half"
+
+        def holds(self, plan, observed):
+            return ()
 
     with pytest.raises(TypeError):
         Half()  # pylint: disable=abstract-class-instantiated

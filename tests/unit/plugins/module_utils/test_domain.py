@@ -10,7 +10,7 @@ GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 RECORD = {"version": 1, "created": "2026-01-01T00:00:00+00:00", "boots": 0, "last_error": None,
           "spec": {"name": "web-1", "machine_class": "small", "cpu": 1, "memory": 128 * 2 ** 20,
                    "labels": {"app": "web"}, "boot_config": "abc", "firmware": "bios", "tolerations": None,
-                   "topology": None}}
+                   "topology": None, "run_strategy": "always"}}
 
 
 def plan(**overrides):
@@ -70,7 +70,7 @@ def test_owned_values_and_edit_in_place():
     assert options.owned_values(tree, record) == {"cpu": 1, "memory": 128 * 2 ** 20, "machine_class": "small",
                                                   "labels": {"app": "web"}, "tolerations": None,
                                                   "boot_config": "abc", "topology": None, "disk_qos": {},
-                                                  "ip_reservations": {}}
+                                                  "ip_reservations": {}, "run_strategy": None, "tpm": False}
     desired = {"cpu": 2, "memory": 256 * 2 ** 20, "labels": {"app": "db"}, "machine_class": "small",
                "boot_config": "abc"}
     names = options.changed_fields(options.owned_values(tree, record), desired)

@@ -101,6 +101,9 @@ class TwoSteps(convergence.Resource):
     def describe(self):
         return "thing"
 
+    def holds(self, plan, observed):
+        return ()
+
     def observe(self):
         return {}
 

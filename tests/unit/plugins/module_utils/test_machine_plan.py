@@ -25,7 +25,7 @@ def tree():
 def observed(state=SHUTOFF, live_max=None, record=True):
     parsed = tree()
     return Observed("web-1", dom=object(), tree=parsed, record=dx.read_record(parsed) if record else None,
-                    state=state, live_max_memory=live_max)
+                    state=state, live_max_memory=live_max, saved=False)
 
 
 def spec(**changes):

@@ -294,3 +294,41 @@ def test_pick_target_counts_the_disks_and_the_server_group():
         move_plan.pick_target(moving, [snapshot("a"), tight, other], UNIX % "a")
     assert "tight: storage 10Gi free, needs 15Gi" in info.value.message
     assert "server group web (anti-affinity) has a member there" in info.value.message
+
+
+# What a Debian 12 pool's QEMU 7.2 offers (an excerpt of its capabilities and domain capabilities): q35 is
+# pc-q35-7.2 there, and libvirt writes that expanded name into every domain it defines.
+OLDER_CAPABILITIES = """<capabilities><guest><os_type>hvm</os_type><arch name='x86_64'>
+  <machine maxCpus='255'>pc-i440fx-7.2</machine><machine canonical='pc-i440fx-7.2' maxCpus='255'>pc</machine>
+  <machine maxCpus='288'>pc-q35-7.2</machine><machine canonical='pc-q35-7.2' maxCpus='288'>q35</machine>
+  <machine maxCpus='288'>pc-q35-7.1</machine><domain type='qemu'/><domain type='kvm'/></arch></guest>
+</capabilities>"""
+
+
+def machine_tree(machine_type, cpu=""):
+    return dx.parse("<domain type='qemu'><name>m</name><os><type arch='x86_64' machine='%s'>hvm</type></os>%s"
+                    "<devices/></domain>" % (machine_type, cpu))
+
+
+def test_a_move_is_refused_the_machine_type_the_target_lacks():
+    caps = dx.parse(OLDER_CAPABILITIES)
+    with pytest.raises(ConflictError) as refusal:
+        move_plan.missing_hardware("m", machine_tree("pc-q35-10.0"), "pool1", caps, set())
+    assert refusal.value.field == "target"
+    assert "machine type pc-q35-10.0" in refusal.value.message and "pool1" in refusal.value.message
+    # an older type the target has, its alias and its canonical name all pass
+    for machine_type in ("pc-q35-7.2", "pc-q35-7.1", "q35"):
+        move_plan.missing_hardware("m", machine_tree(machine_type), "pool1", caps, set())
+
+
+def test_a_move_is_refused_the_cpu_model_the_target_lacks():
+    caps = dx.parse(OLDER_CAPABILITIES)
+    newer_model = "<cpu mode='custom' match='exact'><model fallback='forbid'>GraniteRapids</model></cpu>"
+    with pytest.raises(ConflictError) as refusal:
+        move_plan.missing_hardware("m", machine_tree("pc-q35-7.2", newer_model), "pool1", caps, {"qemu64", "Haswell"})
+    assert "CPU model GraniteRapids" in refusal.value.message and refusal.value.field == "target"
+    both = "<cpu mode='custom' match='exact'><model fallback='forbid'>qemu64</model></cpu>"
+    move_plan.missing_hardware("m", machine_tree("pc-q35-7.2", both), "pool1", caps, {"qemu64", "Haswell"})
+    # host-passthrough names no model: nothing to compare
+    move_plan.missing_hardware("m", machine_tree("pc-q35-7.2", "<cpu mode='host-passthrough'/>"), "pool1", caps,
+                               set())

@@ -24,6 +24,9 @@ class Dial(Resource):
     def describe(self):
         return "the dial"
 
+    def holds(self, plan, observed):
+        return ()
+
     def observe(self):
         return self.value
 

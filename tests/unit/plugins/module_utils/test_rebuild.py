@@ -29,7 +29,7 @@ NEW = {"image": {"source": "/images/new.qcow2", "checksum": "1" * 64, "path": "/
 def record(**changes):
     spec = {"name": "web-1", "machine_class": None, "cpu": 1, "memory": 128 * MIB, "labels": {"app": "web"},
             "firmware": "bios", "boot_config": "abc", "image": dict(OLD), "root_size": GIB, "volumes": [],
-            "network_interfaces": [], "swap": None,
+            "network_interfaces": [], "swap": None, "run_strategy": "manual",
             "files": {"console": "web-1-console.log", "seed": "web-1-cidata.iso"}}
     spec.update(changes)
     return {"version": 1, "created": "2026-01-01T00:00:00+00:00", "boots": 1, "spec": spec}
@@ -47,7 +47,8 @@ def observed(rec, state=RUNNING):
     with open(os.path.join(GOLDEN, "web-1-libvirt.xml"), "rb") as handle:
         tree = dx.parse(handle.read())
     dx.write_record(tree, rec)
-    return Observed("web-1", dom=object(), tree=tree, record=rec, state=state, live_max_memory=128 * MIB)
+    return Observed("web-1", dom=object(), tree=tree, record=rec, state=state, live_max_memory=128 * MIB,
+                    autostart=False, saved=False)
 
 
 # --- normalize --------------------------------------------------------------------------------------------------

@@ -14,6 +14,20 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.machine
 from conftest import refused
 
 
+@pytest.mark.parametrize("volume, key, generation", [
+    ("class-t3.medium.4.json", "class-t3.medium", 4), ("class-small.12.json", "class-small", 12),
+    ("class-a.5.3.json", "class-a.5", 3), ("pool.1.json", "pool", 1)])
+def test_a_document_name_splits_at_its_last_generation(volume, key, generation):
+    """A class named t3.medium keeps its dots in its key: the generation is the last number before .json."""
+    found = reg._DOC.match(volume)
+    assert (found.group("key"), int(found.group("generation"))) == (key, generation)
+
+
+@pytest.mark.parametrize("volume", ["admission.lock", "admission.holder.c.12.34.56", "class-x.json", "Class-x.1.json"])
+def test_other_volumes_of_the_registry_are_no_documents(volume):
+    assert reg._DOC.match(volume) is None
+
+
 def test_document_round_trip():
     body = {"name": "small", "cpu": 1, "memory": 134217728}
     data = reg.encode("class-small", 3, body)

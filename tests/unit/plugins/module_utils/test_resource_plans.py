@@ -262,6 +262,9 @@ class Counter(Resource):
     def describe(self):
         return "counter"
 
+    def holds(self, plan, observed):
+        return ()
+
     def observe(self):
         return len(self.applied)
 

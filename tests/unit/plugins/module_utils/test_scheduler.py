@@ -119,6 +119,16 @@ def test_class_filter():
         schedule([spec("m", "huge")], pools[:1])
 
 
+def test_a_class_named_as_a_kubernetes_object_name_places_a_machine_and_a_set_template():
+    """t3.medium is a DNS-1123 subdomain, a class name as written (machine_class, machine_set templates)."""
+    pools = [pool("a", classes={"t3.medium": SMALL}), pool("b")]
+    assert placed([spec("m", "t3.medium")], pools) == ["a"]
+    template = machine_spec.params({"name": "set-1-x", "machine_class": "t3.medium", "image": "my-image"},
+                                   scheduling=True)
+    assert template["machine_class"] == "t3.medium"
+    refused("machine_class", machine_spec.params, {"name": "m", "machine_class": "T3_Medium", "image": "i"})
+
+
 def test_explicit_size_without_class():
     pools = [pool("a", cpu=2, classes={}), pool("b", cpu=8, classes={})]
     assert placed([{"name": "m", "cpu": 4, "memory": "1Gi"}], pools) == ["b"]

@@ -16,6 +16,18 @@ def test_good_names(name):
     assert check.dns_label(name) == name
 
 
+@pytest.mark.parametrize("name", ["t3.medium", "n2-standard-4", "small", "a.b.c", "x" * 63 + "." + "y" * 63,
+                                  ".".join(["x" * 63] * 3) + "." + "y" * 61])
+def test_class_names_are_dns_subdomains(name):
+    assert check.class_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["Standard_B2s", "t3..medium", ".a", "a.", "a.-b", "a b", "",
+                                  ".".join(["x" * 63] * 4) + ".y", None])
+def test_bad_class_names(name):
+    refused("machine_class", check.class_name, name)
+
+
 @pytest.mark.parametrize("cpu", [0, -1, 257, "two", True, "1.5"])
 def test_bad_cpu(cpu):
     refused("cpu", check.cpu_count, cpu)

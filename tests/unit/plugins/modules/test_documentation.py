@@ -100,8 +100,10 @@ def test_owned_fields_know_how_a_running_guest_takes_them():
     assert {name: owned.live for name, owned in options.OWNED_BY_NAME.items()} == {
         "machine_class": "metadata", "cpu": "restart", "memory": "balloon", "labels": "metadata",
         "tolerations": "metadata",
-        "boot_config": "boot", "topology": "restart", "disk_qos": "iotune", "ip_reservations": "network"}
-    assert [item.name for item in options.FIXED] == ["image", "image_checksum", "firmware", "server_group", "swap"]
+        "boot_config": "boot", "topology": "restart", "disk_qos": "iotune", "ip_reservations": "network",
+        "run_strategy": "lifecycle", "tpm": "restart"}
+    assert [item.name for item in options.FIXED] == ["image", "image_checksum", "firmware", "secure_boot",
+                                                     "server_group", "swap"]
 
 
 def missing_samples(returns, where=""):

@@ -1,0 +1,294 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Holds on machines: how a run keeps every other run off a machine while it changes it (docs/concurrency.md).
+
+``convergence.converge`` takes the holds a resource's plan needs (``Resource.holds``) before the first action and
+gives them back after the last; nothing else decides whether a change is held. A hold is the machine's lock
+volume in its pool's registry (``registry.machine_hold``) with a holder marker whose name says who holds it: the
+controller, the process, the operation and since when. A run that finds the machine held waits for up to
+``hold_timeout`` seconds (the action group's common option), saying so in its progress, then fails with
+``reason: Conflict`` and ``holder`` {controller, operation, since}. A machine held by a move is refused at once:
+when the move is done the machine is no longer on the pool this run was asked to change it on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import socket
+import threading
+import time
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import progress
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, HoldLost, MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+
+DEFAULT_HOLD_TIMEOUT = 900
+# A hold is a lease: its holder renews it every third of LEASE_SECONDS while it works, and a waiter that has seen
+# no renewal for that long (on its own monotonic clock) takes it over. LEASE_ENV shortens it, for tests.
+LEASE_SECONDS = 90
+LEASE_ENV = "MACHINERY_LEASE_SECONDS"
+MOVE = "machine_migrate"  # the operation of a move's holds (the module, the drain role, a resize that moves)
+PROGRESS_EVERY = 5.0  # seconds between two progress lines of a waiting run
+# The steps of a hold, in the order a holder takes them (registry.AdmissionLock: its marker, the lock volume, the
+# renewals, the check before each step that changes anything, the step, the release) and the waiter's (watch the
+# lock, break it once its lease is over). tests/unit/plugins/module_utils/test_protocol_model.py explores every
+# interleaving of a model made of exactly these steps; it fails when this list and the model's differ.
+HOLDER_STEPS = ("mark", "take", "renew", "check", "act", "release")
+WAITER_STEPS = ("watch", "break")
+SET_HOLD = "set.%s"  # a set's hold, named apart from every machine (a machine name has no dot)
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _word(text):
+    """``text`` as one field of a marker name (fields are split on dots)."""
+    return _UNSAFE.sub("_", str(text))[:40] or "_"
+
+
+class Coordination:
+    """What the holds of one run need to know: the ``operation`` they are taken for (the module's name), how long
+    a run waits for a held machine (``hold_timeout``), and the file its progress goes to (core/progress.py).
+    Built once per run by the module base; nothing is kept between runs or in the process."""
+
+    def __init__(self, operation="machinery", hold_timeout=DEFAULT_HOLD_TIMEOUT, progress_path=None,
+                 host=None, clock=time.time, lease=None):
+        self.operation = operation
+        self.hold_timeout = DEFAULT_HOLD_TIMEOUT if hold_timeout is None else hold_timeout
+        self.progress_path = progress_path if progress_path is not None else os.environ.get(progress.ENV)
+        self.host = host or socket.gethostname()
+        self.clock = clock
+        self.lease = lease if lease is not None else lease_seconds(os.environ.get(LEASE_ENV))
+        # {key: [hold, depth]} of the holds this run has taken: an operation that holds a machine and then has
+        # the machine module act on it (a health check's restart) takes it once
+        self.held = {}
+        self._guard = threading.Lock()
+
+    def tag(self, operation=None):
+        """The end of a holder marker: ``.<operation>.<since>.<host>``, read back by ``holder``."""
+        return ".%s.%d.%s" % (_word(operation or self.operation), int(self.clock()), _word(self.host))
+
+    def machine(self, conn, machine, uri="", registry=None, field="machine", operation=None, timeout=None):
+        """The hold on ``machine`` on the pool at ``uri`` behind ``conn`` (not taken yet: ``acquire`` or
+        ``with``). ``registry`` (the run's Registry of that pool, opened already) spares a lookup."""
+        return MachineHold(self, conn, machine, uri, registry, field, operation, timeout)
+
+    def of(self, ctx, machine, field="machine"):
+        """The hold on ``machine`` of the pool a PoolContext ``ctx`` reaches."""
+        registry = ctx.registry if ctx.registration else None
+        return self.machine(ctx.conn, machine, ctx.uri, registry, field)
+
+    def set_of(self, ctx, name):
+        """The hold on machine set ``name`` in the registry of the pool ``ctx`` reaches: one run at a time
+        decides the set's members and writes its document there (machine_set, and machine_health_check when it
+        records). A set's holds come before any machine's in a run's order (``key``): a set run holds its set,
+        then each member it changes."""
+        registry = ctx.registry if ctx.registration else None
+        hold = MachineHold(self, ctx.conn, SET_HOLD % name, ctx.uri, registry, "name")
+        hold.key = (0,) + hold.key[1:]
+        return hold
+
+    def report_wait(self, message):
+        """One line of progress for a waiting run, where an action plugin shows it (core/progress.py)."""
+        if not self.progress_path:
+            return
+        partial = self.progress_path + ".part"
+        try:
+            with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+                handle.write('{"message": %s}' % _json_string(message))
+            os.replace(partial, self.progress_path)
+        except OSError:
+            self.progress_path = None
+
+
+def lease_seconds(text):
+    """The lease LEASE_ENV asks for (a positive number of seconds), else LEASE_SECONDS."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return LEASE_SECONDS
+    return value if value > 0 else LEASE_SECONDS
+
+
+def check_held(holds, before):
+    """Raise HoldLost when any of ``holds`` (taken, MachineHold) was taken over by another run: called before
+    each step that changes something (``before`` names it for the message)."""
+    for hold in holds:
+        hold.check(before)
+
+
+def _json_string(text):
+    return json.dumps(text)
+
+
+def holder(marker, prefix):
+    """{controller, operation, since, pid} of a holder marker; a hold without a marker is a create's claim (its
+    wave names it, registry.claim)."""
+    if not marker:
+        return {"controller": None, "operation": "create", "since": None, "pid": None}
+    fields = marker[len(prefix):].split(".")
+    pid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    if len(fields) < 7:  # a marker of an older version: who, not what
+        return {"controller": fields[0] if fields else None, "operation": None, "since": None, "pid": pid}
+    since = None
+    if fields[5].isdigit():
+        since = datetime.datetime.fromtimestamp(int(fields[5]), datetime.timezone.utc).isoformat()
+    return {"controller": fields[6], "operation": fields[4], "since": since, "pid": pid}
+
+
+def describe_holder(found):
+    what = found["operation"] or "another run"
+    where = " on %s" % found["controller"] if found["controller"] else ""
+    pid = " (pid %s)" % found["pid"] if found["pid"] else ""
+    since = " since %s" % found["since"] if found["since"] else ""
+    return "%s%s%s%s" % (what, where, pid, since)
+
+
+def move_refusal(conn, machine, marker):
+    """The Conflict of a run on ``machine`` while the move ``marker`` names holds it, naming the move (its pools
+    from its journal, read afresh: a run's registry may have cached the key before the move wrote it)."""
+    found = holder(marker, reg.hold_prefix(machine))
+    journal = reg.Registry.open(conn).get(reg.move_key(machine)) if conn is not None else None
+    where = ""
+    if journal and journal.get("source") and journal.get("target"):
+        where = " from %s to %s" % (journal["source"]["pool"], journal["target"]["pool"])
+    exc = ConflictError("machine %s is being moved%s by another run (%s): nothing was changed; run again once the "
+                        "move is done, on the pool the machine is then on" % (machine, where, describe_holder(found)),
+                        "machine")
+    exc.details = {"holder": {key: found[key] for key in ("controller", "operation", "since")}}
+    return exc
+
+
+def moving(names, machine):
+    """The marker of a live move's hold on ``machine`` among ``names`` (a listing of the registry the run made
+    anyway), or None. A converged machine's run takes no hold, yet must not report a state a move is about to
+    change (a cold move's stopped guest is started again on the target)."""
+    prefix = reg.hold_prefix(machine)
+    if reg.hold_volume(machine) not in names:
+        return None
+    for name in names:
+        if name.startswith(prefix) and holder(name, prefix)["operation"] == MOVE \
+                and not reg.holder_is_dead(name, prefix):
+            return name
+    return None
+
+
+class MachineHold:
+    """One run's hold on one machine of one pool. ``key`` orders the holds of a run: taken in that order, runs
+    holding several machines never wait for each other in a circle."""
+
+    def __init__(self, coordination, conn, machine, uri="", registry=None, field="machine", operation=None,
+                 timeout=None):
+        self.coordination = coordination
+        self.conn = conn
+        self.machine = machine
+        self.registry = registry
+        self.field = field
+        self.operation = operation or coordination.operation
+        self.timeout = coordination.hold_timeout if timeout is None else timeout
+        self.key = (1, uri or "", machine)
+        self.lock = None
+        self.waited = 0.0
+        self._reported = None
+
+    @property
+    def label(self):
+        """"machine web-1", or "machine set web" for a set's hold."""
+        if self.key[0] == 0:
+            return "machine set %s" % self.machine[len(SET_HOLD % ""):]
+        return "machine %s" % self.machine
+
+    @property
+    def marker(self):
+        return self.lock.marker if self.lock is not None else None
+
+    def _refuse(self, marker):
+        found = holder(marker, reg.hold_prefix(self.machine))
+        if found["operation"] != MOVE or self.operation == MOVE:
+            return None
+        return move_refusal(self.conn, self.machine, marker).message
+
+    def _waiting(self, marker, seconds):
+        self.waited = seconds
+        if self._reported is not None and seconds - self._reported < PROGRESS_EVERY:
+            return
+        self._reported = seconds
+        found = holder(marker, reg.hold_prefix(self.machine))
+        self.coordination.report_wait("waiting for %s, held by %s: %ds of hold_timeout %ds"
+                                      % (self.label, describe_holder(found), seconds, self.timeout))
+
+    def acquire(self):
+        with self.coordination._guard:
+            outer = self.coordination.held.get(self.key)
+            if outer is not None:  # this run holds it already: an operation inside another one
+                outer[1] += 1
+                self.lock = _Inner(outer)
+                return self
+        self._take()
+        with self.coordination._guard:
+            self.coordination.held[self.key] = [self, 1]
+        return self
+
+    def _take(self):
+        self.lock = reg.machine_hold(self.conn, self.machine, self.timeout, refuse=self._refuse, field=self.field,
+                                     registry=self.registry, tag=self.coordination.tag(self.operation),
+                                     waiting=self._waiting, lease=self.coordination.lease)
+        try:
+            self.lock.acquire()
+        except ConflictError as exc:
+            self.lock = None
+            marker = getattr(exc, "holder_marker", None)
+            found = holder(marker, reg.hold_prefix(self.machine))
+            exc.details = {"holder": {key: found[key] for key in ("controller", "operation", "since")}}
+            if "held for over" in exc.message:
+                exc.message = ("%s is held by %s; waited %ds (hold_timeout) and changed nothing: run again once "
+                               "that run is done" % (self.label, describe_holder(found), self.timeout))
+            raise
+
+    def check(self, before):
+        """Raise HoldLost when this run's hold was taken over (it was paused past its lease): it must stop
+        before ``before``, the next step that changes anything."""
+        if self.lock is None or isinstance(self.lock, _Inner):
+            return
+        try:
+            if self.lock.still_held():
+                return
+            why = "was taken over by another run"
+        except (MachineryError, lv.libvirt.libvirtError) as exc:  # the daemon closed a connection paused too long
+            why = "cannot be confirmed (%s)" % (exc.message if isinstance(exc, MachineryError) else lv.describe(exc))
+        raise HoldLost("this run's hold on %s %s: this run was paused for longer than its lease (%ss) and stopped "
+                       "before %s; the run holding the machine now finishes or rolls back what this one did"
+                       % (self.label, why, self.coordination.lease, before), self.field)
+
+    def release(self):
+        if self.lock is None:
+            return
+        if not isinstance(self.lock, _Inner):
+            with self.coordination._guard:
+                self.coordination.held.pop(self.key, None)
+        self.lock.release()
+        self.lock = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc_info):
+        self.release()
+        return False
+
+
+class _Inner:
+    """A hold taken inside another hold of the same run on the same machine: released with its depth."""
+
+    def __init__(self, outer):
+        self.outer = outer
+        self.marker = outer[0].marker
+
+    def still_held(self):
+        return True
+
+    def release(self):
+        self.outer[1] -= 1

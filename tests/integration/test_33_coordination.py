@@ -1,0 +1,328 @@
+"""One machine, one operation at a time (issue #38): snapshot, volume and NIC attach, backup restore and
+`state: stopped` started while a cold or a live move of the same machine holds it are refused with
+`reason: Conflict` naming the move, and afterwards libvirt shows exactly what the runs reported: the machine once,
+with every disk it names, and nothing the refused runs would have made. A run that finds the machine held by
+another (non-move) operation waits for it, saying so in its progress, or fails naming it after `hold_timeout`.
+
+Each overlap is made, never hoped for: the move is frozen (SIGSTOP) once libvirt shows it under way (its journal
+written, a cold move's guest stopped), the second run is made while it is frozen, and the move is then let go."""
+
+import datetime
+import json
+import os
+import signal
+import socket
+
+import libvirt
+import pytest
+
+from conftest import ModuleRun, run_module
+from test_13_migrate import MIB, fleet, homes, journals, listed, make, remove, upload
+from test_24_races import holds, wait_for, whole_once
+
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds as coordination
+
+NAME = "coord-1"
+EXTRA = "coord-extra.qcow2"
+HOST = coordination._word(socket.gethostname())
+
+
+@pytest.fixture(name="image", scope="module")
+def idle_guest_image(idle_image):
+    """Nothing here looks inside the guest: the idle image, at no CPU cost."""
+    return idle_image
+
+
+@pytest.fixture(name="machine", scope="module")
+def one_running_machine(registered, image):
+    """One running machine (root, data volume, NIC) that every test moves to the other of the first two pools."""
+    pools = registered
+    make(pools[0], image, NAME, state="running", data="8Mi")
+    yield pools[:2]
+    for pool in pools:
+        if pool.domain(NAME) is not None:
+            run_module("machine_backup", uri=pool.uri, machine=NAME, name="b1", state="absent")
+    remove(pools, NAME)
+    for pool in pools:
+        storage = pool.conn.storagePoolLookupByName("machinery")
+        storage.refresh(0)
+        if EXTRA in listed(pool):
+            storage.storageVolLookupByName(EXTRA).delete(0)
+
+
+def disk_paths(dom):
+    from lxml import etree
+    tree = etree.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+    return [node.get("file") or node.get("volume") for node in tree.findall("devices/disk/source")]
+
+
+def nic_aliases(dom):
+    from lxml import etree
+    tree = etree.fromstring(dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))
+    return [node.get("name") for node in tree.findall("devices/interface/alias")]
+
+
+# the second run of each race: its module and arguments (uri and machine added), and what libvirt must not show
+# afterwards on the pool the machine ends on
+OPERATIONS = {
+    "snapshot": ("machine_snapshot", {"name": "s-race"}),
+    "volume_attach": ("volume_attach", {"volume": EXTRA, "size": "8Mi"}),
+    "nic_attach": ("nic_attach", {"name": "eth9", "network": "machinery"}),
+    "restore": ("machine_backup", {"name": "b1", "restore": True}),
+    "stopped": ("machine", {"state": "stopped", "shutdown_timeout": 1}),
+}
+COLD = ["snapshot", "volume_attach", "nic_attach", "restore", "stopped"]
+LIVE = ["snapshot", "volume_attach", "nic_attach", "stopped"]  # a restore needs the guest stopped: refused anyway
+
+
+def race(machine, operation, mode):
+    """Move the machine to the other pool and run ``operation`` on it while the move holds it; returns (source,
+    target, the operation's result, the move's result)."""
+    source = next(pool for pool in machine if pool.domain(NAME) is not None)
+    target = next(pool for pool in machine if pool is not source)
+    assert source.domain(NAME).isActive()
+    before = sorted(disk_paths(source.domain(NAME)))
+    if operation == "restore":  # a backup to restore, where the machine is
+        run_module("machine_backup", uri=source.uri, machine=NAME, name="b1", state="absent")
+        taken = run_module("machine_backup", uri=source.uri, machine=NAME, name="b1")
+        assert taken["changed"], taken
+    mover = ModuleRun("machine_migrate", uri=source.uri, pools=fleet(machine), machine=NAME, target=target.name,
+                      mode=mode, shutdown_timeout=1)
+    try:
+        def under_way():
+            """the move under way: its hold and journal on the source (a cold move's guest stopped)"""
+            held = any(".machine_migrate." in volume for volume in holds(source, NAME))
+            return held and bool(journals(source, NAME)) and (mode == "live" or not source.domain(NAME).isActive())
+        wait_for(under_way, timeout=300)
+        os.killpg(mover.proc.pid, signal.SIGSTOP)
+        try:
+            assert mover.running()  # frozen mid-move
+            module, args = OPERATIONS[operation]
+            key = "machine" if module != "machine" else "name"
+            result = run_module(module, uri=source.uri, **dict(args, **{key: NAME}))
+        finally:
+            os.killpg(mover.proc.pid, signal.SIGCONT)
+        moved = mover.finish(timeout=600)
+    finally:
+        if mover.running():
+            mover.kill()
+    assert moved.get("changed") and not moved.get("failed"), moved
+    assert [os.path.basename(path) for path in before] == \
+        [os.path.basename(path) for path in sorted(disk_paths(target.domain(NAME)))]
+    return source, target, result
+
+
+def assert_refused_by_the_move(result):
+    assert result.get("failed") and result.get("reason") == "Conflict", result
+    assert "being moved" in result["msg"] and result.get("changed") is not True, result
+    holder = result["holder"]
+    assert holder["operation"] == "machine_migrate" and holder["controller"] == HOST, holder
+    since = datetime.datetime.fromisoformat(holder["since"])
+    assert abs((datetime.datetime.now(datetime.timezone.utc) - since).total_seconds()) < 900, holder
+
+
+def assert_nothing_of(operation, pools, target):
+    """libvirt shows nothing the refused ``operation`` would have made, and the machine whole, once, running."""
+    dom = target.domain(NAME)
+    assert whole_once(pools, NAME) is target and dom.isActive()
+    assert dom.snapshotNum(0) == 0
+    assert not any(EXTRA in (path or "") for path in disk_paths(dom))
+    assert all(EXTRA not in listed(pool) for pool in pools)  # no volume made and left attached to nothing
+    assert "ua-nic-eth9" not in nic_aliases(dom)
+    assert all(holds(pool, NAME) == [] and journals(pool, NAME) == [] for pool in pools)
+    assert homes(pools, NAME) == [target]
+
+
+@pytest.mark.parametrize("operation", COLD)
+def test_an_operation_during_a_cold_move_is_refused_and_lost_nowhere(machine, operation):
+    _source, target, result = race(machine, operation, "cold")
+    assert_refused_by_the_move(result)
+    assert_nothing_of(operation, machine, target)
+
+
+@pytest.mark.parametrize("operation", LIVE)
+def test_an_operation_during_a_live_move_is_refused_and_lost_nowhere(machine, operation):
+    _source, target, result = race(machine, operation, "live")
+    assert_refused_by_the_move(result)
+    assert_nothing_of(operation, machine, target)
+
+
+def lock_capacity(pool, name):
+    """The size of the machine's hold volume (its holder grows it at each renewal of its lease), or None."""
+    try:
+        storage = pool.conn.storagePoolLookupByName("machinery-registry")
+        return storage.storageVolLookupByName("hold-%s.lock" % name).info()[1]
+    except libvirt.libvirtError:
+        return None
+
+
+def test_a_move_that_outlasts_its_lease_keeps_it(machine, tmp_path, monkeypatch):
+    """With the lease shortened to 2 s, a move renews it while it works: a second move started meanwhile waits
+    (it says so) and never takes the hold over; the first move's hold is seen renewed over more than a lease.
+    The machine gets 128 MiB of data to copy first, so the move lasts (it keeps the volume from here on)."""
+    source = next(pool for pool in machine if pool.domain(NAME) is not None)
+    target = next(pool for pool in machine if pool is not source)
+    big = "%s-big.raw" % NAME
+    attached = run_module("volume_attach", uri=source.uri, machine=NAME, volume=big, size="128Mi", format="raw")
+    assert attached["changed"], attached
+    upload(source, big, os.urandom(128 * MIB))
+    monkeypatch.setenv("MACHINERY_LEASE_SECONDS", "2")
+    args = dict(uri=source.uri, pools=fleet(machine), machine=NAME, target=target.name, mode="cold",
+                shutdown_timeout=1)
+    first = ModuleRun("machine_migrate", **args)
+    second = None
+    try:
+        def held():
+            """the first move's hold on the source"""
+            return any(".machine_migrate." in volume for volume in holds(source, NAME))
+        wait_for(held, timeout=300)
+        progress = tmp_path / "move-progress.json"
+        monkeypatch.setenv("MACHINERY_PROGRESS_FILE", str(progress))
+        second = ModuleRun("machine_migrate", hold_timeout=600, **args)
+        sizes = set()
+        while first.running():  # the hold's size, read all along: each renewal grows it by a block
+            size = lock_capacity(source, NAME)
+            if size is not None:
+                sizes.add(size)
+        moved = first.finish()
+        assert moved.get("changed") and not moved.get("failed"), moved
+        assert progress.exists() and "held by machine_migrate" in progress.read_text()  # the second one waited
+        after = second.finish()
+        assert not after.get("failed") and after["changed"] is False, after  # found it moved, took nothing over
+        assert len(sizes) >= 4, sizes  # renewed at least three times: every 2/3 s, so for more than one lease
+        assert big in [os.path.basename(path) for path in disk_paths(target.domain(NAME))]
+        assert whole_once(machine, NAME) is target and target.domain(NAME).isActive()
+        assert all(holds(pool, NAME) == [] and journals(pool, NAME) == [] for pool in machine)
+    finally:
+        for run in (first, second):
+            if run is not None and run.running():
+                run.kill()
+
+
+def test_a_holder_paused_past_its_lease_stops_before_its_next_step(machine, monkeypatch):
+    """A move frozen (SIGSTOP) past its 2 s lease, once it holds the machine and before its first step, is taken
+    over by a second move, which moves the machine; the first, let go again, never acts on its stale belief: it
+    stops before its next step and says so (or, frozen before it read the pools, finds the machine moved), and
+    undoes nothing: the machine is on the target once, whole, and no hold or journal is left."""
+    source = next(pool for pool in machine if pool.domain(NAME) is not None)
+    target = next(pool for pool in machine if pool is not source)
+    monkeypatch.setenv("MACHINERY_LEASE_SECONDS", "2")
+    args = dict(uri=source.uri, pools=fleet(machine), machine=NAME, target=target.name, mode="cold",
+                shutdown_timeout=1)
+    first = ModuleRun("machine_migrate", **args)
+    second = None
+    try:
+        def holding():
+            """the first move's hold on the source: it holds the machine and reads both pools, before any step"""
+            return any(".machine_migrate." in volume for volume in holds(source, NAME))
+        wait_for(holding, timeout=300)
+        os.killpg(first.proc.pid, signal.SIGSTOP)
+        try:
+            assert first.running()
+            second = ModuleRun("machine_migrate", hold_timeout=600, **args)
+            taken_over = second.finish()
+            assert first.running()  # still frozen: the second one did not wait for it to end
+        finally:
+            os.killpg(first.proc.pid, signal.SIGCONT)
+        stopped = first.finish()
+    finally:
+        for run in (first, second):
+            if run is not None and run.running():
+                run.kill()
+    assert not taken_over.get("failed") and taken_over["changed"], taken_over
+    # the first run, let go, either stops at its next step saying its lease was taken over, or (frozen before it
+    # had read where the machine is) reads it afresh on the target and reports nothing to do: never a change
+    lost = bool(stopped.get("failed")) and stopped.get("reason") == "Conflict" and \
+        "paused for longer than its lease" in stopped.get("msg", "")
+    found_moved = not stopped.get("failed") and stopped.get("changed") is False and \
+        (stopped.get("machine") or {}).get("pool") == target.name
+    assert lost or found_moved, stopped
+    assert whole_once(machine, NAME) is target and target.domain(NAME).isActive()
+    assert all(holds(pool, NAME) == [] and journals(pool, NAME) == [] for pool in machine)
+
+
+def set_members(pools, name):
+    from conftest import labelled_domains
+    return sorted(dom.name() for _pool, dom, _record in labelled_domains(pools, "machinery.compute/machine-set",
+                                                                         name))
+
+
+def test_two_runs_of_one_set_take_turns(registered, image, tmp_path, monkeypatch):
+    """Two machine_set runs of one set at once (3 and 5 replicas): the second waits for the first's hold on the
+    set (the first frozen until the second says it waits), then plans from the members the first made; both
+    succeed and the set never has more than 5 members."""
+    pools, name = registered, "coord-set"
+    args = dict(pools=fleet(pools), name=name, selector={"match_labels": {"app": name}},
+                template={"machine_class": "small", "image": image, "labels": {"app": name},
+                          "network_interfaces": []}, wait="none", shutdown_timeout=1)
+    first = second = None
+    try:
+        first = ModuleRun("machine_set", replicas=3, **args)
+
+        def set_held():
+            """the first run's hold on the set"""
+            return any(volume.startswith("hold-set.%s." % name) for pool in pools for volume in listed(
+                pool, "machinery-registry"))
+        wait_for(set_held, timeout=300)
+        os.killpg(first.proc.pid, signal.SIGSTOP)
+        try:
+            progress = tmp_path / "set-progress.json"
+            monkeypatch.setenv("MACHINERY_PROGRESS_FILE", str(progress))
+            second = ModuleRun("machine_set", replicas=5, **args)
+            monkeypatch.delenv("MACHINERY_PROGRESS_FILE")
+
+            def waiting():
+                """the second run saying it waits for the set"""
+                return progress.exists() and "waiting for machine set %s" % name in progress.read_text()
+            wait_for(waiting, timeout=300)
+            assert first.running() and second.running()
+        finally:
+            os.killpg(first.proc.pid, signal.SIGCONT)
+        peak = 0
+        while first.running() or second.running():  # the count of members, read from libvirt all along
+            peak = max(peak, len(set_members(pools, name)))
+        assert first.running() is False and second.running() is False
+        one, two = first.finish(), second.finish()
+        assert not one.get("failed") and not two.get("failed"), (one, two)
+        assert one["changed"] and len(set_members(pools, name)) == two["replicas"] == 5, (one, two)
+        assert peak <= 5 and len(two["planned_members"]) == 2, (peak, two)
+        assert all(not any(volume.startswith("hold-set.") for volume in listed(pool, "machinery-registry"))
+                   for pool in pools)
+    finally:
+        for run in (first, second):
+            if run is not None and run.running():
+                run.kill()
+        run_module("machine_set", pools=fleet(pools), name=name, state="absent", shutdown_timeout=1)
+
+
+def test_a_held_machine_is_waited_for_then_changed(machine, tmp_path, monkeypatch):
+    """(Last in the file: the volume stays attached.) Another operation's hold (taken here, as a run on this controller would) makes volume_attach fail naming
+    it after hold_timeout, with nothing attached; with room to wait, the attach shows it is waiting, is still
+    waiting when the hold goes, and then attaches."""
+    pool = next(pool for pool in machine if pool.domain(NAME) is not None)
+    other = coordination.Coordination("machine_snapshot", 900)
+    hold = other.machine(pool.conn, NAME, pool.uri).acquire()
+    attach = {"uri": pool.uri, "machine": NAME, "volume": EXTRA, "size": "8Mi"}
+    waiter = None
+    try:
+        refused = run_module("volume_attach", hold_timeout=2, **attach)
+        assert refused.get("failed") and refused["reason"] == "Conflict", refused
+        assert refused["holder"]["operation"] == "machine_snapshot" and refused["holder"]["controller"] == HOST
+        assert "waited 2s" in refused["msg"], refused
+        assert not any(EXTRA in (path or "") for path in disk_paths(pool.domain(NAME)))
+        assert EXTRA not in listed(pool)
+        progress = tmp_path / "progress.json"
+        monkeypatch.setenv("MACHINERY_PROGRESS_FILE", str(progress))
+        waiter = ModuleRun("volume_attach", hold_timeout=600, **attach)
+
+        def waiting():
+            """the attach saying it waits for the snapshot's hold"""
+            return progress.exists() and "held by machine_snapshot" in json.loads(progress.read_text())["message"]
+        wait_for(waiting)
+        assert waiter.running() and not any(EXTRA in (path or "") for path in disk_paths(pool.domain(NAME)))
+    finally:
+        hold.release()
+    attached = waiter.finish(timeout=600)
+    assert attached.get("changed") and not attached.get("failed"), attached
+    assert any(EXTRA in (path or "") for path in disk_paths(pool.domain(NAME)))
+    assert holds(pool, NAME) == []  # (the idle guest lets no disk go live: the fixture's removal takes it)

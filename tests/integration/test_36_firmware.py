@@ -1,0 +1,263 @@
+"""Firmware of busybox guests: the emulated TPM 2.0, Secure Boot, and UEFI variables carried by a move.
+
+The guest's kernel finds the CRB TPM (/dev/tpm0, /sys/class/tpm/tpm0); a value extended into PCR 16 with a raw
+TPM2_PCR_Extend written to /dev/tpm0 is read back after a live move; libvirt keeps the swtpm state under the
+pool's /var/lib/libvirt/swtpm/<uuid>, which the lab binds below its pool directory, and removes it when the
+machine is deleted. Secure Boot is read from the loader libvirt chose; UEFI variables OVMF wrote are read back,
+byte for byte, on the pool a cold move took the machine to.
+"""
+
+import hashlib
+import os
+import struct
+import subprocess
+import time
+
+import pytest
+from lxml import etree
+
+from conftest import REPO, Pool, first_pool, load_lab, register, run_module
+from test_34_images import agent_of, shell
+
+MACHINE = "fw-tpm"
+
+
+def octal(data):
+    """Bytes as the octal escapes the guest's printf writes."""
+    return "".join("\\%03o" % byte for byte in data)
+
+
+# the authorization area of a command under an empty password session: its size (9), TPM_RS_PW, no nonce, no
+# attributes, no password
+PASSWORD_SESSION = struct.pack(">IIHBH", 9, 0x40000009, 0, 0, 0)
+# TPM2_PCR_Extend (tag TPM_ST_SESSIONS, 65 bytes, command 0x182) of PCR 16, the debug PCR, with one sha256 digest
+# of 32 bytes 0x41
+EXTEND = octal(struct.pack(">HIII", 0x8002, 65, 0x182, 16) + PASSWORD_SESSION + struct.pack(">IH", 1, 0x000B) +
+               b"A" * 32)
+# PCR 16 after that one extension from its reset value: sha256(32 zero bytes || 32 bytes 0x41)
+EXTENDED = hashlib.sha256(bytes(32) + b"A" * 32).hexdigest().upper()
+PCR16 = "cat /sys/class/tpm/tpm0/pcr-sha256/16"
+# TPM2_NV_Read (35 bytes, command 0x14E) of the first 128 bytes of the NV index 0x01c00002, the RSA endorsement
+# key's certificate that swtpm_setup wrote when libvirt first started the TPM (the index authorizes its own
+# reads): unique to this TPM, and kept across power cycles
+READ_EK_CERT = octal(struct.pack(">HIIII", 0x8002, 35, 0x14E, 0x01C00002, 0x01C00002) + PASSWORD_SESSION +
+                     struct.pack(">HH", 128, 0))
+
+
+@pytest.fixture(scope="module")
+def fw_pool():
+    with first_pool(clean) as pool:
+        yield pool
+
+
+def clean(_pool):
+    for entry in load_lab()["pools"][:2]:  # the TPM test moves its machine to the second pool
+        pool = Pool(entry["name"], entry["uri"])
+        if pool.domain(MACHINE) is not None:
+            run_module("machine", uri=pool.uri, name=MACHINE, state="absent", shutdown_timeout=0)
+
+
+def swtpm_state(pool, uuid):
+    """The pool's swtpm state directory of the domain ``uuid`` (the lab binds /var/lib/libvirt below its dir)."""
+    entry = next(item for item in load_lab()["pools"] if item["name"] == pool.name)
+    pool_dir = os.path.dirname(os.path.dirname(entry["uri"].split("socket=", 1)[1]))
+    return os.path.join(pool_dir, "lib", "swtpm", uuid)
+
+
+def tpm_command(agent, command):
+    """The TPM's response to a raw command (octal escapes) written to /dev/tpm0 in the guest, as hex bytes."""
+    return shell(agent, "exec 3<>/dev/tpm0; printf '%s' >&3; dd bs=4096 count=1 <&3 2>/dev/null | od -An -tx1"
+                 % command).split()
+
+
+def tpm_of(pool):
+    tree = etree.fromstring(pool.domain(MACHINE).XMLDesc(2))
+    return [(node.get("model"), node.find("backend").get("type"), node.find("backend").get("version"))
+            for node in tree.findall("devices/tpm")]
+
+
+def test_tpm_seen_by_the_guest_and_deleted_with_the_machine(fw_pool):
+    pool = fw_pool
+    args = dict(uri=pool.uri, name=MACHINE, machine_class="small", image=load_lab()["image"],
+                network_interfaces=[], shutdown_timeout=10, tpm=True)
+    planned = run_module("machine", check=True, **args)
+    assert planned["changed"] and pool.domain(MACHINE) is None, planned
+    made = run_module("machine", **args)
+    assert made["changed"] and not made.get("failed"), made
+    assert tpm_of(pool) == [("tpm-crb", "emulator", "2.0")]
+    again = run_module("machine", **args)
+    assert again["changed"] is False, again
+    agent = agent_of(pool, MACHINE)
+    assert shell(agent, "cat /sys/class/tpm/tpm0/tpm_version_major").strip() == "2"
+    assert shell(agent, "test -c /dev/tpm0 && echo present").strip() == "present"
+    uuid = pool.domain(MACHINE).UUIDString()
+    assert os.path.isdir(swtpm_state(pool, uuid))
+    # a value extended into a PCR, read back by the guest's kernel
+    assert shell(agent, PCR16).strip() == "0" * 64
+    response = tpm_command(agent, EXTEND)
+    assert response[6:10] == ["00", "00", "00", "00"], response  # TPM_RC_SUCCESS
+    assert shell(agent, PCR16).strip() == EXTENDED
+
+    # a live move carries the whole TPM state, PCRs included, in QEMU's migration stream
+    other = next((Pool(entry["name"], entry["uri"]) for entry in load_lab()["pools"][1:2]), None)
+    if other is not None:
+        register(other)
+        moved = run_module("machine_migrate", uri=pool.uri, machine=MACHINE, target=other.uri, mode="live")
+        assert moved["changed"] and not moved.get("failed"), moved
+        assert shell(agent_of(other, MACHINE), PCR16).strip() == EXTENDED
+        assert os.path.isdir(swtpm_state(other, uuid)) and not os.path.exists(swtpm_state(pool, uuid))
+        # a cold move restarts the guest (its PCRs start again from zero, as at any power on) with the same TPM:
+        # the endorsement key's certificate in its NV memory is the one it had
+        certificate = tpm_command(agent_of(other, MACHINE), READ_EK_CERT)
+        assert certificate[6:10] == ["00", "00", "00", "00"] and len(certificate) > 100, certificate
+        moved = run_module("machine_migrate", uri=other.uri, machine=MACHINE, target=pool.uri, mode="cold",
+                           shutdown_timeout=10)
+        assert moved["changed"] and not moved.get("failed"), moved
+        agent = agent_of(pool, MACHINE)
+        assert shell(agent, PCR16).strip() == "0" * 64
+        assert tpm_command(agent, READ_EK_CERT) == certificate
+
+    gone = run_module("machine", uri=pool.uri, name=MACHINE, state="absent", shutdown_timeout=0)
+    assert gone["changed"], gone
+    assert pool.domain(MACHINE) is None
+    assert not os.path.exists(swtpm_state(pool, uuid))
+
+
+SECURE = "fw-secure"
+
+
+def test_secure_boot_firmware_chosen_by_libvirt(fw_pool):
+    pool = fw_pool
+    args = dict(uri=pool.uri, name=SECURE, machine_class="small", image=load_lab()["image"],
+                network_interfaces=[], shutdown_timeout=0, wait="none")
+    try:
+        refused = run_module("machine", firmware="bios", secure_boot=True, **args)
+        assert refused.get("failed") and refused["field"] == "secure_boot" and "UEFI" in refused["msg"], refused
+        assert pool.domain(SECURE) is None
+        made = run_module("machine", firmware="uefi", secure_boot=True, **args)
+        assert made["changed"] and not made.get("failed"), made
+        # the running domain: libvirt picked the OVMF build with the keys enrolled, and its variables' template
+        live = etree.fromstring(pool.domain(SECURE).XMLDesc(0))
+        loader = live.find("os/loader")
+        assert loader.get("secure") == "yes" and loader.text.endswith(".ms.fd"), etree.tostring(loader)
+        assert live.find("os/nvram").get("template").endswith("OVMF_VARS_4M.ms.fd")
+        assert live.find("features/smm").get("state") == "on"
+        again = run_module("machine", firmware="uefi", secure_boot=True, **args)
+        assert again["changed"] is False, again
+        changed = run_module("machine", firmware="uefi", secure_boot=False, **args)
+        assert changed.get("failed") and changed["field"] == "secure_boot", changed
+    finally:
+        if pool.domain(SECURE) is not None:
+            run_module("machine", uri=pool.uri, name=SECURE, state="absent", shutdown_timeout=0)
+
+
+UEFI = "fw-uefi"
+VARS_TEMPLATE = "/usr/share/OVMF/OVMF_VARS_4M.fd"
+
+
+def nvram_digest(pool, name):
+    return hashlib.sha256(pool.download("%s-nvram.fd" % name)).hexdigest()
+
+
+def test_uefi_variables_move_with_the_machine():
+    lab = load_lab()
+    if len(lab["pools"]) < 2:
+        pytest.skip("a move needs two pools")
+    first, second = (Pool(entry["name"], entry["uri"]) for entry in lab["pools"][:2])
+    for pool in (first, second):
+        register(pool)
+        if pool.domain(UEFI) is not None:
+            run_module("machine", uri=pool.uri, name=UEFI, state="absent", shutdown_timeout=0)
+        run_module("machine_backup", uri=pool.uri, machine=UEFI, name="b1", state="absent")
+    args = dict(name=UEFI, machine_class="small", image=lab["image"], network_interfaces=[], shutdown_timeout=0,
+                firmware="uefi", wait="none")
+    try:
+        made = run_module("machine", uri=first.uri, **args)
+        assert made["changed"] and not made.get("failed"), made
+        nvram = etree.fromstring(first.domain(UEFI).XMLDesc(2)).findtext("os/nvram")
+        assert nvram.endswith("/%s-nvram.fd" % UEFI), nvram
+        with open(VARS_TEMPLATE, "rb") as handle:
+            template = hashlib.sha256(handle.read()).hexdigest()
+        # OVMF writes its variables (boot entries, its counters) while it runs: wait until it has
+        deadline = time.monotonic() + 240
+        while nvram_digest(first, UEFI) == template:
+            assert time.monotonic() < deadline, "OVMF wrote no variable"
+            time.sleep(2)
+        stopped = run_module("machine", uri=first.uri, state="stopped", **args)
+        assert not stopped.get("failed"), stopped
+        before = nvram_digest(first, UEFI)
+        assert before != template
+        moved = run_module("machine_migrate", uri=first.uri, machine=UEFI, target=second.uri, mode="cold",
+                           shutdown_timeout=0, wait="none")
+        assert moved["changed"] and not moved.get("failed"), moved
+        assert first.domain(UEFI) is None and "%s-nvram.fd" % UEFI not in first.volumes()
+        moved_xml = etree.fromstring(second.domain(UEFI).XMLDesc(2))
+        assert moved_xml.findtext("os/nvram") == nvram.replace(
+            os.path.dirname(nvram), storage_dir(second))
+        assert nvram_digest(second, UEFI) == before
+        # a backup keeps the variables; a boot since changes them (OVMF counts boots in them); a restore brings
+        # back the ones of the backup
+        backup = dict(uri=second.uri, machine=UEFI, name="b1")
+        taken = run_module("machine_backup", **backup)
+        assert taken["changed"] and not taken.get("failed"), taken
+        assert hashlib.sha256(second.download("%s.backup.b1.nvram.fd" % UEFI)).hexdigest() == before
+        assert not run_module("machine", uri=second.uri, state="running", **args).get("failed")
+        deadline = time.monotonic() + 240
+        while nvram_digest(second, UEFI) == before:
+            assert time.monotonic() < deadline, "OVMF wrote no variable at its second boot"
+            time.sleep(2)
+        assert not run_module("machine", uri=second.uri, state="stopped", **args).get("failed")
+        restored = run_module("machine_backup", restore=True, **backup)
+        assert restored["changed"] and not restored.get("failed"), restored
+        assert nvram_digest(second, UEFI) == before
+        dropped = run_module("machine_backup", state="absent", **backup)
+        assert dropped["changed"] and "%s.backup.b1.nvram.fd" % UEFI not in second.volumes()
+        gone = run_module("machine", uri=second.uri, name=UEFI, state="absent", shutdown_timeout=0)
+        assert gone["changed"], gone
+        assert "%s-nvram.fd" % UEFI not in second.volumes()
+    finally:
+        for pool in (first, second):
+            if pool.domain(UEFI) is not None:
+                run_module("machine", uri=pool.uri, name=UEFI, state="absent", shutdown_timeout=0)
+
+
+def storage_dir(pool):
+    return etree.fromstring(pool.conn.storagePoolLookupByName("machinery").XMLDesc(0)).findtext("target/path")
+
+
+SIGNED = "fw-signed"
+
+
+def secureboot_image():
+    """$MACHINERY_SECUREBOOT_IMAGE, else built beside the lab's test image from it and Debian's signed shim and
+    GRUB (lab/image/secureboot/build.sh; cached by its recipe)."""
+    path = os.environ.get("MACHINERY_SECUREBOOT_IMAGE")
+    if path:
+        return path
+    image = load_lab()["image"]
+    script = os.path.join(REPO, "lab", "image", "secureboot", "build.sh")
+    built = subprocess.run([script, os.path.dirname(image), image], capture_output=True, text=True, timeout=600,
+                           check=False)
+    if built.returncode != 0:
+        pytest.skip("cannot build the Secure Boot test image: %s" % built.stderr[-2000:])
+    return built.stdout.strip().splitlines()[-1]
+
+
+def test_secure_boot_reported_by_the_guest(fw_pool):
+    """Debian's signed shim and GRUB start Debian's signed kernel under Secure Boot; the guest says it is on."""
+    pool = fw_pool
+    image = secureboot_image()
+    args = dict(uri=pool.uri, name=SIGNED, cpu=1, memory="384Mi", image=image, network_interfaces=[],
+                firmware="uefi", secure_boot=True, shutdown_timeout=0)
+    try:
+        made = run_module("machine", **args)
+        assert made["changed"] and not made.get("failed"), made
+        pool.wait_console(SIGNED, "MACHINERY-READY", timeout=300)
+        agent = agent_of(pool, SIGNED)
+        # the kernel reads the firmware's SecureBoot variable at boot and locks itself down when it is set
+        kernel_log = shell(agent, "dmesg")
+        assert "secureboot: Secure boot enabled" in kernel_log, kernel_log[-3000:]
+        assert "Kernel is locked down from EFI Secure Boot" in kernel_log
+    finally:
+        if pool.domain(SIGNED) is not None:
+            run_module("machine", uri=pool.uri, name=SIGNED, state="absent", shutdown_timeout=0)

@@ -1,0 +1,201 @@
+"""Holds on machines: converge takes them (and only for a plan that changes something), a holder names itself, a
+run holding a machine takes it again for free, and a conflict names the other run."""
+
+import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
+    Action, Plan, Resource, converge)
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
+from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+
+
+class FakeHold:
+    def __init__(self, key, log):
+        self.key = key
+        self.log = log
+
+    def acquire(self):
+        self.log.append(("acquire", self.key))
+        return self
+
+    def release(self):
+        self.log.append(("release", self.key))
+
+    def check(self, before):
+        self.log.append(("check", before))
+
+
+class Counter(Resource):
+    """A counter that must reach ``wanted``; another run may bump it before this run's holds are taken."""
+
+    def __init__(self, wanted, value=0, keys=(("uri2", "b"), ("uri1", "a"), ("uri1", "a")), bump=None, fail=False):
+        self.wanted = wanted
+        self.value = value
+        self.keys = keys
+        self.log = []
+        self.bump = bump  # what another run sets the value to once the holds are asked for
+        self.fail = fail
+
+    def describe(self):
+        return "the counter"
+
+    def holds(self, plan, observed):
+        if self.bump is not None:
+            self.value, self.bump = self.bump, None
+        return [FakeHold(key, self.log) for key in self.keys]
+
+    def observe(self):
+        self.log.append(("observe", self.value))
+        return self.value
+
+    def plan(self, observed):
+        return Plan([Action("set", "counter", {"value": observed}, {"value": self.wanted})]) \
+            if observed != self.wanted else Plan()
+
+    def _set(self, action, _observed):
+        if self.fail:
+            raise ConflictError("refused")
+        self.log.append(("set", self.wanted))
+        self.value = self.wanted
+
+    APPLY = {"set": _set}
+
+
+def test_holds_are_taken_once_each_in_key_order_and_released_in_reverse():
+    counter = Counter(3)
+    converge(counter)
+    assert counter.log == [("observe", 0), ("acquire", ("uri1", "a")), ("acquire", ("uri2", "b")),
+                           ("observe", 0), ("check", "set"), ("check", "set"), ("set", 3), ("observe", 3),
+                           ("release", ("uri2", "b")), ("release", ("uri1", "a"))]
+
+
+def test_a_converged_object_and_check_mode_take_no_hold():
+    counter = Counter(3, value=3)
+    converge(counter)
+    assert counter.log == [("observe", 3)]
+    counter = Counter(5)
+    converge(counter, check_mode=True)
+    assert counter.log == [("observe", 0)]
+
+
+def test_the_plan_is_made_again_under_the_holds():
+    counter = Counter(3, bump=3)  # another run did it before this one held the counter
+    plan, observed = converge(counter)
+    assert not plan.actions and observed == 3
+    assert ("set", 3) not in counter.log and counter.log[-1] == ("release", ("uri1", "a"))
+
+
+def test_holds_are_released_when_the_apply_fails():
+    counter = Counter(3, fail=True)
+    with pytest.raises(ConflictError):
+        converge(counter)
+    assert counter.log[-2:] == [("release", ("uri2", "b")), ("release", ("uri1", "a"))]
+
+
+def test_a_marker_names_its_holder():
+    coordination = holds.Coordination("volume_attach", 60, host="ctl.example.org", clock=lambda: 1700000000)
+    prefix = reg.hold_prefix("web-1")
+    marker = reg.holder_marker(prefix, coordination.tag())
+    assert marker.startswith(prefix) and "/" not in marker
+    found = holds.holder(marker, prefix)
+    assert found["controller"] == "ctl_example_org" and found["operation"] == "volume_attach"
+    assert found["since"] == "2023-11-14T22:13:20+00:00" and isinstance(found["pid"], int)
+    assert holds.holder(None, prefix)["operation"] == "create"  # a create's claim names no one
+    assert holds.holder(prefix + "abc.12.34.5", prefix)["operation"] is None  # an older version's marker
+
+
+class FakeLock:
+    def __init__(self, log, refusal=None):
+        self.log = log
+        self.marker = "m"
+        self.refusal = refusal
+
+    def acquire(self):
+        if self.refusal is not None:
+            raise self.refusal
+        self.log.append("taken")
+        return self
+
+    def release(self):
+        self.log.append("released")
+
+
+def test_a_run_takes_a_machine_it_holds_again_without_waiting(monkeypatch):
+    log = []
+    monkeypatch.setattr(reg, "machine_hold", lambda *args, **kwargs: FakeLock(log))
+    coordination = holds.Coordination("machine_health_check")
+    outer = coordination.machine(None, "web-1", "uri1").acquire()
+    inner = coordination.machine(None, "web-1", "uri1").acquire()
+    assert inner.marker == outer.marker == "m"
+    inner.release()
+    assert log == ["taken"]
+    outer.release()
+    assert log == ["taken", "released"] and coordination.held == {}
+
+
+def test_a_conflict_names_the_holder(monkeypatch):
+    prefix = reg.hold_prefix("web-1")
+    other = holds.Coordination("machine_snapshot", host="ctl2", clock=lambda: 1700000000)
+    refusal = ConflictError("the hold on machine web-1 has been held for over 5s by another run", "machine")
+    refusal.holder_marker = reg.holder_marker(prefix, other.tag())
+    monkeypatch.setattr(reg, "machine_hold", lambda *args, **kwargs: FakeLock([], refusal))
+    with pytest.raises(ConflictError) as caught:
+        holds.Coordination("volume_attach", 5).machine(None, "web-1", "uri1").acquire()
+    assert caught.value.reason == "Conflict"
+    assert caught.value.details["holder"] == {"controller": "ctl2", "operation": "machine_snapshot",
+                                              "since": "2023-11-14T22:13:20+00:00"}
+    assert "machine_snapshot on ctl2" in caught.value.message and "hold_timeout" in caught.value.message
+
+
+def test_only_a_move_is_refused_at_once():
+    prefix = reg.hold_prefix("web-1")
+    move = reg.holder_marker(prefix, holds.Coordination(holds.MOVE, host="c").tag())
+    snapshot = reg.holder_marker(prefix, holds.Coordination("machine_snapshot", host="c").tag())
+    attach = holds.Coordination("volume_attach").machine(None, "web-1")
+    assert "being moved" in attach._refuse(move)
+    assert attach._refuse(snapshot) is None
+    second_move = holds.Coordination("x").machine(None, "web-1", operation=holds.MOVE)
+    assert second_move._refuse(move) is None  # a second move waits for the first
+
+
+def test_every_kind_says_what_it_holds():
+    import inspect
+    import pkgutil
+    import importlib
+    from ansible_collections.machinery.compute.plugins import module_utils
+
+    kinds = []
+    for info in pkgutil.walk_packages(module_utils.__path__, module_utils.__name__ + "."):
+        module = importlib.import_module(info.name)
+        kinds.extend(obj for _name, obj in inspect.getmembers(module, inspect.isclass)
+                     if issubclass(obj, Resource) and obj is not Resource and obj.__module__ == info.name)
+    assert len(kinds) >= 12
+    assert all("holds" not in getattr(kind, "__abstractmethods__", ()) for kind in kinds)
+
+
+def test_a_waiter_judges_a_lease_on_its_own_clock_from_the_last_change(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(reg.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(reg, "holder_is_dead", lambda marker, prefix: None)  # another controller's: unknown
+    lock = reg.AdmissionLock(None, None, lease=6)
+    lock._note(1, ["hold-a.holder.x"])
+    now[0] += 5
+    assert not lock._abandoned(10 ** 6, ["hold-a.holder.x"])  # however old the file: the host's clock is not read
+    lock._note(513, ["hold-a.holder.x"])  # renewed: the lease starts again from here
+    now[0] += 5
+    assert not lock._abandoned(0, ["hold-a.holder.x"])
+    now[0] += 1.5
+    assert lock._abandoned(0, ["hold-a.holder.x"])  # a whole lease without a change
+
+
+def test_a_dead_holder_is_not_waited_for_even_within_its_lease(monkeypatch):
+    monkeypatch.setattr(reg, "holder_is_dead", lambda marker, prefix: True)
+    lock = reg.AdmissionLock(None, None, lease=600)
+    lock._note(1, ["hold-a.holder.x"])
+    assert lock._abandoned(0, ["hold-a.holder.x"])
+
+
+def test_the_lease_setting():
+    assert holds.lease_seconds("2") == 2.0 and holds.lease_seconds(None) == holds.LEASE_SECONDS
+    assert holds.lease_seconds("0") == holds.LEASE_SECONDS and holds.lease_seconds("x") == holds.LEASE_SECONDS
