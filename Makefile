@@ -25,7 +25,7 @@ NEWEST_SKIPPED = echo "!!! NOT TESTED: ansible-core $(NEWEST_CORE) needs Python 
 # A module, the action plugins, the inventory, the lookup (test_11's scheduler cases), the connection (the guest
 # agent), the filters and the roles' plays.
 NEWEST_INTEGRATION := test_03_machine.py test_05_roles.py test_06_machine_batch.py test_07_inventory.py \
-	test_11_bad_input.py test_18_guest_agent.py test_33_filters.py
+	test_11_bad_input.py test_18_guest_agent.py test_37_filters.py
 APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt-dev \
 	libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils \
 	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time libxml2-utils \
@@ -171,10 +171,10 @@ INTEGRATION_LABS_UP = pids=; for dir in $(INTEGRATION_LAB_DIRS); do \
 	status=0; for pid in $$pids; do wait $$pid || status=1; done; \
 	if [ $$status -ne 0 ]; then $(INTEGRATION_LABS_DOWN); exit 1; fi
 # The mixed fleet, last: the labs come up again with their last pool a Debian 13 host (lab.py --newer 1), and the
-# files that need such a fleet run on them: moves between the releases (test_34), and the pool and machine
+# files that need such a fleet run on them: moves between the releases (test_40), and the pool and machine
 # lifecycles with the Debian 13 pool first (tests/integration/newer_first.py).
 # On a machine of Debian 13 or later there is no newer release to mix in: the step says so instead.
-MIXED_INTEGRATION := test_34_mixed_versions.py test_01_machine_pool.py test_03_machine.py
+MIXED_INTEGRATION := test_40_mixed_versions.py test_01_machine_pool.py test_03_machine.py
 HOST_RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $${VERSION_ID%%.*})
 MIXED ?= $(if $(filter 12,$(HOST_RELEASE)),1,0)
 MIXED_SKIPPED = echo "!!! NOT TESTED: the mixed fleet (Debian 13 pools beside the machine's) needs a Debian 12 machine," \
@@ -186,8 +186,8 @@ integration: venv core-venv newest-venv image image-real debian13-lab
 		MACHINERY_LABS=$$(printf '%s/lab.json:' $(INTEGRATION_LAB_DIRS)) \
 		MACHINERY_REAL_IMAGE=$(IMAGE_DIR)/machinery-real.qcow2; \
 		$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 -n $(INTEGRATION_LABS) --dist loadfile \
-			--no-loadscope-reorder --ignore=tests/integration/test_34_mixed_versions.py \
-			--ignore=tests/integration/test_35_execution_environment.py \
+			--no-loadscope-reorder --ignore=tests/integration/test_40_mixed_versions.py \
+			--ignore=tests/integration/test_42_execution_environment.py \
 			tests/integration && \
 		echo "-- the inventory tests under ansible-core $(MIN_CORE)" && \
 		$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py && \
@@ -216,7 +216,7 @@ endif
 
 # The execution environment, built and run: ansible-builder and podman (Debian's package) make machinery-ee:debian
 # on a base image made from Debian packages (extensions/awx/ee/), then AWX's jobs run in it through ansible-runner's
-# container mode against a lab of its own (3 pools, two of them used), over SSH and TLS (test_35_execution_environment.py).
+# container mode against a lab of its own (3 pools, two of them used), over SSH and TLS (test_42_execution_environment.py).
 EE_DIR ?= $(CURDIR)/.cache/ee
 EE_LAB ?= $(CURDIR)/.lab/ee
 ee: venv image
@@ -224,7 +224,7 @@ ee: venv image
 	python3 lab/lab.py up --pools 3 --dir $(EE_LAB) --image $(IMAGE_DIR)/machinery-test.qcow2 --newer 0
 	if [ -f $(EE_DIR)/containers.conf ]; then export CONTAINERS_CONF=$(EE_DIR)/containers.conf; fi; \
 	MACHINERY_LAB=$(EE_LAB)/lab.json MACHINERY_EE_IMAGE=machinery-ee:debian \
-		$(VENV)/bin/pytest -q -p no:cacheprovider tests/integration/test_35_execution_environment.py; \
+		$(VENV)/bin/pytest -q -p no:cacheprovider tests/integration/test_42_execution_environment.py; \
 		status=$$?; python3 lab/lab.py down --dir $(EE_LAB); exit $$status
 
 # The Debian 13 root whose libvirt and QEMU a mixed lab's newer pools run (lab-up NEWER=N, the integration suite).

@@ -16,7 +16,7 @@ from conftest import first_pool, run_module
 
 from ansible_collections.machinery.compute.plugins.module_utils.machines import guest
 from test_12_real_guest import real_image
-from test_34_images import root_backing
+from test_39_images import root_backing
 
 SOURCE = "ri-src"
 LINKED = "ri-linked"

@@ -17,7 +17,7 @@ import pytest
 from lxml import etree
 
 from conftest import REPO, Pool, first_pool, load_lab, register, run_module
-from test_34_images import agent_of, shell
+from test_39_images import agent_of, shell
 
 MACHINE = "fw-tpm"
 
