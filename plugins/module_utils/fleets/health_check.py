@@ -219,6 +219,7 @@ def plan_check(desired, machines, moment, lost=None):
                               {"replaced": sorted(document["replaced"])},
                               [step("write_document", "set-%s" % entry["name"], pool=uri) for uri in entry["uris"]],
                               uri=entry["uris"][0], uris=entry["uris"], document=document,
+                              generations=entry.get("generations") or {},
                               reasons=["%s: replaced, its pool unreachable since %s" % (
                                   name, document["replaced"][name]["since"]) for name in given_up]))
     if facts["remediation_allowed"]:
@@ -292,11 +293,14 @@ class HealthCheckResource(Resource):
                 document = ctx.registry.get(key)
                 if isinstance(document, dict) and "members" in document and \
                         lost_pool.covers(document, self.desired["match_labels"]):
-                    documents.setdefault(document["name"], []).append((ctx.uri, document))
+                    documents.setdefault(document["name"], []).append(
+                        (ctx.uri, document, ctx.registry.read_generation(key)))
         reached = {ctx.uri for ctx in contexts}
         return {"reachable": {uri: uri in reached for uri in self.fleet.uris},
-                "sets": [{"name": name, "record": lost_pool.trusted([doc for _uri, doc in held]),
-                          "uris": [uri for uri, _doc in held]} for name, held in sorted(documents.items())]}
+                "sets": [{"name": name, "record": lost_pool.trusted([doc for _uri, doc, _gen in held]),
+                          "uris": [uri for uri, _doc, _gen in held],
+                          "generations": {uri: gen for uri, _doc, gen in held}}
+                         for name, held in sorted(documents.items())]}
 
     def observe_guest(self, ctx, dom, machine):
         """The guest's own signals of a running machine: its agent channel's state (live XML), and whether the
@@ -351,6 +355,8 @@ class HealthCheckResource(Resource):
     def _record(self, action, _observed):
         """The set's document, with its marks and replacements, to every reachable pool that holds one."""
         for uri in action.data["uris"]:
-            self.fleet.contexts[uri].registry.put("set-%s" % action.target, action.data["document"])
+            # compare and swap: written only over the document the plan was made from
+            self.fleet.contexts[uri].registry.put("set-%s" % action.target, action.data["document"],
+                                                  expect=(action.data.get("generations") or {}).get(uri))
 
     APPLY = {"delete": _delete, "restart": _restart, "record": _record, "replace": _record}

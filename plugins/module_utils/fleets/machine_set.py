@@ -416,7 +416,7 @@ def plan_set(desired, observed, moment=None):
          "replaced": sorted((lost["record"] or {}).get("replaced") or {})},
         {"unreachable": dict(document["unreachable"]), "replaced": sorted(document["replaced"])})
     records = [Action("record", pool["name"], shown[0], shown[1], steps=[step("write_document", set_key(name))],
-                      uri=pool["uri"], document=document)
+                      uri=pool["uri"], document=document, generation=pool.get("generation"))
                for pool in observed["pools"] if pool.get("state") == "Ready" and pool.get("definition") != document]
     # fences come before anything else, the set's record next (so a new member never runs before it is known)
     return Plan(first + records + actions, warnings, stale=sorted(member["name"] for member in stale), lost=lost)
@@ -585,7 +585,8 @@ class MachineSetResource(Resource):
         pools = []
         for ctx in contexts:
             pools.append({"name": ctx.name or ctx.uri, "uri": ctx.uri, "state": "Ready" if ctx.registration
-                          else "Error", "definition": ctx.registry.get(set_key(self.desired["name"]))})
+                          else "Error", "definition": ctx.registry.get(set_key(self.desired["name"])),
+                          "generation": ctx.registry.read_generation(set_key(self.desired["name"]))})
         reached = {ctx.uri for ctx in contexts}
         # the pools that could not be read: members there are unknown (lost_pool)
         pools += [{"name": snapshot["name"], "uri": snapshot["uri"], "state": "Offline", "definition": None}
@@ -667,7 +668,9 @@ class MachineSetResource(Resource):
         return MachineService(self.fleet.contexts[action.data["uri"]])
 
     def _record(self, action, _observed):
-        self.fleet.contexts[action.data["uri"]].registry.put(set_key(self.desired["name"]), action.data["document"])
+        # compare and swap: written only over the document the plan was made from
+        self.fleet.contexts[action.data["uri"]].registry.put(set_key(self.desired["name"]), action.data["document"],
+                                                             expect=action.data.get("generation"))
 
     def _forget(self, action, _observed):
         self.fleet.contexts[action.data["uri"]].registry.delete(set_key(self.desired["name"]))

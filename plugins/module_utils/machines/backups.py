@@ -222,7 +222,10 @@ class BackupResource(Resource):
         document = self.ctx.registry.get(key) or {"machine": self.machine, "backups": []}
         backups = change(list(document.get("backups") or []))
         if backups:
-            self.ctx.registry.put(key, {"machine": self.machine, "backups": backups})
+            # compare and swap over the document just read (the machine is held: only a run that broke the
+            # hold could have written since)
+            self.ctx.registry.put(key, {"machine": self.machine, "backups": backups},
+                                  expect=self.ctx.registry.read_generation(key))
         else:
             self.ctx.registry.delete(key)
 

@@ -258,13 +258,14 @@ def cache_copy(source_conn, source_vol, conn, pool, checksum):
         return pool.storageVolLookupByName(name)
 
 
-def write_record(ctx, body):
-    """The image's record with the cached volume's format and virtual size."""
+def write_record(ctx, body, expect=None):
+    """The image's record with the cached volume's format and virtual size; ``expect``: the generation of the
+    record the change was made from (compare and swap, Registry.put)."""
     body = dict(body)
     vol, fmt = images.cached_volume(ctx.storage, body["checksum"])
     storage.refresh(ctx.storage)
     body.update(format=fmt, virtual_size=ctx.storage.storageVolLookupByName(vol.name()).info()[1])
-    ctx.registry.put(named_images.image_key(body["name"]), body)
+    ctx.registry.put(named_images.image_key(body["name"]), body, expect=expect)
     return body
 
 
@@ -377,6 +378,7 @@ class CaptureResource(Resource):
         self.ctx.reset()
         seen = observe_source(self.ctx, self.source["machine"])
         seen["record"] = record = self.ctx.registry.get(named_images.image_key(self.params["name"]))
+        seen["generation"] = self.ctx.registry.read_generation(named_images.image_key(self.params["name"]))
         seen["cached"] = bool(record and record.get("checksum")
                               and images.cached_volume(self.ctx.storage, record["checksum"])[0] is not None)
         return seen
@@ -407,7 +409,7 @@ class CaptureResource(Resource):
         body = dict(action.data["body"])
         if body.get("checksum") is None:
             body["checksum"] = self.checksum
-        self.published = write_record(self.ctx, body)
+        self.published = write_record(self.ctx, body, seen.get("generation"))
 
     APPLY = {"generalize": _generalize, "capture": _capture, "publish": _publish}
 
@@ -420,6 +422,7 @@ class ReplicaResource(Resource):
         self.params = params
         self.origin_ctx = origin_ctx
         self.origin = origin
+        self.generation = None  # of the record observed (compare and swap)
 
     def describe(self):
         return "image %s on pool %s" % (self.params["name"], self.ctx.name or self.ctx.uri)
@@ -431,6 +434,7 @@ class ReplicaResource(Resource):
     def observe(self):
         self.ctx.reset()
         record = self.ctx.registry.get(named_images.image_key(self.params["name"]))
+        self.generation = self.ctx.registry.read_generation(named_images.image_key(self.params["name"]))
         cached = bool(self.origin) and images.cached_volume(self.ctx.storage, self.origin["checksum"])[0] is not None
         return record, cached
 
@@ -445,6 +449,6 @@ class ReplicaResource(Resource):
         cache_copy(self.origin_ctx.conn, source_vol, self.ctx.conn, self.ctx.storage, self.origin["checksum"])
 
     def _publish(self, action, _observed):
-        write_record(self.ctx, action.data["body"])
+        write_record(self.ctx, action.data["body"], self.generation)
 
     APPLY = {"copy": _copy, "publish": _publish}

@@ -121,6 +121,7 @@ class ImageResource(Resource):
         self.ctx = ctx
         self.params = params
         self.name = params["name"]
+        self.generation = None  # of the record observed (compare and swap)
 
     def describe(self):
         return "image %s on pool %s" % (self.name, self.ctx.name or self.ctx.uri)
@@ -132,6 +133,7 @@ class ImageResource(Resource):
     def observe(self):
         self.ctx.reset()
         current = self.ctx.registry.get(image_key(self.name))
+        self.generation = self.ctx.registry.read_generation(image_key(self.name))
         cached = False
         if self.params.get("state") != "absent":
             vol, _fmt = images.cached_volume(self.ctx.storage, self.params["resolved"]["checksum"])
@@ -150,7 +152,8 @@ class ImageResource(Resource):
         vol, fmt = images.cached_volume(self.ctx.storage, body["checksum"])
         storage.refresh(self.ctx.storage)
         body.update(format=fmt, virtual_size=self.ctx.storage.storageVolLookupByName(vol.name()).info()[1])
-        self.ctx.registry.put(image_key(self.name), body)
+        # compare and swap: written only over the record the plan was made from
+        self.ctx.registry.put(image_key(self.name), body, expect=self.generation)
 
     def _withdraw(self, _action, _observed):
         self.ctx.registry.delete(image_key(self.name))

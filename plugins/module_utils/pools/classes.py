@@ -61,6 +61,7 @@ class ClassResource(Resource):
         self.ctx = ctx
         self.params = params
         self.name = check.class_name(params.get("name"), "name")
+        self.generation = None  # of the class observed (compare and swap)
 
     def describe(self):
         return "machine class %s" % self.name
@@ -72,6 +73,7 @@ class ClassResource(Resource):
     def observe(self):
         self.ctx.reset()
         current = self.ctx.registry.machine_class(self.name)
+        self.generation = self.ctx.registry.read_generation(reg.class_key(self.name))
         absent = self.params.get("state") == "absent"
         return current, machines_using(self.ctx.conn, self.name) if absent and current is not None else []
 
@@ -79,7 +81,8 @@ class ClassResource(Resource):
         return plan_class(self.params, *observed)
 
     def _publish(self, action, _observed):
-        self.ctx.registry.put(reg.class_key(self.name), action.data["body"])
+        # compare and swap: written only over the class the plan was made from
+        self.ctx.registry.put(reg.class_key(self.name), action.data["body"], expect=self.generation)
 
     def _withdraw(self, _action, _observed):
         self.ctx.registry.delete(reg.class_key(self.name))

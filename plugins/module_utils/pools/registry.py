@@ -26,6 +26,11 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import elem
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, LibvirtFailure
 
+# The steps of a document write (put): read the document (outside the lock), then under the host's admission lock
+# check that no newer complete generation was written since (with ``expect``), create generation n+1, upload its
+# body, prune the older ones. tests/unit/plugins/module_utils/test_document_model.py explores every interleaving of
+# writers taking exactly these steps, crashing anywhere; it fails when this list and the model's differ.
+WRITE_STEPS = ("read", "check", "create", "upload", "prune")
 REGISTRY_POOL = "machinery-registry"
 EXPECTED_RETRY_SECONDS = 2.0
 PRUNE_RETRY_SECONDS = 8.0
@@ -102,6 +107,10 @@ def reread(pool, read, believed, again=None, seconds=EXPECTED_RETRY_SECONDS):
             pass  # an upload is running there: its own refresh follows it
         found = (again or read)()
     return found
+
+
+class DocumentChanged(ConflictError):
+    """A compare-and-swap write (``Registry.put(expect=...)``) found a newer document than the one expected."""
 
 
 class Registry:
@@ -223,16 +232,61 @@ class Registry:
             self._index = None
             self._listed_in = epoch
 
-    def put(self, key, body, locked=False, epoch=None):
+    def forget(self, key):
+        """Drop what this object read of ``key`` (and its listing), so that the next ``get`` reads it afresh."""
+        with self._guard:
+            self._index = None
+            self._bodies.pop(key, None)
+            self._read_from.pop(key, None)
+
+    def read_generation(self, key):
+        """The generation of ``key`` this object read (``get``): 0 when it read no document, None when it has not
+        read the key."""
+        with self._guard:
+            if key not in self._bodies:
+                return None
+            name = self._read_from.get(key)
+            return int(_DOC.match(name).group("generation")) if name and self._bodies[key] is not None else 0
+
+    def _changed_since(self, key, versions, read):
+        """The newest generation of ``key`` in ``versions`` newer than the one read (``read``) that holds a
+        complete document, or None. Under the admission lock no writer is live, so a newer generation that
+        cannot be read is a dead writer's (prune_superseded) and changes nothing."""
+        for generation, name in versions:
+            if generation <= read:
+                break
+            vol = lv.lookup_volume(self.pool, name)
+            try:
+                data = storage.download_bytes(self.conn, vol, limit=1024 * 1024) if vol is not None else None
+            except (storage.VolumeBeingWritten, storage.VolumeTooLarge):
+                continue
+            if data is not None and decode(data, key) is not None:
+                return generation
+        return None
+
+    def put(self, key, body, locked=False, epoch=None, expect=None):
         """Write ``key``. Under the host's admission lock (``locked`` when the caller holds it already), listed
         afresh: two runs writing the same document at once (both registering a pool, say) then take distinct
         generations instead of colliding on one volume name. ``epoch`` (admission.Admission.epoch) spares the
-        listing when this process has held the lock since it last listed."""
+        listing when this process has held the lock since it last listed.
+
+        ``expect``: compare and swap. The generation of ``key`` the caller's change was made from
+        (``read_generation`` when it observed; 0 for no document). The write is made only if no newer complete
+        generation has been written since; otherwise it fails with DocumentChanged and writes nothing, so a change
+        made from an older document never replaces a newer one (docs/concurrency.md)."""
         # the host's lock first, then this object's guard: a thread holding the lock may need the guard
         with _held(self.conn, self.pool, locked), self._guard:
             self._relist(epoch if locked else None)
             for attempt in range(3):
                 versions = self._complete_listing(key).get(key, [])
+                if expect is not None:
+                    newer = self._changed_since(key, versions, expect)
+                    if newer is not None:
+                        self.forget(key)
+                        raise DocumentChanged(
+                            "registry document %s changed while this run worked (it read generation %d, another "
+                            "run wrote %d): nothing was written over it; run again to apply this change to the "
+                            "new document" % (key, expect, newer))
                 generation = versions[0][0] + 1 if versions else 1
                 name = "%s.%d.json" % (key, generation)
                 data = encode(key, generation, body)
