@@ -145,7 +145,11 @@ objects:
         volumes: [{"name": "root", "state": "Attached"}]
         networkInterfaces: [{"name": "eth0", "state": "Attached", "ips": ["192.168.122.152"]}]
 tables:
-  description: Per kind, lines like C(kubectl get <kind> -o wide) prints.
+  description:
+    - Per kind, lines like C(kubectl get <kind> -o wide) prints.
+    - A kind that documents of more than one project share in one run (IronCore's, OpenShift's and vitistack's
+      C(Machine) each have their own columns) has one table per API group, named C(<Kind>.<group>), for example
+      C(Machine.machine.openshift.io).
   returned: always
   type: dict
   sample:

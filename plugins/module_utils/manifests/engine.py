@@ -678,14 +678,14 @@ class Run:
                 metadata["labels"] = obj.labels
             shown_objects.append({"apiVersion": obj.api_version, "kind": obj.kind, "metadata": metadata,
                                   "status": status})
-            rows.setdefault(obj.kind, (obj.dialect.TABLES.get(obj.kind), []))[1].append(
+            group = obj.api_version.split("/")[0] if "/" in obj.api_version else ""
+            rows.setdefault((obj.kind, group), (obj.dialect.TABLES.get(obj.kind), []))[1].append(
                 obj.dialect.row(obj, status, observed))
             if obj.role == "set" and hasattr(obj.dialect, "member_row"):  # a set's members, as its Machines
                 for machine in sorted(observed.get("members") or [], key=lambda item: item["name"]):
-                    rows.setdefault("Machine", (obj.dialect.TABLES.get("Machine"), []))[1].append(
+                    rows.setdefault(("Machine", group), (obj.dialect.TABLES.get("Machine"), []))[1].append(
                         obj.dialect.member_row(machine))
-        tables = {kind: columns(header, lines) for kind, (header, lines) in rows.items() if header}
-        return shown_objects, tables
+        return shown_objects, tables_of(rows)
 
     def _referrers(self, obj):
         """The machines of the documents naming ``obj`` (a class, image, key pair or network), as
@@ -716,6 +716,18 @@ class Run:
         if not hasattr(self, "_fresh"):
             self._fresh = self.fleet.snapshots()
         return self._fresh
+
+
+def tables_of(rows):
+    """{table name: lines} of ``rows`` {(kind, API group): (header, rows)}. A kind that more than one project's
+    documents share in one run (IronCore's, OpenShift's and vitistack's Machine have columns of their own) gets a
+    table per group, named as kubectl names the resource in full (``Machine.machine.openshift.io``); otherwise the
+    kind names it."""
+    groups = {}
+    for kind, group in rows:
+        groups.setdefault(kind, set()).add(group)
+    return {kind if len(groups[kind]) == 1 else "%s.%s" % (kind, group): columns(header, lines)
+            for (kind, group), (header, lines) in rows.items() if header}
 
 
 def apply(entries, documents, params, check_mode=False, opener=None, load_problems=(), coordination=None):

@@ -646,3 +646,14 @@ def test_ironcore_machine_pool_status_has_capacity_and_allocatable_per_class():
     assert ironcore.pool_status({"state": "Offline", "allocatable": {"cpu": 0, "memory": "0"},
                                  "available_machine_classes": []}) == {"state": "Offline"}
     assert ironcore.pool_status({}) == {"state": "Unknown"}
+
+
+def test_a_kind_of_several_projects_gets_a_table_per_group():
+    """IronCore's and vitistack's Machines in one run keep their own columns; a kind of one project keeps its name."""
+    rows = {("Machine", "compute.ironcore.dev"): (("NAME", "STATE"), [("a", "Running")]),
+            ("Machine", "vitistack.io"): (("NAME", "PHASE", "PROVIDER"), [("b", "Running", "kubevirt")]),
+            ("MachineClass", "vitistack.io"): (("NAME", "CPU"), [("small", 1)])}
+    tables = engine.tables_of(rows)
+    assert sorted(tables) == ["Machine.compute.ironcore.dev", "Machine.vitistack.io", "MachineClass"]
+    assert tables["Machine.vitistack.io"][0].split() == ["NAME", "PHASE", "PROVIDER"]
+    assert tables["MachineClass"] == ["NAME    CPU", "small   1"]
