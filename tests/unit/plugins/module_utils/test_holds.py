@@ -201,6 +201,25 @@ def test_the_lease_setting():
     assert holds.lease_seconds("0") == holds.LEASE_SECONDS and holds.lease_seconds("x") == holds.LEASE_SECONDS
 
 
+def test_a_run_stops_itself_once_it_holds_what_a_test_names(monkeypatch):
+    """convergence.STOP_HOLDING_ENV (race tests): the run stops itself after its holds are taken and before it
+    observes again; another resource's run, or a run without the variable, never stops."""
+    from ansible_collections.machinery.compute.plugins.module_utils.core import convergence
+    stops = []
+    monkeypatch.setattr(convergence.os, "kill", lambda pid, sig: stops.append((counter.log[:], sig)))
+    counter = Counter(wanted=1)
+    monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "the counter")
+    converge(counter)
+    taken = [("observe", 0), ("acquire", ("uri1", "a")), ("acquire", ("uri2", "b"))]
+    assert stops == [(taken, convergence.signal.SIGSTOP)]
+    counter = Counter(wanted=1)
+    monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "another counter")
+    converge(counter)
+    monkeypatch.delenv(convergence.STOP_HOLDING_ENV)
+    converge(Counter(wanted=1))
+    assert len(stops) == 1
+
+
 def test_a_run_without_ansible_names_its_holds_after_its_module(monkeypatch):
     """A module run by Ansible is named by it; run with python -m (the lab tests), AnsibleModule's placeholder
     name ("basic.py") must not become the operation its holds show ("py")."""
