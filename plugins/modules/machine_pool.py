@@ -22,6 +22,7 @@ version_added: 0.1.0
 author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection
+  - machinery.compute.connection.hold
   - machinery.compute.action_group
 seealso:
   - module: machinery.compute.machine_pool_info

@@ -16,6 +16,7 @@ version_added: 0.2.0
 author: machinery.compute contributors (@machinery)
 extends_documentation_fragment:
   - machinery.compute.connection.pools
+  - machinery.compute.connection.hold
   - machinery.compute.action_group
 seealso:
   - module: machinery.compute.machine_set

@@ -21,6 +21,7 @@ from test_13_migrate import MIB, fleet, homes, journals, listed, make, remove, u
 from test_24_races import holds, wait_for, whole_once
 
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds as coordination
+from ansible_collections.machinery.compute.plugins.module_utils.core import convergence
 
 NAME = "coord-1"
 EXTRA = "coord-extra.qcow2"
@@ -247,47 +248,67 @@ def set_members(pools, name):
                                                                          name))
 
 
+def holders_of_set(pools, name):
+    """The pids named by the holder markers of set ``name``'s hold, on each pool (None: that pool has no hold)."""
+    prefix = "hold-set.%s.holder." % name
+    found = []
+    for pool in pools:
+        volumes = listed(pool, "machinery-registry")
+        markers = [volume[len(prefix):].split(".")[1] for volume in volumes if volume.startswith(prefix)]
+        found.append(sorted(markers) if "hold-set.%s.lock" % name in volumes else None)
+    return found
+
+
 def test_two_runs_of_one_set_take_turns(registered, image, tmp_path, monkeypatch):
-    """Two machine_set runs of one set at once (3 and 5 replicas): the second waits for the first's hold on the
-    set (the first frozen until the second says it waits), then plans from the members the first made; both
-    succeed and the set never has more than 5 members."""
+    """Two machine_set runs of one set at once (3 and 5 replicas). The first stops itself once it holds the set
+    (convergence.STOP_HOLDING_ENV), so the overlap is certain however loaded the machine is; the second, started
+    then, must say it waits for the set's hold while the first is stopped holding it. Let go, the first makes 3
+    members; the second plans from them (2 more), both succeed and the set never has more than 5 members. Were
+    sets not serialized, the second would not wait, or would plan 5 members from none."""
     pools, name = registered, "coord-set"
     args = dict(pools=fleet(pools), name=name, selector={"match_labels": {"app": name}},
                 template={"machine_class": "small", "image": image, "labels": {"app": name},
                           "network_interfaces": []}, wait="none", shutdown_timeout=1)
+    # the first run stays stopped while the second starts: a lease far longer than that, so no waiter takes over
+    monkeypatch.setenv(coordination.LEASE_ENV, "900")
     first = second = None
     try:
+        monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "machine set %s" % name)
         first = ModuleRun("machine_set", replicas=3, **args)
-
-        def set_held():
-            """the first run's hold on the set"""
-            return any(volume.startswith("hold-set.%s." % name) for pool in pools for volume in listed(
-                pool, "machinery-registry"))
-        wait_for(set_held, timeout=300)
-        os.killpg(first.proc.pid, signal.SIGSTOP)
+        monkeypatch.delenv(convergence.STOP_HOLDING_ENV)
+        _pid, status = os.waitpid(first.proc.pid, os.WUNTRACED)  # returns once it stopped itself (or ended)
+        assert os.WIFSTOPPED(status), ("the first run ended without stopping where it holds the set",
+                                       first.finish())
         try:
+            mine = [str(first.proc.pid)]
+            assert holders_of_set(pools, name) == [mine] * len(pools)  # its hold, on every pool, and no other
             progress = tmp_path / "set-progress.json"
             monkeypatch.setenv("MACHINERY_PROGRESS_FILE", str(progress))
             second = ModuleRun("machine_set", replicas=5, **args)
             monkeypatch.delenv("MACHINERY_PROGRESS_FILE")
 
             def waiting():
-                """the second run saying it waits for the set"""
-                return progress.exists() and "waiting for machine set %s" % name in progress.read_text()
+                """the second run saying it waits for the first's hold on the set"""
+                said = progress.exists() and "waiting for machine set %s, held by machine_set" % name in \
+                    progress.read_text()
+                assert said or second.running(), ("the second run ended without waiting", second.finish())
+                return said
             wait_for(waiting, timeout=300)
-            assert first.running() and second.running()
+            assert first.running() and second.running()  # overlapped: the second waits while the first holds
+            # still the first's hold on every pool (the waiter's marker comes and goes as it tries), nothing made
+            assert all(mine[0] in (pids or []) for pids in holders_of_set(pools, name)), holders_of_set(pools, name)
+            assert set_members(pools, name) == []
         finally:
             os.killpg(first.proc.pid, signal.SIGCONT)
         peak = 0
         while first.running() or second.running():  # the count of members, read from libvirt all along
             peak = max(peak, len(set_members(pools, name)))
-        assert first.running() is False and second.running() is False
         one, two = first.finish(), second.finish()
         assert not one.get("failed") and not two.get("failed"), (one, two)
-        assert one["changed"] and len(set_members(pools, name)) == two["replicas"] == 5, (one, two)
-        assert peak <= 5 and len(two["planned_members"]) == 2, (peak, two)
-        assert all(not any(volume.startswith("hold-set.") for volume in listed(pool, "machinery-registry"))
-                   for pool in pools)
+        assert one["changed"] and len(one["planned_members"]) == 3, one
+        assert len(set_members(pools, name)) == two["replicas"] == 5, (one, two)
+        assert peak <= 5 and len(two["planned_members"]) == 2, (peak, two)  # planned from the first's members
+        assert holders_of_set(pools, name) == [None] * len(pools)
     finally:
         for run in (first, second):
             if run is not None and run.running():

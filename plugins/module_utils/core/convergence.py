@@ -24,6 +24,8 @@ action left over means the apply did not do what the plan said, which is a bug, 
 from __future__ import annotations
 
 import abc
+import os
+import signal
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, MachineryError
 
@@ -32,6 +34,13 @@ class ConvergenceError(MachineryError):
     """The resource still differs from its spec after the plan was applied (a bug in the collection)."""
 
     reason = "NotConverged"
+
+
+# For race tests only: a run whose environment names a resource here (its ``describe()``, "machine set web")
+# stops itself (SIGSTOP) once it holds what that resource's plan needs, before it observes again and applies.
+# The test that started it learns it stopped from waitpid (WUNTRACED), starts a rival run while the holds are
+# certainly taken, and lets it go on (SIGCONT): an overlap made, never hoped for. Unset, nothing stops.
+STOP_HOLDING_ENV = "MACHINERY_STOP_HOLDING"
 
 
 class UnknownAction(MachineryError):
@@ -200,6 +209,7 @@ def converge(resource, check_mode=False):
             taken.append(hold.acquire())
         if taken:
             resource.fence = lambda before: [hold.check(before) for hold in taken]
+            stop_if_asked(resource)
         if taken:  # what was observed before the holds may have changed before they were taken
             observed = resource.observe()
             plan = resource.plan(observed)
@@ -209,6 +219,12 @@ def converge(resource, check_mode=False):
     finally:
         for hold in reversed(taken):
             hold.release()
+
+
+def stop_if_asked(resource):
+    """Stop this process where STOP_HOLDING_ENV asks: after the holds on ``resource`` were taken."""
+    if os.environ.get(STOP_HOLDING_ENV) == resource.describe():
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def ordered(holds):

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import sys
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -61,8 +62,13 @@ class MachineryModule:
         self.coordination = None  # the run's holds on machines (coordination/holds.py), built in __call__
 
     def operation(self):
-        """The name a hold of this run shows its waiters: the module's short name (machine_snapshot)."""
-        name = getattr(self.module, "_name", None) or type(self).__module__
+        """The name a hold of this run shows its waiters: the module's short name (machine_snapshot). Ansible
+        names the module to AnsibleModule; a module run without Ansible (python -m, as the lab tests do) keeps
+        AnsibleModule's placeholder ("basic.py") and is named by the Python module it was run as."""
+        name = getattr(self.module, "_name", None) or ""
+        if not name or name.endswith(".py"):
+            spec = getattr(sys.modules.get(type(self).__module__), "__spec__", None)
+            name = spec.name if spec is not None else type(self).__module__
         return name.rsplit(".", 1)[-1]
 
     def pool_entries(self):

@@ -199,3 +199,41 @@ def test_a_dead_holder_is_not_waited_for_even_within_its_lease(monkeypatch):
 def test_the_lease_setting():
     assert holds.lease_seconds("2") == 2.0 and holds.lease_seconds(None) == holds.LEASE_SECONDS
     assert holds.lease_seconds("0") == holds.LEASE_SECONDS and holds.lease_seconds("x") == holds.LEASE_SECONDS
+
+
+def test_a_run_stops_itself_once_it_holds_what_a_test_names(monkeypatch):
+    """convergence.STOP_HOLDING_ENV (race tests): the run stops itself after its holds are taken and before it
+    observes again; another resource's run, or a run without the variable, never stops."""
+    from ansible_collections.machinery.compute.plugins.module_utils.core import convergence
+    stops = []
+    monkeypatch.setattr(convergence.os, "kill", lambda pid, sig: stops.append((counter.log[:], sig)))
+    counter = Counter(wanted=1)
+    monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "the counter")
+    converge(counter)
+    taken = [("observe", 0), ("acquire", ("uri1", "a")), ("acquire", ("uri2", "b"))]
+    assert stops == [(taken, convergence.signal.SIGSTOP)]
+    counter = Counter(wanted=1)
+    monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "another counter")
+    converge(counter)
+    monkeypatch.delenv(convergence.STOP_HOLDING_ENV)
+    converge(Counter(wanted=1))
+    assert len(stops) == 1
+
+
+def test_a_run_without_ansible_names_its_holds_after_its_module(monkeypatch):
+    """A module run by Ansible is named by it; run with python -m (the lab tests), AnsibleModule's placeholder
+    name ("basic.py") must not become the operation its holds show ("py")."""
+    import sys
+    import types
+    from ansible_collections.machinery.compute.plugins.module_utils.interface import module_base
+
+    class Run(module_base.MachineryModule):
+        def __init__(self, name):  # no AnsibleModule: only the name operation() reads
+            self.module = types.SimpleNamespace(_name=name)
+
+    Run.__module__ = "__main__"
+    main = types.ModuleType("__main__")
+    main.__spec__ = types.SimpleNamespace(name="ansible_collections.machinery.compute.plugins.modules.machine_set")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert Run("basic.py").operation() == "machine_set"
+    assert Run("machinery.compute.machine_snapshot").operation() == "machine_snapshot"
