@@ -137,7 +137,7 @@ def qemu_pids(uuid):
 
 
 def test_a_host_reboot_brings_back_exactly_the_machines_whose_strategy_says_so(
-        registered, module, image, idle_image, tmp_path):
+        registered, module, image, idle_image, tmp_path, pools_kept_up):
     pool = registered[2]
     fleet = {"rs-always": ("always", "running", image), "rs-onfail": ("on_failure", "running", idle_image),
              "rs-manual": ("manual", "running", idle_image), "rs-halted": ("halted", "stopped", idle_image),
