@@ -1383,7 +1383,8 @@ def cmd_reboot(args: argparse.Namespace) -> int:
     """What a host reboot does to one pool: the daemon is stopped, the guests die as in a power loss (no
     shutdown reaches them), the runtime state goes (/run is a tmpfs on a real host: this also makes libvirt
     autostart again, as it does once per boot), and the daemon starts with its autostart networks, storage and
-    domains."""
+    domains. Whatever goes wrong on the way down, the daemon is started again; when it does not answer, the
+    command fails saying the pool is left without it."""
     require_root()
     lab_dir: Path = args.dir
     pool = next((p for p in existing_pools(lab_dir) if p.name == args.pool), None)
@@ -1391,6 +1392,18 @@ def cmd_reboot(args: argparse.Namespace) -> int:
         raise LabError(f"no pool {args.pool} in {lab_dir}")
     _lock = lock_lab(lab_dir)  # noqa: F841 (held until exit)
     t0 = time.monotonic()
+    try:
+        power_loss(pool)
+    finally:
+        # also after a failure above: a reboot that leaves a shared lab's pool without its daemon breaks every
+        # later user of that pool
+        boot(lab_dir, pool, args.timeout)
+    log(f"{pool.name}: up again (pid {pool.daemon_pid()}) after {time.monotonic() - t0:.1f}s")
+    return 0
+
+
+def power_loss(pool: Pool) -> None:
+    """The pool's daemon stopped and its guests killed (SIGKILL), then its runtime state cleared."""
     pid = pool.daemon_pid()
     if pid is not None:
         signal_pids([pid], signal.SIGTERM)
@@ -1403,12 +1416,22 @@ def cmd_reboot(args: argparse.Namespace) -> int:
     log(f"{pool.name}: daemon stopped, {len(guests)} guest(s) killed")
     pool.kill_everything()
     pool.clear_runtime()
-    pool.prepare(LabPKI(lab_dir).ca)
-    pool.start(find_libvirtd())
-    pool.wait_ready(args.timeout)
-    pool.ensure_resources()
-    log(f"{pool.name}: up again (pid {pool.daemon_pid()}) after {time.monotonic() - t0:.1f}s")
-    return 0
+
+
+def boot(lab_dir: Path, pool: Pool, timeout: float) -> None:
+    """Start the pool's daemon as the host's boot does (it keeps the release it ran), and check it answers."""
+    try:
+        if pool.daemon_pid() is None:
+            pool.prepare(LabPKI(lab_dir).ca, pool.root())
+            pool.start(find_libvirtd())
+        pool.wait_ready(timeout)
+        pool.ensure_resources()
+    except (LabError, OSError, subprocess.SubprocessError) as exc:
+        raise LabError(f"{pool.name}: its daemon did not come back after the reboot ({exc}); the pool is left "
+                       f"without it: `lab.py up --dir {lab_dir} --pools N` starts it") from exc
+    if pool.daemon_pid() is None:
+        raise LabError(f"{pool.name}: no daemon runs after the reboot; the pool is left without it: "
+                       f"`lab.py up --dir {lab_dir} --pools N` starts it")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

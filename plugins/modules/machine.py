@@ -409,7 +409,10 @@ options:
         machine made before run strategies existed gets the one its state implies (under V(present) it keeps none).
       - Refused, naming this option, with a state it contradicts (V(always) with O(state=stopped), V(halted)
         with O(state=running)).
-      - A change is made in place, live, and shown in the diff (C(run_strategy), C(autostart)).
+      - A change is made in place, live, and shown in the diff (C(run_strategy), C(autostart)). It is part of
+        the action that changes the machine's power (C(create), C(start), C(stop), C(restart), ...), as the
+        strategy a O(state) implies is; only a strategy changed while the power stays as it is is an action of
+        its own, C(update run_strategy) (the autostart with it).
     type: str
     choices: [always, on_failure, manual, halted]
   shutdown_timeout:
@@ -796,7 +799,10 @@ restart_required:
   sample: false
 actions:
   description: The short form of each planned action, in order, for example C(create), C(start), C(update cpu, memory),
-    C(restart) (a resize taken by a running machine).
+    C(restart) (a resize taken by a running machine). The run strategy and libvirt autostart change within the
+    action that changes the power (a stop is C(stop) alone); C(update run_strategy) is a strategy changed with
+    nothing else, C(update autostart) an autostart changed alone (an O(run_strategy=on_failure) machine found
+    shut down).
   returned: always
   type: list
   elements: str

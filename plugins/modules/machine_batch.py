@@ -48,7 +48,9 @@ options:
         to a pool by name). The machine's C(tolerations) (key, operator, value, effect) steer the scheduler too,
         and are recorded with the machine.
       - Each machine's C(run_strategy) is the machine module's, derived from its C(state) when left out (a
-        running machine is V(always), autostarted by its host and started again by every converge).
+        running machine is V(always), autostarted by its host and started again by every converge). As there,
+        a change of strategy or autostart is part of the machine's create, start or stop, and an action of its own
+        (C(update run_strategy)) only when its power stays as it is.
       - The scheduler also filters and weighs on storage (a machine's root disk, C(root_size) or its local image's
         virtual size, and its new volumes) and on the machine's C(server_group) (C(name), C(policy) V(affinity),
         V(anti-affinity), V(soft-affinity) or V(soft-anti-affinity)); members on the pools and the machines placed

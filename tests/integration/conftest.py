@@ -123,10 +123,69 @@ def stop_daemon(pool, timeout=30):
 
 def start_daemons(pools):
     """Start the lab's stopped daemons again (lab.py up leaves running ones alone) and reconnect to every pool."""
-    subprocess.run(["python3", os.path.join(REPO, "lab", "lab.py"), "up", "--pools", str(len(pools)),
-                    "--dir", os.path.dirname(lab_file())], check=True, capture_output=True, timeout=300)
+    lab_up()
     for pool in pools:
         pool.reconnect()
+
+
+def lab_up():
+    """lab.py up on the lab under test: it starts the daemons of its pools that do not run, and only those."""
+    proc = subprocess.run(["python3", os.path.join(REPO, "lab", "lab.py"), "up", "--pools",
+                           str(len(load_lab()["pools"])), "--dir", os.path.dirname(lab_file())],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, "lab.py up failed: %s" % (proc.stdout + proc.stderr)[-3000:]
+
+
+def answers(uri):
+    """Whether the daemon of ``uri`` answers a call on a new connection."""
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError:
+        return False
+    try:
+        conn.getLibVersion()
+        return True
+    except libvirt.libvirtError:
+        return False
+    finally:
+        with contextlib.suppress(libvirt.libvirtError):
+            conn.close()
+
+
+def pools_down():
+    """The names of the lab's pools whose daemon does not answer."""
+    return [entry["name"] for entry in load_lab()["pools"] if not answers(entry["uri"])]
+
+
+def restore_pools():
+    """Start the daemons of the lab's pools that do not answer; the names of those that did not. Fails when one
+    still does not answer afterwards."""
+    down = pools_down()
+    if down:
+        lab_up()
+        still = pools_down()
+        assert not still, "the daemons of %s did not come back (lab.py up)" % ", ".join(still)
+    return down
+
+
+@pytest.fixture
+def pools_kept_up():
+    """For a test that restarts or reboots pools: whatever it does (passes, fails, raises, times out), every pool
+    of the lab runs its daemon again when it ends, for the tests after it on that lab."""
+    yield
+    restore_pools()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lab_left_usable(request):
+    """A file must leave the lab's daemons running: the next file on the lab needs them. One that did not fails
+    here, naming the pools, after they were started again (so only that file fails, not every later one)."""
+    yield
+    if not os.path.exists(lab_file()):
+        return
+    down = restore_pools()
+    assert not down, "%s left the daemons of %s stopped (started again)" % (request.module.__name__,
+                                                                            ", ".join(down))
 
 
 def load_lab():
@@ -230,20 +289,29 @@ def module():
 
 
 class Pool:
-    """One lab pool: its name, URI and an open libvirt connection for checking what the modules did."""
+    """One lab pool: its name, URI and a libvirt connection for checking what the modules did. The connection
+    is checked on each use and opened again when its daemon was restarted (a reboot, a test that stops it), so
+    no test inherits a dead one."""
 
     def __init__(self, name, uri):
         self.name = name
         self.uri = uri
-        self.conn = libvirt.open(uri)
+        self._conn = None
+
+    @property
+    def conn(self):
+        if self._conn is not None and not alive(self._conn):
+            self.reconnect()
+        if self._conn is None:
+            self._conn = libvirt.open(self.uri)
+        return self._conn
 
     def reconnect(self):
-        """After the pool's daemon was restarted."""
-        try:
-            self.conn.close()
-        except libvirt.libvirtError:
-            pass
-        self.conn = libvirt.open(self.uri)
+        """Drop the connection (the daemon was restarted); the next use opens a new one."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.close()
 
     def domain(self, name):
         try:
@@ -292,6 +360,14 @@ class Pool:
 
     def leases(self, network="machinery"):
         return self.conn.networkLookupByName(network).DHCPLeases()
+
+
+def alive(conn):
+    """Whether a connection still reaches its daemon: not closed, and a call goes through."""
+    try:
+        return bool(conn.isAlive()) and conn.getLibVersion() > 0
+    except libvirt.libvirtError:
+        return False
 
 
 @pytest.fixture(scope="session")

@@ -66,13 +66,23 @@ def dirtying_machine(registered, image):
     remove(pools, name)
 
 
+def own_volumes(pool):
+    """The pool's volumes but its complete image caches. A move caches the machine's image on its target by
+    checksum and keeps it whatever becomes of the move (the pool's cache, removed by machine_pool prune_images
+    once unused), so whether the cache is new there depends on the files that ran on the lab before. A cache
+    whose upload did not complete is counted: the move's rollback must remove it."""
+    names = set(pool.volumes())
+    caches = {name for name in names if name.startswith("image-") and name.endswith(".complete")}
+    return names - caches - {name[:-len(".complete")] for name in caches}
+
+
 def test_a_move_that_cannot_converge_is_aborted_and_the_machine_runs_on(registered, dirtying):
     pools, name = registered, dirtying
     source, target = pools[0], pools[1]
     dom = source.domain(name)
     pid = qemu_pid_of(dom.UUIDString())
     seen = wait_uptime_above(source, name, 0)
-    target_volumes = set(target.volumes())
+    target_volumes = own_volumes(target)
 
     # bad policy first: refused naming the field, nothing moved
     assert_failed(run_module("machine_migrate", pools=fleet(pools), machine=name, target=target.name, mode="live",
@@ -89,7 +99,7 @@ def test_a_move_that_cannot_converge_is_aborted_and_the_machine_runs_on(register
     assert wait_uptime_above(source, name, seen + 5) > seen + 5
     # nothing on the target, no journal on either pool
     assert target.domain(name) is None
-    assert set(target.volumes()) == target_volumes
+    assert own_volumes(target) == target_volumes
     for pool in (source, target):
         assert not [v for v in pool.volumes("machinery-registry") if v.startswith("move-%s." % name)]
     assert source.domain(name).isActive()

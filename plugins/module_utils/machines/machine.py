@@ -291,9 +291,8 @@ def plan_machine(spec, observed, record=None, current=None, restarted=False):
         actions = [Action("create", name, {}, after, create_steps(spec))]
         if should_start(spec, observed):
             actions.append(Action("start", name, steps=[step("start", name)]))
-        autostart = autostart_action(spec, observed, should_start(spec, observed))
-        if autostart is not None:
-            actions.append(autostart)
+        # the autostart the run strategy wants is part of the create, as its crash action is
+        carry_autostart(actions[0], spec, observed, should_start(spec, observed))
         return Plan(actions, restart_required=False)
     actions = []
     record = record or observed.record
@@ -304,6 +303,13 @@ def plan_machine(spec, observed, record=None, current=None, restarted=False):
     current = current if current is not None else options.owned_values(observed.tree, record)
     names = options.changed_fields(current, spec)
     rebuild = rebuild_action(spec, record, observed.active, observed.snapshots)
+    power, running_after = state_action(spec, observed, restarted, rebuild)
+    if power is not None and "run_strategy" in names:
+        # the strategy a start or stop implies (or one given with it) changes with that action, not beside it
+        names.remove("run_strategy")
+        power.before["run_strategy"], power.after["run_strategy"] = current["run_strategy"], spec["run_strategy"]
+        power.steps.insert(0, step("define", name))
+        power.data["strategy"] = True
     if rebuild is not None and "boot_config" in names:
         boot_files_conflict(spec, record)
         names.remove("boot_config")  # the rebuild writes the boot files anew, beside the old ones
@@ -333,21 +339,31 @@ def plan_machine(spec, observed, record=None, current=None, restarted=False):
         restart, pending = (None, []) if observed.active else (restart, pending)
     if restart is not None:
         actions.append(restart)
-    running_after = observed.active
-    power = power_action(spec, observed, restarted)
     if power is not None:
         actions.append(power)
-        running_after = power.kind in ("restart", "resume", "pause")
-    elif should_start(spec, observed) and not observed.active:
-        actions.append(Action("start", name, steps=[step("start", name)]))
-        running_after = True
-    elif should_stop(spec) and observed.active and rebuild is None:
-        actions.append(Action("stop", name, steps=[step("shutdown", name)]))
-        running_after = False
-    autostart = autostart_action(spec, observed, running_after)
-    if autostart is not None:
-        actions.append(autostart)
+    # libvirt's autostart follows the run strategy: it changes with the action that changes the power or the
+    # strategy; on its own only when nothing else changes (an on_failure machine found shut down)
+    carrier = power or next((action for action in actions if "run_strategy" in action.fields), None)
+    if carrier is not None:
+        carry_autostart(carrier, spec, observed, running_after)
+    else:
+        autostart = autostart_action(spec, observed, running_after)
+        if autostart is not None:
+            actions.append(autostart)
     return Plan(actions, warnings, restart_required=bool(pending))
+
+
+def state_action(spec, observed, restarted=False, rebuild=None):
+    """(the action that changes the machine's power, or None; whether it runs after the plan)."""
+    name = spec["name"]
+    power = power_action(spec, observed, restarted)
+    if power is not None:
+        return power, power.kind in ("restart", "resume", "pause") or power.handler == "start_paused"
+    if should_start(spec, observed) and not observed.active:
+        return Action("start", name, steps=[step("start", name)]), True
+    if should_stop(spec) and observed.active and rebuild is None:
+        return Action("stop", name, steps=[step("shutdown", name)]), False
+    return None, observed.active
 
 
 def power_action(spec, observed, restarted=False):
@@ -389,19 +405,38 @@ def should_stop(spec):
     return spec["state"] == "stopped" or (spec["state"] == "present" and spec.get("run_strategy") == "halted")
 
 
-def autostart_action(spec, observed, running_after):
+def wanted_autostart(spec, observed, running_after):
     """libvirt's autostart as the run strategy wants it: on for ``always``; for ``on_failure`` while the machine
     runs (a host that loses power has failed it), off once it was shut down; off for ``manual`` and ``halted``.
-    A machine without a strategy (made before they existed, under ``present``) is left as it is."""
+    None when it is as wanted already, or the machine has no strategy (made before they existed, under
+    ``present``: left as it is)."""
     strategy = spec.get("run_strategy")
     if strategy is None:
         return None
     wanted = strategy == "always" or (strategy == "on_failure" and running_after)
-    if observed.autostart == wanted:
+    return None if observed.autostart == wanted else wanted
+
+
+def autostart_action(spec, observed, running_after):
+    """The autostart change on its own, when no other action of the plan carries it."""
+    wanted = wanted_autostart(spec, observed, running_after)
+    if wanted is None:
         return None
     return Action("update", spec["name"], {"autostart": observed.autostart}, {"autostart": wanted},
                   [step("set_autostart", spec["name"], autostart=wanted)], fields=["autostart"],
                   handler="set_autostart", grows=[])
+
+
+def carry_autostart(action, spec, observed, running_after):
+    """Make ``action`` also set the autostart its strategy wants (shown in its diff, one more step)."""
+    wanted = wanted_autostart(spec, observed, running_after)
+    if wanted is None:
+        return
+    if observed.exists:
+        action.before["autostart"] = observed.autostart
+        action.after["autostart"] = wanted
+    action.steps.append(step("set_autostart", spec["name"], autostart=wanted))
+    action.data["autostart"] = wanted
 
 
 # --- apply ------------------------------------------------------------------------------------------------------
@@ -645,10 +680,22 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         raise LibvirtFailure("cannot resize %s: %s; it was put back as it was%s" % (
             self.name, cause, ", running" if backup["running"] else ""), field)
 
+    def apply(self, action, observed):
+        """Carry out one action, with the run strategy a start or stop changes (written before it: the crash
+        action a started guest gets is its definition's) and the autostart it carries (after it)."""
+        if action.data.get("strategy"):
+            self._update(Action("update", self.name, fields=["run_strategy"], grows=[]), observed)
+        super().apply(action, observed)
+        if action.data.get("autostart") is not None:
+            self._write_autostart(action.data["autostart"])
+
     def _set_autostart(self, action, _observed):
+        self._write_autostart(action.after["autostart"])
+
+    def _write_autostart(self, wanted):
         dom = self.defined or lv.lookup_domain(self.conn, self.name)
         try:
-            dom.setAutostart(1 if action.after["autostart"] else 0)
+            dom.setAutostart(1 if wanted else 0)
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot set autostart of %s: %s" % (self.name, lv.describe(exc)),
                                  "run_strategy") from None

@@ -73,17 +73,20 @@ def test_the_domain_carries_the_crash_action_and_a_hand_edit_is_converged_again(
 
 def test_a_new_always_machine_is_created_started_and_autostarted():
     plan = plan_machine(spec("running", "always"), Observed("web-1"))
-    assert plan.summaries() == ["create", "start", "update autostart"]
-    assert plan.actions[0].after["state"] == "running"
+    # the autostart is part of the create, not an action of its own
+    assert plan.summaries() == ["create", "start"]
+    assert plan.actions[0].after["state"] == "running" and plan.actions[0].data["autostart"] is True
+    assert plan.actions[0].steps[-1] == {"action": "set_autostart", "target": "web-1", "autostart": True}
 
 
 def test_a_new_manual_machine_gets_no_autostart():
-    assert plan_machine(spec("running", "manual"), Observed("web-1")).summaries() == ["create", "start"]
+    plan = plan_machine(spec("running", "manual"), Observed("web-1"))
+    assert plan.summaries() == ["create", "start"] and "autostart" not in plan.actions[0].data
 
 
 def test_a_machine_made_before_strategies_converges_in_place_with_a_diff():
     plan = plan_machine(spec("running", "always"), observed(None, RUNNING))
-    assert plan.summaries() == ["update run_strategy", "update autostart"]
+    assert plan.summaries() == ["update run_strategy"]
     assert plan.diff() == ({"run_strategy": None, "autostart": False}, {"run_strategy": "always", "autostart": True})
 
 
@@ -108,9 +111,33 @@ def test_on_failure_starts_a_crashed_machine_not_a_shut_down_one():
 
 def test_on_failure_is_autostarted_while_it_runs():
     plan = plan_machine(spec("running", "on_failure"), observed("on_failure", SHUT_DOWN, False))
-    assert plan.summaries() == ["start", "update autostart"]
+    assert plan.summaries() == ["start"] and plan.diff() == ({"autostart": False}, {"autostart": True})
     plan = plan_machine(spec("stopped", "on_failure"), observed("on_failure", RUNNING, True))
-    assert plan.summaries() == ["stop", "update autostart"]
+    assert plan.summaries() == ["stop"] and plan.diff() == ({"autostart": True}, {"autostart": False})
+
+
+def test_the_strategy_a_state_implies_changes_with_the_stop_or_start():
+    # state stopped on an always machine: halted, its autostart off, in the stop itself
+    plan = plan_machine(spec("stopped", "halted"), observed("always", RUNNING, True))
+    assert plan.summaries() == ["stop"]
+    assert plan.diff() == ({"run_strategy": "always", "autostart": True},
+                           {"run_strategy": "halted", "autostart": False})
+    assert [s["action"] for s in plan.actions[0].steps] == ["define", "shutdown", "set_autostart"]
+    assert plan.actions[0].data["strategy"] is True
+    # and back: state running on a halted machine
+    plan = plan_machine(spec("running", "always"), observed("halted", SHUT_DOWN, False))
+    assert plan.summaries() == ["start"]
+    assert plan.diff() == ({"run_strategy": "halted", "autostart": False},
+                           {"run_strategy": "always", "autostart": True})
+    # a strategy changed with nothing else: one action, the autostart with it
+    plan = plan_machine(spec("running", "manual"), observed("always", RUNNING, True))
+    assert plan.summaries() == ["update run_strategy"]
+    assert plan.diff() == ({"run_strategy": "always", "autostart": True},
+                           {"run_strategy": "manual", "autostart": False})
+    assert plan.actions[0].data["autostart"] is False
+    # a change of size beside a stop keeps its own update, without the strategy
+    plan = plan_machine(dict(spec("stopped", "halted"), cpu=2), observed("always", RUNNING, True))
+    assert plan.summaries() == ["update cpu", "stop"]
 
 
 def test_halted_under_present_stops_a_running_machine():
