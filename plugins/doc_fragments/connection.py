@@ -5,22 +5,10 @@
 from __future__ import annotations
 
 
-# The common option hold_timeout, the same in every module (every module takes the group's common options).
-_HOLD_TIMEOUT = r"""
-  hold_timeout:
-    description:
-      - How long, in seconds, this run waits for a machine that another run holds (changes, moves, snapshots,
-        backs up) before it fails with C(reason=Conflict) and C(holder) (C(controller), C(operation), C(since)).
-        V(0) fails at once.
-      - A machine held by a move is refused at once, whatever this says; read-only modules never wait.
-      - Set it once for a play with C(module_defaults) of C(group/machinery.compute.machinery). See
-        C(docs/concurrency.md).
-    type: int
-    default: 900
-"""
-
-
 class ModuleDocFragment:
+    # Each string is one literal: ansible-test's yamllint reads the fragments' strings from the source, not by
+    # running it. hold_timeout is the same in all three (every module takes the group's common options).
+
     # A module that works on one pool.
     DOCUMENTATION = r"""
 options:
@@ -31,7 +19,18 @@ options:
       - The module opens one connection per run and does everything through it, so every URI works.
       - Set it once for a play with C(module_defaults) of C(group/machinery.compute.machinery).
     type: str
-    default: qemu:///system""" + _HOLD_TIMEOUT + r"""requirements:
+    default: qemu:///system
+  hold_timeout:
+    description:
+      - How long, in seconds, this run waits for a machine that another run holds (changes, moves, snapshots,
+        backs up) before it fails with C(reason=Conflict) and C(holder) (C(controller), C(operation), C(since)).
+        V(0) fails at once.
+      - A machine held by a move is refused at once, whatever this says; read-only modules never wait.
+      - Set it once for a play with C(module_defaults) of C(group/machinery.compute.machinery). See
+        C(docs/concurrency.md).
+    type: int
+    default: 900
+requirements:
   - libvirt-python
   - lxml
 notes:
@@ -53,7 +52,18 @@ options:
       - libvirt URI of the one pool to use when O(pools) is not given, for example V(qemu+ssh://root@h1/system).
       - This is the common option of the action group, so C(module_defaults) of
         C(group/machinery.compute.machinery) sets it for this module as for the others. O(pools) wins over it.
-    type: str""" + _HOLD_TIMEOUT + r"""requirements:
+    type: str
+  hold_timeout:
+    description:
+      - How long, in seconds, this run waits for a machine that another run holds (changes, moves, snapshots,
+        backs up) before it fails with C(reason=Conflict) and C(holder) (C(controller), C(operation), C(since)).
+        V(0) fails at once.
+      - A machine held by a move is refused at once, whatever this says; read-only modules never wait.
+      - Set it once for a play with C(module_defaults) of C(group/machinery.compute.machinery). See
+        C(docs/concurrency.md).
+    type: int
+    default: 900
+requirements:
   - libvirt-python
   - lxml
 notes:
@@ -62,4 +72,15 @@ notes:
 
     # The common option hold_timeout alone, for a module that documents uri and pools itself.
     HOLD = r"""
-options:""" + _HOLD_TIMEOUT
+options:
+  hold_timeout:
+    description:
+      - How long, in seconds, this run waits for a machine that another run holds (changes, moves, snapshots,
+        backs up) before it fails with C(reason=Conflict) and C(holder) (C(controller), C(operation), C(since)).
+        V(0) fails at once.
+      - A machine held by a move is refused at once, whatever this says; read-only modules never wait.
+      - Set it once for a play with C(module_defaults) of C(group/machinery.compute.machinery). See
+        C(docs/concurrency.md).
+    type: int
+    default: 900
+"""
