@@ -10,6 +10,12 @@ libvirt directories are bind mounts of directories below ``<dir>/<pool>/``::
     /var/log/libvirt    <- <dir>/<pool>/log
     /var/cache/libvirt  <- <dir>/<pool>/cache
 
+and, when the machine has swtpm-tools, what swtpm keeps outside libvirt's own
+directories (the emulated TPMs' local CA and swtpm's logs)::
+
+    /var/lib/swtpm-localca  <- <dir>/<pool>/swtpm-localca
+    /var/log/swtpm          <- <dir>/<pool>/log/swtpm
+
 so the daemon socket /run/libvirt/libvirt-sock is reachable from outside as
 ``<dir>/<pool>/run/libvirt-sock``.  The network namespace has only a
 loopback interface; the NAT network ``machinery`` (bridge mcbr0) and its
@@ -46,6 +52,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -83,6 +90,17 @@ BIND_MOUNTS = [
     ("log", "/var/log/libvirt"),
     ("cache", "/var/cache/libvirt"),
 ]
+
+# swtpm_setup, which libvirt runs as its swtpm_user (Debian: tss) when a machine with an emulated TPM first
+# starts, has swtpm_localca sign the TPM's certificates with a local CA it keeps in /var/lib/swtpm-localca (from
+# /etc/swtpm-localca.conf), and swtpm logs to /var/log/swtpm. Both are the machine's own: shared by every pool of
+# every lab (and the machine's own libvirtd), they let whatever used them before decide whether a TPM starts:
+# a CA written there by a swtpm_localca run as root cannot be used by tss, and swtpm_setup then fails ("Need
+# read/write rights on /var/lib/swtpm-localca/.lock.swtpm-localca for user tss"). Each pool host gets its own,
+# as a real host has, made as swtpm-tools' postinst makes the machine's (owner tss, group root, mode 0750).
+SWTPM_LOCALCA = "/var/lib/swtpm-localca"
+SWTPM_LOCALCA_DIR = "swtpm-localca"
+SWTPM_USER = "tss"
 
 LIBVIRTD_CONF = """\
 # Written by lab/lab.py for one lab pool host.  Paths are as seen inside the
@@ -152,6 +170,15 @@ mount --bind "$D/lib" /var/lib/libvirt
 mount --bind "$D/etc" /etc/libvirt
 mount --bind "$D/log" /var/log/libvirt
 mount --bind "$D/cache" /var/cache/libvirt
+# the pool's own swtpm local CA and logs (SWTPM_LOCALCA in lab.py), where the machine has swtpm-tools: a mount
+# point is never made where the package did not make it
+if [ -d /var/lib/swtpm-localca ] && [ -d "$D/swtpm-localca" ]; then
+    mount --bind "$D/swtpm-localca" /var/lib/swtpm-localca
+fi
+if [ -d /var/lib/swtpm-localca ]; then
+    mkdir -p /var/log/swtpm
+    mount --bind "$D/log/swtpm" /var/log/swtpm
+fi
 ip link set lo up
 # Guests must not use the TLS link: nothing but the link itself and loopback
 # may send to the link addresses (libvirt leaves the raw table alone).
@@ -923,6 +950,22 @@ class Pool:
             if stale.exists() or stale.is_symlink():
                 stale.unlink()
         (self.dir / "lib" / "machinery").mkdir(parents=True, exist_ok=True)
+        self.prepare_swtpm()
+
+    def prepare_swtpm(self) -> None:
+        """The pool's own swtpm local CA directory, owned as swtpm-tools makes the machine's (SWTPM_LOCALCA),
+        and its swtpm log directory."""
+        (self.dir / "log" / "swtpm").mkdir(parents=True, exist_ok=True)
+        if not os.path.isdir(SWTPM_LOCALCA):
+            return
+        localca = self.dir / SWTPM_LOCALCA_DIR
+        localca.mkdir(exist_ok=True)
+        try:
+            uid = pwd.getpwnam(SWTPM_USER).pw_uid
+        except KeyError:  # libvirt runs swtpm as root then
+            uid = 0
+        os.chown(localca, uid, 0)
+        os.chmod(localca, 0o750)
 
     def seed_capabilities(self, donors: list["Pool"]) -> None:
         """Copy QEMU capability cache from another pool (same binaries) to

@@ -35,7 +35,9 @@ def test_filters_in_a_play(registered, module, tmp_path):
     assert made["uri_of_string"] == uris[0]
 
     info = module("machine_pool_info", pools=uris)
-    reported = [parse_quantity(entry["allocatable"]["memory"]) for entry in info["pools"]]
+    # a pool whose reservations take all its memory reports allocatable '0': a quantity like any other, read as
+    # the filter reads it (minimum 0), not as an option's size is (minimum 1)
+    reported = [parse_quantity(entry["allocatable"]["memory"], minimum=0) for entry in info["pools"]]
     assert made["memory_bytes"] == reported
     assert all(isinstance(value, int) for value in made["memory_bytes"])
     assert made["memory_quantity"] == [format_quantity(value) for value in reported]
@@ -49,4 +51,6 @@ def test_filters_in_a_play(registered, module, tmp_path):
     assert made["driven"] == expected
     assert sorted(sum(made["driven"].values(), [])) == sorted(m["name"] for m in MACHINES)
 
+    assert made["zero"] == [0, 0, "0"]
     assert "quantity: value: '12Q' is not a quantity" in made["bad"], made["bad"]
+    assert "quantity: value: '-1' is not a quantity" in made["negative"], made["negative"]

@@ -71,7 +71,11 @@ def tpm_command(agent, command):
 
 
 def tpm_of(pool):
-    tree = etree.fromstring(pool.domain(MACHINE).XMLDesc(2))
+    return tpm_of_machine(pool, MACHINE)
+
+
+def tpm_of_machine(pool, name):
+    tree = etree.fromstring(pool.domain(name).XMLDesc(2))
     return [(node.get("model"), node.find("backend").get("type"), node.find("backend").get("version"))
             for node in tree.findall("devices/tpm")]
 
@@ -121,6 +125,47 @@ def test_tpm_seen_by_the_guest_and_deleted_with_the_machine(fw_pool):
     assert gone["changed"], gone
     assert pool.domain(MACHINE) is None
     assert not os.path.exists(swtpm_state(pool, uuid))
+
+
+BROKEN = "fw-broken"
+
+
+def test_tpm_that_cannot_start_leaves_the_machine_whole(fw_pool):
+    """swtpm_setup fails (the pool's swtpm local CA not writable by libvirt's swtpm user): the create fails naming
+    tpm and libvirt's cause, says the machine was created, and leaves it whole, stopped; a re-run once the pool
+    is mended starts it with its TPM; deleting it leaves nothing."""
+    pool = fw_pool
+    entry = next(item for item in load_lab()["pools"] if item["name"] == pool.name)
+    localca = os.path.join(os.path.dirname(os.path.dirname(entry["uri"].split("socket=", 1)[1])), "swtpm-localca")
+    mode = os.stat(localca).st_mode
+    args = dict(uri=pool.uri, name=BROKEN, machine_class="small", image=load_lab()["image"], network_interfaces=[],
+                shutdown_timeout=0, wait="none", tpm=True)
+    try:
+        os.chmod(localca, 0)
+        failed = run_module("machine", **args)
+        assert failed.get("failed") and failed["field"] == "tpm" and failed["reason"] == "LibvirtError", failed
+        assert "swtpm_setup" in failed["msg"] and failed["changed"] and failed["done"] == ["create %s" % BROKEN]
+        assert pool.domain(BROKEN).state()[0] == 5  # shut off: defined, with its disks
+        assert {"%s-root.qcow2" % BROKEN, "%s-console.log" % BROKEN} <= set(pool.volumes())
+        status = run_module("machine_info", uri=pool.uri, name=BROKEN)["machines"][0]
+        assert status["phase"] == "Pending" and "swtpm_setup" in status["last_error"], status
+        again = run_module("machine", **args)
+        assert again.get("failed") and not again.get("changed") and again["field"] == "tpm", again
+        os.chmod(localca, mode)
+        mended = run_module("machine", **args)
+        # what the failed run left: the start, and the autostart of its run strategy that follows it
+        assert mended["changed"] and not mended.get("failed") and mended["actions"][0] == "start", mended
+        assert pool.domain(BROKEN).isActive() and tpm_of_machine(pool, BROKEN) == [("tpm-crb", "emulator", "2.0")]
+        uuid = pool.domain(BROKEN).UUIDString()
+        assert os.path.isdir(swtpm_state(pool, uuid))
+        gone = run_module("machine", uri=pool.uri, name=BROKEN, state="absent", shutdown_timeout=0)
+        assert gone["changed"] and not gone.get("failed"), gone
+        assert pool.domain(BROKEN) is None and not [name for name in pool.volumes() if name.startswith(BROKEN)]
+        assert not os.path.exists(swtpm_state(pool, uuid))
+    finally:
+        os.chmod(localca, mode)
+        if pool.domain(BROKEN) is not None:
+            run_module("machine", uri=pool.uri, name=BROKEN, state="absent", shutdown_timeout=0)
 
 
 SECURE = "fw-secure"

@@ -45,6 +45,16 @@ def write_tpm(tree, record, value):
             devices.remove(node)
 
 
+def start_failure_option(tree, libvirt_message):
+    """The option behind a failed start, when libvirt's message shows it: ``tpm`` when the domain has an emulated
+    TPM and swtpm (or its setup) failed, with what to check on the pool host; else (None, "")."""
+    if read_tpm(tree) and "swtpm" in libvirt_message:
+        return "tpm", (" (the pool host's swtpm could not set up or run the machine's TPM: swtpm and swtpm-tools "
+                       "installed, and the local CA of /etc/swtpm-localca.conf writable by libvirt's swtpm_user? "
+                       "swtpm's log is named above)")
+    return None, ""
+
+
 def read_secure_boot(tree, _record=None):
     """True when the domain asks its firmware for Secure Boot."""
     return tree.find("os/firmware/feature[@name='secure-boot'][@enabled='yes']") is not None

@@ -15,6 +15,7 @@ import json
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
+from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools.journal import journal_of
@@ -642,7 +643,12 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
             self._record_error(dom, "start failed: %s" % lv.describe(exc))
             if self.resize_backup is not None:
                 self._undo_resize(dom, "it did not start with its new size: %s" % lv.describe(exc))
-            raise LibvirtFailure("cannot start %s: %s" % (self.name, lv.describe(exc))) from None
+            try:
+                field, hint = fw.start_failure_option(dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE)),
+                                                      lv.describe(exc))
+            except lv.libvirt.libvirtError:
+                field, hint = None, ""
+            raise LibvirtFailure("cannot start %s: %s%s" % (self.name, lv.describe(exc), hint), field) from None
         self._update_record(dom, bump_boots)
 
     def _restart(self, action, observed):
