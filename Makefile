@@ -31,6 +31,10 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt
 	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time libxml2-utils \
 	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils xz-utils docker-registry \
 	apache2-utils swtpm swtpm-tools
+HOST_RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $${VERSION_ID%%.*})
+# Debian 13 moved libvirt's interface driver (how a pool lists its host bridges, machine_spec.host_interface) out of
+# libvirt-daemon into a package of its own that libvirt-daemon-system only recommends; Debian 12 has no such package.
+APT_PACKAGES += $(if $(filter 12,$(HOST_RELEASE)),,libvirt-daemon-driver-interface)
 
 .PHONY: help deps venv core-venv newest-venv sanity-newest debian13 debian13-lab ee integration-mixed image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
 	sanity-and-lint molecule-and-packaging \
@@ -175,7 +179,6 @@ INTEGRATION_LABS_UP = pids=; for dir in $(INTEGRATION_LAB_DIRS); do \
 # lifecycles with the Debian 13 pool first (tests/integration/newer_first.py).
 # On a machine of Debian 13 or later there is no newer release to mix in: the step says so instead.
 MIXED_INTEGRATION := test_40_mixed_versions.py test_01_machine_pool.py test_03_machine.py
-HOST_RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $${VERSION_ID%%.*})
 MIXED ?= $(if $(filter 12,$(HOST_RELEASE)),1,0)
 MIXED_SKIPPED = echo "!!! NOT TESTED: the mixed fleet (Debian 13 pools beside the machine's) needs a Debian 12 machine," \
 	"this is Debian $(HOST_RELEASE) !!!" >&2

@@ -29,8 +29,8 @@ SUITE=trixie
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY_MIRROR=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 # the lab's daemons and what they run: the packages of the Makefile's deps that lab.py --newer takes from here
-LAB_PACKAGES="libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils
-    dnsmasq-base iproute2 iptables ovmf"
+LAB_PACKAGES="libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-daemon-driver-interface libvirt-clients
+    qemu-system-x86 qemu-utils dnsmasq-base iproute2 iptables ovmf"
 
 log() { echo "debian13: $*" >&2; }
 
