@@ -94,8 +94,10 @@ def restart_daemon_keeping_guests(pool, command, guest_pid):
     with open(state_file) as handle:
         state = json.load(handle)
     log = open(os.path.join(os.path.dirname(lab_file()), pool.name, "log", "libvirtd.stdout.log"), "ab")
-    # nsenter without --fork execs libvirtd in its own process: the pid is the daemon's
-    proc = subprocess.Popen(["nsenter", "--target", str(guest_pid), "--net", "--mount", "--"] + command,
+    # nsenter without --fork execs libvirtd in its own process: the pid is the daemon's. --root takes the guest's
+    # root directory too: entering a mount namespace resets it to the namespace's own, which is not the guest's
+    # when the lab runs in a chroot (make debian13), and libvirtd would be the machine's instead of the root's.
+    proc = subprocess.Popen(["nsenter", "--target", str(guest_pid), "--net", "--mount", "--root", "--"] + command,
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             close_fds=True, cwd="/")
     log.close()
