@@ -292,3 +292,38 @@ def test_power_actions_seen_from_inside_the_guest(registered, module, image):
     assert not dom.isActive() and not dom.hasManagedSaveImage(0)
     clean(pool, module, [name])
     print("timings: %s" % {key: round(value, 1) for key, value in TIMINGS.items()})
+
+
+# --- a guest that panics: its pvpanic device tells QEMU, libvirt applies the strategy's on_crash -------------------
+
+PANIC = "#!/bin/sh\necho \"BOOTID $(cat /proc/sys/kernel/random/boot_id)\"\nsleep 2\necho c > /proc/sysrq-trigger\n"
+
+
+@pytest.mark.parametrize("strategy", ["on_failure", "always", "manual"])
+def test_a_guest_that_panics_is_restarted_or_left_off_by_its_strategy(registered, module, image, strategy):
+    """The busybox guest panics (sysrq c) two seconds after every boot. on_failure and always: libvirt restarts it
+    (running after a crash, a new boot id on its console); manual: it is off, crashed, not rebooted by its own
+    kernel (panic=5) nor hung."""
+    pool = registered[2]
+    name = "rs-panic-%s" % strategy.replace("_", "")
+    clean(pool, module, [name])
+    made = module("machine", uri=pool.uri, name=name, machine_class="small", image=image, network_interfaces=[],
+                  run_strategy=strategy, state="running", shutdown_timeout=0, cloud_init={"user_data": PANIC})
+    assert made["actions"] == ["create", "start"], made
+    dom = pool.domain(name)
+    first = boot_id(pool, name)
+    deadline = time.monotonic() + 180
+    if strategy == "manual":
+        while dom.isActive():
+            assert time.monotonic() < deadline, pool.console(name)[-2000:]
+            time.sleep(0.5)
+        assert dom.state() == [libvirt.VIR_DOMAIN_SHUTOFF, libvirt.VIR_DOMAIN_SHUTOFF_CRASHED]
+        assert "sysrq triggered crash" in pool.console(name)
+    else:
+        # libvirt resets the guest at once and says it runs again after a crash (the state's reason); the kernel's
+        # own reboot after a panic (panic=5) would leave the reason as it was. Then another boot prints its id.
+        crashed = [libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_RUNNING_CRASHED]
+        while dom.state() != crashed or boot_id(pool, name) == first:
+            assert time.monotonic() < deadline, (dom.state(), pool.console(name)[-2000:])
+            time.sleep(0.2)
+    clean(pool, module, [name])

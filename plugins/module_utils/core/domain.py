@@ -270,6 +270,9 @@ def build_domain(plan):
     rng = _sub(devices, "rng", model="virtio")
     _sub(rng, "backend", "/dev/urandom", model="random")
     _sub(devices, "memballoon", model="virtio")
+    # the pvpanic device: a guest kernel that panics tells QEMU, and libvirt then applies on_crash (the run
+    # strategy's: restart for always and on_failure, destroy for the others, so a panicked guest is off, not hung)
+    _sub(devices, "panic", model="isa")
     devices.append(elements.controller("usb", "none"))
     # libvirt puts every PCIe device on a root port of its own (virtio disks and NICs, the virtio-serial, rng and
     # balloon devices, the seed's virtio-scsi controller); keep SPARE_ROOT_PORTS free for hot-plug.
