@@ -112,11 +112,12 @@ def restart_daemon_keeping_guests(pool, command, guest_pid):
         json.dump(state, handle, indent=2)
 
     def answers():
+        """A new connection opens and answers (Pool.reconnect only drops the old one: conn opens it)."""
+        pool.reconnect()
         try:
-            pool.reconnect()
+            return pool.conn.getLibVersion() > 0
         except libvirt.libvirtError:
             return False
-        return True
     wait_until(answers, 60, "the restarted libvirtd of %s never answered" % pool.name)
 
 
