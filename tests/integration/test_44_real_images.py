@@ -36,6 +36,10 @@ def ri_pool():
         published = run_module("machine_class", uri=pool.uri, **CLASS_REAL)
         assert not published.get("failed"), published
         yield pool, image
+        # the pool's classes as found (test_11 reads what a pool publishes in its errors): its machines first
+        clean(pool)
+        withdrawn = run_module("machine_class", uri=pool.uri, name=CLASS_REAL["name"], state="absent")
+        assert not withdrawn.get("failed"), withdrawn
 
 
 def clean(pool):
