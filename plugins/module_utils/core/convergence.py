@@ -202,6 +202,8 @@ def converge(resource, check_mode=False):
     observed = resource.observe()
     plan = resource.plan(observed)
     if check_mode or not plan.actions:
+        if not check_mode:
+            _clear_dead_holds(resource)
         return plan, observed
     taken = []
     try:
@@ -225,6 +227,15 @@ def stop_if_asked(resource):
     """Stop this process where STOP_HOLDING_ENV asks: after the holds on ``resource`` were taken."""
     if os.environ.get(STOP_HOLDING_ENV) == resource.describe():
         os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _clear_dead_holds(resource):
+    """A run with nothing to do still breaks the holds and the admission lock that killed runs of this controller
+    left on its pool (PoolContext.clear_abandoned_lock, once per pool and run): a re-run that finds a killed run's
+    work done would otherwise leave that run's hold for the next one to break."""
+    clear = getattr(getattr(resource, "ctx", None), "clear_abandoned_lock", None)
+    if clear is not None:
+        clear()
 
 
 def ordered(holds):
