@@ -516,3 +516,27 @@ def assert_failed(result, field, *words):
     assert result.get("field") == field, result
     for word in words:
         assert word in result["msg"], result["msg"]
+
+
+def guest_agent(pool, name, timeout=240, call_timeout=None, every=1):
+    """The guest agent of machine ``name`` on ``pool``, once it answers (after a boot or a revert)."""
+    from ansible_collections.machinery.compute.plugins.module_utils.machines import guest
+
+    deadline = time.monotonic() + timeout
+    while True:
+        agent = guest.Agent(pool.domain(name)) if call_timeout is None else \
+            guest.Agent(pool.domain(name), timeout=call_timeout)
+        try:
+            agent.command("guest-ping")
+            return agent
+        except guest.AgentError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(every)
+
+
+def guest_shell(agent, command, timeout=60):
+    """``command`` run by /bin/sh in the guest through its agent; its output. Fails the test on a non-zero exit."""
+    code, out, err = agent.run("/bin/sh", ["-c", command], timeout=timeout)
+    assert code == 0, (command, out, err)
+    return out.decode()

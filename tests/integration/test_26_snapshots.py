@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import assert_failed, first_pool, load_lab, register, run_module
+from conftest import assert_failed, first_pool, guest_agent, guest_shell, load_lab, register, run_module
 
 MACHINE = "sn-guest"
 MARKER = "MACHINERY-SNAPSHOT-MARKER"
@@ -52,24 +52,10 @@ def libvirt_snapshots(pool):
 
 def agent_of(pool, timeout=240):
     """The guest agent of the machine, once it answers (after a boot or a revert)."""
-    from ansible_collections.machinery.compute.plugins.module_utils.machines import guest
-
-    deadline = time.monotonic() + timeout
-    while True:
-        agent = guest.Agent(pool.domain(MACHINE))
-        try:
-            agent.command("guest-ping")
-            return agent
-        except guest.AgentError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
+    return guest_agent(pool, MACHINE, timeout)
 
 
-def shell(agent, command):
-    code, out, err = agent.run("/bin/sh", ["-c", command], timeout=60)
-    assert code == 0, (command, out, err)
-    return out.decode()
+shell = guest_shell
 
 
 def write_markers(agent, ram=True):

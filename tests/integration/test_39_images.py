@@ -7,14 +7,12 @@ machine, a missing snapshot), a capture of a snapshot that leaves the machine as
 """
 
 import hashlib
-import time
 
 import pytest
 from lxml import etree
 
-from conftest import Pool, assert_failed, load_lab, register, run_module
+from conftest import Pool, assert_failed, guest_agent, guest_shell, load_lab, register, run_module
 
-from ansible_collections.machinery.compute.plugins.module_utils.machines import guest
 
 SOURCE = "im-src"
 COPY = "im-copy"
@@ -57,22 +55,10 @@ def machine(pool, name, state="running", **extra):
 
 def agent_of(pool, name):
     """The guest agent of ``name``, once it answers after a boot."""
-    deadline = time.monotonic() + 240
-    while True:
-        agent = guest.Agent(pool.domain(name))
-        try:
-            agent.command("guest-ping")
-            return agent
-        except guest.AgentError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
+    return guest_agent(pool, name)
 
 
-def shell(agent, command):
-    code, out, err = agent.run("/bin/sh", ["-c", command], timeout=60)
-    assert code == 0, (command, out, err)
-    return out.decode()
+shell = guest_shell
 
 
 def image_volumes(pool):

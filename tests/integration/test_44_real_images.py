@@ -12,9 +12,8 @@ import time
 
 import pytest
 
-from conftest import first_pool, run_module
+from conftest import first_pool, guest_agent, guest_shell, run_module
 
-from ansible_collections.machinery.compute.plugins.module_utils.machines import guest
 from test_12_real_guest import real_image
 from test_39_images import root_backing
 
@@ -50,22 +49,11 @@ def clean(pool):
 
 
 def agent_of(pool, name):
-    deadline = time.monotonic() + BOOT_TIMEOUT
-    while True:
-        agent = guest.Agent(pool.domain(name), timeout=30)
-        try:
-            agent.command("guest-ping")
-            return agent
-        except guest.AgentError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(2)
+    return guest_agent(pool, name, timeout=BOOT_TIMEOUT, call_timeout=30, every=2)
 
 
 def shell(agent, command, timeout=300):
-    code, out, err = agent.run("/bin/sh", ["-c", command], timeout=timeout)
-    assert code == 0, (command, out, err)
-    return out.decode()
+    return guest_shell(agent, command, timeout)
 
 
 def identity(agent):
