@@ -9,6 +9,7 @@ byte for byte, on the pool a cold move took the machine to.
 
 import hashlib
 import os
+import shutil
 import struct
 import subprocess
 import time
@@ -120,6 +121,23 @@ def test_tpm_seen_by_the_guest_and_deleted_with_the_machine(fw_pool):
         agent = agent_of(pool, MACHINE)
         assert shell(agent, PCR16).strip() == "0" * 64
         assert tpm_command(agent, READ_EK_CERT) == certificate
+
+        # a backup keeps the TPM: its state lost from the host and the backup restored, the same endorsement
+        # certificate is back (a TPM made anew at the start would have another)
+        taken = run_module("machine_backup", uri=pool.uri, machine=MACHINE, name="with-tpm")
+        assert taken["changed"] and not taken.get("failed"), taken
+        assert any(".backup.with-tpm.tpm." in name for name in pool.volumes()), pool.volumes()
+        stopped = run_module("machine", **dict(args, state="stopped"))
+        assert not stopped.get("failed") and not pool.domain(MACHINE).isActive(), stopped
+        shutil.rmtree(swtpm_state(pool, uuid))
+        restored = run_module("machine_backup", uri=pool.uri, machine=MACHINE, name="with-tpm", restore=True)
+        assert restored["changed"] and not restored.get("failed"), restored
+        assert os.path.isdir(swtpm_state(pool, uuid))
+        started = run_module("machine", **dict(args, state="running"))
+        assert not started.get("failed"), started
+        assert tpm_command(agent_of(pool, MACHINE), READ_EK_CERT) == certificate
+        dropped = run_module("machine_backup", uri=pool.uri, machine=MACHINE, name="with-tpm", state="absent")
+        assert dropped["changed"] and not any(".backup.with-tpm." in name for name in pool.volumes()), dropped
 
     gone = run_module("machine", uri=pool.uri, name=MACHINE, state="absent", shutdown_timeout=0)
     assert gone["changed"], gone

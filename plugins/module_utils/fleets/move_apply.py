@@ -21,7 +21,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
     ConflictError, HoldLost, LibvirtFailure, MachineryError, PoolFull)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import shutdown
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import move_policy
-from ansible_collections.machinery.compute.plugins.module_utils.fleets import tpm_state
+from ansible_collections.machinery.compute.plugins.module_utils.machines import tpm_state
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import (
     live_transport, move_key, relocate)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.volume_stream import (

@@ -11,9 +11,10 @@ named ``<machine>.backup.<backup>.<device>.qcow2``, made through libvirt alone (
 - a stopped machine: each disk volume is cloned through the storage driver (virStorageVolCreateXMLFrom, which
   flattens the root's backing image into the copy).
 A UEFI machine's variables, when the pool's storage keeps them, are copied beside its disks
-(``<machine>.backup.<backup>.nvram.fd``) and restored with them. The list of a machine's backups (names, times,
-disks, how consistent) is one document of the pool's registry, ``backups-<machine>``; restoring copies the
-backup volumes back over the (stopped) machine's disks.
+(``<machine>.backup.<backup>.nvram.fd``) and restored with them, and so is an emulated TPM's state (each file of
+its swtpm directory as ``<machine>.backup.<backup>.tpm.<file>``, tpm_state.py). The list of a machine's backups
+(names, times, disks, how consistent) is one document of the pool's registry, ``backups-<machine>``; restoring
+copies the backup volumes back over the (stopped) machine's disks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
+from ansible_collections.machinery.compute.plugins.module_utils.machines import tpm_state
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
@@ -47,7 +49,8 @@ def volume_name(machine, backup, device):
 
 
 # what volume_name makes (a machine name has no dot)
-BACKUP_VOLUME = re.compile(r"^(?P<machine>[^.]+)\.backup\.[^.]+\.[^.]+\.qcow2$")
+# a backup's volumes: a disk's copy, the UEFI variables', a TPM state file's
+BACKUP_VOLUME = re.compile(r"^(?P<machine>[^.]+)\.backup\.[^.]+\.(?:[^.]+\.qcow2|nvram\.fd|tpm\..+)$")
 
 
 def default_name(moment):
@@ -110,6 +113,11 @@ def stored_nvram(tree, storage_dir):
 
 def nvram_backup(machine, backup):
     return "%s.backup.%s.nvram.fd" % (machine, backup)
+
+
+def tpm_backup(machine, backup, name):
+    """The volume of TPM state file ``name`` in backup ``backup``."""
+    return "%s.backup.%s.tpm.%s" % (machine, backup, name)
 
 
 def plan_backups(params, seen):
@@ -209,6 +217,7 @@ class BackupResource(Resource):
                 raise ConflictError("%s was not created by machinery.compute" % self.machine, "machine")
             seen["disks"], seen["skipped"] = own_disks(observed.tree)
             seen["nvram"] = stored_nvram(observed.tree, self.ctx.storage_path)
+            seen["tpm_uuid"] = observed.dom.UUIDString() if tpm_state.has_emulated_tpm(observed.tree) else None
             seen.update(boots=observed.record.get("boots"), last_restore=observed.record.get("last_restore"))
         return seen
 
@@ -269,6 +278,8 @@ class BackupResource(Resource):
         variables = self._copy_nvram(seen.get("nvram"), nvram_backup(self.machine, name))
         if variables:
             entry["nvram"] = variables
+        if seen.get("tpm_uuid"):
+            entry["tpm"] = self._save_tpm(seen["tpm_uuid"], name)
         self.report = entry
         self._save(lambda backups: [item for item in backups if item["name"] != name] + [entry])
 
@@ -286,6 +297,19 @@ class BackupResource(Resource):
             raise LibvirtFailure("cannot copy the UEFI variables of %s: %s" % (self.machine, lv.describe(exc))) \
                 from None
         return target_name
+
+    def _save_tpm(self, uuid, backup):
+        """The TPM state files of the machine copied into the pool's storage, {file: volume}. swtpm writes its
+        state file whole; a running machine's is copied as it stands when the backup is taken."""
+        pool = self.ctx.storage
+        saved = {}
+        for name, data in sorted(tpm_state.read(self.conn, uuid).items()):
+            volume = tpm_backup(self.machine, backup, name)
+            storage.delete_volume(pool, volume)
+            vol = storage.create_volume(pool, volume, max(len(data), 1), "raw", mode="0600")
+            storage.upload_bytes(self.conn, vol, data)
+            saved[name] = volume
+        return saved
 
     def _end_dead_job(self, dom):
         """A backup job a killed run began is still running in libvirt: it is aborted and waited for, or the new
@@ -369,6 +393,8 @@ class BackupResource(Resource):
                 storage.delete_volume(pool, disk["volume"])
             if entry.get("nvram"):
                 storage.delete_volume(pool, entry["nvram"])
+            for volume in (entry.get("tpm") or {}).values():
+                storage.delete_volume(pool, volume)
         names = {entry["name"] for entry in entries}
         self._save(lambda backups: [item for item in backups if item["name"] not in names])
 
@@ -396,6 +422,15 @@ class BackupResource(Resource):
                 raise NotFoundError("backup volume %s is gone" % saved, "name")
             storage.delete_volume(pool, seen["nvram"])
             self._copy_nvram(saved, seen["nvram"])
+        saved_tpm = action.data["entry"].get("tpm")
+        if saved_tpm and seen.get("tpm_uuid"):  # the TPM as it was: its seeds, keys and NV memory
+            files = {}
+            for name, volume in saved_tpm.items():
+                vol = lv.lookup_volume(pool, volume)
+                if vol is None:
+                    raise NotFoundError("backup volume %s is gone" % volume, "name")
+                files[name] = storage.download_bytes(self.conn, vol)
+            tpm_state.write(self.conn, seen["tpm_uuid"], files)
         boots = seen["boots"]
 
         def note(record):

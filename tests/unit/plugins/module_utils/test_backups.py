@@ -105,3 +105,18 @@ def test_backups_outlive_their_machine_they_are_deleted_not_taken_or_restored():
         with pytest.raises(NotFoundError) as caught:
             bk.plan_backups(asked, gone)
         assert caught.value.field == "machine"
+
+
+@pytest.mark.parametrize("volume, machine", [
+    ("web-1.backup.nightly.vda.qcow2", "web-1"), ("web-1.backup.nightly.nvram.fd", "web-1"),
+    (bk.tpm_backup("web-1", "nightly", "tpm2-00.permall"), "web-1")])
+def test_every_volume_of_a_backup_names_its_machine(volume, machine):
+    """A backup's disk copies, its UEFI variables and its TPM state files are all the machine's own (the volume
+    module refuses to delete them, force or not)."""
+    found = bk.BACKUP_VOLUME.match(volume)
+    assert found is not None and found.group("machine") == machine
+
+
+@pytest.mark.parametrize("volume", ["web-1-data.qcow2", "web-1.backup.qcow2", "web-1.backup.nightly.tpm."])
+def test_other_volumes_are_no_backup_volumes(volume):
+    assert bk.BACKUP_VOLUME.match(volume) is None

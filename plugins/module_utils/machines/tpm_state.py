@@ -58,21 +58,33 @@ def state_pool(conn, uuid, build=False):
             pass  # a transient pool gone already
 
 
-def carry(source_conn, target_conn, uuid):
-    """Copy the TPM state of domain ``uuid`` from the source's host to the target's. Returns the names of the files
-    copied (none when the source has no state yet)."""
-    with state_pool(source_conn, uuid) as pool:
+def read(conn, uuid):
+    """{file name: bytes} of the TPM state of domain ``uuid`` on the host of ``conn`` (empty when it has none yet)."""
+    with state_pool(conn, uuid) as pool:
         if pool is None:
-            return []
-        files = {}
+            return {}
+        return {vol.name(): storage.download_bytes(conn, vol) for vol in pool.listAllVolumes(0)
+                if not vol.name().endswith(SKIPPED)}
+
+
+def write(conn, uuid, files):
+    """Make ``files`` ({name: bytes}) the whole TPM state of domain ``uuid`` on the host of ``conn``: the directory
+    is made when missing, and a state file not among ``files`` is deleted. The machine must be off (swtpm not
+    running)."""
+    with state_pool(conn, uuid, build=True) as pool:
         for vol in pool.listAllVolumes(0):
-            if not vol.name().endswith(SKIPPED):
-                files[vol.name()] = storage.download_bytes(source_conn, vol)
-    if not files:
-        return []
-    with state_pool(target_conn, uuid, build=True) as pool:
+            if vol.name() not in files and not vol.name().endswith(SKIPPED):
+                storage.delete_volume(pool, vol.name())
         for name, data in sorted(files.items()):
             storage.delete_volume(pool, name)
             vol = storage.create_volume(pool, name, max(len(data), 1), "raw", mode="0600")
-            storage.upload_bytes(target_conn, vol, data)
+            storage.upload_bytes(conn, vol, data)
+
+
+def carry(source_conn, target_conn, uuid):
+    """Copy the TPM state of domain ``uuid`` from the source's host to the target's. Returns the names of the files
+    copied (none when the source has no state yet)."""
+    files = read(source_conn, uuid)
+    if files:
+        write(target_conn, uuid, files)
     return sorted(files)
