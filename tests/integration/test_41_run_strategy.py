@@ -15,6 +15,7 @@ import libvirt
 import pytest
 
 from conftest import REPO, assert_failed, lab_file, lab_pid, listing, write_source
+from test_31_lost_pool import alive
 
 NS = "https://machinery.compute/xmlns/machine/1"
 TIMINGS = {}
@@ -122,15 +123,6 @@ def started_at(pid):
         return int(handle.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
 
 
-def pid_runs(pid):
-    """Whether ``pid`` runs: it exists and is not a zombie."""
-    try:
-        with open("/proc/%d/stat" % pid) as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def qemu_pids(uuid):
     pids = []
     for entry in os.listdir("/proc"):
@@ -173,7 +165,7 @@ def test_a_host_reboot_brings_back_exactly_the_machines_whose_strategy_says_so(
     assert re.search(r"3 guest\(s\) killed", output), output
     # the old guests are dead: SIGKILLed by the power loss (a zombie not yet reaped is dead too; its exit may lag)
     deadline = time.monotonic() + 30
-    while any(pid_runs(pid) for pids in old_pids.values() for pid in pids):
+    while any(alive(pid) for pids in old_pids.values() for pid in pids):
         assert time.monotonic() < deadline, old_pids
         time.sleep(0.2)
     pool.reconnect()
