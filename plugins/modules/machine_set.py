@@ -75,9 +75,13 @@ options:
       - A member as M(machinery.compute.machine) takes it (every option but C(name), C(uri), C(adopt),
         C(unique_across), C(wait) and C(wait_timeout)), plus C(machine_pool_selector) and C(tolerations) for
         the scheduler. Its C(labels) must include O(selector.match_labels).
-      - Members take the template's C(run_strategy). Left out, members are V(always) (autostarted by their host,
-        restarted after a crash), but V(manual) in a set with O(unreachable_timeout) - a host that comes back
-        must not start the copies the set replaced while it was unreachable, so its members are not autostarted.
+      - Members take the template's C(run_strategy). Left out, members get the one the template's C(state)
+        implies, as a machine does - V(always) for V(running), the default (autostarted by their host, restarted
+        after a crash), V(manual) for V(present), V(halted) for V(stopped) - but V(manual) rather than V(always) in a
+        set with O(unreachable_timeout) - a host that comes back must not start the copies the set replaced while
+        it was unreachable, so its members are not autostarted.
+      - The template's C(state) is one a member is kept in (V(running), V(present), V(stopped), V(paused),
+        V(suspended)); V(absent) and V(restarted) are refused, naming C(template.state).
       - With a C(server_group) (C(name), C(policy)) every member joins the group and new members are placed by
         its rule over all Ready pools (with V(anti-affinity), one member per pool at most; a member that
         fits nowhere is reported, not created).

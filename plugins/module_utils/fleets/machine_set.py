@@ -140,6 +140,10 @@ def normalize_set(params):
     template = dict(template, labels=labels)
     # the template's options are checked once, as every machine's are; members are made from the result
     member = machine_spec.params(dict(template, name="%s-00000" % name), "template", scheduling=True)
+    if member["state"] in ("absent", "restarted"):
+        raise ValidationError("a member's state is what every run keeps it in: running, present, stopped, paused "
+                              "or suspended (delete members with replicas or state: absent on the set; restart "
+                              "them with machinery.compute.machine)", "template.state")
     rollout = params.get("rollout")
     if rollout is not None:
         if not isinstance(rollout, dict):
@@ -522,11 +526,15 @@ def member_spec(desired, name, wait, wait_timeout, unique_across=()):
 
 
 def member_strategy(desired):
-    """The run strategy of a new member whose template names none: always, but manual in a set that replaces the
-    members of an unreachable pool (unreachable_timeout), since a host that comes back must not start the copies
-    the set replaced meanwhile (it has no agent to stop them); the set's runs and its health check bring such
-    members back."""
-    return "manual" if desired.get("unreachable_timeout") is not None else "always"
+    """The run strategy of a new member whose template names none: the one the template's state implies, as for a
+    machine (running, the default, is always; present manual; stopped halted), but manual rather than always in a
+    set that replaces the members of an unreachable pool (unreachable_timeout), since a host that comes back must
+    not start the copies the set replaced meanwhile (it has no agent to stop them); the set's runs and its health
+    check bring such members back."""
+    implied = machine_spec.STATE_STRATEGY[desired["member"]["state"]]
+    if desired.get("unreachable_timeout") is not None and implied == "always":
+        return "manual"
+    return implied
 
 
 def counts(desired, members):

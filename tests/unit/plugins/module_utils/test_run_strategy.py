@@ -201,8 +201,15 @@ def test_halted_contradicts_every_running_state():
             run_strategy("halted", state, None, False)
 
 
-def test_set_members_are_always_unless_the_set_replaces_lost_members():
+def test_set_members_take_the_strategy_their_template_state_implies():
     from ansible_collections.machinery.compute.plugins.module_utils.fleets.machine_set import member_strategy
-    assert member_strategy({"unreachable_timeout": None}) == "always"
-    assert member_strategy({}) == "always"
-    assert member_strategy({"unreachable_timeout": 60}) == "manual"
+    running = {"state": "running"}
+    assert member_strategy({"member": running, "unreachable_timeout": None}) == "always"
+    assert member_strategy({"member": running}) == "always"
+    assert member_strategy({"member": running, "unreachable_timeout": 60}) == "manual"
+    # a template's state says what its members do, as a machine's does: present leaves them off, stopped halts
+    # them (always would contradict it and refuse a run_strategy the user never wrote)
+    for state, strategy in (("running", "always"), ("present", "manual"), ("stopped", "halted")):
+        assert member_strategy({"member": {"state": state}}) == strategy
+        assert member_strategy({"member": {"state": state}, "unreachable_timeout": 60}) == \
+            ("halted" if state == "stopped" else "manual")
