@@ -311,6 +311,18 @@ def test_a_template_refuses_what_only_the_machine_module_does(key):
     assert said == "unknown option %s" % key and key not in takes.split(", "), message
 
 
+@pytest.mark.parametrize("state", ["absent", "restarted"])
+def test_a_template_state_is_one_a_member_is_kept_in(state):
+    assert "a member's state is what every run keeps it in" in refused("template.state", desired,
+                                                                        template=dict(TEMPLATE, state=state))
+
+
+@pytest.mark.parametrize("state, strategy", [("running", "always"), ("present", "manual"), ("stopped", "halted")])
+def test_a_member_takes_the_strategy_its_template_state_implies(state, strategy):
+    spec = ms.member_spec(desired(template=dict(TEMPLATE, state=state)), "web-00001", "none", 300)
+    assert (spec["state"], spec["run_strategy"]) == (state, strategy)
+
+
 @pytest.mark.parametrize("machine, expected", [
     ({"phase": "Running", "agent_connected": True, "network_interfaces": [{"network": "n"}]}, "True"),
     ({"phase": "Shutdown", "agent_connected": None, "network_interfaces": [{"network": "n"}]}, "False"),
