@@ -6,6 +6,8 @@ from libvirt itself.
 
 import collections
 import contextlib
+import functools
+import http.server
 import ipaddress
 import json
 import os
@@ -15,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 
@@ -540,3 +543,40 @@ def guest_shell(agent, command, timeout=60):
     code, out, err = agent.run("/bin/sh", ["-c", command], timeout=timeout)
     assert code == 0, (command, out, err)
     return out.decode()
+
+
+def uptimes(pool, name):
+    """The uptimes a guest of the lab image printed on its console (lines ``UPTIME <seconds>``), oldest first."""
+    return [float(value) for value in re.findall(r"UPTIME (\d+\.\d+)", pool.console(name))]
+
+
+def wait_uptime_above(pool, name, floor, timeout=120):
+    """The uptimes above ``floor`` the guest has printed, once there is one (its console is read every half
+    second until ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while not any(value > floor for value in uptimes(pool, name)):
+        assert time.monotonic() < deadline, pool.console(name)[-2000:]
+        time.sleep(0.5)
+    return [value for value in uptimes(pool, name) if value > floor]
+
+
+@contextlib.contextmanager
+def served(directory):
+    """An HTTP server on loopback for the files of ``directory`` while the block runs: its base URL."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=directory)
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield "http://127.0.0.1:%d" % server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def served_file(path):
+    """``path`` served over HTTP on loopback while the block runs: its URL."""
+    with served(os.path.dirname(path)) as base:
+        yield "%s/%s" % (base, os.path.basename(path))

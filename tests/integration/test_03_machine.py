@@ -1,15 +1,11 @@
 """machine: lifecycle, bad input (nothing created, seen from libvirt), adoption, images by path and URL."""
 
-import functools
 import hashlib
-import http.server
-import os
-import threading
 
 import libvirt
 import pytest
 
-from conftest import assert_failed
+from conftest import assert_failed, served_file
 
 
 @pytest.fixture(name="image", scope="session")
@@ -151,14 +147,8 @@ def test_foreign_domain_is_refused_then_adopted(pool, module):
 @pytest.fixture
 def image_server(image):
     """The test image served over HTTP on loopback only."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=os.path.dirname(image))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield "http://127.0.0.1:%d/%s" % (server.server_address[1], os.path.basename(image))
-    server.shutdown()
-    server.server_close()
+    with served_file(image) as url:
+        yield url
 
 
 def test_image_by_url(registered, module, image, image_server, tmp_path, monkeypatch):

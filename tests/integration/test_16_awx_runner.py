@@ -70,19 +70,25 @@ def inject_credential(private, inputs):
     return {name: sandbox.from_string(template).render(**values) for name, template in injectors["env"].items()}
 
 
+def private_data_dir(work):
+    """ansible-runner's private data directory of a job as AWX lays it out under ``work``: the project (a checkout
+    of the collection's extensions/awx, its playbooks/ and inventory/) and the job's inventory, which AWX writes
+    from its database (jobs here run on localhost)."""
+    private = work / "private"
+    for part in ("env", "inventory", "artifacts"):
+        (private / part).mkdir(parents=True)
+    shutil.copytree(REPO / "extensions" / "awx", private / "project")
+    (private / "inventory" / "hosts").write_text(
+        "localhost ansible_connection=local ansible_python_interpreter={{ ansible_playbook_python }}\n")
+    return private
+
+
 @pytest.fixture(scope="module")
 def awx(tmp_path_factory):
     lab = load_lab()
     pools = lab["pools"][:2]
     work = tmp_path_factory.mktemp("awx")
-    private = work / "private"
-    for part in ("env", "inventory", "artifacts"):
-        (private / part).mkdir(parents=True)
-    # the project: a checkout of the collection's extensions/awx (playbooks/ and inventory/)
-    shutil.copytree(REPO / "extensions" / "awx", private / "project")
-    # a job's inventory, which AWX writes from its database (jobs here run on localhost)
-    (private / "inventory" / "hosts").write_text(
-        "localhost ansible_connection=local ansible_python_interpreter={{ ansible_playbook_python }}\n")
+    private = private_data_dir(work)
     env = {key: value for key, value in os.environ.items() if not key.startswith("ANSIBLE_")}
     env.update(PATH="%s:%s" % (BIN, env.get("PATH", "")), ANSIBLE_COLLECTIONS_SCAN_SYS_PATH="false",
                ANSIBLE_HOME=str(work / "home"), ANSIBLE_NOCOLOR="1")

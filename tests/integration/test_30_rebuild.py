@@ -9,9 +9,6 @@ a file written by hand on the old root is gone, the data volume's file is still 
 guests: a real guest's boot is the costliest thing in the suite.
 """
 
-import contextlib
-import functools
-import http.server
 import json
 import os
 import re
@@ -23,7 +20,7 @@ import xml.etree.ElementTree as ET
 import libvirt
 import pytest
 
-from conftest import NS, first_pool, load_lab, run_module
+from conftest import NS, first_pool, load_lab, run_module, served
 
 NAME = "rb-web"
 DATA = "rb-data"
@@ -143,20 +140,6 @@ class Downtime:
     def seconds(self):
         assert self.stopped_at is not None and self.running_at is not None, "the machine was not seen restarting"
         return self.running_at - self.stopped_at
-
-
-@contextlib.contextmanager
-def served(directory):
-    """An HTTP server on loopback for the files of ``directory`` (the controller downloads an image URL)."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=directory)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield "http://127.0.0.1:%d" % server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture(scope="module")

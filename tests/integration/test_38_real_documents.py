@@ -13,16 +13,12 @@ The documents are written here in upstream's shape:
 """
 
 import copy
-import functools
-import http.server
 import ipaddress
-import os
-import threading
 
 import pytest
 from lxml import etree
 
-from conftest import NS, OVERCOMMIT, Pool, load_lab, register, run_module, warnings_of
+from conftest import NS, OVERCOMMIT, Pool, load_lab, register, run_module, served_file, warnings_of
 
 KUBEVIRT_SERVED = ["libvirt", "kubevirt"]
 VS = "vitistack.io/v1alpha1"
@@ -54,14 +50,8 @@ def lab3():
 def served_image(lab3):
     """The lab's busybox image on loopback, as an HTTP URL (the examples' ISO URLs and KupenStack's image src)."""
     image = load_lab()["image"]
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=os.path.dirname(image))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield "http://127.0.0.1:%d/%s" % (server.server_address[1], os.path.basename(image))
-    server.shutdown()
-    server.server_close()
+    with served_file(image) as url:
+        yield url
 
 
 @pytest.fixture

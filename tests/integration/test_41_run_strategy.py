@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 import libvirt
 import pytest
 
-from conftest import REPO, assert_failed, lab_file, lab_pid, listing, write_source
+from conftest import REPO, assert_failed, lab_file, lab_pid, listing, wait_uptime_above, write_source
 from test_31_lost_pool import alive
 
 NS = "https://machinery.compute/xmlns/machine/1"
@@ -229,18 +229,6 @@ def boot_id(pool, name, timeout=180):
         time.sleep(0.5)
 
 
-def uptimes(pool, name):
-    return [float(value) for value in re.findall(r"UPTIME (\d+\.\d+)", pool.console(name))]
-
-
-def wait_uptime_above(pool, name, floor, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not any(value > floor for value in uptimes(pool, name)):
-        assert time.monotonic() < deadline, pool.console(name)[-2000:]
-        time.sleep(0.5)
-    return [value for value in uptimes(pool, name) if value > floor]
-
-
 def test_power_actions_seen_from_inside_the_guest(registered, module, image):
     pool = registered[1]
     name = "rs-power"
@@ -250,7 +238,7 @@ def test_power_actions_seen_from_inside_the_guest(registered, module, image):
     assert not module("machine", **args).get("failed")
     dom = pool.domain(name)
     first = boot_id(pool, name)
-    wait_uptime_above(pool, name, 0)
+    wait_uptime_above(pool, name, 0, timeout=60)
 
     # restarted, soft: the ACPI button (the guest prints MACHINERY-POWEROFF), a new boot
     result = module("machine", check=True, state="restarted", **args)
@@ -287,7 +275,7 @@ def test_power_actions_seen_from_inside_the_guest(registered, module, image):
     assert module("machine", state="suspended", **args)["changed"] is False
     result = module("machine", **args)
     assert result["actions"] == ["resume"] and dom.isActive() and result["machine"]["restart_count"] == 2, result
-    after = wait_uptime_above(pool, name, 0)
+    after = wait_uptime_above(pool, name, 0, timeout=60)
     assert min(after) >= seen, (seen, after)  # the same boot: its uptime did not start again
     assert module("machine", **args)["changed"] is False
 

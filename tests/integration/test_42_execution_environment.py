@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +24,8 @@ import pytest
 import yaml
 
 from conftest import OVERCOMMIT, Pool, load_lab, run_module
-from test_16_awx_runner import inject_credential, task_results
+from test_16_awx_runner import inject_credential, private_data_dir, task_results
 
-REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 MACHINES = ["ee-1", "ee-2"]
 
@@ -53,12 +51,7 @@ def ee(tmp_path_factory, idle_image):
     ssh_pool, tls_pool = lab["pools"][0], lab["pools"][1]
     lab_dir = Path(ssh_pool["uris"]["unix"].split("socket=", 1)[1]).parents[2]
     work = tmp_path_factory.mktemp("ee")
-    private = work / "private"
-    for part in ("env", "inventory", "artifacts"):
-        (private / part).mkdir(parents=True)
-    shutil.copytree(REPO / "extensions" / "awx", private / "project")
-    (private / "inventory" / "hosts").write_text(
-        'localhost ansible_connection=local ansible_python_interpreter="{{ansible_playbook_python}}"\n')
+    private = private_data_dir(work)
     # the pools as an AWX user enters them: plain URIs, the files in the credential
     uris = {ssh_pool["name"]: without(ssh_pool["uris"]["openssh"], "keyfile") + "&no_verify=1",
             tls_pool["name"]: without(tls_pool["uris"]["tls"], "pkipath")}
