@@ -135,7 +135,7 @@ def observe_machine(conn, name, journal=False, listing=None, registry=None, dom=
         reading = listing.get(name)
         if reading is not None:
             return Observed(name, reading.dom, reading.tree, reading.record, reading.state,
-                            reading.live_max_memory)
+                            reading.live_max_memory, reading.autostart, reading.saved)
         dom = None
     elif dom is None:
         dom = lv.lookup_domain(conn, name)
@@ -857,7 +857,7 @@ class MachineService:
                 # status's; after a change the pool's leases and volumes are read anew, else as this run read them
                 view = PoolView(self.ctx, volumes_of=self.ctx.view()) if plan.actions else self.ctx.view()
                 machine = machine_status(observed.dom, self.ctx, view, observed.tree, state=observed.state,
-                                         record=observed.record)
+                                         record=observed.record, flags=(observed.autostart, observed.saved))
         restart_required = resource.restart_required or (self.check_mode and plan.facts.get("restart_required"))
         outcome = Outcome(plan, machine, resource.warnings, bool(restart_required))
         outcome.prepared = Prepared(resource.spec, observed, self.ctx.uri) if resource.spec is not None else None

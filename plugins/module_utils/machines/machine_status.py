@@ -43,8 +43,9 @@ def _phase(state, reason, record):
     return "Shutdown" if (record or {}).get("boots") else "Pending"
 
 
-def _power_state(dom, state, reason, active):
-    """running, paused, suspended (memory saved by libvirt), off or crashed."""
+def _power_state(dom, state, reason, active, saved=None):
+    """running, paused, suspended (memory saved by libvirt), off or crashed; ``saved``: whether the domain has a
+    managed save image, when already read."""
     errors = (lv.libvirt.VIR_DOMAIN_PAUSED_CRASHED, lv.libvirt.VIR_DOMAIN_PAUSED_IOERROR)
     if state == lv.libvirt.VIR_DOMAIN_PAUSED and reason not in errors:
         return "paused"
@@ -52,7 +53,9 @@ def _power_state(dom, state, reason, active):
         return "running"
     if state == lv.libvirt.VIR_DOMAIN_CRASHED or reason == lv.libvirt.VIR_DOMAIN_SHUTOFF_CRASHED:
         return "crashed"
-    return "suspended" if dom.hasManagedSaveImage(0) else "off"
+    if saved is None:
+        saved = dom.hasManagedSaveImage(0)
+    return "suspended" if saved else "off"
 
 
 def age(created, moment=None):
@@ -212,9 +215,10 @@ def _bootstrap_condition(active, connected, facts, asked):
                 status="Unknown")
 
 
-def _base_status(dom, ctx, view, tree, moment, state, record=None):
+def _base_status(dom, ctx, view, tree, moment, state, record=None, flags=(None, None)):
     """The status without the guest's facts, and whether the machine runs and its agent's channel is connected.
-    ``record`` (read from ``tree``) may be passed when already read."""
+    ``record`` (read from ``tree``) and ``flags`` (autostart, managed save; see pool_context.Reading) may be
+    passed when already read."""
     if tree is None:
         tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
         record = None
@@ -260,8 +264,8 @@ def _base_status(dom, ctx, view, tree, moment, state, record=None):
         "guest": None,
         "restart_count": max(0, int(record.get("boots") or 0) - 1),
         "run_strategy": spec.get("run_strategy"),
-        "power_state": _power_state(dom, state, reason, active),
-        "autostart": bool(dom.autostart()),
+        "power_state": _power_state(dom, state, reason, active, flags[1]),
+        "autostart": bool(dom.autostart() if flags[0] is None else flags[0]),
         "created": record.get("created"),
         "age": _age(record.get("created"), moment or now()),
         "last_error": record.get("last_error"),
@@ -280,14 +284,15 @@ def _with_guest(status, active, connected, facts, asked):
     return status
 
 
-def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None, guest=True, record=None):
+def machine_status(dom, ctx, view=None, tree=None, moment=None, state=None, guest=True, record=None,
+                   flags=(None, None)):
     """The public ``machine`` return for a domain (the same shape for the module, info and inventory).
 
-    ``tree`` (the persistent XML), ``state`` ((state, reason)) and ``record`` (read from that tree) may be passed
-    when already read. With
+    ``tree`` (the persistent XML), ``state`` ((state, reason)), ``record`` (read from that tree) and ``flags``
+    ((autostart, managed save)) may be passed when already read. With
     ``guest``, a running machine whose agent channel is connected is asked for its facts (``guest``); a
     machine without one costs nothing more."""
-    status, active, connected = _base_status(dom, ctx, view, tree, moment, state, record)
+    status, active, connected = _base_status(dom, ctx, view, tree, moment, state, record, flags)
     facts = agent.guest_facts(dom) if (guest and connected) else None
     return _with_guest(status, active, connected, facts, guest)
 
@@ -336,7 +341,8 @@ def list_machines(ctx, include_unmanaged=False, guest=True, keep=True):
             continue
         try:
             entries.append((reading.dom,) + _base_status(reading.dom, ctx, view, reading.tree, moment,
-                                                         reading.state, reading.record))
+                                                         reading.state, reading.record,
+                                                         (reading.autostart, reading.saved)))
         except lv.libvirt.libvirtError as exc:
             # gone since the listing (a live move that ended, a run's delete): as a listing made now would be
             if exc.get_error_code() != lv.libvirt.VIR_ERR_NO_DOMAIN:

@@ -21,17 +21,20 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.machine
 
 
 class Reading:
-    """One domain as a pool listing read it: its handle, persistent XML (parsed), record, (state, reason), and
-    for a running one the memory it can balloon up to (bytes)."""
+    """One domain as a pool listing read it: its handle, persistent XML (parsed), record, (state, reason), for a
+    running one the memory it can balloon up to (bytes), and whether its host starts it (autostart) and whether
+    libvirt holds its saved memory (managed save); None where not read."""
 
-    __slots__ = ("dom", "tree", "record", "state", "live_max_memory")
+    __slots__ = ("dom", "tree", "record", "state", "live_max_memory", "autostart", "saved")
 
-    def __init__(self, dom, tree, state, live_max_memory=None):
+    def __init__(self, dom, tree, state, live_max_memory=None, autostart=None, saved=None):
         self.dom = dom
         self.tree = tree
         self.record = dx.read_record(tree)
         self.state = state
         self.live_max_memory = live_max_memory
+        self.autostart = autostart
+        self.saved = saved
 
 
 # Threads that read the domains' XML of one listing at once: a read is one round trip, and while one waits on the
@@ -55,7 +58,7 @@ def _inactive_xml(dom):
 LISTING_CHUNK = 64
 
 
-def _reading(dom, stats, xml):
+def _reading(dom, stats, xml, flagged):
     state = (stats.get("state.state"), stats.get("state.reason"))
     if state[0] is None:
         state = tuple(dom.state())
@@ -63,15 +66,26 @@ def _reading(dom, stats, xml):
     if state[0] not in (lv.libvirt.VIR_DOMAIN_SHUTOFF, lv.libvirt.VIR_DOMAIN_CRASHED, lv.libvirt.VIR_DOMAIN_NOSTATE):
         maximum = stats.get("balloon.maximum")
         live_max = (maximum if maximum is not None else dom.maxMemory()) * 1024
-    return Reading(dom, dx.parse(xml), state, live_max)
+    uuid = dom.UUIDString() if flagged[0] or flagged[1] else None
+    return Reading(dom, dx.parse(xml), state, live_max, uuid in flagged[0], uuid in flagged[1])
+
+
+def _flagged(conn):
+    """(UUIDs of the autostarted domains, UUIDs of those with a managed save image): two listings the daemon
+    filters, instead of two round trips a domain. Read after the states, so every domain those name existed when
+    its flags were read."""
+    listed = lv.libvirt
+    return tuple(frozenset(dom.UUIDString() for dom in conn.listAllDomains(flag))
+                 for flag in (listed.VIR_CONNECT_LIST_DOMAINS_AUTOSTART, listed.VIR_CONNECT_LIST_DOMAINS_MANAGEDSAVE))
 
 
 def stream_domains(conn):
     """A Reading of every domain of the host, one at a time: one bulk stats call for the states (and the balloon
-    maximum of the running ones), then the one read of each domain's XML that nothing else gives in bulk
-    (LISTING_READERS at a time, LISTING_CHUNK domains ahead)."""
+    maximum of the running ones), two filtered listings for autostart and managed save, then the one read of each
+    domain's XML that nothing else gives in bulk (LISTING_READERS at a time, LISTING_CHUNK domains ahead)."""
     flags = lv.libvirt.VIR_DOMAIN_STATS_STATE | lv.libvirt.VIR_DOMAIN_STATS_BALLOON
     found = conn.getAllDomainStats(flags, 0)
+    flagged = _flagged(conn)
     with ThreadPoolExecutor(max_workers=LISTING_READERS) as executor:
         for start in range(0, len(found), LISTING_CHUNK):
             chunk = found[start:start + LISTING_CHUNK]
@@ -79,7 +93,7 @@ def stream_domains(conn):
                 if xml is None:  # undefined since the stats call
                     continue
                 try:
-                    reading = _reading(dom, stats, xml)
+                    reading = _reading(dom, stats, xml, flagged)
                 except lv.libvirt.libvirtError as exc:
                     if exc.get_error_code() != lv.libvirt.VIR_ERR_NO_DOMAIN:
                         raise
