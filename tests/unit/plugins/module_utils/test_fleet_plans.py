@@ -313,8 +313,8 @@ def test_a_template_refuses_what_only_the_machine_module_does(key):
 
 @pytest.mark.parametrize("state", ["absent", "restarted"])
 def test_a_template_state_is_one_a_member_is_kept_in(state):
-    assert "a member's state is what every run keeps it in" in refused("template.state", desired,
-                                                                        template=dict(TEMPLATE, state=state))
+    message = refused("template.state", desired, template=dict(TEMPLATE, state=state))
+    assert "a member's state is what every run keeps it in" in message
 
 
 @pytest.mark.parametrize("state, strategy", [("running", "always"), ("present", "manual"), ("stopped", "halted")])
