@@ -41,6 +41,10 @@ class ConvergenceError(MachineryError):
 # The test that started it learns it stopped from waitpid (WUNTRACED), starts a rival run while the holds are
 # certainly taken, and lets it go on (SIGCONT): an overlap made, never hoped for. Unset, nothing stops.
 STOP_HOLDING_ENV = "MACHINERY_STOP_HOLDING"
+# Likewise for a move frozen at a known point: a move whose environment names one of its step kinds here
+# ("copy_volume", "define", "delete_volume", "undefine", ...: fleets/move_plan.move_steps) stops itself before
+# the first step of that kind, holding the machine on both pools, and checks its holds once let go.
+STOP_BEFORE_STEP_ENV = "MACHINERY_STOP_BEFORE_STEP"
 
 
 class UnknownAction(MachineryError):
@@ -226,7 +230,16 @@ def converge(resource, check_mode=False):
 def stop_if_asked(resource):
     """Stop this process where STOP_HOLDING_ENV asks: after the holds on ``resource`` were taken."""
     if os.environ.get(STOP_HOLDING_ENV) == resource.describe():
-        os.kill(os.getpid(), signal.SIGSTOP)
+        stop_here()
+
+
+def step_to_stop_before():
+    """The kind of step STOP_BEFORE_STEP_ENV asks a move to stop before, or None."""
+    return os.environ.get(STOP_BEFORE_STEP_ENV) or None
+
+
+def stop_here():
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _clear_dead_holds(resource):
