@@ -27,7 +27,8 @@ import abc
 import os
 import signal
 
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
+    ConflictError, MachineryError, NotFoundError)
 
 
 class ConvergenceError(MachineryError):
@@ -169,6 +170,11 @@ class Resource(abc.ABC):
         empty for a kind that changes no machine. ``converge`` takes them before applying, in order of their
         ``key``, and gives them back when it is done."""
 
+    def missing(self, exc):
+        """What the run answers when observing or planning found something it names missing (``exc``, a
+        NotFoundError): ``exc``, unless the kind knows better (a machine a move is taking off the pool)."""
+        return exc
+
     def applier(self, kind):
         """The function of ``APPLY`` for an action ``kind``; UnknownAction when there is none."""
         return dispatch(self.APPLY, kind, self.describe())
@@ -203,8 +209,14 @@ class Resource(abc.ABC):
 
 def converge(resource, check_mode=False):
     """Observe, plan, and unless in check mode apply and verify. Returns (plan, final observation)."""
-    observed = resource.observe()
-    plan = resource.plan(observed)
+    try:
+        observed = resource.observe()
+        plan = resource.plan(observed)
+    except NotFoundError as exc:
+        answer = resource.missing(exc)
+        if answer is exc:
+            raise
+        raise answer from exc
     if check_mode or not plan.actions:
         if not check_mode:
             _clear_dead_holds(resource)
