@@ -28,7 +28,7 @@ import pytest
 
 from conftest import ModuleRun, run_module
 from test_13_migrate import fleet, homes, journals, listed, make, owned_volumes, remove
-from test_24_races import holds, wait_for, whole_once
+from test_24_races import holds, whole_once
 from test_36_coordination import disk_paths, nic_aliases
 
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds as coordination
@@ -143,6 +143,15 @@ def stopped_holding(monkeypatch, resource, module_name, launcher, **args):
     return run
 
 
+def until(what, timeout):
+    """Poll every 20 ms until ``what()`` holds (a libvirt lookup or a file read: not in a tight loop, which
+    would load the pools the runs under test use); the test fails when it never does."""
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "never saw %s" % what.__doc__
+        time.sleep(0.02)
+
+
 def progress_of(path):
     return json.loads(path.read_text())["message"] if path.exists() else ""
 
@@ -187,7 +196,7 @@ def test_a_controller_whose_clock_is_ahead_waits_for_a_live_holder(machine, tmp_
                 assert said in progress_of(progress) or second.running(), ("B ended without waiting",
                                                                           second.finish())
                 return said in progress_of(progress)
-            wait_for(waiting, timeout=120)
+            until(waiting, timeout=120)
             assert first.running() and second.running()  # overlapped: B waits while A holds, frozen
             assert marker in holds(pool, NAME)  # (B's own marker comes and goes as it tries)
             dom = pool.domain(NAME)
@@ -242,13 +251,14 @@ def test_a_controller_whose_clock_is_behind_takes_a_dead_holders_lease_over_afte
             """B saying it waits for A's hold"""
             assert said in progress_of(progress) or second.running(), ("B ended without waiting", second.finish())
             return said in progress_of(progress)
-        wait_for(waiting, timeout=120)
+        until(waiting, timeout=120)
         seen = time.monotonic()
+        assert second.running() and registry_volume(pool, marker) is not None  # B waits while A's lease is there
 
         def broken():
             """A's marker gone: B took the lease over"""
             return registry_volume(pool, marker) is None
-        wait_for(broken, timeout=LEASE + 120)
+        until(broken, timeout=LEASE + 120)
         taken = time.monotonic() - seen
         attached = second.finish(timeout=300)
     finally:
