@@ -193,8 +193,8 @@ def test_a_controller_whose_clock_is_ahead_waits_for_a_live_holder(machine, tmp_
 
             def waiting():
                 """B saying it waits for A's hold"""
-                assert said in progress_of(progress) or second.running(), ("B ended without waiting",
-                                                                          second.finish())
+                ended = "B ended without waiting"
+                assert said in progress_of(progress) or second.running(), (ended, second.finish())
                 return said in progress_of(progress)
             until(waiting, timeout=120)
             assert first.running() and second.running()  # overlapped: B waits while A holds, frozen

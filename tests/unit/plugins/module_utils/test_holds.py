@@ -282,8 +282,9 @@ def test_a_machine_missing_while_a_move_still_holds_it_there_is_refused_naming_t
         converge(Vanished(held))
     assert exc.value.details["holder"]["operation"] == "machine_migrate"
     assert isinstance(exc.value.__cause__, NotFoundError)
-    for ctx, field in ((held, "name"), (FakeContext([]), "machine"), (FakeContext([reg.hold_volume("web-1")]),
-                                                                         "machine"),
-                       (FakeContext([reg.hold_volume("web-1"), mover], registered=False), "machine")):
+    lock_alone = FakeContext([reg.hold_volume("web-1")])
+    unregistered = FakeContext([reg.hold_volume("web-1"), mover], registered=False)
+    for ctx, field in ((held, "name"), (FakeContext([]), "machine"), (lock_alone, "machine"),
+                       (unregistered, "machine")):
         with pytest.raises(NotFoundError):
             converge(Vanished(ctx, field))
