@@ -223,7 +223,9 @@ class ModuleRun:
     """machinery.compute.<name> started in a process (and process group) of its own, its arguments as JSON in a
     file, as Ansible runs a module on a host. Its output goes to files, so a run nobody reads never blocks."""
 
-    def __init__(self, module_name, check=False, diff=True, **args):
+    def __init__(self, module_name, check=False, diff=True, launcher=(), **args):
+        """``launcher``: a command line the module's is appended to, which execs it in the same process (another
+        controller: a UTS namespace, a clock; test_48), so its pid and process group are still the run's."""
         self.module_name = module_name
         self.work = tempfile.mkdtemp(prefix="machinery-module-")
         args_file = os.path.join(self.work, "args.json")
@@ -232,8 +234,8 @@ class ModuleRun:
                                                    _ansible_no_log=False)}, handle)
         self.stdout = open(os.path.join(self.work, "stdout"), "w+")
         self.stderr = open(os.path.join(self.work, "stderr"), "w+")
-        command = [sys.executable, "-m", "ansible_collections.machinery.compute.plugins.modules." + module_name,
-                   args_file]
+        command = list(launcher) + [sys.executable, "-m",
+                                    "ansible_collections.machinery.compute.plugins.modules." + module_name, args_file]
         self.proc = subprocess.Popen(command, stdout=self.stdout, stderr=self.stderr, start_new_session=True)
 
     def running(self):

@@ -162,6 +162,16 @@ def move_refusal(conn, machine, marker):
     return exc
 
 
+def missing_machine(ctx, machine, exc):
+    """``exc``, a run's finding that ``machine`` is not on the pool of PoolContext ``ctx``; or, while a move of
+    the machine still holds it there (the move has undefined it there and not let go yet), the Conflict naming
+    that move, as a run at any earlier point of the move is answered."""
+    if exc.field != "machine" or not ctx.registration:
+        return exc
+    marker = moving(reg.listing(ctx.registry.pool), machine)
+    return move_refusal(ctx.conn, machine, marker) if marker is not None else exc
+
+
 def moving(names, machine):
     """The marker of a live move's hold on ``machine`` among ``names`` (a listing of the registry the run made
     anyway), or None. A converged machine's run takes no hold, yet must not report a state a move is about to

@@ -27,7 +27,8 @@ import abc
 import os
 import signal
 
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, MachineryError
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
+    ConflictError, MachineryError, NotFoundError)
 
 
 class ConvergenceError(MachineryError):
@@ -41,6 +42,10 @@ class ConvergenceError(MachineryError):
 # The test that started it learns it stopped from waitpid (WUNTRACED), starts a rival run while the holds are
 # certainly taken, and lets it go on (SIGCONT): an overlap made, never hoped for. Unset, nothing stops.
 STOP_HOLDING_ENV = "MACHINERY_STOP_HOLDING"
+# Likewise for a move frozen at a known point: a move whose environment names one of its step kinds here
+# ("copy_volume", "define", "delete_volume", "undefine", ...: fleets/move_plan.move_steps) stops itself before
+# the first step of that kind, holding the machine on both pools, and checks its holds once let go.
+STOP_BEFORE_STEP_ENV = "MACHINERY_STOP_BEFORE_STEP"
 
 
 class UnknownAction(MachineryError):
@@ -165,6 +170,11 @@ class Resource(abc.ABC):
         empty for a kind that changes no machine. ``converge`` takes them before applying, in order of their
         ``key``, and gives them back when it is done."""
 
+    def missing(self, exc):
+        """What the run answers when observing or planning found something it names missing (``exc``, a
+        NotFoundError): ``exc``, unless the kind knows better (a machine a move is taking off the pool)."""
+        return exc
+
     def applier(self, kind):
         """The function of ``APPLY`` for an action ``kind``; UnknownAction when there is none."""
         return dispatch(self.APPLY, kind, self.describe())
@@ -199,8 +209,14 @@ class Resource(abc.ABC):
 
 def converge(resource, check_mode=False):
     """Observe, plan, and unless in check mode apply and verify. Returns (plan, final observation)."""
-    observed = resource.observe()
-    plan = resource.plan(observed)
+    try:
+        observed = resource.observe()
+        plan = resource.plan(observed)
+    except NotFoundError as exc:
+        answer = resource.missing(exc)
+        if answer is exc:
+            raise
+        raise answer from exc
     if check_mode or not plan.actions:
         if not check_mode:
             _clear_dead_holds(resource)
@@ -226,7 +242,16 @@ def converge(resource, check_mode=False):
 def stop_if_asked(resource):
     """Stop this process where STOP_HOLDING_ENV asks: after the holds on ``resource`` were taken."""
     if os.environ.get(STOP_HOLDING_ENV) == resource.describe():
-        os.kill(os.getpid(), signal.SIGSTOP)
+        stop_here()
+
+
+def step_to_stop_before():
+    """The kind of step STOP_BEFORE_STEP_ENV asks a move to stop before, or None."""
+    return os.environ.get(STOP_BEFORE_STEP_ENV) or None
+
+
+def stop_here():
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _clear_dead_holds(resource):

@@ -16,7 +16,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import doma
 from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, check_room
-from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import dispatch
+from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
+    dispatch, step_to_stop_before, stop_here)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, HoldLost, LibvirtFailure, MachineryError, PoolFull)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import shutdown
@@ -380,7 +381,11 @@ class MoveExecutor:
 
     def execute(self, steps, run):
         run.fence = self.fence
+        stop_before = step_to_stop_before()  # a race test's point to freeze the move at (convergence.py)
         for entry in steps:
+            if entry["action"] == stop_before:
+                stop_before = None
+                stop_here()
             self.fence("%s %s" % (entry["action"], entry.get("target", "")))
             side = run.side(entry.get("pool"))
             if entry["action"] in ("delete_volume", "undefine") and side is run.source:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import time
 
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import missing_machine
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
@@ -79,6 +80,10 @@ class Attachment(Resource):
     def holds(self, plan, observed):
         """The target machine: a device goes in or out of it."""
         return [self.ctx.coordination.of(self.ctx, self.machine)]
+
+    def missing(self, exc):
+        """No such machine on the pool: a move taking it away names itself (holds.missing_machine)."""
+        return missing_machine(self.ctx, self.machine, exc)
 
     def observe_target(self):
         return observe_target(self.conn, self.machine, self.ctx.name or self.ctx.uri)

@@ -23,6 +23,7 @@ import datetime
 import re
 import time
 
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import missing_machine
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.machines import tpm_state
@@ -204,6 +205,10 @@ class BackupResource(Resource):
         if any(action.kind in ("backup", "restore") for action in plan.actions):
             return [self.ctx.coordination.of(self.ctx, self.machine)]
         return ()
+
+    def missing(self, exc):
+        """No such machine on the pool: a move taking it away names itself (holds.missing_machine)."""
+        return missing_machine(self.ctx, self.machine, exc)
 
     def observe(self):
         self.ctx.reset()

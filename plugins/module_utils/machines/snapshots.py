@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import re
 
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import missing_machine
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
@@ -191,6 +192,10 @@ class SnapshotResource(Resource):
     def holds(self, plan, observed):
         """The machine: a snapshot is taken of, reverted on or deleted from its disks."""
         return [self.ctx.coordination.of(self.ctx, self.machine)]
+
+    def missing(self, exc):
+        """No such machine on the pool: a move taking it away names itself (holds.missing_machine)."""
+        return missing_machine(self.ctx, self.machine, exc)
 
     def observe(self):
         observed = observe_machine(self.conn, self.machine)

@@ -237,3 +237,54 @@ def test_a_run_without_ansible_names_its_holds_after_its_module(monkeypatch):
     monkeypatch.setitem(sys.modules, "__main__", main)
     assert Run("basic.py").operation() == "machine_set"
     assert Run("machinery.compute.machine_snapshot").operation() == "machine_snapshot"
+
+
+class FakeListing:
+    def __init__(self, names):
+        self.names = names
+
+    def listVolumes(self):
+        return list(self.names)
+
+
+class FakeContext:
+    """A PoolContext as holds.missing_machine reads it: the registration, the registry's listing, no conn."""
+
+    def __init__(self, names, registered=True):
+        self.registration = {"name": "pool-1"} if registered else {}
+        self.registry = type("FakeRegistry", (), {"pool": FakeListing(names)})()
+        self.conn = None
+
+
+class Vanished(Counter):
+    """A machine resource that finds its machine (or something else it names: ``field``) missing."""
+
+    def __init__(self, ctx, field="machine"):
+        super().__init__(1)
+        self.ctx, self.machine, self.field = ctx, "web-1", field
+
+    def observe(self):
+        from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NotFoundError
+        raise NotFoundError("no machine web-1 on pool pool-1", self.field)
+
+    def missing(self, exc):
+        return holds.missing_machine(self.ctx, self.machine, exc)
+
+
+def test_a_machine_missing_while_a_move_still_holds_it_there_is_refused_naming_the_move():
+    """Once a move has undefined the machine on its source and before it lets go, a run there finds no machine:
+    it answers as a run at any earlier point of the move, with the Conflict naming the move. Without a live
+    move's hold, or for something else missing (a snapshot's name), the NotFound stands."""
+    from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NotFoundError
+    mover = "%sothercontroller.4242.99.1.machine_migrate.1795851258.ctl-b" % reg.hold_prefix("web-1")
+    held = FakeContext([reg.hold_volume("web-1"), mover])
+    with pytest.raises(ConflictError, match="web-1 is being moved by another run .machine_migrate on ctl-b") as exc:
+        converge(Vanished(held))
+    assert exc.value.details["holder"]["operation"] == "machine_migrate"
+    assert isinstance(exc.value.__cause__, NotFoundError)
+    lock_alone = FakeContext([reg.hold_volume("web-1")])
+    unregistered = FakeContext([reg.hold_volume("web-1"), mover], registered=False)
+    for ctx, field in ((held, "name"), (FakeContext([]), "machine"), (lock_alone, "machine"),
+                       (unregistered, "machine")):
+        with pytest.raises(NotFoundError):
+            converge(Vanished(ctx, field))

@@ -70,3 +70,24 @@ def test_a_move_that_fails_once_the_source_is_being_deleted_is_not_rolled_back(e
     with pytest.raises(UnknownAction):
         moves.move([step("delete_volume", "web-1-root.qcow2", pool="a"), step("teleport", "web-1")], run)
     assert done == [("delete_volume", "a")] and run.deleting
+
+
+def test_a_move_stops_itself_before_the_first_step_of_the_kind_a_test_names(executor, monkeypatch):
+    """convergence.STOP_BEFORE_STEP_ENV (race tests): the move stops (SIGSTOP) before the first step of that kind
+    only, and checks its holds after; unset, or naming a kind the move does not take, nothing stops."""
+    from ansible_collections.machinery.compute.plugins.module_utils.core import convergence
+    moves, done = executor
+    stops = []
+    monkeypatch.setattr(convergence.os, "kill", lambda pid, sig: stops.append((done[:], sig)))
+    moves.fence = lambda before: done.append(("fence", before.split()[0]))
+    steps = [step("write_journal", "web-1"), step("delete_volume", "web-1-root.qcow2", pool="a"),
+             step("delete_volume", "web-1-cidata.iso", pool="a")]
+    monkeypatch.setenv(convergence.STOP_BEFORE_STEP_ENV, "delete_volume")
+    moves.execute(steps, Run(FakeSide("a"), FakeSide("b"), journal()))
+    assert stops == [([("fence", "write_journal"), ("journal",)], convergence.signal.SIGSTOP)]
+    assert done[2] == ("fence", "delete_volume")  # let go, it checks it still holds the machine
+    monkeypatch.setenv(convergence.STOP_BEFORE_STEP_ENV, "teleport")
+    moves.execute(steps, Run(FakeSide("a"), FakeSide("b"), journal()))
+    monkeypatch.delenv(convergence.STOP_BEFORE_STEP_ENV)
+    moves.execute(steps, Run(FakeSide("a"), FakeSide("b"), journal()))
+    assert len(stops) == 1
