@@ -20,8 +20,8 @@ import libvirt
 import pytest
 from lxml import etree
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import journals as journal
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
 
 from conftest import OVERCOMMIT, REPO, ModuleRun, assert_failed, run_module, start_daemons, stop_daemon
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import ModuleRun, run_module
 from test_13_migrate import fleet, homes, journals, listed, make, owned_volumes, play, remove
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
 
 
 @pytest.fixture(name="image", scope="session")

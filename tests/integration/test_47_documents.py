@@ -9,7 +9,7 @@ import threading
 import libvirt
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
 
 from conftest import first_pool, run_module
 

@@ -25,7 +25,7 @@ import time
 from ansible_collections.machinery.compute.plugins.module_utils.core import progress
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, HoldLost, MachineryError
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
 
 DEFAULT_HOLD_TIMEOUT = 900
 # A hold is a lease: its holder renews it every third of LEASE_SECONDS while it works, and a waiter that has seen

@@ -37,8 +37,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import lost_pool
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import (
     AVAILABILITY_CONDITIONS, age, list_machines, now, table)

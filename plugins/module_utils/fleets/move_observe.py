@@ -10,8 +10,8 @@ from __future__ import annotations
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import check_room
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, MachineryError, NotFoundError, PoolFull, ValidationError)

@@ -18,7 +18,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as registry
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import Ledger, Unschedulable, place_one
 
 MODES = options.MIGRATION_MODES

@@ -26,7 +26,7 @@ import time
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.machines import tpm_state
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step

@@ -35,8 +35,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import shutdown
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 # What generalizing does inside the guest. cloud-init's own ``clean`` removes its instance data (so the next boot
 # is a first boot, which makes new SSH host keys); older releases lack it and the directory goes by hand. An empty

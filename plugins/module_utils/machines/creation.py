@@ -13,11 +13,11 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import firm
 from ansible_collections.machinery.compute.plugins.module_utils.machines import clone
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import journals as journal
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, admitted, check_room
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (

@@ -17,10 +17,10 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import doma
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools.journal import journal_of
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.journals import journal_of
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, check_room
 from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import move_refusal, moving
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (

@@ -37,7 +37,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 MACHINE_ARGUMENTS = options.argument_spec(options.MACHINE)
 SCHEDULED_ARGUMENTS = options.argument_spec(options.MACHINE + options.SCHEDULING)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check

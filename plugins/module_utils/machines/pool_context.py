@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import journals as journal
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NotFoundError
 from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission

@@ -24,7 +24,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.address
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import (
     bump_boots, shutdown, update_record)
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 ROOT_ALIAS = dx.volume_alias("root")
 SEED_ALIAS = "ua-cidata"

@@ -32,7 +32,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.quantity im
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images, machine_spec, named_images
 from ansible_collections.machinery.compute.plugins.module_utils.machines.backups import BACKUP_VOLUME
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import check_storage
 
 VOLUME_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

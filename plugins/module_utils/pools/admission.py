@@ -11,11 +11,11 @@ import threading
 import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
-from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import journals as journal
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules as rules
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, NameTaken, PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 

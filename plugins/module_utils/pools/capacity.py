@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)

@@ -15,8 +15,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)

@@ -18,7 +18,7 @@ The steps are named after the code's (``registry.WRITE_STEPS``), which a test co
 
 from collections import deque
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
 
 STEPS = ("read", "check", "create", "upload", "prune")
 # a writer's position

@@ -7,7 +7,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination imp
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
 
 
 class FakeHold:

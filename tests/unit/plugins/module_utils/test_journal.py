@@ -1,4 +1,4 @@
-"""The journal of the creates on a pool (pools/journal.py) and the wave an admission writes (Admission.journal):
+"""The journal of the creates on a pool (coordination/journals.py) and the wave an admission writes (Admission.journal):
 what a reader finds, whose a wave is, and how many documents a run writes."""
 
 import os
@@ -7,8 +7,8 @@ import subprocess
 import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.pools import admission as adm
-from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import journals as journal
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
 
 
 class Listed:

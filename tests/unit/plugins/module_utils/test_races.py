@@ -7,8 +7,8 @@ import pytest
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, ConvergenceError, Plan, Resource, converge)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 
 class Dial(Resource):

@@ -7,7 +7,7 @@ import libvirt
 import pycdlib
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import table
 

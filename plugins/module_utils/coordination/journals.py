@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents as reg
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 WAVE_PREFIX = reg.WAVE_PREFIX
 

@@ -23,7 +23,7 @@ import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, LibvirtFailure
 
 # The steps of a document write (put): read the document (outside the lock), then under the host's admission lock
