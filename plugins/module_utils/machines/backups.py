@@ -29,6 +29,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, MachineryError, NotFoundError, ValidationError)
@@ -41,7 +42,7 @@ AGENT_TIMEOUT = 5
 
 
 def backup_key(machine):
-    return "backups-%s" % machine
+    return keys.backups_key(machine)
 
 
 def volume_name(machine, backup, device):

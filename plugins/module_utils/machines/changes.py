@@ -18,7 +18,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import (
     observe_reservations, release_address, reserve_address)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
-from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.admission import Admission
 
 
 def live_effects(names, spec, observed, restarting=False):

@@ -122,7 +122,8 @@ class Rebuild:
         dom = observed.dom
         # what can fail without touching the machine comes first, while it still runs: the image (an upload or
         # a download can take minutes) and the boot files' content
-        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener, self.ctx.images)
+        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener, self.ctx.images,
+                                              self.ctx.coordination)
         root_size = max(spec.get("root_size") or 0, self._virtual_size(pool, image_vol, spec["image"]))
         original = dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE)
         tree = dx.parse(original)
