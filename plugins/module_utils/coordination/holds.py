@@ -34,9 +34,6 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination imp
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
 
 DEFAULT_HOLD_TIMEOUT = 900
-# A hold is a lease (leases.py); without one (a dead run's hold broken by clear_dead_holds) it is taken as
-# abandoned after MOVE_STALE_SECONDS when its holder cannot be checked.
-MOVE_STALE_SECONDS = locks.UPLOAD_STALE_SECONDS
 MOVE = "machine_migrate"  # the operation of a move's holds (the module, the drain role, a resize that moves)
 PROGRESS_EVERY = 5.0  # seconds between two progress lines of a waiting run
 # The steps of a hold, in the order a holder takes them (locks.VolumeLock: its marker, the lock volume, the
@@ -302,7 +299,9 @@ def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=Non
     no registry): one run at a time changes the machine there. ``refuse(marker)`` says why not to wait for the
     run holding it (a move, for the machine module), or None to wait up to ``timeout``. ``registry`` (the run's
     Registry of that pool, opened already) spares looking the storage pool up again. A hold with no holder marker
-    is a create's claim (admission.claim): it is waited for while a live wave lists the machine."""
+    is a create's claim (admission.claim): it is waited for while a live wave lists the machine. Every hold is a
+    lease (``lease`` seconds, by default leases.lease_seconds of LEASE_ENV): a waiter breaks it once it has seen
+    no renewal for that long, never by the age of its file."""
     if registry is not None:
         pool = registry.pool
     else:
@@ -312,8 +311,9 @@ def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=Non
     if pool is None:
         return locks.NoLock()
     identity = identity if identity is not None else locks.Identity()
+    lease = lease if lease is not None else leases.lease_seconds(os.environ.get(leases.LEASE_ENV))
     return locks.VolumeLock(conn, pool, timeout, keys.hold_volume(machine), keys.hold_prefix(machine),
-                            MOVE_STALE_SECONDS, "the hold on machine %s" % machine, refuse, field,
+                            lease, "the hold on machine %s" % machine, refuse, field,
                             lambda age: admission.claim_abandoned(conn, pool, machine, age, identity), tag, waiting,
                             lease, identity)
 

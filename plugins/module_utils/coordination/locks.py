@@ -147,8 +147,8 @@ class VolumeLock:
         # machine is one, named by its wave: admission.claim_abandoned); None: once it is MARKERLESS_SECONDS old
         self.markerless = markerless
         self.tag = tag  # appended to the holder marker (keys.holder_tag)
-        # lease: seconds a holder's lease lasts unless renewed (leases.py); None: a lock judged by the age of its
-        # file against this controller's clock (the admission and upload locks)
+        # lease: seconds a holder's lease lasts unless renewed (leases.py; a hold's ``stale`` is its lease); None: a
+        # lock judged by the age of its file against this controller's clock (the admission and upload locks)
         self.lease = lease
         self.watch = leases.Watch(lease)
         self.renewer = None
