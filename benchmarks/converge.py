@@ -23,7 +23,7 @@ import libvirt
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from common import run_module as module
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -39,8 +39,8 @@ import libvirt
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
-from ansible_collections.machinery.compute.plugins.module_utils.pools.registry import hold_volume
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.keys import hold_volume
 from common import MODULES, cpu_of, run_module
 from fleet_sets import playbook
 

@@ -20,8 +20,10 @@ import libvirt
 import pytest
 from lxml import etree
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
+from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import published_class
 
 from conftest import OVERCOMMIT, REPO, ModuleRun, assert_failed, run_module, start_daemons, stop_daemon
 
@@ -120,7 +122,7 @@ def leftover_story(pool):
     for name in registry_leftovers(pool):
         mtime = etree.fromstring(registry.storageVolLookupByName(name).XMLDesc(0).encode()).findtext("target/timestamps/mtime")
         age = round(time.time() - float(mtime), 1) if mtime else None
-        dead = reg.holder_is_dead(name) if name.startswith(reg.HOLDER_PREFIX) else "-"
+        dead = locks.Identity().is_dead(name, keys.ADMISSION_HOLDER_PREFIX) if name.startswith(keys.ADMISSION_HOLDER_PREFIX) else "-"
         story.append("%s (age %ss, holder dead: %s)" % (name, age, dead))
     return "; ".join(story)
 
@@ -212,7 +214,7 @@ def test_a_class_is_found_while_other_runs_write_the_registry(pool):
 
     def write():
         conn = libvirt.open(pool.uri)
-        registry = reg.Registry.open(conn)
+        registry = documents.Registry.open(conn)
         while not stop.is_set():
             registry.put("pending-race-doc%d" % (writes[0] % 3), {"machine": "race", "volumes": []})
             registry.delete("pending-race-doc%d" % (writes[0] % 3))
@@ -223,7 +225,7 @@ def test_a_class_is_found_while_other_runs_write_the_registry(pool):
         conn = libvirt.open(pool.uri)
         while not stop.is_set():
             reads[0] += 1
-            if reg.Registry.open(conn).machine_class("small") is None:
+            if published_class(documents.Registry.open(conn), "small") is None:
                 missed.append(time.monotonic())
         conn.close()
     threads = [threading.Thread(target=write), threading.Thread(target=read), threading.Thread(target=read)]
@@ -467,8 +469,8 @@ def test_daemon_restart_under_a_batch(registered, image):
 
 def waves(pool):
     """{key: body} of the waves in the pool's registry, read as a run reads them."""
-    registry = reg.Registry.open(pool.conn)
-    return {key: registry.get(key) for key in registry.keys(journal.WAVE_PREFIX)}
+    registry = documents.Registry.open(pool.conn)
+    return {key: registry.get(key) for key in registry.keys(keys.WAVE_PREFIX)}
 
 
 def test_a_batch_killed_within_a_wave_leaves_what_the_next_run_removes(registered, image):
@@ -507,13 +509,13 @@ def test_a_wave_of_a_run_gone_after_its_creates_goes_with_the_next_run(pool, ima
     assert not first.get("failed"), first
     gone = subprocess.Popen(["true"])
     gone.wait()
-    controller, _start = reg.controller_identity()
-    key = "%s%s-%d-1-1" % (journal.WAVE_PREFIX, controller, gone.pid)
+    controller = locks.Identity().controller
+    key = "%s%s-%d-1-1" % (keys.WAVE_PREFIX, controller, gone.pid)
     storage = pool.conn.storagePoolLookupByName(STORAGE)
     storage.createXML("<volume><name>wave-cut-root.qcow2</name><capacity>1048576</capacity>"
                       "<target><format type='qcow2'/></target></volume>", 0)
-    reg.Registry.open(pool.conn).put(key, {"machines": {name: ["%s-root.qcow2" % name, "%s-console.log" % name],
-                                                        "wave-cut": ["wave-cut-root.qcow2"]}})
+    documents.Registry.open(pool.conn).put(key, {"machines": {name: ["%s-root.qcow2" % name, "%s-console.log" % name],
+                                                              "wave-cut": ["wave-cut-root.qcow2"]}})
     assert list(waves(pool)) == [key]
     again = run("machine", **machine_args(pool, image, name, ignition=None, volumes=[]))[0]
     assert again["changed"] is False, again

@@ -13,7 +13,9 @@ import pytest
 from conftest import ModuleRun, run_module
 from test_13_migrate import fleet, homes, journals, listed, make, owned_volumes, play, remove
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import machine_hold
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 
 
 @pytest.fixture(name="image", scope="session")
@@ -181,15 +183,15 @@ def test_a_document_still_being_written_is_not_there_yet(pool):
     conn = libvirt.open(pool.uri)
     # the reader is another run: a connection of its own (calls on the writer's connection wait for its clone)
     reader = libvirt.open(pool.uri)
-    registry_pool = conn.storagePoolLookupByName(reg.REGISTRY_POOL)
-    listed = reader.storagePoolLookupByName(reg.REGISTRY_POOL)
+    registry_pool = conn.storagePoolLookupByName(keys.REGISTRY_POOL)
+    listed = reader.storagePoolLookupByName(keys.REGISTRY_POOL)
     storage = conn.storagePoolLookupByName("machinery")
     big = cloning = None
     try:
         for leftover in [storage.storageVolLookupByName(name) for name in storage.listVolumes()
                          if name == "race-doc-source"]:
             leftover.delete(0)  # of a run whose clean-up could not delete it
-        reg.Registry.open(conn).put("race-doc", {"generation": "first"})
+        documents.Registry.open(conn).put("race-doc", {"generation": "first"})
         # a slow creation of the next generation: a clone of 4 GiB, which libvirt copies byte by byte
         big = storage.createXML("<volume><name>race-doc-source</name><capacity>4294967296</capacity>"
                                 "<allocation>4294967296</allocation><target><format type='raw'/></target>"
@@ -212,7 +214,7 @@ def test_a_document_still_being_written_is_not_there_yet(pool):
         reads = overlapped = 0
         while not done.is_set():
             overlapped += 1  # this read starts while the next generation is being created
-            body = reg.Registry.open(reader).get("race-doc")
+            body = documents.Registry.open(reader).get("race-doc")
             reads += 1
             assert body == {"generation": "first"}, body
         cloning.join()
@@ -229,7 +231,7 @@ def test_a_document_still_being_written_is_not_there_yet(pool):
         conn.close()
 
 
-# --- a create's hold on its machine, through its wave (registry.claim) ---------------------------------------
+# --- a create's hold on its machine, through its wave (admission.claim) ---------------------------------------
 
 REGISTRY = "machinery-registry"
 
@@ -237,13 +239,13 @@ REGISTRY = "machinery-registry"
 def markers_of(pool, name, pid):
     """The holder markers of process ``pid`` on the hold of machine ``name``: a run waiting for the hold makes one
     each time it tries to take it."""
-    prefix = reg.hold_prefix(name)
+    prefix = keys.hold_prefix(name)
     return [volume for volume in listed(pool, REGISTRY)
             if volume.startswith(prefix) and volume[len(prefix):].split(".")[1:2] == [str(pid)]]
 
 
 def waves(pool):
-    return [volume for volume in listed(pool, REGISTRY) if volume.startswith(reg.WAVE_PREFIX)]
+    return [volume for volume in listed(pool, REGISTRY) if volume.startswith(keys.WAVE_PREFIX)]
 
 
 def test_a_create_lets_the_lock_go_and_waits_for_a_run_that_holds_its_machine(pool, image):
@@ -252,8 +254,8 @@ def test_a_create_lets_the_lock_go_and_waits_for_a_run_that_holds_its_machine(po
     that hold as a change does, then creates the machine."""
     name = "race-held"
     run_module("machine", uri=pool.uri, name=name, state="absent")
-    registry = reg.Registry(pool.conn, pool.conn.storagePoolLookupByName(REGISTRY))
-    hold = reg.machine_hold(pool.conn, name, 30, registry=registry).acquire()  # this test's process holds it
+    registry = documents.Registry(pool.conn, pool.conn.storagePoolLookupByName(REGISTRY))
+    hold = machine_hold(pool.conn, name, 30, registry=registry).acquire()  # this test's process holds it
     creator = None
     try:
         creator = ModuleRun("machine", diff=False, uri=pool.uri, name=name, machine_class="small", image=image,
@@ -265,7 +267,7 @@ def test_a_create_lets_the_lock_go_and_waits_for_a_run_that_holds_its_machine(po
         wait_for(waiting)
         assert creator.running()
         names = listed(pool, REGISTRY)
-        assert reg.LOCK_VOLUME not in names and not waves(pool)  # it waits outside the admission lock
+        assert keys.ADMISSION_LOCK not in names and not waves(pool)  # it waits outside the admission lock
         assert pool.domain(name) is None and owned_volumes(pool, name) == []
     finally:
         hold.release()
@@ -309,8 +311,8 @@ def test_a_delete_waits_for_the_create_holding_its_machine_unless_that_create_di
             def starting():
                 """the create's hold with no marker, and its domain defined: it is starting the guest"""
                 names = listed(pool, REGISTRY)
-                return reg.hold_volume(name) in names and pool.domain(name) is not None and \
-                    not any(volume.startswith(reg.hold_prefix(name)) for volume in names)
+                return keys.hold_volume(name) in names and pool.domain(name) is not None and \
+                    not any(volume.startswith(keys.hold_prefix(name)) for volume in names)
             while creator.running() and not starting():
                 time.sleep(0.002)
             os.kill(creator.proc.pid, signal.SIGSTOP)
@@ -328,7 +330,7 @@ def test_a_delete_waits_for_the_create_holding_its_machine_unless_that_create_di
             return bool(markers_of(pool, name, deleter.proc.pid))
         wait_for(waiting)
         assert deleter.running() and pool.domain(name) is not None
-        assert reg.hold_volume(name) in listed(pool, REGISTRY)  # the live create's hold was not broken
+        assert keys.hold_volume(name) in listed(pool, REGISTRY)  # the live create's hold was not broken
         ended, detail = ENDINGS[ending](creator)
         assert ended, detail
         gone = deleter.finish()

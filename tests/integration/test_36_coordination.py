@@ -21,11 +21,13 @@ from test_13_migrate import MIB, fleet, homes, journals, listed, make, remove, u
 from test_24_races import holds, wait_for, whole_once
 
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds as coordination
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
 from ansible_collections.machinery.compute.plugins.module_utils.core import convergence
 
 NAME = "coord-1"
 EXTRA = "coord-extra.qcow2"
-HOST = coordination._word(socket.gethostname())
+HOST = keys.word(socket.gethostname())
 
 
 @pytest.fixture(name="image", scope="module")
@@ -270,7 +272,7 @@ def test_two_runs_of_one_set_take_turns(registered, image, tmp_path, monkeypatch
                 template={"machine_class": "small", "image": image, "labels": {"app": name},
                           "network_interfaces": []}, wait="none", shutdown_timeout=1)
     # the first run stays stopped while the second starts: a lease far longer than that, so no waiter takes over
-    monkeypatch.setenv(coordination.LEASE_ENV, "900")
+    monkeypatch.setenv(leases.LEASE_ENV, "900")
     first = second = None
     try:
         monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "machine set %s" % name)

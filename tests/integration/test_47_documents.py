@@ -9,7 +9,9 @@ import threading
 import libvirt
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import published_class
 
 from conftest import first_pool, run_module
 
@@ -20,7 +22,7 @@ WRITERS = 3
 def delete_document(pool):
     conn = libvirt.open(pool.uri)
     try:
-        reg.Registry.open(conn).delete(KEY)
+        documents.Registry.open(conn).delete(KEY)
     finally:
         conn.close()
 
@@ -43,7 +45,7 @@ def race(pool, compare):
         conn = libvirt.open(pool.uri)
         try:
             for attempt in range(WRITERS):
-                registry = reg.Registry.open(conn)
+                registry = documents.Registry.open(conn)
                 names = list((registry.get(KEY) or {}).get("names") or [])
                 generation = registry.read_generation(KEY)
                 if attempt == 0:
@@ -52,7 +54,7 @@ def race(pool, compare):
                     registry.put(KEY, {"names": names + ["w%d" % index]},
                                  expect=generation if compare else None)
                     return
-                except reg.DocumentChanged:
+                except documents.DocumentChanged:
                     refusals[attempt] += 1
             errors.append("w%d never wrote" % index)
         except Exception as exc:  # pylint: disable=broad-except
@@ -68,7 +70,7 @@ def race(pool, compare):
     assert not errors, errors
     conn = libvirt.open(pool.uri)
     try:
-        return reg.Registry.open(conn).get(KEY), refusals
+        return documents.Registry.open(conn).get(KEY), refusals
     finally:
         conn.close()
 
@@ -96,16 +98,16 @@ def test_a_class_changed_by_a_module_is_not_overwritten_by_an_earlier_reader(poo
     assert result["changed"], result
     conn = libvirt.open(pool.uri)
     try:
-        earlier = reg.Registry.open(conn)
-        assert earlier.machine_class("cas-class")["cpu"] == 1
-        read = earlier.read_generation(reg.class_key("cas-class"))
+        earlier = documents.Registry.open(conn)
+        assert published_class(earlier, "cas-class")["cpu"] == 1
+        read = earlier.read_generation(keys.class_key("cas-class"))
         assert read >= 1
         result = run_module("machine_class", uri=pool.uri, name="cas-class", cpu=2, memory="128Mi")
         assert result["changed"], result
-        with pytest.raises(reg.DocumentChanged) as refused:
-            earlier.put(reg.class_key("cas-class"), dict(earlier.machine_class("cas-class"), cpu=4), expect=read)
+        with pytest.raises(documents.DocumentChanged) as refused:
+            earlier.put(keys.class_key("cas-class"), dict(published_class(earlier, "cas-class"), cpu=4), expect=read)
         assert "class-cas-class" in refused.value.message
-        assert reg.Registry.open(conn).machine_class("cas-class")["cpu"] == 2
+        assert published_class(documents.Registry.open(conn), "cas-class")["cpu"] == 2
         found = run_module("machine_class", uri=pool.uri, name="cas-class", cpu=2, memory="128Mi")
         assert not found["changed"], found
     finally:

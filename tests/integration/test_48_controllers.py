@@ -33,14 +33,15 @@ from test_36_coordination import disk_paths, nic_aliases
 
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds as coordination
 from ansible_collections.machinery.compute.plugins.module_utils.core import convergence
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
 
 NAME = "ctl-1"
 DATA = "%s-data.qcow2" % NAME  # made by test_13_migrate.make, attached with volume_attach
 NIC = "eth5"  # attached with nic_attach by the fixture
 SKEW = 300
 FAKETIME = "/usr/$LIB/faketime/libfaketime.so.1"  # $LIB: the dynamic linker's token, as faketime(1) sets it
-HOST = coordination._word(socket.gethostname())
+HOST = keys.word(socket.gethostname())
 
 
 @pytest.fixture(name="image", scope="module")
@@ -115,8 +116,8 @@ def test_the_controllers_clocks(offset):
 def only_marker(pool):
     """The one holder marker of the machine's hold, and who it names."""
     markers = [volume for volume in holds(pool, NAME) if ".holder." in volume]
-    assert len(markers) == 1 and reg.hold_volume(NAME) in holds(pool, NAME), holds(pool, NAME)
-    return markers[0], coordination.holder(markers[0], reg.hold_prefix(NAME))
+    assert len(markers) == 1 and keys.hold_volume(NAME) in holds(pool, NAME), holds(pool, NAME)
+    return markers[0], coordination.holder(markers[0], keys.hold_prefix(NAME))
 
 
 def registry_volume(pool, name):
@@ -128,7 +129,7 @@ def registry_volume(pool, name):
 
 def lock_mtime(pool):
     from lxml import etree
-    return float(etree.fromstring(registry_volume(pool, reg.hold_volume(NAME)).XMLDesc(0)).findtext(
+    return float(etree.fromstring(registry_volume(pool, keys.hold_volume(NAME)).XMLDesc(0)).findtext(
         "target/timestamps/mtime"))
 
 
@@ -163,7 +164,7 @@ def test_a_controller_whose_clock_is_ahead_waits_for_a_live_holder(machine, tmp_
     a long one it waits, saying so. A, let go, attaches; B then attaches its NIC: libvirt shows both."""
     pool = home(machine)
     volume = "%s-ctla.qcow2" % NAME
-    monkeypatch.setenv(coordination.LEASE_ENV, "60")
+    monkeypatch.setenv(leases.LEASE_ENV, "60")
     args = dict(uri=pool.uri, machine=NAME)
     first = stopped_holding(monkeypatch, "volumes of machine %s" % NAME, "volume_attach", controller("ctl-a"),
                             volume=volume, size="8Mi", **args)
@@ -230,7 +231,7 @@ def test_a_controller_whose_clock_is_behind_takes_a_dead_holders_lease_over_afte
     not, and no hold is left."""
     pool = home(machine)
     volume = "%s-ctlb.qcow2" % NAME
-    monkeypatch.setenv(coordination.LEASE_ENV, str(LEASE))
+    monkeypatch.setenv(leases.LEASE_ENV, str(LEASE))
     args = dict(uri=pool.uri, machine=NAME)
     first = stopped_holding(monkeypatch, "network_interfaces of machine %s" % NAME, "nic_attach",
                             controller("ctl-a"), name="eth7", network="machinery", **args)

@@ -5,11 +5,13 @@
 
 ``convergence.converge`` takes the holds a resource's plan needs (``Resource.holds``) before the first action and
 gives them back after the last; nothing else decides whether a change is held. A hold is the machine's lock
-volume in its pool's registry (``registry.machine_hold``) with a holder marker whose name says who holds it: the
-controller, the process, the operation and since when. A run that finds the machine held waits for up to
-``hold_timeout`` seconds (the action group's common option), saying so in its progress, then fails with
-``reason: Conflict`` and ``holder`` {controller, operation, since}. A machine held by a move is refused at once:
-when the move is done the machine is no longer on the pool this run was asked to change it on.
+volume in its pool's registry (``machine_hold``, a leased locks.VolumeLock) with a holder marker whose name says
+who holds it: the controller, the process, the operation and since when. A run that finds the machine held waits
+for up to ``hold_timeout`` seconds (the action group's common option), saying so in its progress, then fails
+with ``reason: Conflict`` and ``holder`` {controller, operation, since}. A machine held by a move is refused at
+once: when the move is done the machine is no longer on the pool this run was asked to change it on.
+
+``Coordination`` is the run: everything the protocol keeps in memory is one of its members.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import re
 import socket
 import threading
 import time
@@ -25,34 +26,30 @@ import time
 from ansible_collections.machinery.compute.plugins.module_utils.core import progress
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, HoldLost, MachineryError
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import admission
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
 
 DEFAULT_HOLD_TIMEOUT = 900
-# A hold is a lease: its holder renews it every third of LEASE_SECONDS while it works, and a waiter that has seen
-# no renewal for that long (on its own monotonic clock) takes it over. LEASE_ENV shortens it, for tests.
-LEASE_SECONDS = 90
-LEASE_ENV = "MACHINERY_LEASE_SECONDS"
 MOVE = "machine_migrate"  # the operation of a move's holds (the module, the drain role, a resize that moves)
 PROGRESS_EVERY = 5.0  # seconds between two progress lines of a waiting run
-# The steps of a hold, in the order a holder takes them (registry.AdmissionLock: its marker, the lock volume, the
+# The steps of a hold, in the order a holder takes them (locks.VolumeLock: its marker, the lock volume, the
 # renewals, the check before each step that changes anything, the step, the release) and the waiter's (watch the
 # lock, break it once its lease is over). tests/unit/plugins/module_utils/test_protocol_model.py explores every
 # interleaving of a model made of exactly these steps; it fails when this list and the model's differ.
 HOLDER_STEPS = ("mark", "take", "renew", "check", "act", "release")
 WAITER_STEPS = ("watch", "break")
-SET_HOLD = "set.%s"  # a set's hold, named apart from every machine (a machine name has no dot)
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-
-
-def _word(text):
-    """``text`` as one field of a marker name (fields are split on dots)."""
-    return _UNSAFE.sub("_", str(text))[:40] or "_"
 
 
 class Coordination:
     """What the holds of one run need to know: the ``operation`` they are taken for (the module's name), how long
     a run waits for a held machine (``hold_timeout``), and the file its progress goes to (core/progress.py).
-    Built once per run by the module base; nothing is kept between runs or in the process."""
+    Built once per run by the module base, and by a test that wants a run: everything the protocol keeps in a
+    process is kept here (the holds taken, the shares of the pools' admission locks, who this process is), so
+    nothing is kept between runs or beside them."""
 
     def __init__(self, operation="machinery", hold_timeout=DEFAULT_HOLD_TIMEOUT, progress_path=None,
                  host=None, clock=time.time, lease=None):
@@ -61,15 +58,18 @@ class Coordination:
         self.progress_path = progress_path if progress_path is not None else os.environ.get(progress.ENV)
         self.host = host or socket.gethostname()
         self.clock = clock
-        self.lease = lease if lease is not None else lease_seconds(os.environ.get(LEASE_ENV))
+        self.lease = lease if lease is not None else leases.lease_seconds(os.environ.get(leases.LEASE_ENV))
         # {key: [hold, depth]} of the holds this run has taken: an operation that holds a machine and then has
         # the machine module act on it (a health check's restart) takes it once
         self.held = {}
         self._guard = threading.Lock()
+        self.identity = locks.Identity()  # who names the markers and waves of this run
+        self.admissions = admission.Admissions(self.identity)  # this run's shares of the pools' admission locks
+        self._uploads = {}  # (storage pool UUID, checksum) -> threading.Lock: upload_turn
 
     def tag(self, operation=None):
         """The end of a holder marker: ``.<operation>.<since>.<host>``, read back by ``holder``."""
-        return ".%s.%d.%s" % (_word(operation or self.operation), int(self.clock()), _word(self.host))
+        return keys.holder_tag(operation or self.operation, self.clock(), self.host)
 
     def machine(self, conn, machine, uri="", registry=None, field="machine", operation=None, timeout=None):
         """The hold on ``machine`` on the pool at ``uri`` behind ``conn`` (not taken yet: ``acquire`` or
@@ -87,9 +87,15 @@ class Coordination:
         records). A set's holds come before any machine's in a run's order (``key``): a set run holds its set,
         then each member it changes."""
         registry = ctx.registry if ctx.registration else None
-        hold = MachineHold(self, ctx.conn, SET_HOLD % name, ctx.uri, registry, "name")
+        hold = MachineHold(self, ctx.conn, keys.set_hold(name), ctx.uri, registry, "name")
         hold.key = (0,) + hold.key[1:]
         return hold
+
+    def upload_turn(self, pool_uuid, checksum):
+        """The lock the run's threads take in turn before the upload lock of image ``checksum`` on a storage
+        pool (locks.image_upload_lock): one of them uploads it, the others find it there, none polls."""
+        with self._guard:
+            return self._uploads.setdefault((pool_uuid, checksum), threading.Lock())
 
     def report_wait(self, message):
         """One line of progress for a waiting run, where an action plugin shows it (core/progress.py)."""
@@ -102,15 +108,6 @@ class Coordination:
             os.replace(partial, self.progress_path)
         except OSError:
             self.progress_path = None
-
-
-def lease_seconds(text):
-    """The lease LEASE_ENV asks for (a positive number of seconds), else LEASE_SECONDS."""
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        return LEASE_SECONDS
-    return value if value > 0 else LEASE_SECONDS
 
 
 def check_held(holds, before):
@@ -126,10 +123,10 @@ def _json_string(text):
 
 def holder(marker, prefix):
     """{controller, operation, since, pid} of a holder marker; a hold without a marker is a create's claim (its
-    wave names it, registry.claim)."""
+    wave names it, admission.claim)."""
     if not marker:
         return {"controller": None, "operation": "create", "since": None, "pid": None}
-    fields = marker[len(prefix):].split(".")
+    fields = keys.marker_fields(marker, prefix)
     pid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
     if len(fields) < 7:  # a marker of an older version: who, not what
         return {"controller": fields[0] if fields else None, "operation": None, "since": None, "pid": pid}
@@ -150,8 +147,8 @@ def describe_holder(found):
 def move_refusal(conn, machine, marker):
     """The Conflict of a run on ``machine`` while the move ``marker`` names holds it, naming the move (its pools
     from its journal, read afresh: a run's registry may have cached the key before the move wrote it)."""
-    found = holder(marker, reg.hold_prefix(machine))
-    journal = reg.Registry.open(conn).get(reg.move_key(machine)) if conn is not None else None
+    found = holder(marker, keys.hold_prefix(machine))
+    journal = documents.Registry.open(conn).get(keys.move_key(machine)) if conn is not None else None
     where = ""
     if journal and journal.get("source") and journal.get("target"):
         where = " from %s to %s" % (journal["source"]["pool"], journal["target"]["pool"])
@@ -168,20 +165,21 @@ def missing_machine(ctx, machine, exc):
     that move, as a run at any earlier point of the move is answered."""
     if exc.field != "machine" or not ctx.registration:
         return exc
-    marker = moving(reg.listing(ctx.registry.pool), machine)
+    marker = moving(volumes.listing(ctx.registry.pool), machine, ctx.coordination.identity)
     return move_refusal(ctx.conn, machine, marker) if marker is not None else exc
 
 
-def moving(names, machine):
+def moving(names, machine, identity):
     """The marker of a live move's hold on ``machine`` among ``names`` (a listing of the registry the run made
     anyway), or None. A converged machine's run takes no hold, yet must not report a state a move is about to
-    change (a cold move's stopped guest is started again on the target)."""
-    prefix = reg.hold_prefix(machine)
-    if reg.hold_volume(machine) not in names:
+    change (a cold move's stopped guest is started again on the target). ``identity``: the run's
+    (Coordination.identity)."""
+    prefix = keys.hold_prefix(machine)
+    if keys.hold_volume(machine) not in names:
         return None
     for name in names:
         if name.startswith(prefix) and holder(name, prefix)["operation"] == MOVE \
-                and not reg.holder_is_dead(name, prefix):
+                and not identity.is_dead(name, prefix):
             return name
     return None
 
@@ -208,7 +206,7 @@ class MachineHold:
     def label(self):
         """"machine web-1", or "machine set web" for a set's hold."""
         if self.key[0] == 0:
-            return "machine set %s" % self.machine[len(SET_HOLD % ""):]
+            return "machine set %s" % keys.held_set(self.machine)
         return "machine %s" % self.machine
 
     @property
@@ -216,7 +214,7 @@ class MachineHold:
         return self.lock.marker if self.lock is not None else None
 
     def _refuse(self, marker):
-        found = holder(marker, reg.hold_prefix(self.machine))
+        found = holder(marker, keys.hold_prefix(self.machine))
         if found["operation"] != MOVE or self.operation == MOVE:
             return None
         return move_refusal(self.conn, self.machine, marker).message
@@ -226,7 +224,7 @@ class MachineHold:
         if self._reported is not None and seconds - self._reported < PROGRESS_EVERY:
             return
         self._reported = seconds
-        found = holder(marker, reg.hold_prefix(self.machine))
+        found = holder(marker, keys.hold_prefix(self.machine))
         self.coordination.report_wait("waiting for %s, held by %s: %ds of hold_timeout %ds"
                                       % (self.label, describe_holder(found), seconds, self.timeout))
 
@@ -243,15 +241,16 @@ class MachineHold:
         return self
 
     def _take(self):
-        self.lock = reg.machine_hold(self.conn, self.machine, self.timeout, refuse=self._refuse, field=self.field,
-                                     registry=self.registry, tag=self.coordination.tag(self.operation),
-                                     waiting=self._waiting, lease=self.coordination.lease)
+        self.lock = machine_hold(self.conn, self.machine, self.timeout, refuse=self._refuse, field=self.field,
+                                 registry=self.registry, tag=self.coordination.tag(self.operation),
+                                 waiting=self._waiting, lease=self.coordination.lease,
+                                 identity=self.coordination.identity)
         try:
             self.lock.acquire()
         except ConflictError as exc:
             self.lock = None
             marker = getattr(exc, "holder_marker", None)
-            found = holder(marker, reg.hold_prefix(self.machine))
+            found = holder(marker, keys.hold_prefix(self.machine))
             exc.details = {"holder": {key: found[key] for key in ("controller", "operation", "since")}}
             if "held for over" in exc.message:
                 exc.message = ("%s is held by %s; waited %ds (hold_timeout) and changed nothing: run again once "
@@ -302,3 +301,55 @@ class _Inner:
 
     def release(self):
         self.outer[1] -= 1
+
+
+def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=None, tag="", waiting=None,
+                 lease=None, identity=None):
+    """The lock of the hold on ``machine`` in the registry of the pool behind ``conn`` (nothing when the pool has
+    no registry): one run at a time changes the machine there. ``refuse(marker)`` says why not to wait for the
+    run holding it (a move, for the machine module), or None to wait up to ``timeout``. ``registry`` (the run's
+    Registry of that pool, opened already) spares looking the storage pool up again. A hold with no holder marker
+    is a create's claim (admission.claim): it is waited for while a live wave lists the machine. Every hold is a
+    lease (``lease`` seconds, by default leases.lease_seconds of LEASE_ENV): a waiter breaks it once it has seen
+    no renewal for that long, never by the age of its file."""
+    if registry is not None:
+        pool = registry.pool
+    else:
+        pool = lv.lookup_storage_pool(conn, keys.REGISTRY_POOL)
+        if pool is not None and not pool.isActive():
+            pool.create(0)
+    if pool is None:
+        return locks.NoLock()
+    identity = identity if identity is not None else locks.Identity()
+    lease = lease if lease is not None else leases.lease_seconds(os.environ.get(leases.LEASE_ENV))
+    return locks.VolumeLock(conn, pool, timeout, keys.hold_volume(machine), keys.hold_prefix(machine),
+                            lease, "the hold on machine %s" % machine, refuse, field,
+                            lambda age: admission.claim_abandoned(conn, pool, machine, age, identity), tag, waiting,
+                            lease, identity)
+
+
+def clear_dead_holds(conn, pool, names, identity):
+    """Break the holds on machines (machine_hold, admission.claim) in the registry ``pool`` that runs killed while
+    they held them left, as ``names`` (a listing of it) shows them, and delete dead runs' markers beside no lock:
+    a machine that no run changes again would keep them. Only a hold whose every marker names a gone process of
+    this controller, or a create's claim that admission.claim_abandoned calls abandoned, is touched."""
+    held, markers = set(), {}
+    for name in names:
+        found = keys.held_name(name)
+        if found is None:
+            continue
+        if found[1] == "lock":
+            held.add(found[0])
+        else:
+            markers.setdefault(found[0], []).append(name)
+    for machine in sorted(held | set(markers)):
+        found = sorted(markers.get(machine, []))
+        prefix = keys.hold_prefix(machine)
+        if found and not all(identity.is_dead(marker, prefix) for marker in found):
+            continue  # a live holder, or one that cannot be told
+        if machine not in held:
+            for marker in found:
+                volumes.delete_quietly(pool, marker)
+            continue
+        machine_hold(conn, machine, 0, registry=documents.Registry(conn, pool, identity),
+                     identity=identity).break_abandoned(found)

@@ -20,7 +20,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
     MachineryError, NameTaken, PoolFull, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules
-from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import journals as journal
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
 from ansible_collections.machinery.compute.plugins.module_utils.core.progress import Progress
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec

@@ -14,6 +14,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
 from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
+from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import published_classes
 
 
 def pool_entries(items, field="pools"):
@@ -52,7 +53,7 @@ def snapshot_of(ctx, given_name=None):
     snapshot["server_groups"] = {size.name: dict(size.server_group) for size in sizes if size.server_group}
     snapshot.update(labels=registration.get("labels") or {}, taints=registration.get("taints") or [],
                     classes={name: {"cpu": body["cpu"], "memory": body["memory"]}
-                             for name, body in ctx.registry.machine_classes().items()},
+                             for name, body in published_classes(ctx.registry).items()},
                     allocatable=capacity.allocatable_for(host, registration),
                     state=status["state"], problem="; ".join(status["problems"]) or None, status=status)
     return snapshot

@@ -30,8 +30,9 @@ from __future__ import annotations
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel
@@ -217,7 +218,7 @@ def plan_check(desired, machines, moment, lost=None):
         actions.append(Action("replace" if given_up else "record", entry["name"],
                               {"replaced": sorted(entry["record"].get("replaced") or {})},
                               {"replaced": sorted(document["replaced"])},
-                              [step("write_document", "set-%s" % entry["name"], pool=uri) for uri in entry["uris"]],
+                              [step("write_document", keys.set_key(entry["name"]), pool=uri) for uri in entry["uris"]],
                               uri=entry["uris"][0], uris=entry["uris"], document=document,
                               generations=entry.get("generations") or {},
                               reasons=["%s: replaced, its pool unreachable since %s" % (
@@ -289,7 +290,7 @@ class HealthCheckResource(Resource):
         reachable pools hold, with the pools that hold one (where a change is written); and which pools answer."""
         documents = {}
         for ctx in contexts:
-            for key in ctx.registry.keys("set-"):
+            for key in ctx.registry.keys(keys.SET_PREFIX):
                 document = ctx.registry.get(key)
                 if isinstance(document, dict) and "members" in document and \
                         lost_pool.covers(document, self.desired["match_labels"]):
@@ -356,7 +357,7 @@ class HealthCheckResource(Resource):
         """The set's document, with its marks and replacements, to every reachable pool that holds one."""
         for uri in action.data["uris"]:
             # compare and swap: written only over the document the plan was made from
-            self.fleet.contexts[uri].registry.put("set-%s" % action.target, action.data["document"],
+            self.fleet.contexts[uri].registry.put(keys.set_key(action.target), action.data["document"],
                                                   expect=(action.data.get("generations") or {}).get(uri))
 
     APPLY = {"delete": _delete, "restart": _restart, "record": _record, "replace": _record}

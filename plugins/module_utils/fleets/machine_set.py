@@ -37,8 +37,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import lost_pool
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import (
     AVAILABILITY_CONDITIONS, age, list_machines, now, table)
@@ -55,7 +55,7 @@ NOT_RUNNING = ("Failed", "Shutdown", "Terminating", "Terminated")
 
 
 def set_key(name):
-    return "set-%s" % name
+    return keys.set_key(name)
 
 
 def count_of(value, total, field, round_up):
@@ -731,8 +731,8 @@ class MachineSetResource(Resource):
             raise MachineryError("%s on pool %s is not a member of set %s: not fenced" % (
                 action.target, action.data["pool"], self.desired["name"]))
         if action.data["volumes"]:
-            ctx.registry.put(reg.pending_key(action.target), {"machine": action.target,
-                                                              "volumes": action.data["volumes"]})
+            ctx.registry.put(keys.pending_key(action.target), {"machine": action.target,
+                                                               "volumes": action.data["volumes"]})
         if dom.isActive():
             dom.destroy()  # no ACPI shutdown: another member took its place already
         lv.undefine_domain(dom, action.target)
@@ -744,7 +744,7 @@ class MachineSetResource(Resource):
         storage.refresh(ctx.storage)
         for volume in action.data["volumes"]:
             storage.delete_volume(ctx.storage, volume)
-        ctx.registry.delete(reg.pending_key(action.target))
+        ctx.registry.delete(keys.pending_key(action.target))
 
     APPLY = {"record": _record, "forget": _forget, "create": _create, "delete": _delete, "adopt": _adopt,
              "fence": _fence, "reclaim": _reclaim}
@@ -759,7 +759,7 @@ def read_replaced(replaced, contexts):
         if ctx is None:
             continue
         reading = ctx.listing().get(name)
-        journal = ctx.registry.get(reg.pending_key(name)) or {}
+        journal = ctx.registry.get(keys.pending_key(name)) or {}
         there = {"exists": reading is not None, "owner": None, "volumes": [], "journal": journal.get("volumes")}
         if reading is not None:
             record = reading.record or {}
@@ -809,7 +809,7 @@ def list_sets(fleet, names=None):
     _snapshots, contexts, machines = read_fleet(fleet)
     found = {}
     for ctx in contexts:
-        for key in ctx.registry.keys("set-"):
+        for key in ctx.registry.keys(keys.SET_PREFIX):
             document = ctx.registry.get(key)
             if not document or (names and document["name"] not in names):
                 continue

@@ -13,9 +13,11 @@ import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
-from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, check_room
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.admission import Admission
+from ansible_collections.machinery.compute.plugins.module_utils.pools.capacity import check_room
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     dispatch, step_to_stop_before, stop_here)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
@@ -70,7 +72,7 @@ def wait_for_slot(machine, run, policy, clock=time.monotonic, sleep=time.sleep):
     while True:
         others = set()
         for side in (run.source, run.target):
-            others.update(key for key in reg.Registry.open(side.ctx.conn).keys("move-") if key != move_key(machine))
+            others.update(key for key in documents.Registry.open(side.ctx.conn).keys(keys.MOVE_PREFIX) if key != move_key(machine))
         if len(others) < limit:
             return
         if clock() > deadline:
@@ -142,11 +144,11 @@ class JournalSteps(Steps):
         for index, side in enumerate((run.source, run.target)):  # the source first: a re-run always looks there
             if index:  # a run paused between the two writes must not write the second one for a taker
                 getattr(run, "fence", lambda _before: None)("write_journal on %s" % side.pool)
-            reg.Registry.open(side.ctx.conn).put(move_key(self.machine), run.journal)
+            documents.Registry.open(side.ctx.conn).put(move_key(self.machine), run.journal)
 
     def clear(self, _entry, _side, run):
         for side in (run.target, run.source):  # the source last: a journal left there is seen by a re-run
-            reg.Registry.open(side.ctx.conn).delete(move_key(self.machine))
+            documents.Registry.open(side.ctx.conn).delete(move_key(self.machine))
 
 
 class CopySteps(Steps):
@@ -352,7 +354,7 @@ class Rollback(Steps):
             if journal["was_running"] and dom is not None and not dom.isActive():
                 dom.create()
             for side in (target, source):
-                reg.Registry.open(side.ctx.conn).delete(move_key(self.machine))
+                documents.Registry.open(side.ctx.conn).delete(move_key(self.machine))
         except (MachineryError, lv.libvirt.libvirtError) as exc:
             self.report.warnings.append("rolling the move back failed (%s); its journal stays for the next run" % exc)
 

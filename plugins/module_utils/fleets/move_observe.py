@@ -10,9 +10,9 @@ from __future__ import annotations
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
-from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import check_room
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
+from ansible_collections.machinery.compute.plugins.module_utils.pools.capacity import check_room
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, MachineryError, NotFoundError, PoolFull, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel, offline_snapshot, snapshot_of
@@ -40,7 +40,7 @@ class Side:
             self.tree = dx.parse(self.dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
             self.record = dx.read_record(self.tree)
             self.state = tuple(self.dom.state())
-        self.journal = reg.Registry.open(ctx.conn).get(move_key(name)) if ctx.registration else None
+        self.journal = documents.Registry.open(ctx.conn).get(move_key(name)) if ctx.registration else None
 
     @property
     def exists(self):

@@ -18,7 +18,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.pools.scheduler import Ledger, Unschedulable, place_one
 
 MODES = options.MIGRATION_MODES
@@ -29,7 +29,7 @@ _IMAGE_CACHE = re.compile(r"^image-(?P<prefix>[0-9a-f]{32})\.(?P<format>qcow2|ra
 
 def move_key(machine):
     """The journal of a move in both pools' registries."""
-    return registry.move_key(machine)
+    return keys.move_key(machine)
 
 
 # --- pure pieces ------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import LibvirtFailure
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import header_bytes_needed, rebase_header
 

@@ -27,9 +27,10 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination.hol
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.machines import tpm_state
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, MachineryError, NotFoundError, ValidationError)
@@ -42,7 +43,7 @@ AGENT_TIMEOUT = 5
 
 
 def backup_key(machine):
-    return "backups-%s" % machine
+    return keys.backups_key(machine)
 
 
 def volume_name(machine, backup, device):

@@ -35,8 +35,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import shutdown
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 # What generalizing does inside the guest. cloud-init's own ``clean`` removes its instance data (so the next boot
 # is a first boot, which makes new SSH host keys); older releases lack it and the directory goes by hand. An empty
@@ -238,7 +238,7 @@ def cache_copy(source_conn, source_vol, conn, pool, checksum):
     vol, _fmt = images.cached_volume(pool, checksum)
     if vol is not None:
         return vol
-    with reg.image_upload_lock(conn, pool, checksum):
+    with locks.image_upload_lock(conn, pool, checksum):
         vol, _fmt = images.cached_volume(pool, checksum)
         if vol is not None:
             return vol

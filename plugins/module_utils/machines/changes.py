@@ -13,12 +13,12 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import elem
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import LibvirtFailure
 from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import (
     observe_reservations, release_address, reserve_address)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
-from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.admission import Admission
 
 
 def live_effects(names, spec, observed, restarting=False):

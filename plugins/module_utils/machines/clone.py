@@ -22,7 +22,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vali
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.machines import capture
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 MODES = ("full", "linked")
 

@@ -13,12 +13,13 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import firm
 from ansible_collections.machinery.compute.plugins.module_utils.machines import clone
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import journals as journal
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
-from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, admitted, check_room
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.admission import Admission
+from ansible_collections.machinery.compute.plugins.module_utils.pools.capacity import admitted, check_room
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     MachineryError, NameTaken, ValidationError)
@@ -118,7 +119,8 @@ class Creation:
                 return None, "qcow2"
             vol, self.clone_base = clone.linked_base(self.ctx, source, spec["name"])
             return vol, "qcow2"
-        return images.ensure_cached(self.conn, self.ctx.storage, spec["image"], self.ctx.url_opener, self.ctx.images)
+        return images.ensure_cached(self.conn, self.ctx.storage, spec["image"], self.ctx.url_opener, self.ctx.images,
+                                    self.ctx.coordination)
 
     def _create_admitted(self, admission, cached):
         spec = self.spec
@@ -131,12 +133,12 @@ class Creation:
                    elsewhere=admission.group_members(spec.get("server_group")))
         # a journal of this name alone: a deletion killed midway (or a create of an earlier version)
         registry = self.ctx.registry
-        key = reg.pending_key(spec["name"])
+        key = keys.pending_key(spec["name"])
         if key in registry.keys(key, admission.epoch):
             left = registry.get(key)
             journal.remove_orphans(self.ctx, left)
             registry.delete(key, locked=True, epoch=admission.epoch, expected=True)
-        # what this create makes is listed before it is made, in the wave of the pool's lock (journal.py)
+        # what this create makes is listed before it is made, in the wave of the pool's lock (coordination/journals.py)
         admission.journal(spec["name"], planned_volumes(spec))
         record = self._create_locked(spec, self.ctx.storage, *cached)
         admitted(self.ctx, admission.epoch, record)
@@ -149,7 +151,7 @@ class Creation:
             if action.data["journal"].get("wave"):
                 admission.clean_dead_waves()  # the whole wave: under the lock, it is a dead run's
             else:
-                self.ctx.registry.delete(reg.pending_key(self.name), locked=True, epoch=admission.epoch,
+                self.ctx.registry.delete(keys.pending_key(self.name), locked=True, epoch=admission.epoch,
                                          expected=True)
 
     def _create_locked(self, spec, pool, image_vol, fmt):
@@ -253,7 +255,7 @@ class Creation:
         size = vol["size"]
         if vol["source"] == "image":
             backing_vol, backing_fmt = images.ensure_cached(self.conn, pool, vol["image"], self.ctx.url_opener,
-                                                            self.ctx.images)
+                                                            self.ctx.images, self.ctx.coordination)
             size = learned.volume_sizes[vol["name"]] = max(self._virtual_size(pool, backing_vol, vol["image"]),
                                                            vol.get("size") or 0)
             backing = (images.backing_path(self.ctx, backing_vol, vol["image"]), backing_fmt)

@@ -6,16 +6,16 @@ by checksum."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
-import threading
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.machines import oci
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, NotFoundError, \
     ValidationError
@@ -169,16 +169,13 @@ def checksum_of_url(url, opener):
     return checksum, True
 
 
-_UPLOAD_LOCKS = {}
-_UPLOAD_LOCKS_GUARD = threading.Lock()
-
-
-def ensure_cached(conn, pool, image, opener=None, memo=None):
+def ensure_cached(conn, pool, image, opener=None, memo=None, run=None):
     """The pool's volume of ``image``, uploaded through the libvirt stream if it is not there yet; a base volume
     (``base_volume``: OpenShift's baseVolumeID) is that volume itself, used in place as the backing file.
 
     Threads of one run that need the same image on the same pool wait for one upload; with ``memo`` (a dict the
-    run keeps per pool) the volume is looked up once a run, not once a machine."""
+    run keeps per pool) the volume is looked up once a run, not once a machine. ``run``: the run's Coordination
+    (its threads take turns there before they take the image's upload lock)."""
     if image.get("base_volume"):
         vol = base_volume_by_key(conn, image["base_volume"], "image")
         return vol, storage.volume_format(vol)
@@ -186,7 +183,7 @@ def ensure_cached(conn, pool, image, opener=None, memo=None):
         return memo[image["checksum"]]
     vol, fmt = cached_volume(pool, image["checksum"])
     if vol is None:
-        vol, fmt = _upload_once(conn, pool, image, opener)
+        vol, fmt = _upload_once(conn, pool, image, opener, run)
     if memo is not None:
         memo[image["checksum"]] = (vol, fmt)
     return vol, fmt
@@ -242,10 +239,8 @@ def backing_path(ctx, vol, image):
     return vol.path() if image.get("base_volume") else ctx.storage_file(vol.name())
 
 
-def _upload_once(conn, pool, image, opener):
-    with _UPLOAD_LOCKS_GUARD:
-        lock = _UPLOAD_LOCKS.setdefault((pool.UUIDString(), image["checksum"]), threading.Lock())
-    with lock:
+def _upload_once(conn, pool, image, opener, run):
+    with run.upload_turn(pool.UUIDString(), image["checksum"]) if run is not None else contextlib.nullcontext():
         vol, fmt = cached_volume(pool, image["checksum"])
         if vol is not None:
             return vol, fmt
@@ -257,7 +252,7 @@ def _upload_once(conn, pool, image, opener):
             path = image.get("path") or download(image["url"], image["checksum"], opener)
         # other processes (another run, another controller) may want the same image now: one uploads it, the
         # others wait for it instead of taking its half-written volume for the leftover of a dead run
-        with reg.image_upload_lock(conn, pool, image["checksum"]):
+        with locks.image_upload_lock(conn, pool, image["checksum"], run.identity if run is not None else None):
             vol, fmt = cached_volume(pool, image["checksum"])
             if vol is not None:
                 return vol, fmt

@@ -17,11 +17,13 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import doma
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools.journal import journal_of
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.journals import journal_of
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
-from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission, check_room
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.admission import Admission
+from ansible_collections.machinery.compute.plugins.module_utils.pools.capacity import check_room
 from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import move_refusal, moving
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
@@ -142,7 +144,7 @@ def observe_machine(conn, name, journal=False, listing=None, registry=None, dom=
     if dom is None:
         observed = Observed(name)
         if journal:
-            observed.journal = journal_of(registry or reg.Registry.open(conn), name)
+            observed.journal = journal_of(registry or documents.Registry.open(conn), name)
         return observed
     try:
         tree = dx.parse(dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE))
@@ -526,7 +528,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
                 super().apply_plan(plan, observed)
 
     def _apply_claimed(self, plan, observed):
-        """Create the machine (and start it) holding it the cheap way (registry.claim): admitted onto the pool
+        """Create the machine (and start it) holding it the cheap way (admission.claim): admitted onto the pool
         first, then held with a lock volume alone once the process's wave there lists it, until the start is
         done; the wave stays as long. False, with nothing made, when another run holds the machine: the caller
         then waits for that hold as a change does, outside the admission lock."""
@@ -549,7 +551,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         found = super().interference(plan, leftover)
         if found is None:
             return None
-        journal = reg.Registry.open(self.conn).get(reg.move_key(self.name))
+        journal = documents.Registry.open(self.conn).get(keys.move_key(self.name))
         if journal:
             return "%s; a move of it from %s to %s is under way" % (found, journal["source"]["pool"],
                                                                     journal["target"]["pool"])
@@ -575,7 +577,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         vol = lv.lookup_volume(self.ctx.storage, log)
         if vol is None or storage.users_of(self.conn, vol.path(), None):
             return None
-        if self.ctx.registry.get("move-%s" % self.name) is not None:
+        if self.ctx.registry.get(keys.move_key(self.name)) is not None:
             return None  # a move of that name is under way or was cut off: its own resolution owns the file
         return {"machine": self.name, "volumes": [log]}
 
@@ -756,7 +758,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         volumes = ephemeral_volumes(observed.record or {})
         if volumes:
             # a run killed between the undefine and the last volume leaves the journal for the next run
-            self.ctx.registry.put(reg.pending_key(self.name), {"machine": self.name, "volumes": volumes})
+            self.ctx.registry.put(keys.pending_key(self.name), {"machine": self.name, "volumes": volumes})
         timeout = self.params["shutdown_timeout"]
         if dom.isActive() and shutdown(dom, timeout):
             self.warnings.append("%s did not power off within %ss and was forced off" % (self.name, timeout))
@@ -775,7 +777,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         for nic in reserved_nics(observed.record):
             release_address(self.ctx, nic)
         if volumes:
-            self.ctx.registry.delete(reg.pending_key(self.name), expected=True)
+            self.ctx.registry.delete(keys.pending_key(self.name), expected=True)
         # a create of the machine killed after its define (while it started the guest) left its wave listing it:
         # under the pool's lock every wave but this process's is a dead run's (a live one goes before its lock)
         if self.ctx.registration and (journal_of(self.ctx.registry, self.name) or {}).get("wave"):
@@ -837,7 +839,8 @@ class MachineService:
             plan, observed = converge(resource, self.check_mode)
         if not self.check_mode:
             names = self.ctx.clear_abandoned_lock()
-            mover = moving(names, resource.name) if observed.exists and not plan.actions else None
+            identity = self.ctx.coordination.identity
+            mover = moving(names, resource.name, identity) if observed.exists and not plan.actions else None
             if mover is not None:  # converged only until the move holding it goes on (holds.moving)
                 raise move_refusal(self.conn, resource.name, mover)
         spec = resource.spec or {"name": resource.name, "state": resource.state}

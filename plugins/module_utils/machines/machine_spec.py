@@ -36,8 +36,9 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.machines import named_images
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
 from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
+from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import published_class, published_classes
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 MACHINE_ARGUMENTS = options.argument_spec(options.MACHINE)
 SCHEDULED_ARGUMENTS = options.argument_spec(options.MACHINE + options.SCHEDULING)
@@ -296,9 +297,9 @@ def resolve(prm, ctx, record=None):
     if prm["state"] == "absent":
         return facts
     if prm["machine_class"]:
-        facts.classes[prm["machine_class"]] = ctx.registry.machine_class(prm["machine_class"])
+        facts.classes[prm["machine_class"]] = published_class(ctx.registry, prm["machine_class"])
         if facts.classes[prm["machine_class"]] is None:  # for the refusal: what the pool does publish
-            facts.published_classes = sorted(ctx.registry.machine_classes())
+            facts.published_classes = sorted(published_classes(ctx.registry))
     nics = prm["network_interfaces"]
     if nics is None and record is None:
         facts.default_network = ((ctx.registration or {}).get("networks") or [None])[0]

@@ -14,7 +14,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.machines import guest as agent
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, NotFoundError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
@@ -29,7 +30,7 @@ OS_KEYS = ("family", "distribution", "version", "architecture")
 
 
 def image_key(name):
-    return "image-%s" % name
+    return keys.image_key(name)
 
 
 def is_reference(source):
@@ -145,7 +146,8 @@ class ImageResource(Resource):
         return plan_image(self.params, *observed)
 
     def _cache(self, _action, _observed):
-        images.ensure_cached(self.ctx.conn, self.ctx.storage, self.params["resolved"], self.ctx.url_opener)
+        images.ensure_cached(self.ctx.conn, self.ctx.storage, self.params["resolved"], self.ctx.url_opener,
+                             run=self.ctx.coordination)
 
     def _publish(self, action, _observed):
         body = dict(action.data["body"])

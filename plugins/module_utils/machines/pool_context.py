@@ -11,12 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import journals
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NotFoundError
-from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
-from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import Admission
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.admission import Admission
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination, clear_dead_holds
+from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import published_classes
+from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import registration_in
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import PoolView
 
 
@@ -220,7 +224,7 @@ class PoolContext:
     def prime(self):
         """Fetch the lazily read pieces now, before several threads share this context."""
         if self.registration:
-            self.registry.machine_classes()
+            published_classes(self.registry)
             self.storage_file("")  # resolves the storage path once
         return self
 
@@ -241,7 +245,7 @@ class PoolContext:
     @property
     def registry(self):
         if self._registry is None:
-            self._registry = reg.Registry.open(self.conn)
+            self._registry = documents.Registry.open(self.conn, self.coordination.identity)
         return self._registry
 
     def clear_abandoned_lock(self, again=False):
@@ -253,11 +257,12 @@ class PoolContext:
         self._lock_cleared = True
         pool = self.registry.pool if self.registration else None
         if pool is not None:
-            names = self.registry_names = reg.AdmissionLock(self.conn, pool).clear_abandoned()
-            if any(name.startswith(reg.HOLD_PREFIX) for name in names):
-                reg.clear_dead_holds(self.conn, pool, names)
+            identity = self.coordination.identity
+            names = self.registry_names = locks.admission_lock(self.conn, pool, identity).clear_abandoned()
+            if any(name.startswith(keys.HOLD_PREFIX) for name in names):
+                clear_dead_holds(self.conn, pool, names, identity)
             # a wave of this controller's run killed after its last create: no later create on the pool meets it
-            if any(journal.wave_is_dead(key) for key in self.registry.keys(journal.WAVE_PREFIX)):
+            if any(journals.wave_is_dead(key, identity) for key in self.registry.keys(keys.WAVE_PREFIX)):
                 with Admission(self, []) as admission:
                     admission.clean_dead_waves()
         return self.registry_names
@@ -266,7 +271,7 @@ class PoolContext:
     def registration(self):
         """pool.json, or None when machine_pool never registered this host."""
         if self._registration is None:
-            self._registration = self.registry.pool_registration() or {}
+            self._registration = registration_in(self.registry) or {}
         return self._registration or None
 
     @property
@@ -283,10 +288,10 @@ class PoolContext:
     @property
     def storage(self):
         if self._storage is None:
-            self._storage = lv.lookup_storage_pool(self.conn, reg.STORAGE_POOL)
+            self._storage = lv.lookup_storage_pool(self.conn, storage.STORAGE_POOL)
             if self._storage is None:
                 raise NotFoundError("%s has no storage pool %r: run machinery.compute.machine_pool against it "
-                                    "first" % (self.uri, reg.STORAGE_POOL), "uri")
+                                    "first" % (self.uri, storage.STORAGE_POOL), "uri")
             if not self._storage.isActive():
                 self._storage.create(0)
         return self._storage

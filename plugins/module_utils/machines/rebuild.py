@@ -24,7 +24,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.address
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import (
     bump_boots, shutdown, update_record)
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 ROOT_ALIAS = dx.volume_alias("root")
 SEED_ALIAS = "ua-cidata"
@@ -122,7 +122,8 @@ class Rebuild:
         dom = observed.dom
         # what can fail without touching the machine comes first, while it still runs: the image (an upload or
         # a download can take minutes) and the boot files' content
-        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener, self.ctx.images)
+        image_vol, fmt = images.ensure_cached(self.conn, pool, spec["image"], self.ctx.url_opener, self.ctx.images,
+                                              self.ctx.coordination)
         root_size = max(spec.get("root_size") or 0, self._virtual_size(pool, image_vol, spec["image"]))
         original = dom.XMLDesc(lv.libvirt.VIR_DOMAIN_XML_INACTIVE)
         tree = dx.parse(original)

@@ -19,7 +19,7 @@ import contextlib
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import LibvirtFailure
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 # where libvirt's QEMU driver keeps each domain's TPM state (its build's default local state directory)
 SWTPM_DIR = "/var/lib/libvirt/swtpm"

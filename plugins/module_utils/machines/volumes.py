@@ -16,7 +16,6 @@ The file lives with the machines because a volume is made from the images they r
 
 from __future__ import annotations
 
-import hashlib
 import re
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
@@ -24,6 +23,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import doma
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
@@ -32,8 +32,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.quantity im
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images, machine_spec, named_images
 from ansible_collections.machinery.compute.plugins.module_utils.machines.backups import BACKUP_VOLUME
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
-from ansible_collections.machinery.compute.plugins.module_utils.pools.admission import check_storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
+from ansible_collections.machinery.compute.plugins.module_utils.pools.capacity import check_storage
 
 VOLUME_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SECTOR = 512
@@ -42,7 +42,7 @@ NEW_FORMAT = "qcow2"
 
 def volume_key(name):
     """The registry key of a volume's document: a digest, since a volume name may hold '.', '_' and capitals."""
-    return "volume-%s" % hashlib.sha256(name.encode("utf-8")).hexdigest()[:32]
+    return keys.volume_key(name)
 
 
 def volume_name(value, field="name"):
@@ -365,7 +365,8 @@ class VolumeResource(Resource):
         if data["image"] is None:
             storage.create_volume(pool, self.name, data["size"], data["fmt"])
         else:
-            cached, fmt = images.ensure_cached(self.ctx.conn, pool, data["image"], self.ctx.url_opener)
+            cached, fmt = images.ensure_cached(self.ctx.conn, pool, data["image"], self.ctx.url_opener,
+                                               run=self.ctx.coordination)
             # the cache was written as bytes: libvirt knows it as a qcow2 (and its virtual size) once it looked
             source = lv.lookup_volume(refreshed(pool), cached.name())
             if source is None or storage.volume_format(source) != fmt:
@@ -467,7 +468,7 @@ def list_volumes(ctx):
     pool = refreshed(ctx.storage)
     registry = ctx.registry
     records = {}
-    for key in registry.keys("volume-"):
+    for key in registry.keys(keys.VOLUME_PREFIX):
         body = registry.get(key)
         if body and body.get("name"):
             records[body["name"]] = body

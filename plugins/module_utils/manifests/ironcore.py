@@ -243,7 +243,7 @@ def fixed_address(fields, ips, path):
 
 
 def _attachable(name, field):
-    from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+    from ansible_collections.machinery.compute.plugins.module_utils.core import storage
     storage.check_attachable(name, field)
     return name
 

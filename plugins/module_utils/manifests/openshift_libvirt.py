@@ -241,7 +241,7 @@ def _ignition(fields, text, where):
 def _ign_key(fields, key, image, ctx, where):
     """The Ignition config held by volume ``key``: a volume of the base volume's storage pool by name, else a
     volume key (its path), as the provider looks it up."""
-    from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+    from ansible_collections.machinery.compute.plugins.module_utils.core import storage
     vol = None
     pool_name = image[len("volume:"):].partition("/")[0] if not image.startswith("volume:/") else None
     if pool_name and not key.startswith("/"):

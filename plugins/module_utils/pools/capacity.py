@@ -10,9 +10,12 @@ from __future__ import annotations
 import collections
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.core.storage import STORAGE_POOL
+from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import published_classes
+from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules as rules
+from ansible_collections.machinery.compute.plugins.module_utils.pools import scheduler
 
 
 def _version(number):
@@ -86,7 +89,7 @@ class Tally(list):
     """MachineSizes that keep their sums as they grow. The room checks of a run take the cpu, memory and storage
     of every machine on the pool but one, once per create; summed anew each time, a pool of n machines cost O(n)
     a create, under the admission lock (0.3 ms at 100 machines, ten times that at 1,000). It grows by
-    ``append`` only (admission.admitted); nothing takes a size out of it."""
+    ``append`` only (``admitted``); nothing takes a size out of it."""
 
     def __init__(self, sizes=()):
         super().__init__()
@@ -136,7 +139,7 @@ def disks_allocated(sizes, except_machine=None):
 
 def storage_of(conn):
     """{capacity, available} of the pool's machine storage in bytes (zero when it has none)."""
-    pool = lv.lookup_storage_pool(conn, reg.STORAGE_POOL)
+    pool = lv.lookup_storage_pool(conn, STORAGE_POOL)
     if pool is None or not pool.isActive():
         return {"capacity": 0, "available": 0}
     info = pool.info()
@@ -190,15 +193,15 @@ def pool_status(ctx, registration=None, sizes=None, capacity=None):
     allocated = {"cpu": sum(size.cpu or 0 for size in sizes), "memory": sum(size.memory or 0 for size in sizes)}
     free = {"cpu": allocatable["cpu"] - allocated["cpu"], "memory": allocatable["memory"] - allocated["memory"]}
     problems = []
-    storage_pool = lv.lookup_storage_pool(conn, reg.STORAGE_POOL)
+    storage_pool = lv.lookup_storage_pool(conn, STORAGE_POOL)
     if storage_pool is None or not storage_pool.isActive():
-        problems.append("storage pool %s is not active" % reg.STORAGE_POOL)
+        problems.append("storage pool %s is not active" % STORAGE_POOL)
     for name in registration.get("networks") or []:
         net = lv.lookup_network(conn, name)
         if net is None or not net.isActive():
             problems.append("network %s is not active" % name)
     classes = []
-    for body in ctx.registry.machine_classes().values():
+    for body in published_classes(ctx.registry).values():
         classes.append({"name": body["name"], "cpu": body["cpu"], "memory": format_quantity(body["memory"]),
                         "capacity": class_count(allocatable, body), "allocatable": class_count(free, body)})
     classes.sort(key=lambda item: item["name"])
@@ -237,3 +240,69 @@ def pool_status(ctx, registration=None, sizes=None, capacity=None):
         "hypervisor": {"libvirt": _version(conn.getLibVersion()), "qemu": _version(conn.getVersion()),
                        "hostname": conn.getHostname()},
     }
+
+
+def check_room(ctx, spec, disks=None, locked=False, epoch=None, elsewhere=None):
+    """Refuse a machine the pool has no room for: the machines already defined there (other than this one)
+    plus ``spec`` must fit in what the pool's registration makes allocatable, and so must the new ``disks``
+    ([(field, virtual bytes)]) in its storage; a machine of a hard anti-affinity server group is refused where
+    a member of its group is defined, and one of an affinity group where none is while some are ``elsewhere``
+    (coordination/admission.py, Admission.group_members).
+
+    A plan checks against the pool as this run listed it (when it did); under the admission lock (``locked``)
+    the sizes are read as they are now: once in the lock's ``epoch`` (Admission.epoch), then kept with the
+    machines this process admitted since (``admitted``), as no other run creates on the pool meanwhile (one
+    deleting there only leaves more room than counted)."""
+    registration = ctx.registration
+    if not registration:
+        return
+    if locked and epoch is not None and ctx.locked_sizes[0] == epoch:
+        sizes = ctx.locked_sizes[1]
+    elif locked:
+        sizes = Tally(current_sizes(ctx.conn, ctx.known_records()))
+        if epoch is not None:
+            ctx.locked_sizes = (epoch, sizes)
+    else:
+        sizes = ctx.machine_sizes()
+    allocatable = allocatable_for(ctx.host_capacity(), registration)
+    used_cpu, used_memory = sizes.used_except(spec["name"])  # a Tally: no pass over the pool's machines per create
+    if used_cpu + spec["cpu"] > allocatable["cpu"] or used_memory + spec["memory"] > allocatable["memory"]:
+        raise PoolFull("pool %s is full: %d/%d cpu and %s/%s memory are allocated, %s needs %d cpu and %s"
+                       % (ctx.name, used_cpu, allocatable["cpu"], format_quantity(used_memory),
+                          format_quantity(allocatable["memory"]), spec["name"], spec["cpu"],
+                          format_quantity(spec["memory"])), "machine_pool")
+    # a hard anti-affinity rule is re-checked here as capacity is: a concurrent run may have placed a member
+    if spec.get("server_group"):
+        refused = rules.admission_refusal(spec["server_group"], ctx.name, [
+            (size.name, size.server_group) for size in sizes if size.name != spec["name"]], elsewhere)
+        if refused:
+            raise PoolFull(refused, "server_group")
+    check_storage(ctx, disks or [], sizes)
+
+
+def admitted(ctx, epoch, record):
+    """Count a machine just created under the lock in ``epoch`` in the sizes the next check of the epoch uses."""
+    if epoch is not None and ctx.locked_sizes[0] == epoch:
+        spec = record["spec"]
+        ctx.locked_sizes[1].append(MachineSize(spec["name"], spec["cpu"], spec["memory"],
+                                               spec.get("machine_class"), machine_disks(record),
+                                               spec.get("tolerations") or [], spec.get("server_group")))
+
+
+def check_storage(ctx, disks, sizes=None):
+    """Refuse new disks ([(field, virtual bytes)]) that do not fit in the storage the pool's registration
+    makes allocatable (thin disks count their virtual size); the error names the field of the disk that
+    does not fit."""
+    registration = ctx.registration
+    if not registration or not disks:
+        return
+    sizes = machine_sizes(ctx.conn) if sizes is None else sizes
+    allocatable = storage_allocatable(ctx.storage_size(), registration)
+    used = disks_allocated(sizes)
+    for field, size in disks:
+        if used + size > allocatable:
+            raise PoolFull("does not fit in the storage of pool %s: %s of %s are allocated (storage overcommit %s), "
+                           "this disk needs %s more" % (ctx.name, format_quantity(used), format_quantity(allocatable),
+                                                        (registration.get("overcommit") or {}).get("storage", 1.0),
+                                                        format_quantity(size)), field)
+        used += size

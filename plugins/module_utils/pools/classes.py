@@ -8,12 +8,27 @@ from __future__ import annotations
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+
+
+def published_class(registry, name):
+    """The class ``name`` published in ``registry`` (documents.Registry), or None."""
+    return registry.get(keys.class_key(name), expected=True)
+
+
+def published_classes(registry):
+    """{name: body} of every class published in ``registry``."""
+    found = {}
+    for key in registry.keys(keys.CLASS_PREFIX):
+        body = registry.get(key)
+        if body is not None:
+            found[body["name"]] = body
+    return found
 
 
 def shown(body):
@@ -34,7 +49,7 @@ def plan_class(params, current, users):
     """Publish or withdraw: pure, from the parameters, the published body and the machines using the class."""
     name = check.class_name(params.get("name"), "name")
     state = check.one_of(params.get("state") or "present", options.PRESENCE, "state")
-    key = reg.class_key(name)
+    key = keys.class_key(name)
     if state == "absent":
         if current is None:
             return Plan()
@@ -72,8 +87,8 @@ class ClassResource(Resource):
 
     def observe(self):
         self.ctx.reset()
-        current = self.ctx.registry.machine_class(self.name)
-        self.generation = self.ctx.registry.read_generation(reg.class_key(self.name))
+        current = published_class(self.ctx.registry, self.name)
+        self.generation = self.ctx.registry.read_generation(keys.class_key(self.name))
         absent = self.params.get("state") == "absent"
         return current, machines_using(self.ctx.conn, self.name) if absent and current is not None else []
 
@@ -82,10 +97,10 @@ class ClassResource(Resource):
 
     def _publish(self, action, _observed):
         # compare and swap: written only over the class the plan was made from
-        self.ctx.registry.put(reg.class_key(self.name), action.data["body"], expect=self.generation)
+        self.ctx.registry.put(keys.class_key(self.name), action.data["body"], expect=self.generation)
 
     def _withdraw(self, _action, _observed):
-        self.ctx.registry.delete(reg.class_key(self.name))
+        self.ctx.registry.delete(keys.class_key(self.name))
 
     APPLY = {"publish": _publish, "withdraw": _withdraw}
 

@@ -15,8 +15,10 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
@@ -24,6 +26,12 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 
 PROBE_SECONDS = 8.0
+
+
+def registration_in(registry):
+    """The pool's registration in its ``registry`` (documents.Registry), or None when machine_pool never
+    registered the host."""
+    return registry.get(keys.POOL_KEY, expected=True)
 
 
 def normalize_taints(items):
@@ -237,10 +245,10 @@ def plan_pool(params, observed):
     current = observed["registration"]
     if state == "absent":
         steps = [step("delete_document", key) for key in observed["documents"]]
-        steps.append(step("undefine_storage_pool", reg.REGISTRY_POOL))
+        steps.append(step("undefine_storage_pool", keys.REGISTRY_POOL))
         if current is None:
             # an empty registry with no registration in it (left by an older release) goes too
-            leftover = observed["storage_pools"][reg.REGISTRY_POOL] is not None and not observed["documents"]
+            leftover = observed["storage_pools"][keys.REGISTRY_POOL] is not None and not observed["documents"]
             return Plan([Action("unregister", name, steps=steps)] if leftover else [])
         if observed["machines"] and not params.get("force"):
             raise ConflictError("pool %s still has %d machine(s): %s; delete them first or set force: true"
@@ -255,9 +263,9 @@ def plan_pool(params, observed):
                             % (current.get("name"), len(observed["machines"]),
                                ", ".join(sorted(observed["machines"])[:5]), desired["name"]), "name")
     check_host_overlaps(networks, observed.get("host_networks") or {})
-    actions = _object_actions("storage_pool", reg.REGISTRY_POOL, observed["storage_pools"][reg.REGISTRY_POOL],
-                              reg.registry_path(desired["storage_path"]))
-    actions += _object_actions("storage_pool", reg.STORAGE_POOL, observed["storage_pools"][reg.STORAGE_POOL],
+    actions = _object_actions("storage_pool", keys.REGISTRY_POOL, observed["storage_pools"][keys.REGISTRY_POOL],
+                              documents.registry_path(desired["storage_path"]))
+    actions += _object_actions("storage_pool", storage.STORAGE_POOL, observed["storage_pools"][storage.STORAGE_POOL],
                                desired["storage_path"])
     for entry in networks:
         seen = observed["networks"].get(entry["name"])
@@ -268,7 +276,7 @@ def plan_pool(params, observed):
     if current != desired:
         steps = [] if "virt_type" in desired else [step("probe_virt_type", name)]
         actions.append(Action("register", name, before=current, after=desired,
-                              steps=steps + [step("write_document", reg.POOL_KEY)], registration=desired))
+                              steps=steps + [step("write_document", keys.POOL_KEY)], registration=desired))
     elif observed.get("superseded"):
         # a generation beside the registration: a writer killed midway left it unreadable, or a prune missed it
         # (the write above would prune it; with nothing to write, it goes on its own)
@@ -305,11 +313,11 @@ class PoolResource(Resource):
             return None if found is None else {"active": bool(found.isActive()), "autostart": bool(found.autostart())}
         names = [entry.get("name") if isinstance(entry, dict) else entry for entry in self.params.get("networks") or []]
         return {
-            "registration": registry.pool_registration(),
-            "superseded": registry.superseded(reg.POOL_KEY),
+            "registration": registration_in(registry),
+            "superseded": registry.superseded(keys.POOL_KEY),
             "documents": registry.keys(),
             "storage_pools": {name: seen(lv.lookup_storage_pool(conn, name))
-                              for name in (reg.REGISTRY_POOL, reg.STORAGE_POOL)},
+                              for name in (keys.REGISTRY_POOL, storage.STORAGE_POOL)},
             "networks": {name: seen(lv.lookup_network(conn, name)) for name in names if isinstance(name, str)},
             "host_networks": host_network_cidrs(conn),
             "capacity": capacity.capacity_of(conn),
@@ -345,23 +353,23 @@ class PoolResource(Resource):
     def _register(self, action, _observed):
         registration = dict(action.data["registration"])
         if "virt_type" not in registration:
-            registration["virt_type"] = probe_virt_type(self.conn, lv.lookup_storage_pool(self.conn, reg.STORAGE_POOL))
+            registration["virt_type"] = probe_virt_type(self.conn, lv.lookup_storage_pool(self.conn, storage.STORAGE_POOL))
         self.ctx.reset()
-        self.ctx.registry.put(reg.POOL_KEY, registration)
+        self.ctx.registry.put(keys.POOL_KEY, registration)
 
     def _prune_registration(self, _action, _observed):
-        self.ctx.registry.prune_superseded(reg.POOL_KEY)
+        self.ctx.registry.prune_superseded(keys.POOL_KEY)
 
     def _unregister(self, _action, _observed):
         for key in self.ctx.registry.keys():
             self.ctx.registry.delete(key)
-        storage.remove_pool(self.conn, reg.REGISTRY_POOL)
+        storage.remove_pool(self.conn, keys.REGISTRY_POOL)
 
     def _prune_image(self, action, _observed):
         conn, name = self.conn, action.target
-        machines = lv.lookup_storage_pool(conn, reg.STORAGE_POOL)
+        machines = lv.lookup_storage_pool(conn, storage.STORAGE_POOL)
         # under the admission lock, where creates make their overlays: still unused now that it is to go
-        with reg.AdmissionLock(conn, lv.lookup_storage_pool(conn, reg.REGISTRY_POOL)):
+        with locks.admission_lock(conn, lv.lookup_storage_pool(conn, keys.REGISTRY_POOL)):
             if name in unused_images(conn):
                 storage.delete_volume(machines, name + ".complete")
                 storage.delete_volume(machines, name)
@@ -374,7 +382,7 @@ class PoolResource(Resource):
 
 def unused_images(conn):
     """The image caches of the pool's storage that no volume has as its backing file and no domain uses."""
-    machines = lv.lookup_storage_pool(conn, reg.STORAGE_POOL)
+    machines = lv.lookup_storage_pool(conn, storage.STORAGE_POOL)
     if machines is None or not machines.isActive():
         return []
     storage.refresh(machines)
@@ -407,9 +415,9 @@ def ensure_pool(ctx, params, check_mode):
     """Register (or unregister) the host as a pool: (plan, status or None)."""
     resource = PoolResource(ctx, params)
     plan, observed = converge(resource, check_mode)
-    registry_pool = lv.lookup_storage_pool(ctx.conn, reg.REGISTRY_POOL)
+    registry_pool = lv.lookup_storage_pool(ctx.conn, keys.REGISTRY_POOL)
     if not check_mode and registry_pool is not None and registry_pool.isActive():
-        reg.AdmissionLock(ctx.conn, registry_pool).clear_abandoned()
+        locks.admission_lock(ctx.conn, registry_pool, ctx.coordination.identity).clear_abandoned()
     if observed["registration"] is None or (check_mode and params.get("state") == "absent"):
         return plan, None
     registration = observed["registration"] if not check_mode else observed["registration"]

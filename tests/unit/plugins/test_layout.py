@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 MODULE_UTILS = os.path.join(ROOT, "plugins", "module_utils")
 PACKAGE = "ansible_collections.machinery.compute.plugins.module_utils"
 # a package may import from those before it, never from those after it
-ORDER = ("core", "pools", "coordination", "machines", "fleets", "manifests", "interface")
+ORDER = ("core", "coordination", "pools", "machines", "fleets", "manifests", "interface")
 FILES = sorted(os.path.relpath(path, MODULE_UTILS) for path in glob.glob(os.path.join(MODULE_UTILS, "*", "*.py"))
                if not path.endswith("__init__.py"))
 

@@ -1,4 +1,4 @@
-"""An exhaustive model of registry document writes (registry.Registry.put with ``expect``), explored over every
+"""An exhaustive model of registry document writes (documents.Registry.put with ``expect``), explored over every
 interleaving of two or three writers, each of which may crash after any step.
 
 A document is stored as generations ``<key>.<n>.json``; a reader takes the newest complete one. A writer reads
@@ -13,12 +13,12 @@ visible: when every writer is finished, each one that reported success must find
 complete generation. The same explorer with the check left out (the last writer wins, as before compare and swap)
 must find a lost update: the check is what the invariant rests on.
 
-The steps are named after the code's (``registry.WRITE_STEPS``), which a test compares.
+The steps are named after the code's (``documents.WRITE_STEPS``), which a test compares.
 """
 
 from collections import deque
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
 
 STEPS = ("read", "check", "create", "upload", "prune")
 # a writer's position
@@ -103,7 +103,7 @@ def explore(count, cas=True):
 
 
 def test_the_model_takes_the_steps_of_the_code():
-    assert STEPS == reg.WRITE_STEPS
+    assert STEPS == documents.WRITE_STEPS
     _states, _bad, used = explore(2)
     assert used == set(STEPS) | {"crash"}
 

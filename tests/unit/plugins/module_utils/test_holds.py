@@ -7,7 +7,10 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination imp
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
 
 
 class FakeHold:
@@ -95,8 +98,8 @@ def test_holds_are_released_when_the_apply_fails():
 
 def test_a_marker_names_its_holder():
     coordination = holds.Coordination("volume_attach", 60, host="ctl.example.org", clock=lambda: 1700000000)
-    prefix = reg.hold_prefix("web-1")
-    marker = reg.holder_marker(prefix, coordination.tag())
+    prefix = keys.hold_prefix("web-1")
+    marker = locks.Identity().marker(prefix, coordination.tag())
     assert marker.startswith(prefix) and "/" not in marker
     found = holds.holder(marker, prefix)
     assert found["controller"] == "ctl_example_org" and found["operation"] == "volume_attach"
@@ -123,7 +126,7 @@ class FakeLock:
 
 def test_a_run_takes_a_machine_it_holds_again_without_waiting(monkeypatch):
     log = []
-    monkeypatch.setattr(reg, "machine_hold", lambda *args, **kwargs: FakeLock(log))
+    monkeypatch.setattr(holds, "machine_hold", lambda *args, **kwargs: FakeLock(log))
     coordination = holds.Coordination("machine_health_check")
     outer = coordination.machine(None, "web-1", "uri1").acquire()
     inner = coordination.machine(None, "web-1", "uri1").acquire()
@@ -135,11 +138,11 @@ def test_a_run_takes_a_machine_it_holds_again_without_waiting(monkeypatch):
 
 
 def test_a_conflict_names_the_holder(monkeypatch):
-    prefix = reg.hold_prefix("web-1")
+    prefix = keys.hold_prefix("web-1")
     other = holds.Coordination("machine_snapshot", host="ctl2", clock=lambda: 1700000000)
     refusal = ConflictError("the hold on machine web-1 has been held for over 5s by another run", "machine")
-    refusal.holder_marker = reg.holder_marker(prefix, other.tag())
-    monkeypatch.setattr(reg, "machine_hold", lambda *args, **kwargs: FakeLock([], refusal))
+    refusal.holder_marker = locks.Identity().marker(prefix, other.tag())
+    monkeypatch.setattr(holds, "machine_hold", lambda *args, **kwargs: FakeLock([], refusal))
     with pytest.raises(ConflictError) as caught:
         holds.Coordination("volume_attach", 5).machine(None, "web-1", "uri1").acquire()
     assert caught.value.reason == "Conflict"
@@ -149,9 +152,9 @@ def test_a_conflict_names_the_holder(monkeypatch):
 
 
 def test_only_a_move_is_refused_at_once():
-    prefix = reg.hold_prefix("web-1")
-    move = reg.holder_marker(prefix, holds.Coordination(holds.MOVE, host="c").tag())
-    snapshot = reg.holder_marker(prefix, holds.Coordination("machine_snapshot", host="c").tag())
+    prefix = keys.hold_prefix("web-1")
+    move = locks.Identity().marker(prefix, holds.Coordination(holds.MOVE, host="c").tag())
+    snapshot = locks.Identity().marker(prefix, holds.Coordination("machine_snapshot", host="c").tag())
     attach = holds.Coordination("volume_attach").machine(None, "web-1")
     assert "being moved" in attach._refuse(move)
     assert attach._refuse(snapshot) is None
@@ -176,13 +179,13 @@ def test_every_kind_says_what_it_holds():
 
 def test_a_waiter_judges_a_lease_on_its_own_clock_from_the_last_change(monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr(reg.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(reg, "holder_is_dead", lambda marker, prefix: None)  # another controller's: unknown
-    lock = reg.AdmissionLock(None, None, lease=6)
-    lock._note(1, ["hold-a.holder.x"])
+    monkeypatch.setattr(volumes.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(locks.Identity, "is_dead", lambda self, marker, prefix: None)  # another controller's: unknown
+    lock = locks.VolumeLock(None, None, lease=6)
+    lock.watch.note(1, ["hold-a.holder.x"])
     now[0] += 5
     assert not lock._abandoned(10 ** 6, ["hold-a.holder.x"])  # however old the file: the host's clock is not read
-    lock._note(513, ["hold-a.holder.x"])  # renewed: the lease starts again from here
+    lock.watch.note(513, ["hold-a.holder.x"])  # renewed: the lease starts again from here
     now[0] += 5
     assert not lock._abandoned(0, ["hold-a.holder.x"])
     now[0] += 1.5
@@ -190,15 +193,15 @@ def test_a_waiter_judges_a_lease_on_its_own_clock_from_the_last_change(monkeypat
 
 
 def test_a_dead_holder_is_not_waited_for_even_within_its_lease(monkeypatch):
-    monkeypatch.setattr(reg, "holder_is_dead", lambda marker, prefix: True)
-    lock = reg.AdmissionLock(None, None, lease=600)
-    lock._note(1, ["hold-a.holder.x"])
+    monkeypatch.setattr(locks.Identity, "is_dead", lambda self, marker, prefix: True)
+    lock = locks.VolumeLock(None, None, lease=600)
+    lock.watch.note(1, ["hold-a.holder.x"])
     assert lock._abandoned(0, ["hold-a.holder.x"])
 
 
 def test_the_lease_setting():
-    assert holds.lease_seconds("2") == 2.0 and holds.lease_seconds(None) == holds.LEASE_SECONDS
-    assert holds.lease_seconds("0") == holds.LEASE_SECONDS and holds.lease_seconds("x") == holds.LEASE_SECONDS
+    assert leases.lease_seconds("2") == 2.0 and leases.lease_seconds(None) == leases.LEASE_SECONDS
+    assert leases.lease_seconds("0") == leases.LEASE_SECONDS and leases.lease_seconds("x") == leases.LEASE_SECONDS
 
 
 def test_a_run_stops_itself_once_it_holds_what_a_test_names(monkeypatch):
@@ -254,6 +257,7 @@ class FakeContext:
         self.registration = {"name": "pool-1"} if registered else {}
         self.registry = type("FakeRegistry", (), {"pool": FakeListing(names)})()
         self.conn = None
+        self.coordination = holds.Coordination()
 
 
 class Vanished(Counter):
@@ -276,14 +280,14 @@ def test_a_machine_missing_while_a_move_still_holds_it_there_is_refused_naming_t
     it answers as a run at any earlier point of the move, with the Conflict naming the move. Without a live
     move's hold, or for something else missing (a snapshot's name), the NotFound stands."""
     from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NotFoundError
-    mover = "%sothercontroller.4242.99.1.machine_migrate.1795851258.ctl-b" % reg.hold_prefix("web-1")
-    held = FakeContext([reg.hold_volume("web-1"), mover])
+    mover = "%sothercontroller.4242.99.1.machine_migrate.1795851258.ctl-b" % keys.hold_prefix("web-1")
+    held = FakeContext([keys.hold_volume("web-1"), mover])
     with pytest.raises(ConflictError, match="web-1 is being moved by another run .machine_migrate on ctl-b") as exc:
         converge(Vanished(held))
     assert exc.value.details["holder"]["operation"] == "machine_migrate"
     assert isinstance(exc.value.__cause__, NotFoundError)
-    lock_alone = FakeContext([reg.hold_volume("web-1")])
-    unregistered = FakeContext([reg.hold_volume("web-1"), mover], registered=False)
+    lock_alone = FakeContext([keys.hold_volume("web-1")])
+    unregistered = FakeContext([keys.hold_volume("web-1"), mover], registered=False)
     for ctx, field in ((held, "name"), (FakeContext([]), "machine"), (lock_alone, "machine"),
                        (unregistered, "machine")):
         with pytest.raises(NotFoundError):

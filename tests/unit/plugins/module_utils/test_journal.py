@@ -1,4 +1,4 @@
-"""The journal of the creates on a pool (pools/journal.py) and the wave an admission writes (Admission.journal):
+"""The journal of the creates on a pool (coordination/journals.py) and the wave an admission writes (Admission.journal):
 what a reader finds, whose a wave is, and how many documents a run writes."""
 
 import os
@@ -6,9 +6,12 @@ import subprocess
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import admission as adm
-from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import journals as journal
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import admission as adm
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
 
 
 class Listed:
@@ -30,6 +33,7 @@ class Documents:
         self.puts = []
         self.deleted = []
         self.listed_in = []
+        self.identity = None
 
     def keys(self, prefix="", epoch=None):
         self.listed_in.append(epoch)
@@ -49,6 +53,9 @@ class Documents:
         return self.bodies.pop(key, None) is not None
 
 
+ME = locks.Identity()  # this process, as its waves and markers name it
+
+
 def a_dead_pid():
     """The pid of a process that has ended (and was reaped)."""
     child = subprocess.Popen(["true"])
@@ -57,22 +64,22 @@ def a_dead_pid():
 
 
 def test_a_wave_key_is_a_registry_key_and_names_its_process():
-    key = journal.wave_key(7)
-    assert reg._DOC.match("%s.1.json" % key), key
-    assert key.startswith(journal.WAVE_PREFIX) and key.endswith("-7")
-    assert journal.wave_is_dead(key) is False  # this process is running
+    key = journal.wave_key(ME, 7)
+    assert keys._DOCUMENT.match("%s.1.json" % key), key
+    assert key.startswith(keys.WAVE_PREFIX) and key.endswith("-7")
+    assert journal.wave_is_dead(key, ME) is False  # this process is running
 
 
 def test_a_wave_of_a_gone_process_of_this_controller_is_dead():
-    controller, start = reg.controller_identity()
-    assert journal.wave_is_dead("wave-%s-%d-%s-3" % (controller, a_dead_pid(), start)) is True
+    controller, start = ME.controller, ME.start
+    assert journal.wave_is_dead("wave-%s-%d-%s-3" % (controller, a_dead_pid(), start), ME) is True
     # same pid, another start time: the pid was reused, the writer is gone
-    assert journal.wave_is_dead("wave-%s-%d-1-3" % (controller, os.getpid())) is True
+    assert journal.wave_is_dead("wave-%s-%d-1-3" % (controller, os.getpid()), ME) is True
 
 
 @pytest.mark.parametrize("key", ["wave-0123456789ab-1-2-3", "wave-nodashes", "pending-web"])
 def test_a_wave_that_cannot_be_told_is_not_called_dead(key):
-    assert journal.wave_is_dead(key) is None
+    assert journal.wave_is_dead(key, ME) is None
 
 
 def test_a_machine_journal_comes_before_a_wave_and_an_unreadable_one_is_reported():
@@ -90,7 +97,7 @@ def test_a_machine_journal_comes_before_a_wave_and_an_unreadable_one_is_reported
 def test_this_processs_own_wave_journals_nothing():
     """A create of this run listed in its own wave is no dead run's: the machines a batch is about to make read
     as not journaled, so they plan as the preflight planned them."""
-    docs = Documents({journal.wave_key(3): {"machines": {"web": ["web-root.qcow2"]}}})
+    docs = Documents({journal.wave_key(ME, 3): {"machines": {"web": ["web-root.qcow2"]}}})
     assert journal.journal_of(docs, "web") is None
     assert journal.journaled(docs) == set()
 
@@ -102,10 +109,11 @@ def test_an_unreadable_wave_lists_nothing():
 
 
 class Ctx:
-    def __init__(self, docs, planned=None):
+    def __init__(self, docs, planned=None, run=None):
         self.uri = "test:///journal"
         self.registry = docs
         self.planned_creates = dict(planned or {})
+        self.coordination = run if run is not None else holds.Coordination()
 
 
 @pytest.fixture
@@ -114,11 +122,9 @@ def held(monkeypatch):
     cleaned = []
     monkeypatch.setattr(journal, "remove_orphans", lambda ctx, entry, skip_defined=False: cleaned.append(
         (entry["machine"], tuple(entry["volumes"]), skip_defined)))
-    holds = {}
-    monkeypatch.setattr(adm.Admission, "_holds", holds)
 
     def admission(ctx, epoch=5):
-        hold = holds[ctx.uri] = adm._PoolHold()
+        hold = ctx.coordination.admissions.holds[ctx.uri] = adm._PoolHold()
         hold.lock, hold.held, hold.epoch = object(), True, epoch
         admitted = adm.Admission(ctx, [])
         admitted.epoch = epoch
@@ -136,7 +142,7 @@ def test_one_wave_a_hold_lists_every_planned_create(held):
         admission.journal(name, volumes)
     assert len(docs.puts) == 1  # the first create wrote the wave, the 19 others found themselves listed
     key, body = docs.puts[0]
-    assert key == journal.wave_key(5) and body == {"machines": planned}
+    assert key == journal.wave_key(ME, 5) and body == {"machines": planned}
     assert docs.listed_in[0] == 5  # dead waves were looked for in a listing taken under the lock
     assert hold.wave.key == key
 
@@ -232,18 +238,17 @@ def test_a_hold_handed_over_mid_run_deletes_its_wave_before_the_lock_goes_back(m
     writes its own."""
     events = []
     docs = Documents({})
-    for name, value in (("_holds", {}), ("_targets", {}), ("_names", set()), ("_inside", 0)):
-        monkeypatch.setattr(adm.Admission, name, value)
+    run = holds.Coordination()
     monkeypatch.setattr(adm.lv, "lookup_storage_pool", lambda conn, name: object())
-    busy, ctx = Ctx(Documents({})), Ctx(docs, {"a": ["a-root.qcow2"], "b": ["b-root.qcow2"]})
+    busy, ctx = Ctx(Documents({}), run=run), Ctx(docs, {"a": ["a-root.qcow2"], "b": ["b-root.qcow2"]}, run=run)
     busy.uri, busy.conn, busy.peer_connections = "test:///busy", FakeConn(), {}
     ctx.conn, ctx.peer_connections = FakeConn(), {}
-    monkeypatch.setattr(adm.reg, "AdmissionLock", lambda conn, pool: FakeLock(
+    monkeypatch.setattr(adm.locks, "admission_lock", lambda conn, pool, identity: FakeLock(
         docs, events) if conn is ctx.conn else FakeLock(busy.registry, []))
     with adm.Admission(busy, []):  # another admission of the process stays inside: no hold goes back at its exit
         with adm.Admission(ctx, [], "a") as first:
             first.journal("a", ["a-root.qcow2"])
-        hold = adm.Admission._holds[ctx.uri]
+        hold = run.admissions.holds[ctx.uri]
         first_wave = hold.wave.key
         assert hold.held and first_wave in docs.bodies
         hold.taken -= adm.HAND_OVER_SECONDS  # held long enough: the next admission hands it over
@@ -254,10 +259,10 @@ def test_a_hold_handed_over_mid_run_deletes_its_wave_before_the_lock_goes_back(m
         assert hold.wave.key != first_wave and hold.wave.key in docs.bodies
     # the pool's lock went back twice (handed over, then at the end), each time with no wave left
     assert events == ["taken", "released, waves left: 0", "taken", "released, waves left: 0"]
-    assert docs.deleted == [first_wave, journal.wave_key(second.epoch)]
+    assert docs.deleted == [first_wave, journal.wave_key(ME, second.epoch)]
 
 
-# A create's hold on its machine (registry.claim): a lock volume with no marker, named by the wave that lists it
+# A create's hold on its machine (admission.claim): a lock volume with no marker, named by the wave that lists it
 
 
 def claim_of(monkeypatch, waves, volumes=(), age=1.0):
@@ -265,59 +270,59 @@ def claim_of(monkeypatch, waves, volumes=(), age=1.0):
     other ``volumes``, for a claim of ``age`` seconds."""
     docs = Documents(waves)
     names = ["pool.1.json", "hold-web.lock"] + ["%s.1.json" % key for key in waves] + list(volumes)
-    monkeypatch.setattr(reg, "Registry", lambda conn, pool: docs)
-    return reg.claim_abandoned(None, Listed(names), "web", age)
+    monkeypatch.setattr(adm.documents, "Registry", lambda conn, pool, identity=None: docs)
+    return adm.claim_abandoned(None, Listed(names), "web", age, ME)
 
 
 def test_a_claim_listed_in_a_live_wave_of_this_controller_is_kept_however_old(monkeypatch):
-    assert claim_of(monkeypatch, {journal.wave_key(4): {"machines": {"web": []}}}, age=3600) is False
+    assert claim_of(monkeypatch, {journal.wave_key(ME, 4): {"machines": {"web": []}}}, age=3600) is False
 
 
 def test_a_claim_listed_only_in_a_dead_wave_is_abandoned_at_once(monkeypatch):
-    controller, start = reg.controller_identity()
+    controller, start = ME.controller, ME.start
     dead = "wave-%s-%d-%s-2" % (controller, a_dead_pid(), start)
     assert claim_of(monkeypatch, {dead: {"machines": {"web": []}}}, age=0.1) is True
 
 
 def test_a_wave_of_another_controller_is_live_while_its_process_holds_the_admission_lock(monkeypatch):
     wave = {"wave-0123456789ab-77-9-3": {"machines": {"web": []}}}
-    holder = reg.HOLDER_PREFIX + "0123456789ab.77.9.140"
-    assert claim_of(monkeypatch, wave, [reg.LOCK_VOLUME, holder], age=3600) is False
+    holder = keys.ADMISSION_HOLDER_PREFIX + "0123456789ab.77.9.140"
+    assert claim_of(monkeypatch, wave, [keys.ADMISSION_LOCK, holder], age=3600) is False
     # its process let the lock go (or another holds it now): the wave is a dead run's
-    other = reg.HOLDER_PREFIX + "0123456789ab.78.9.140"
-    assert claim_of(monkeypatch, wave, [reg.LOCK_VOLUME, other], age=0.1) is True
+    other = keys.ADMISSION_HOLDER_PREFIX + "0123456789ab.78.9.140"
+    assert claim_of(monkeypatch, wave, [keys.ADMISSION_LOCK, other], age=0.1) is True
 
 
 def test_an_unreadable_live_wave_may_list_the_machine(monkeypatch):
-    assert claim_of(monkeypatch, {journal.wave_key(4): None}, age=3600) is False
+    assert claim_of(monkeypatch, {journal.wave_key(ME, 4): None}, age=3600) is False
 
 
 def test_a_claim_no_wave_lists_is_abandoned_once_markerless_long_enough(monkeypatch):
-    other = {journal.wave_key(4): {"machines": {"db": []}}}  # a live wave of other machines does not hold web
-    assert claim_of(monkeypatch, other, age=reg.MARKERLESS_SECONDS - 1) is False
-    assert claim_of(monkeypatch, other, age=reg.MARKERLESS_SECONDS + 1) is True
+    other = {journal.wave_key(ME, 4): {"machines": {"db": []}}}  # a live wave of other machines does not hold web
+    assert claim_of(monkeypatch, other, age=locks.MARKERLESS_SECONDS - 1) is False
+    assert claim_of(monkeypatch, other, age=locks.MARKERLESS_SECONDS + 1) is True
 
 
 def test_a_machine_hold_asks_the_waves_about_a_markerless_lock(monkeypatch):
     asked = []
-    monkeypatch.setattr(reg, "claim_abandoned", lambda conn, pool, machine, age: asked.append((machine, age)) or 1)
-    hold = reg.machine_hold(None, "web", 5, registry=reg.Registry(None, Listed()))
+    monkeypatch.setattr(adm, "claim_abandoned", lambda conn, pool, machine, age, identity: asked.append((machine, age)) or 1)
+    hold = holds.machine_hold(None, "web", 5, registry=documents.Registry(None, Listed()))
     assert hold.name == "hold-web.lock" and hold._abandoned(2.0, []) == 1 and asked == [("web", 2.0)]
     # a lock with its holder's marker (another controller's here) is judged by the marker, as before
-    assert hold._abandoned(2.0, [reg.hold_prefix("web") + "0123456789ab.1.2.3"]) is False
+    assert hold._abandoned(2.0, [keys.hold_prefix("web") + "0123456789ab.1.2.3"]) is False
     assert asked == [("web", 2.0)]
 
 
 def test_cleaning_a_dead_wave_removes_its_creates_claims_but_not_this_processs_or_a_held_machines(held, monkeypatch):
-    controller, start = reg.controller_identity()
-    dead = reg.hold_prefix("w") + "%s.%d.%s.1" % (controller, a_dead_pid(), start)
+    controller, start = ME.controller, ME.start
+    dead = keys.hold_prefix("w") + "%s.%d.%s.1" % (controller, a_dead_pid(), start)
     docs = Documents({"wave-dead-1-2-3": {"machines": {"w": ["w-root.qcow2"], "x": ["x-root.qcow2"],
                                                        "y": ["y-root.qcow2"], "z": ["z-root.qcow2"]}}},
                      ["hold-w.lock", dead, "hold-x.lock", "hold-y.lock", "hold-z.lock",
-                      reg.hold_prefix("z") + "0123456789ab.1.2.3"])
+                      keys.hold_prefix("z") + "0123456789ab.1.2.3"])
     deleted = []
     monkeypatch.setattr(journal.storage, "delete_volume", lambda pool, name: deleted.append(name))
-    journal.clean_waves(Ctx(docs), ["wave-dead-1-2-3"], 5, claimed={"y"})
+    journal.clean_waves(Ctx(docs), ["wave-dead-1-2-3"], 5, {"y"}, ME)
     # y is this process's create; z is held by a run that cannot be told dead; w's hold, with a dead marker, is
     # the run's clean-up's to break (clear_dead_holds), its volumes go with the wave
     assert deleted == ["hold-x.lock"]
@@ -329,7 +334,7 @@ def test_an_admission_passes_this_processs_claims_to_the_clean_up(held, monkeypa
     docs = Documents({"wave-dead-1-2-3": {"machines": {"x": ["x-root.qcow2"]}}}, ["hold-x.lock"])
     ctx = Ctx(docs)
     admission, _hold = held(ctx)
-    monkeypatch.setattr(adm.Admission, "_claimed", {ctx.uri: {"x"}})
+    ctx.coordination.admissions.claimed[ctx.uri] = {"x"}
     admission.journal("a", ["a-root.qcow2"])
     assert held.cleaned == [] and docs.deleted == ["wave-dead-1-2-3"]
 
@@ -345,7 +350,7 @@ def test_a_runs_clean_up_breaks_only_holds_whose_holders_are_gone(monkeypatch):
     """clear_dead_holds: a hold whose every marker names a gone process of this controller, or a create's claim
     (no marker), is looked at and broken if still abandoned; a live or foreign holder's is left; a dead marker
     beside no lock goes."""
-    controller, start = reg.controller_identity()
+    controller, start = ME.controller, ME.start
     dead = "%s.%d.%s.1" % (controller, a_dead_pid(), start)
     live = "%s.%d.%s.1" % (controller, os.getpid(), start)
     names = ["hold-a.lock", "hold-a.holder." + dead,                   # killed while it held a
@@ -355,9 +360,9 @@ def test_a_runs_clean_up_breaks_only_holds_whose_holders_are_gone(monkeypatch):
              "hold-e.holder." + dead,                                  # a dead waiter's marker
              "pool.1.json", "admission.lock"]
     broken, deleted = [], []
-    monkeypatch.setattr(reg.AdmissionLock, "break_abandoned", lambda self, markers: broken.append((self.name, markers)))
-    monkeypatch.setattr(reg, "_delete_quietly", lambda pool, name: deleted.append(name))
-    reg.clear_dead_holds(None, Listed(names), names)
+    monkeypatch.setattr(locks.VolumeLock, "break_abandoned", lambda self, markers: broken.append((self.name, markers)))
+    monkeypatch.setattr(holds.volumes, "delete_quietly", lambda pool, name: deleted.append(name))
+    holds.clear_dead_holds(None, Listed(names), names, ME)
     assert broken == [("hold-a.lock", ["hold-a.holder." + dead]), ("hold-d.lock", [])]
     assert deleted == ["hold-e.holder." + dead]
 
@@ -373,16 +378,15 @@ def test_a_name_the_holds_listing_lacks_needs_no_lookup(held):
 def test_a_create_steps_aside_after_its_define_keeping_its_share(held, monkeypatch):
     """The start that follows a create lets the process's next create onto the pool in; the share (and so the
     wave) stays until the admission leaves."""
-    monkeypatch.setattr(adm.Admission, "_names", {"web"})
-    monkeypatch.setattr(adm.Admission, "_targets", {})
     admission, hold = held(Ctx(Documents({})))
+    admission.table.names.add("web")
     hold.names, hold.users = {"db"}, 1
-    admission.target = adm.Admission.process_lock(admission.ctx.uri)
+    admission.target = admission.table.target(admission.ctx.uri)
     admission.target.acquire()
     admission.named, admission.name = True, "web"
     admission.step_aside()
-    assert not adm.Admission.process_lock(admission.ctx.uri).locked()
-    assert "web" not in adm.Admission._names and hold.names == {"db", "web"}
+    assert not admission.table.target(admission.ctx.uri).locked()
+    assert "web" not in admission.table.names and hold.names == {"db", "web"}
     assert hold.users == 1 and hold.held  # still shared: the wave stays
     admission.step_aside()  # twice, or then left: nothing more to give back
     assert admission.target is None and not admission.named

@@ -12,7 +12,8 @@ import time
 import libvirt
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import admission
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import admission
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
@@ -152,7 +153,7 @@ class FakeLock:
     taken = []
     released = []
 
-    def __init__(self, conn, pool):
+    def __init__(self, conn, pool, identity=None):
         self.conn = conn
         self.pool = pool
 
@@ -206,20 +207,25 @@ def wait_for(condition, what, timeout=5.0):
         time.sleep(0.005)
 
 
-def reset_admission(monkeypatch, *uris):
-    """Fake registry locks, and the admission state of the process fresh, with ``uris``' locks watched."""
-    monkeypatch.setattr(admission.reg, "AdmissionLock", FakeLock)
+def a_run(monkeypatch, *uris):
+    """Fake registry locks, and a run (its Coordination) whose admissions watch ``uris``' locks."""
+    monkeypatch.setattr(admission.locks, "admission_lock", FakeLock)
     monkeypatch.setattr(admission.lv, "lookup_storage_pool", lambda conn, name: "registry")
-    monkeypatch.setattr(admission.Admission, "_holds", {})
-    monkeypatch.setattr(admission.Admission, "_targets", {uri: WatchedLock() for uri in uris})
-    monkeypatch.setattr(admission.Admission, "_names", set())
-    monkeypatch.setattr(admission.Admission, "_guard", WatchedCondition())
+    run = Coordination()
+    run.admissions.targets.update({uri: WatchedLock() for uri in uris})
+    run.admissions.guard = WatchedCondition()
     FakeLock.taken, FakeLock.released = [], []
+    return run
+
+
+def pools_of(run):
+    """Pools x and y as one run sees them."""
+    return PoolContext(NamedConn("conn-x"), "test:///x", run), PoolContext(NamedConn("conn-y"), "test:///y", run)
 
 
 def test_admission_locks_are_handed_over_within_a_run(monkeypatch):
-    reset_admission(monkeypatch)
-    x, y = PoolContext(NamedConn("conn-x"), "test:///x"), PoolContext(NamedConn("conn-y"), "test:///y")
+    run = a_run(monkeypatch)
+    x, y = pools_of(run)
     first = admission.Admission(x, [])
     first.__enter__()
     other = admission.Admission(y, [])
@@ -230,15 +236,15 @@ def test_admission_locks_are_handed_over_within_a_run(monkeypatch):
         assert FakeLock.taken == ["conn-x", "conn-y"]  # not taken again
     other.__exit__()  # the last one out gives every lock back
     assert sorted(FakeLock.released) == ["conn-x", "conn-y"]
-    assert admission.Admission._inside == 0
-    assert not any(hold.held or hold.users for hold in admission.Admission._holds.values())
+    assert run.admissions.inside == 0
+    assert not any(hold.held or hold.users for hold in run.admissions.holds.values())
 
 
 def test_admissions_onto_different_pools_share_the_peer_locks(monkeypatch):
     """Two threads admit onto x and y with names unique across both: both are inside at once, each pool's lock
     taken from libvirt once; a third onto x waits for the first, and so does a second admission of one name."""
-    reset_admission(monkeypatch, "test:///x", "test:///y")
-    x, y = PoolContext(NamedConn("conn-x"), "test:///x"), PoolContext(NamedConn("conn-y"), "test:///y")
+    run = a_run(monkeypatch, "test:///x", "test:///y")
+    x, y = pools_of(run)
     for ctx, peer in ((x, y), (y, x)):
         ctx.peer_connections = {peer.uri: peer.conn}
     onto_x = admission.Admission(x, [x.uri, y.uri], "a")
@@ -252,7 +258,7 @@ def test_admissions_onto_different_pools_share_the_peer_locks(monkeypatch):
         with admission.Admission(ctx, [x.uri, y.uri], name):
             entered.append(name)
     waiting = [threading.Thread(target=admit, args=(x, "c")), threading.Thread(target=admit, args=(y, "a"))]
-    guard, onto_x_lock = admission.Admission._guard, admission.Admission._targets[x.uri]
+    guard, onto_x_lock = run.admissions.guard, run.admissions.targets[x.uri]
 
     def both_wait():  # c for x's lock, a for its name
         return onto_x_lock.blocked == 1 and guard.waits == 1
@@ -268,17 +274,17 @@ def test_admissions_onto_different_pools_share_the_peer_locks(monkeypatch):
         thread.join(5)
     assert not any(thread.is_alive() for thread in waiting)
     assert sorted(entered) == ["a", "c"]
-    assert sorted(FakeLock.released) == ["conn-x", "conn-y"] and admission.Admission._inside == 0
+    assert sorted(FakeLock.released) == ["conn-x", "conn-y"] and run.admissions.inside == 0
 
 
 def test_a_lock_held_past_the_hand_over_goes_back_once_unused(monkeypatch):
-    reset_admission(monkeypatch)
-    x, y = PoolContext(NamedConn("conn-x"), "test:///x"), PoolContext(NamedConn("conn-y"), "test:///y")
+    run = a_run(monkeypatch)
+    x, y = pools_of(run)
     staying = admission.Admission(y, [])
     staying.__enter__()
     with admission.Admission(x, []):
         pass
-    admission.Admission._holds[x.uri].taken -= admission.HAND_OVER_SECONDS
+    run.admissions.holds[x.uri].taken -= admission.HAND_OVER_SECONDS
     with admission.Admission(x, []):
         assert FakeLock.released == ["conn-x"] and FakeLock.taken == ["conn-y", "conn-x", "conn-x"]
     staying.__exit__()
@@ -290,12 +296,12 @@ def test_checks_under_one_held_lock_read_the_sizes_once_and_count_what_was_admit
     ctx._registration = {"name": "a", "reserved": {"cpu": 0, "memory": 0}, "overcommit": {"cpu": 1.0, "memory": 1.0}}
     ctx._host_capacity = {"cpu": 5, "memory": 8 * 2 ** 30}
     spec = {"name": "c", "cpu": 1, "memory": 128 * MIB}
-    admission.check_room(ctx, spec, locked=True, epoch=7)
-    admission.admitted(ctx, 7, {"spec": dict(spec, machine_class="small", volumes=[], root_size=2 ** 30)})
+    capacity.check_room(ctx, spec, locked=True, epoch=7)
+    capacity.admitted(ctx, 7, {"spec": dict(spec, machine_class="small", volumes=[], root_size=2 ** 30)})
     with pytest.raises(PoolFull):  # a, b and c take 4 of 5 cpus: d (2) does not fit, counted without a read
-        admission.check_room(ctx, {"name": "d", "cpu": 2, "memory": 128 * MIB}, locked=True, epoch=7)
+        capacity.check_room(ctx, {"name": "d", "cpu": 2, "memory": 128 * MIB}, locked=True, epoch=7)
     assert conn.stats_calls == 1
-    admission.check_room(ctx, {"name": "d", "cpu": 2, "memory": 128 * MIB}, locked=True, epoch=8)
+    capacity.check_room(ctx, {"name": "d", "cpu": 2, "memory": 128 * MIB}, locked=True, epoch=8)
     assert conn.stats_calls == 2  # a new hold of the lock reads the pool again (c was never really made)
 
 
@@ -327,14 +333,14 @@ def test_a_room_check_counts_a_server_group_only_for_a_machine_of_one():
     ctx._registration = {"name": "a", "reserved": {"cpu": 0, "memory": 0}, "overcommit": {"cpu": 1.0, "memory": 1.0}}
     ctx._host_capacity = {"cpu": 8, "memory": 8 * 2 ** 30}
     group = {"name": "web", "policy": "anti-affinity"}
-    admission.check_room(ctx, {"name": "c", "cpu": 1, "memory": 128 * MIB, "server_group": group}, locked=True,
-                         epoch=3)
-    admission.admitted(ctx, 3, {"spec": {"name": "c", "cpu": 1, "memory": 128 * MIB, "machine_class": "small",
-                                         "volumes": [], "root_size": 2 ** 30, "server_group": group}})
+    capacity.check_room(ctx, {"name": "c", "cpu": 1, "memory": 128 * MIB, "server_group": group}, locked=True,
+                        epoch=3)
+    capacity.admitted(ctx, 3, {"spec": {"name": "c", "cpu": 1, "memory": 128 * MIB, "machine_class": "small",
+                                        "volumes": [], "root_size": 2 ** 30, "server_group": group}})
     with pytest.raises(PoolFull) as refused:  # c is a member now: a second member of the group is refused
-        admission.check_room(ctx, {"name": "d", "cpu": 1, "memory": 128 * MIB, "server_group": group},
-                             locked=True, epoch=3)
+        capacity.check_room(ctx, {"name": "d", "cpu": 1, "memory": 128 * MIB, "server_group": group},
+                            locked=True, epoch=3)
     assert refused.value.field == "server_group" and "already has member c" in str(refused.value)
-    admission.check_room(ctx, {"name": "d", "cpu": 1, "memory": 128 * MIB}, locked=True, epoch=3)  # no group
-    admission.check_room(ctx, {"name": "c", "cpu": 1, "memory": 128 * MIB, "server_group": group}, locked=True,
-                         epoch=3)  # c itself is not its own neighbour
+    capacity.check_room(ctx, {"name": "d", "cpu": 1, "memory": 128 * MIB}, locked=True, epoch=3)  # no group
+    capacity.check_room(ctx, {"name": "c", "cpu": 1, "memory": 128 * MIB, "server_group": group}, locked=True,
+                        epoch=3)  # c itself is not its own neighbour

@@ -1,4 +1,4 @@
-"""An exhaustive model of the hold protocol (coordination/holds.py, registry.AdmissionLock), explored over every
+"""An exhaustive model of the hold protocol (coordination/holds.py, locks.VolumeLock), explored over every
 interleaving of two or three controllers, each of which may crash after any step or be paused (SIGSTOP) between
 any two, with a waiter's clock that only it reads (so skew does not exist for it; only rates, bounded below).
 

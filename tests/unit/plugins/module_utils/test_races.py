@@ -7,8 +7,9 @@ import pytest
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, ConvergenceError, Plan, Resource, converge)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 
 class Dial(Resource):
@@ -84,27 +85,27 @@ class RegistryPool:
 
 
 def test_a_document_still_being_written_reads_as_the_generation_before(monkeypatch):
-    documents = {"class-small.1.json": reg.encode("class-small", 1, {"name": "small"})}
+    stored = {"class-small.1.json": documents.encode("class-small", 1, {"name": "small"})}
 
     def download(_conn, vol, limit):
         if vol.busy:
             raise storage.VolumeBeingWritten("download of volume %s failed: still being allocated" % vol.name())
-        return documents[vol.name()]
+        return stored[vol.name()]
     monkeypatch.setattr(storage, "download_bytes", download)
-    monkeypatch.setattr(reg.lv, "lookup_volume", lambda pool, name: pool.storageVolLookupByName(name))
+    monkeypatch.setattr(documents.lv, "lookup_volume", lambda pool, name: pool.storageVolLookupByName(name))
     pool = RegistryPool([["pool.1.json", "class-small.1.json", "class-small.2.json"]])
-    assert reg.Registry(None, pool).get("class-small") == {"name": "small"}
+    assert documents.Registry(None, pool).get("class-small") == {"name": "small"}
 
 
 def test_a_short_listing_is_confirmed_before_a_generation_is_picked(monkeypatch):
     pool = RegistryPool([[], ["pool.1.json", "move-web.4.json"]])
-    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
-    registry = reg.Registry(None, pool)
+    monkeypatch.setattr(volumes.time, "sleep", lambda _seconds: None)
+    registry = documents.Registry(None, pool)
     assert registry._complete_listing("move-web")["move-web"] == [(4, "move-web.4.json")]
     assert pool.refreshes == 1
 
 
 def test_a_listing_with_the_registration_is_taken_as_it_is():
     pool = RegistryPool([["pool.1.json"], ["pool.1.json", "pending-web.1.json"]])
-    assert "pending-web" not in reg.Registry(None, pool)._complete_listing("pending-web")
+    assert "pending-web" not in documents.Registry(None, pool)._complete_listing("pending-web")
     assert pool.refreshes == 0

@@ -13,8 +13,10 @@ import contextlib
 import libvirt
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 
 class Volume:
@@ -73,19 +75,19 @@ def in_memory_pool(monkeypatch):
     monkeypatch.setattr(storage, "upload_bytes", upload_bytes)
     monkeypatch.setattr(storage, "download_bytes", download_bytes)
     monkeypatch.setattr(storage, "delete_volume", delete_volume)
-    monkeypatch.setattr(reg, "_held", lambda conn, target, locked: contextlib.nullcontext())
+    monkeypatch.setattr(locks, "held", lambda conn, target, locked, identity: contextlib.nullcontext())
     # a registered pool's registry always holds its registration (a complete listing)
-    pool.data["pool.1.json"] = reg.encode("pool", 1, {"name": "p"})
+    pool.data["pool.1.json"] = documents.encode("pool", 1, {"name": "p"})
     return pool
 
 
 def registry(pool):
-    return reg.Registry(None, pool)
+    return documents.Registry(None, pool)
 
 
 def generations(pool, key):
-    return sorted(int(reg._DOC.match(name).group("generation")) for name in pool.data
-                  if reg._DOC.match(name) and reg._DOC.match(name).group("key") == key)
+    return sorted(int(keys._DOCUMENT.match(name).group("generation")) for name in pool.data
+                  if keys._DOCUMENT.match(name) and keys._DOCUMENT.match(name).group("key") == key)
 
 
 def test_a_change_from_the_generation_read_is_written_and_read_back(pool):
@@ -105,7 +107,7 @@ def test_a_change_from_an_older_generation_is_refused_and_writes_nothing(pool):
     first.get("set-web")
     second.get("set-web")
     first.put("set-web", {"replicas": 3}, expect=first.read_generation("set-web"))
-    with pytest.raises(reg.DocumentChanged) as refused:
+    with pytest.raises(documents.DocumentChanged) as refused:
         second.put("set-web", {"replicas": 5}, expect=second.read_generation("set-web"))
     assert refused.value.reason == "Conflict"
     assert "set-web" in refused.value.message and "read generation 1, another run wrote 2" in refused.value.message
@@ -122,7 +124,7 @@ def test_a_document_made_by_another_run_since_it_was_seen_absent_is_not_overwrit
     late = registry(pool)
     assert late.get("image-base") is None
     registry(pool).put("image-base", {"checksum": "sha256:a"}, expect=0)
-    with pytest.raises(reg.DocumentChanged):
+    with pytest.raises(documents.DocumentChanged):
         late.put("image-base", {"checksum": "sha256:b"}, expect=late.read_generation("image-base"))
     assert registry(pool).get("image-base") == {"checksum": "sha256:a"}
 

@@ -7,9 +7,14 @@ import libvirt
 import pycdlib
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import table
+from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import published_class
 
 from conftest import refused
 
@@ -19,37 +24,37 @@ from conftest import refused
     ("class-a.5.3.json", "class-a.5", 3), ("pool.1.json", "pool", 1)])
 def test_a_document_name_splits_at_its_last_generation(volume, key, generation):
     """A class named t3.medium keeps its dots in its key: the generation is the last number before .json."""
-    found = reg._DOC.match(volume)
+    found = keys._DOCUMENT.match(volume)
     assert (found.group("key"), int(found.group("generation"))) == (key, generation)
 
 
 @pytest.mark.parametrize("volume", ["admission.lock", "admission.holder.c.12.34.56", "class-x.json", "Class-x.1.json"])
 def test_other_volumes_of_the_registry_are_no_documents(volume):
-    assert reg._DOC.match(volume) is None
+    assert keys._DOCUMENT.match(volume) is None
 
 
 def test_document_round_trip():
     body = {"name": "small", "cpu": 1, "memory": 134217728}
-    data = reg.encode("class-small", 3, body)
-    assert reg.decode(data, "class-small") == body
+    data = documents.encode("class-small", 3, body)
+    assert documents.decode(data, "class-small") == body
 
 
 @pytest.mark.parametrize("cut", [0, 1, 10, 40, -2])
 def test_cut_off_document_is_rejected(cut):
-    data = reg.encode("class-small", 1, {"name": "small", "cpu": 1, "memory": 1})
-    assert reg.decode(data[:cut], "class-small") is None
+    data = documents.encode("class-small", 1, {"name": "small", "cpu": 1, "memory": 1})
+    assert documents.decode(data[:cut], "class-small") is None
 
 
 def test_tampered_or_misplaced_document_is_rejected():
-    document = json.loads(reg.encode("pool", 1, {"name": "a"}))
+    document = json.loads(documents.encode("pool", 1, {"name": "a"}))
     document["body"]["name"] = "b"
-    assert reg.decode(json.dumps(document).encode(), "pool") is None
-    assert reg.decode(reg.encode("pool", 1, {"name": "a"}), "class-a") is None
+    assert documents.decode(json.dumps(document).encode(), "pool") is None
+    assert documents.decode(documents.encode("pool", 1, {"name": "a"}), "class-a") is None
 
 
 def test_registry_path():
-    assert reg.registry_path("/var/lib/libvirt/machinery") == "/var/lib/libvirt/machinery-registry"
-    assert reg.registry_path("/srv/vm/") == "/srv/vm-registry"
+    assert documents.registry_path("/var/lib/libvirt/machinery") == "/var/lib/libvirt/machinery-registry"
+    assert documents.registry_path("/srv/vm/") == "/srv/vm-registry"
 
 
 def read_iso(data):
@@ -108,15 +113,15 @@ def test_table():
 def test_a_lock_is_abandoned_by_a_dead_or_missing_holder_and_never_by_a_live_one():
     """A run killed between taking the lock and naming itself left a lock with no holder: it is broken after
     MARKERLESS_SECONDS instead of the stale limit; a live holder's lock never is, whatever lies beside it."""
-    lock = reg.AdmissionLock(None, None)
-    alive = reg.holder_marker()
-    dead = "%s%s.%d.%s" % (reg.HOLDER_PREFIX, reg._controller(), 2 ** 22 + 7, "1")  # no such pid
-    assert lock._abandoned(reg.MARKERLESS_SECONDS + 1, []) is True
+    lock = locks.VolumeLock(None, None)
+    alive = locks.Identity().marker(keys.ADMISSION_HOLDER_PREFIX)
+    dead = "%s%s.%d.%s" % (keys.ADMISSION_HOLDER_PREFIX, locks.Identity().controller, 2 ** 22 + 7, "1")  # no such pid
+    assert lock._abandoned(locks.MARKERLESS_SECONDS + 1, []) is True
     assert lock._abandoned(1, []) is False
     assert lock._abandoned(1, [dead]) is True
     assert lock._abandoned(1, [alive]) is False
     assert lock._abandoned(1, [alive, dead]) is False
-    assert lock._abandoned(reg.LOCK_STALE_SECONDS + 1, [alive]) is True
+    assert lock._abandoned(locks.LOCK_STALE_SECONDS + 1, [alive]) is True
 
 
 class HidingPool:
@@ -137,16 +142,16 @@ class HidingPool:
 
 def test_an_expected_journal_hidden_by_a_refresh_is_still_deleted(monkeypatch):
     pool = HidingPool(["pool.1.json", "pending-vm-7.1.json"], hidden=["pending-vm-7.1.json"])
-    monkeypatch.setattr(reg.storage, "delete_volume", lambda _pool, name, **_kw: pool.deleted.append(name) or True)
-    registry = reg.Registry(None, pool)
+    monkeypatch.setattr(documents.storage, "delete_volume", lambda _pool, name, **_kw: pool.deleted.append(name) or True)
+    registry = documents.Registry(None, pool)
     assert registry.delete("pending-vm-7", locked=True, expected=True) is True
     assert pool.deleted == ["pending-vm-7.1.json"]
 
 
 def test_an_unexpected_key_is_believed_gone_at_once(monkeypatch):
     pool = HidingPool(["pool.1.json", "pending-vm-7.1.json"], hidden=["pending-vm-7.1.json"])
-    monkeypatch.setattr(reg.storage, "delete_volume", lambda _pool, name, **_kw: pool.deleted.append(name) or True)
-    assert reg.Registry(None, pool).delete("pending-vm-7", locked=True) is False
+    monkeypatch.setattr(documents.storage, "delete_volume", lambda _pool, name, **_kw: pool.deleted.append(name) or True)
+    assert documents.Registry(None, pool).delete("pending-vm-7", locked=True) is False
     assert pool.deleted == []
 
 
@@ -174,19 +179,19 @@ def test_a_class_a_complete_listing_lacks_is_absent_at_once(monkeypatch):
     """A manifest publishing 500 new classes asks each pool for each of them: a listing that holds the registration
     is complete, so each absent class costs neither a wait nor another listing."""
     pool = CountingListings(["pool.1.json", "class-small.1.json"])
-    monkeypatch.setattr(reg.time, "sleep", no_waiting)
-    registry = reg.Registry(None, pool)
-    assert [registry.machine_class("bench-%d" % index) for index in range(50)] == [None] * 50
+    monkeypatch.setattr(volumes.time, "sleep", no_waiting)
+    registry = documents.Registry(None, pool)
+    assert [published_class(registry, "bench-%d" % index) for index in range(50)] == [None] * 50
     assert (pool.listings, pool.refreshes) == (1, 0)
 
 
 def test_a_class_hidden_with_the_registration_is_listed_again(monkeypatch):
     """A listing without the registration was taken in libvirt's refresh window: the class is looked for again."""
     pool = CountingListings(["pool.1.json", "class-small.1.json"], hidden=["pool.1.json", "class-small.1.json"])
-    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
-    monkeypatch.setattr(reg.Registry, "_read", lambda self, key, relisted=False: (
-        {"name": "small"} if reg.class_key("small") in self._generations() else None))
-    assert reg.Registry(None, pool).machine_class("small") == {"name": "small"}
+    monkeypatch.setattr(volumes.time, "sleep", lambda _seconds: None)
+    monkeypatch.setattr(documents.Registry, "_read", lambda self, key, relisted=False: (
+        {"name": "small"} if keys.class_key("small") in self._generations() else None))
+    assert published_class(documents.Registry(None, pool), "small") == {"name": "small"}
     assert pool.refreshes >= 1
 
 
@@ -199,7 +204,7 @@ class LaggingRegistry:
         self.lag = lag
 
     def name(self):
-        return reg.REGISTRY_POOL
+        return keys.REGISTRY_POOL
 
     def UUIDString(self):
         return "5f0c3a4e-0000-4000-8000-000000000001"
@@ -222,14 +227,14 @@ class FakeVolume:
 
 
 def test_a_dead_runs_lock_hidden_by_a_refresh_is_still_cleared(monkeypatch):
-    dead = "%s%s.999999.123.1" % (reg.HOLDER_PREFIX, reg._controller())
-    assert reg.holder_is_dead(dead) is True
-    pool = LaggingRegistry(["pool.1.json", reg.LOCK_VOLUME, dead], lag=2)
-    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if p.lag == 0 and name in p.volumes
+    dead = "%s%s.999999.123.1" % (keys.ADMISSION_HOLDER_PREFIX, locks.Identity().controller)
+    assert locks.Identity().is_dead(dead, keys.ADMISSION_HOLDER_PREFIX) is True
+    pool = LaggingRegistry(["pool.1.json", keys.ADMISSION_LOCK, dead], lag=2)
+    monkeypatch.setattr(documents.lv, "lookup_volume", lambda p, name: FakeVolume() if p.lag == 0 and name in p.volumes
                         else None)
-    monkeypatch.setattr(reg.storage, "delete_volume", lambda p, name, **_kw: p.volumes.discard(name))
-    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
-    reg.AdmissionLock(None, pool).clear_abandoned()
+    monkeypatch.setattr(documents.storage, "delete_volume", lambda p, name, **_kw: p.volumes.discard(name))
+    monkeypatch.setattr(volumes.time, "sleep", lambda _seconds: None)
+    locks.VolumeLock(None, pool).clear_abandoned()
     assert pool.volumes == {"pool.1.json"}
 
 
@@ -237,11 +242,11 @@ def test_a_superseded_generation_hidden_by_a_refresh_is_still_pruned(monkeypatch
     """Right after the upload of a new generation, libvirt's refresh can hide the old one from a lookup: the
     prune looks again instead of leaving two registrations behind."""
     pool = LaggingRegistry(["pool.1.json", "pool.2.json"], lag=2)
-    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if p.lag == 0 and name in p.volumes
+    monkeypatch.setattr(documents.lv, "lookup_volume", lambda p, name: FakeVolume() if p.lag == 0 and name in p.volumes
                         else None)
 
     def delete_volume(p, name, keep_if_busy=False):
-        if reg.lv.lookup_volume(p, name) is None:
+        if documents.lv.lookup_volume(p, name) is None:
             p.listVolumes()  # time passes in the window
             return False
         p.volumes.discard(name)
@@ -252,9 +257,9 @@ def test_a_superseded_generation_hidden_by_a_refresh_is_still_pruned(monkeypatch
 
 def pruned(monkeypatch, pool, delete_volume):
     """Prune pool.1.json of ``pool`` with libvirt's volume delete played by ``delete_volume``, the waits skipped."""
-    monkeypatch.setattr(reg.storage, "delete_volume", delete_volume)
-    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
-    reg.Registry(None, pool)._prune("pool.1.json")
+    monkeypatch.setattr(documents.storage, "delete_volume", delete_volume)
+    monkeypatch.setattr(volumes.time, "sleep", lambda _seconds: None)
+    documents.Registry(None, pool)._prune("pool.1.json")
 
 
 class CountingPool:
@@ -286,19 +291,21 @@ class MadeVolume:
         del self.pool.volumes[self.name]
 
 
-def test_a_hold_is_taken_and_given_back_without_looking_its_volumes_up():
+def test_a_hold_is_taken_and_given_back_with_three_lookups():
+    """A hold is a lease: taken, it looks its marker up once (a waiter breaking the lock may have deleted it);
+    given back, it confirms the lock and the marker are still its own. Nothing else is looked up."""
     pool = CountingPool()
-    registry = reg.Registry(None, pool)
-    with reg.machine_hold(None, "web-1", 5, registry=registry) as hold:  # no storage pool lookup: no conn needed
+    registry = documents.Registry(None, pool)
+    with holds.machine_hold(None, "web-1", 5, registry=registry) as hold:  # no storage pool lookup: no conn needed
         assert sorted(pool.volumes) == sorted(["hold-web-1.lock", hold.marker])
-    assert pool.volumes == {} and pool.lookups == 0
+    assert pool.volumes == {} and pool.lookups == 3
 
 
 def test_a_superseded_generation_a_killed_reader_still_holds_is_pruned_once_released(monkeypatch):
     """A run killed while it downloaded the old generation leaves its stream open in libvirtd until the daemon sees
     the connection close: the volume is busy for a moment, and the prune waits for it instead of leaving it."""
     pool = LaggingRegistry(["pool.1.json", "pool.2.json"], lag=0)
-    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
+    monkeypatch.setattr(documents.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
     delete_volume, busy = busy_for(3)  # the daemon notices the dead connection after three tries
     pruned(monkeypatch, pool, delete_volume)
     assert pool.volumes == {"pool.2.json"} and busy == [0]
@@ -321,10 +328,10 @@ def busy_for(tries):
 
 def test_a_generation_busy_past_the_wait_is_left_to_the_next_put(monkeypatch):
     pool = LaggingRegistry(["pool.1.json", "pool.2.json"], lag=0)
-    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
-    monkeypatch.setattr(reg.storage, "delete_volume", lambda _p, _name, keep_if_busy=False: False)
-    monkeypatch.setattr(reg, "PRUNE_RETRY_SECONDS", 0.05)
-    reg.Registry(None, pool)._prune("pool.1.json")  # no failure: the next put prunes it
+    monkeypatch.setattr(documents.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
+    monkeypatch.setattr(documents.storage, "delete_volume", lambda _p, _name, keep_if_busy=False: False)
+    monkeypatch.setattr(volumes, "PRUNE_RETRY_SECONDS", 0.05)
+    documents.Registry(None, pool)._prune("pool.1.json")  # no failure: the next put prunes it
     assert pool.volumes == {"pool.1.json", "pool.2.json"}
 
 
@@ -332,26 +339,26 @@ def test_a_journal_another_run_is_reading_is_deleted_once_read(monkeypatch):
     """A concurrent run's download keeps the journal busy for a moment: the delete waits for it instead of failing
     the run and leaving the journal behind."""
     pool = LaggingRegistry(["pending-race-3.1.json"], lag=0)
-    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
-    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
+    monkeypatch.setattr(documents.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
+    monkeypatch.setattr(volumes.time, "sleep", lambda _seconds: None)
     delete_volume, busy = busy_for(3)
-    monkeypatch.setattr(reg.storage, "delete_volume", delete_volume)
-    reg._delete_when_read(pool, "pending-race-3.1.json")
+    monkeypatch.setattr(documents.storage, "delete_volume", delete_volume)
+    volumes.delete_when_read(pool, "pending-race-3.1.json")
     assert pool.volumes == set() and busy == [0]
 
 
 def test_a_journal_busy_past_the_wait_fails_naming_it(monkeypatch):
     pool = LaggingRegistry(["pending-race-3.1.json"], lag=0)
-    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
-    monkeypatch.setattr(reg.time, "sleep", lambda _seconds: None)
+    monkeypatch.setattr(documents.lv, "lookup_volume", lambda p, name: FakeVolume() if name in p.volumes else None)
+    monkeypatch.setattr(volumes.time, "sleep", lambda _seconds: None)
 
     def delete_volume(_p, name, keep_if_busy=False):
         if keep_if_busy:
             return False
-        raise reg.LibvirtFailure("cannot delete volume %s: busy" % name)
-    monkeypatch.setattr(reg.storage, "delete_volume", delete_volume)
-    with pytest.raises(reg.LibvirtFailure, match="pending-race-3.1.json"):
-        reg._delete_when_read(pool, "pending-race-3.1.json", seconds=0)
+        raise documents.LibvirtFailure("cannot delete volume %s: busy" % name)
+    monkeypatch.setattr(documents.storage, "delete_volume", delete_volume)
+    with pytest.raises(documents.LibvirtFailure, match="pending-race-3.1.json"):
+        volumes.delete_when_read(pool, "pending-race-3.1.json", seconds=0)
     assert pool.volumes == {"pending-race-3.1.json"}
 
 
@@ -371,32 +378,32 @@ class WrittenRegistry:
 def test_a_newer_generation_a_killed_writer_left_unreadable_is_superseded_and_pruned(monkeypatch):
     """The killed writer created pool.2.json and died before its upload ended: readers take pool.1.json, the
     registry names pool.2.json as superseded, and its prune (under the lock) deletes it and keeps pool.1.json."""
-    good = reg.encode(reg.POOL_KEY, 1, {"name": "hv1"})
+    good = documents.encode(keys.POOL_KEY, 1, {"name": "hv1"})
     pool = WrittenRegistry({"pool.1.json": good, "pool.2.json": b"\0" * len(good)})
-    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: name if name in p.volumes else None)
-    monkeypatch.setattr(reg.storage, "download_bytes", lambda _conn, name, limit=None: pool.volumes[name])
-    monkeypatch.setattr(reg.storage, "delete_volume",
+    monkeypatch.setattr(documents.lv, "lookup_volume", lambda p, name: name if name in p.volumes else None)
+    monkeypatch.setattr(documents.storage, "download_bytes", lambda _conn, name, limit=None: pool.volumes[name])
+    monkeypatch.setattr(documents.storage, "delete_volume",
                         lambda p, name, keep_if_busy=False: p.volumes.pop(name, None) is not None)
-    monkeypatch.setattr(reg, "_held", lambda _conn, _pool, _locked: contextlib.nullcontext())
-    registry = reg.Registry(None, pool)
-    assert registry.get(reg.POOL_KEY) == {"name": "hv1"}
-    assert registry.superseded(reg.POOL_KEY) == ["pool.2.json"]
-    assert registry.prune_superseded(reg.POOL_KEY) == ["pool.2.json"]
-    assert sorted(pool.volumes) == ["pool.1.json"] and registry.superseded(reg.POOL_KEY) == []
-    assert registry.get(reg.POOL_KEY) == {"name": "hv1"}
+    monkeypatch.setattr(locks, "held", lambda _conn, _pool, _locked, _identity: contextlib.nullcontext())
+    registry = documents.Registry(None, pool)
+    assert registry.get(keys.POOL_KEY) == {"name": "hv1"}
+    assert registry.superseded(keys.POOL_KEY) == ["pool.2.json"]
+    assert registry.prune_superseded(keys.POOL_KEY) == ["pool.2.json"]
+    assert sorted(pool.volumes) == ["pool.1.json"] and registry.superseded(keys.POOL_KEY) == []
+    assert registry.get(keys.POOL_KEY) == {"name": "hv1"}
 
 
 def test_after_its_own_put_the_registry_names_no_generation_superseded(monkeypatch):
-    pool = WrittenRegistry({"pool.1.json": reg.encode(reg.POOL_KEY, 1, {"name": "hv1"})})
-    monkeypatch.setattr(reg.lv, "lookup_volume", lambda p, name: name if name in p.volumes else None)
-    monkeypatch.setattr(reg.storage, "download_bytes", lambda _conn, name, limit=None: pool.volumes[name])
-    monkeypatch.setattr(reg.storage, "create_volume",
+    pool = WrittenRegistry({"pool.1.json": documents.encode(keys.POOL_KEY, 1, {"name": "hv1"})})
+    monkeypatch.setattr(documents.lv, "lookup_volume", lambda p, name: name if name in p.volumes else None)
+    monkeypatch.setattr(documents.storage, "download_bytes", lambda _conn, name, limit=None: pool.volumes[name])
+    monkeypatch.setattr(documents.storage, "create_volume",
                         lambda p, name, _size, _fmt, mode=None: p.volumes.setdefault(name, b"") or name)
-    monkeypatch.setattr(reg.storage, "upload_bytes", lambda _conn, name, data: pool.volumes.__setitem__(name, data))
-    monkeypatch.setattr(reg.storage, "delete_volume",
+    monkeypatch.setattr(documents.storage, "upload_bytes", lambda _conn, name, data: pool.volumes.__setitem__(name, data))
+    monkeypatch.setattr(documents.storage, "delete_volume",
                         lambda p, name, keep_if_busy=False: p.volumes.pop(name, None) is not None)
-    monkeypatch.setattr(reg, "_held", lambda _conn, _pool, _locked: contextlib.nullcontext())
-    registry = reg.Registry(None, pool)
-    assert registry.get(reg.POOL_KEY) == {"name": "hv1"}
-    registry.put(reg.POOL_KEY, {"name": "hv1", "labels": {"zone": "a"}})
-    assert sorted(pool.volumes) == ["pool.2.json"] and registry.superseded(reg.POOL_KEY) == []
+    monkeypatch.setattr(locks, "held", lambda _conn, _pool, _locked, _identity: contextlib.nullcontext())
+    registry = documents.Registry(None, pool)
+    assert registry.get(keys.POOL_KEY) == {"name": "hv1"}
+    registry.put(keys.POOL_KEY, {"name": "hv1", "labels": {"zone": "a"}})
+    assert sorted(pool.volumes) == ["pool.2.json"] and registry.superseded(keys.POOL_KEY) == []

@@ -6,7 +6,7 @@ import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import LibvirtFailure
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 
 XML = "<domain type='qemu'><name>%s</name><devices/></domain>"
 

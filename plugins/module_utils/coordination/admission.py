@@ -1,23 +1,25 @@
 # -*- coding: utf-8 -*-
 # Copyright: contributors to machinery.compute
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Admission on a pool: its lock (taken in URI order across the pools a name must be unique on) and the
-capacity check made under it, so concurrent runs neither double-book a pool nor create one name twice."""
+"""Admission on a pool: its lock (taken in URI order across the pools a name must be unique on), under which a
+create checks the pool's room (pools/capacity.py ``check_room``) and journals and claims its machine, so concurrent
+runs neither double-book a pool nor create one name twice (docs/concurrency.md)."""
 
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 import time
 
-from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
-from ansible_collections.machinery.compute.plugins.module_utils.pools import journal
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
-from ansible_collections.machinery.compute.plugins.module_utils.pools import placement_rules as rules
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, NameTaken, PoolFull
-from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, NameTaken
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import journals
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
 
 
 # A run converging many machines (machine_batch, machine_set) admits them on the same pools from many threads. The
@@ -36,7 +38,7 @@ class _PoolHold:
     __slots__ = ("lock", "conn", "held", "busy", "taken", "users", "closing", "names", "epoch", "wave")
 
     def __init__(self):
-        self.lock = None  # registry.AdmissionLock, or None for a pool without a registry (nothing to lock)
+        self.lock = None  # locks.VolumeLock, or None for a pool without a registry (nothing to lock)
         self.conn = None
         self.held = False
         self.busy = False  # a thread is taking or giving back the libvirt lock, outside the guard
@@ -46,15 +48,15 @@ class _PoolHold:
         # the pool's domain names when the lock was taken, plus those admitted since: while the lock is held no
         # other run creates a domain there, so a name not in it needs no lookup (one in it is looked up)
         self.names = None
-        self.epoch = None  # a number of its own each time the lock is taken from libvirt (registry.Registry.put)
-        self.wave = None  # journal.Wave of the creates admitted in this epoch, deleted before the lock goes back
+        self.epoch = None  # a number of its own each time the lock is taken from libvirt (documents.Registry.put)
+        self.wave = None  # journals.Wave of the creates admitted in this epoch, deleted before the lock goes back
 
     def stale(self):
         return self.closing or time.monotonic() - self.taken >= HAND_OVER_SECONDS
 
 
 def _end_wave(wave, epoch):
-    """Delete the wave of a hold (journal.Wave, or None) before its lock goes back: every create it lists has
+    """Delete the wave of a hold (journals.Wave, or None) before its lock goes back: every create it lists has
     ended. One that cannot be deleted now is removed as a dead run's by the next holder of the lock."""
     if wave is None:
         return
@@ -64,23 +66,38 @@ def _end_wave(wave, epoch):
         pass
 
 
+class Admissions:
+    """What the admissions of one run share: its holds of the pools' admission locks and which of its threads
+    admits onto which pool and name. One per run (Coordination.admissions); a test builds its own."""
+
+    def __init__(self, identity=None):
+        self.identity = identity if identity is not None else locks.Identity()
+        self.guard = threading.Condition()
+        self.holds = {}  # uri -> _PoolHold
+        self.targets = {}  # uri -> threading.Lock: one thread of the run admits onto a pool at a time
+        self.names = set()  # machine names being admitted by a thread of the run
+        self.inside = 0  # admissions of the run entered and not left
+        self.claimed = {}  # uri -> names of the machines the run holds for a create there (claim)
+        # epochs name the waves (journals.wave_key) beside the process: counted from a random start, two runs'
+        # objects in one process (tests) never name the same wave
+        self.epochs = itertools.count(random.SystemRandom().randrange(1, 2 ** 31))
+
+    def target(self, uri):
+        """The lock that lets one thread of the run at a time admit onto the pool at ``uri``."""
+        with self.guard:
+            return self.targets.setdefault(uri, threading.Lock())
+
+
 class Admission:
     """The admission locks of this pool and of the peer pools a name must be unique across, and this pool (and
-    the machine's name) to this thread alone within the process.
+    the machine's name) to this thread alone within the run (the run's Admissions, ``ctx.coordination``).
 
     Locks are taken in the order of their URIs, so concurrent runs never wait on each other in a circle. Under
     them, a name found on a peer pool means another run created it there first."""
 
-    _guard = threading.Condition()
-    _holds = {}  # uri -> _PoolHold
-    _targets = {}  # uri -> threading.Lock: one thread of the process admits onto a pool at a time
-    _names = set()  # machine names being admitted by a thread of this process
-    _inside = 0  # admissions of this process entered and not left
-    _claimed = {}  # uri -> names of the machines this process holds for a create there (claim)
-    _epochs = itertools.count(1)
-
     def __init__(self, ctx, peer_uris, name=None):
         self.ctx = ctx
+        self.table = ctx.coordination.admissions
         self.name = name
         self.peers = []
         self.opened = []
@@ -96,29 +113,24 @@ class Admission:
         self.named = False
         self.counted = False
 
-    @classmethod
-    def process_lock(cls, uri):
-        with cls._guard:
-            return cls._targets.setdefault(uri, threading.Lock())
-
     def __enter__(self):
         holders = [(self.ctx.uri, self.ctx.conn)] + self.peers
-        with self._guard:
-            Admission._inside += 1
+        with self.table.guard:
+            self.table.inside += 1
             self.counted = True
         try:
             for uri, conn in sorted(holders, key=lambda holder: holder[0]):
                 self._share(uri, conn)
                 self.shared.append(uri)
             if self.name is not None:
-                with self._guard:
-                    while self.name in Admission._names:
-                        self._guard.wait()
-                    Admission._names.add(self.name)
+                with self.table.guard:
+                    while self.name in self.table.names:
+                        self.table.guard.wait()
+                    self.table.names.add(self.name)
                     self.named = True
-            self.target = self.process_lock(self.ctx.uri)
+            self.target = self.table.target(self.ctx.uri)
             self.target.acquire()
-            hold = Admission._holds[self.ctx.uri]
+            hold = self.table.holds[self.ctx.uri]
             self.epoch = hold.epoch if hold.lock is not None else None
         except BaseException:
             self.target = None
@@ -128,10 +140,10 @@ class Admission:
 
     def _share(self, uri, conn):
         """A share of the pool's admission lock: taken from libvirt by the first admission that needs it."""
-        guard = self._guard
+        guard = self.table.guard
         with guard:
             while True:
-                hold = Admission._holds.setdefault(uri, _PoolHold())
+                hold = self.table.holds.setdefault(uri, _PoolHold())
                 if hold.busy or (hold.held and hold.stale() and hold.users):
                     guard.wait()  # taken or given back by another thread, or draining before it goes back
                     continue
@@ -140,7 +152,7 @@ class Admission:
                     return
                 # free, or held long enough and unused: (give it back and) take it from libvirt again; idle holds of
                 # pools that sort after it go back first, so this thread never waits while holding them
-                giving_back = [other for other_uri, other in Admission._holds.items()
+                giving_back = [other for other_uri, other in self.table.holds.items()
                                if other_uri > uri and other.held and not other.users and not other.busy]
                 for other in giving_back:
                     other.busy = True
@@ -152,8 +164,9 @@ class Admission:
             if expired is not None:
                 _end_wave(expired_wave, hold.epoch)
                 expired.release()
-            registry_pool = lv.lookup_storage_pool(conn, reg.REGISTRY_POOL)
-            lock = reg.AdmissionLock(conn, registry_pool).acquire() if registry_pool is not None else None
+            registry_pool = lv.lookup_storage_pool(conn, keys.REGISTRY_POOL)
+            lock = locks.admission_lock(conn, registry_pool, self.table.identity).acquire() \
+                if registry_pool is not None else None
             names = {dom.name() for dom in conn.listAllDomains(0)} if lock is not None else None
         except BaseException:
             with guard:
@@ -162,7 +175,7 @@ class Admission:
             raise
         with guard:
             hold.lock, hold.conn, hold.held, hold.busy, hold.names = lock, conn, True, False, names
-            hold.epoch = next(Admission._epochs)
+            hold.epoch = next(self.table.epochs)
             hold.taken = time.monotonic()
             hold.closing = any(conn is opened for opened in self.opened)
             hold.users = 1
@@ -176,50 +189,50 @@ class Admission:
                 if hold.lock is not None:
                     hold.lock.release()
         finally:
-            with self._guard:
+            with self.table.guard:
                 for hold in holds:
                     hold.lock, hold.conn, hold.held, hold.busy, hold.users = None, None, False, False, 0
                     hold.names, hold.wave = None, None
-                self._guard.notify_all()
+                self.table.guard.notify_all()
 
-    def journal(self, name, volumes):
-        """List the create of ``name`` and the ``volumes`` it makes in this epoch's wave on the pool (journal.py)
-        before any of them is made. The first create of an epoch removes what dead runs' waves list, and writes
-        the wave with every create the run has planned on the pool (PoolContext.planned_creates), so the others
-        of the epoch find themselves listed and write nothing."""
-        hold = Admission._holds[self.ctx.uri]
+    def journal(self, name, made):
+        """List the create of ``name`` and the volumes it makes (``made``) in this epoch's wave on the pool
+        (journals.py) before any of them is made. The first create of an epoch removes what dead runs' waves list,
+        and writes the wave with every create the run has planned on the pool (PoolContext.planned_creates), so
+        the others of the epoch find themselves listed and write nothing."""
+        hold = self.table.holds[self.ctx.uri]
         if hold.lock is None:
             return  # a pool without a registry: nothing to journal in
         if hold.wave is None:
             self.clean_dead_waves()  # this epoch's own is not written yet: every wave there is a dead run's
-            hold.wave = journal.Wave(self.ctx.registry, journal.wave_key(self.epoch))
-        if not hold.wave.lists(name, volumes):
+            hold.wave = journals.Wave(self.ctx.registry, journals.wave_key(self.table.identity, self.epoch))
+        if not hold.wave.lists(name, made):
             machines = dict(hold.wave.machines)
             machines.update(self.ctx.planned_creates.copy())  # other threads plan meanwhile
-            machines[name] = volumes
+            machines[name] = made
             hold.wave.write(machines, self.epoch)
 
     def clean_dead_waves(self):
         """Under the lock: remove what every wave on the pool but this epoch's lists (all are dead runs')."""
-        hold = Admission._holds[self.ctx.uri]
+        hold = self.table.holds[self.ctx.uri]
         own = hold.wave.key if hold.wave is not None else None
         registry = self.ctx.registry
-        with self._guard:
-            claimed = set(Admission._claimed.get(self.ctx.uri, ()))
-        journal.clean_waves(self.ctx, [key for key in registry.keys(journal.WAVE_PREFIX, self.epoch) if key != own],
-                            self.epoch, claimed)
+        with self.table.guard:
+            claimed = set(self.table.claimed.get(self.ctx.uri, ()))
+        journals.clean_waves(self.ctx, [key for key in registry.keys(keys.WAVE_PREFIX, self.epoch) if key != own],
+                             self.epoch, claimed, self.table.identity)
 
     def claim(self, name):
-        """Hold machine ``name`` on the pool for its create (registry.claim), once this epoch's wave lists it: a
+        """Hold machine ``name`` on the pool for its create (``claim``), once this epoch's wave lists it: a
         handle to give to ``unclaim``, True on a pool without a registry (nothing to hold), or None when another
         run holds the machine (the caller lets the lock go and waits for that hold)."""
-        hold = Admission._holds[self.ctx.uri]
+        hold = self.table.holds[self.ctx.uri]
         if hold.lock is None:
             return True
-        volume = reg.claim(self.ctx.registry.pool, name)
+        volume = claim(self.ctx.registry.pool, name)
         if volume is not None:
-            with self._guard:
-                Admission._claimed.setdefault(self.ctx.uri, set()).add(name)
+            with self.table.guard:
+                self.table.claimed.setdefault(self.ctx.uri, set()).add(name)
         return volume
 
     def unclaim(self, name, volume):
@@ -227,10 +240,10 @@ class Admission:
         if volume is True or volume is None:
             return
         try:
-            reg.unclaim(self.ctx.registry.pool, volume, name)
+            unclaim(self.ctx.registry.pool, volume, name)
         finally:
-            with self._guard:
-                Admission._claimed.get(self.ctx.uri, set()).discard(name)
+            with self.table.guard:
+                self.table.claimed.get(self.ctx.uri, set()).discard(name)
 
     def step_aside(self):
         """Let the next admission of this process onto the pool (and of the name) in while this one keeps its
@@ -239,24 +252,24 @@ class Admission:
         if self.target is not None:
             self.target.release()
             self.target = None
-        with self._guard:
+        with self.table.guard:
             if self.named:
-                Admission._names.discard(self.name)
-                names = Admission._holds[self.ctx.uri].names
+                self.table.names.discard(self.name)
+                names = self.table.holds[self.ctx.uri].names
                 if names is not None:
                     names.add(self.name)  # created, or maybe: the next admission of the name looks it up
                 self.named = False
-                self._guard.notify_all()
+                self.table.guard.notify_all()
 
     def may_exist(self, name):
         """Whether a domain ``name`` may be defined on the pool: not when the names listed as the lock was taken
         (and admitted since) lack it, as no other run creates there while the process holds the lock."""
-        names = Admission._holds[self.ctx.uri].names
+        names = self.table.holds[self.ctx.uri].names
         return names is None or name in names
 
     def check_unique(self, name):
         for uri, conn in self.peers:
-            names = Admission._holds[uri].names
+            names = self.table.holds[uri].names
             if names is not None and name not in names:
                 continue
             if lv.lookup_domain(conn, name) is not None:
@@ -284,24 +297,24 @@ class Admission:
     def __exit__(self, *exc_info):
         self.step_aside()
         giving_back = []
-        with self._guard:
+        with self.table.guard:
             for uri in self.shared:
-                Admission._holds[uri].users -= 1
+                self.table.holds[uri].users -= 1
             self.shared = []
             if self.counted:
-                Admission._inside -= 1
+                self.table.inside -= 1
                 self.counted = False
-            last = Admission._inside == 0
-            for hold in Admission._holds.values():
+            last = self.table.inside == 0
+            for hold in self.table.holds.values():
                 if hold.held and not hold.users and not hold.busy and (last or hold.stale()):
                     hold.busy = True
                     giving_back.append(hold)
-            self._guard.notify_all()
+            self.table.guard.notify_all()
         try:
             self._give_back(giving_back)
         finally:
-            with self._guard:  # a lock another admission still shares keeps the connection it was taken on
-                in_use = [hold.conn for hold in Admission._holds.values() if hold.held]
+            with self.table.guard:  # a lock another admission still shares keeps the connection it was taken on
+                in_use = [hold.conn for hold in self.table.holds.values() if hold.held]
             for conn in self.opened:
                 if any(conn is used for used in in_use):
                     continue
@@ -314,67 +327,47 @@ class Admission:
         return False
 
 
-def check_room(ctx, spec, disks=None, locked=False, epoch=None, elsewhere=None):
-    """Refuse a machine the pool has no room for: the machines already defined there (other than this one)
-    plus ``spec`` must fit in what the pool's registration makes allocatable, and so must the new ``disks``
-    ([(field, virtual bytes)]) in its storage; a machine of a hard anti-affinity server group is refused where
-    a member of its group is defined, and one of an affinity group where none is while some are ``elsewhere``
-    (Admission.group_members).
-
-    A plan checks against the pool as this run listed it (when it did); under the admission lock (``locked``)
-    the sizes are read as they are now: once in the lock's ``epoch`` (Admission.epoch), then kept with the
-    machines this process admitted since (``admitted``), as no other run creates on the pool meanwhile (one
-    deleting there only leaves more room than counted)."""
-    registration = ctx.registration
-    if not registration:
-        return
-    if locked and epoch is not None and ctx.locked_sizes[0] == epoch:
-        sizes = ctx.locked_sizes[1]
-    elif locked:
-        sizes = capacity.Tally(capacity.current_sizes(ctx.conn, ctx.known_records()))
-        if epoch is not None:
-            ctx.locked_sizes = (epoch, sizes)
-    else:
-        sizes = ctx.machine_sizes()
-    allocatable = capacity.allocatable_for(ctx.host_capacity(), registration)
-    used_cpu, used_memory = sizes.used_except(spec["name"])  # a Tally: no pass over the pool's machines per create
-    if used_cpu + spec["cpu"] > allocatable["cpu"] or used_memory + spec["memory"] > allocatable["memory"]:
-        raise PoolFull("pool %s is full: %d/%d cpu and %s/%s memory are allocated, %s needs %d cpu and %s"
-                       % (ctx.name, used_cpu, allocatable["cpu"], format_quantity(used_memory),
-                          format_quantity(allocatable["memory"]), spec["name"], spec["cpu"],
-                          format_quantity(spec["memory"])), "machine_pool")
-    # a hard anti-affinity rule is re-checked here as capacity is: a concurrent run may have placed a member
-    if spec.get("server_group"):
-        refused = rules.admission_refusal(spec["server_group"], ctx.name, [
-            (size.name, size.server_group) for size in sizes if size.name != spec["name"]], elsewhere)
-        if refused:
-            raise PoolFull(refused, "server_group")
-    check_storage(ctx, disks or [], sizes)
+# A create holds its machine too, but more cheaply than a change does (a marker and a lock volume, made and deleted,
+# for each machine of a batch). Under the pool's admission lock, once the wave of its process (journals.py) lists
+# the machine, the create makes the hold's lock volume alone: the wave names its holder. It deletes it before its
+# process's hold of the admission lock ends, and the wave goes only then, so a claim without a live wave listing it
+# is a dead run's. A run that finds the machine held otherwise (a move of it, an update, a deletion) lets the
+# admission lock go and waits for that hold as any change does (holds.machine_hold).
+def claim(pool, machine):
+    """Hold ``machine`` for a create, with no holder marker (see above): the lock volume's handle, or None when
+    the machine is held already."""
+    return volumes.create_exclusive(pool, keys.hold_volume(machine), "the hold on machine %s" % machine)
 
 
-def admitted(ctx, epoch, record):
-    """Count a machine just created under the lock in ``epoch`` in the sizes the next check of the epoch uses."""
-    if epoch is not None and ctx.locked_sizes[0] == epoch:
-        spec = record["spec"]
-        ctx.locked_sizes[1].append(capacity.MachineSize(spec["name"], spec["cpu"], spec["memory"],
-                                                        spec.get("machine_class"), capacity.machine_disks(record),
-                                                        spec.get("tolerations") or [], spec.get("server_group")))
+def unclaim(pool, volume, machine):
+    volumes.delete_made(pool, volume, keys.hold_volume(machine))
 
 
-def check_storage(ctx, disks, sizes=None):
-    """Refuse new disks ([(field, virtual bytes)]) that do not fit in the storage the pool's registration
-    makes allocatable (thin disks count their virtual size); the error names the field of the disk that
-    does not fit."""
-    registration = ctx.registration
-    if not registration or not disks:
-        return
-    sizes = capacity.machine_sizes(ctx.conn) if sizes is None else sizes
-    allocatable = capacity.storage_allocatable(ctx.storage_size(), registration)
-    used = capacity.disks_allocated(sizes)
-    for field, size in disks:
-        if used + size > allocatable:
-            raise PoolFull("does not fit in the storage of pool %s: %s of %s are allocated (storage overcommit %s), "
-                           "this disk needs %s more" % (ctx.name, format_quantity(used), format_quantity(allocatable),
-                                                        (registration.get("overcommit") or {}).get("storage", 1.0),
-                                                        format_quantity(size)), field)
-        used += size
+def claim_abandoned(conn, pool, machine, age, identity):
+    """Whether the hold on ``machine`` in the registry ``pool``, of this ``age`` and with no holder marker, is
+    abandoned. A wave that lists the machine names the create holding it: a wave is live while its process holds
+    the pool's admission lock (its marker is there), or runs on this controller; one that cannot be read yet is
+    taken to list it. While a live wave lists the machine it is not abandoned; when only dead ones do, it is at
+    once; a claim that no wave lists (its dead wave cleaned already), or a lock killed before its holder named
+    itself, after locks.MARKERLESS_SECONDS."""
+    names = volumes.complete_listing(pool)
+    prefix = keys.ADMISSION_HOLDER_PREFIX
+    holders = [name[len(prefix):] for name in names if name.startswith(prefix)]
+    waves = sorted({document[0] for document in map(keys.parse_document_volume, names)
+                    if document and document[0].startswith(keys.WAVE_PREFIX)})
+    registry = documents.Registry(conn, pool, identity)
+    dead = False
+    for key in waves:
+        owner = keys.wave_owner(key)
+        if owner is None:
+            continue
+        body = registry.get(key)
+        if body is not None and machine not in (body.get("machines") or {}):
+            continue
+        gone = identity.is_dead(owner, "")
+        if gone is None:  # another controller's: live while it holds the admission lock
+            gone = not any(holder.startswith(owner + ".") for holder in holders)
+        if not gone:
+            return False
+        dead = True
+    return dead or age > locks.MARKERLESS_SECONDS

@@ -17,6 +17,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import elem
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, LibvirtFailure, NotFoundError
 
 CHUNK = 1024 * 1024
+STORAGE_POOL = "machinery"  # the storage pool of a pool host's machines and image cache
 QCOW2_MAGIC = b"QFI\xfb"
 
 

@@ -1,7 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: contributors to machinery.compute
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The journal of the creates on a pool: the volumes they make, written before any of them is made, so the next run
+"""Journals: what a run writes before it makes or moves anything, so the next run finishes or removes what a run
+killed midway left (docs/concurrency.md). The journal of a move (``move-<machine>``) is fleets/migrate.py's; this
+file reads and cleans the journals of creates and deletions.
+
+The journal of the creates on a pool: the volumes they make, written before any of them is made, so the next run
 removes exactly what a run killed midway left.
 
 A process admits the creates of a run onto a pool under one hold of the pool's admission lock at a time (an epoch,
@@ -13,48 +17,45 @@ left by a run that died. A wave names its process; a controller tells at once wh
 wrote a wave is gone.
 
 A deletion, which takes no admission lock, and a fence of a machine set still journal one machine at a time
-(registry.pending_key); so did creates of earlier versions. Both kinds are read here."""
+(keys.pending_key); so did creates of earlier versions. Both kinds are read here."""
 
 from __future__ import annotations
 
-import os
-
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils.pools import registry as reg
-from ansible_collections.machinery.compute.plugins.module_utils.pools import storage
-
-WAVE_PREFIX = reg.WAVE_PREFIX
-
-
-def _own_prefix():
-    controller, start = reg.controller_identity()
-    return "%s%s-%d-%s-" % (WAVE_PREFIX, controller, os.getpid(), start)
+from ansible_collections.machinery.compute.plugins.module_utils.core import storage
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
 
 
-def wave_key(epoch):
-    """The wave of this process's hold ``epoch`` (admission.Admission.epoch) on a pool: this controller, this
-    process (pid and start time), the epoch."""
-    return "%s%d" % (_own_prefix(), epoch)
+def _own_prefix(identity):
+    return keys.wave_process_prefix(identity.controller, identity.pid, identity.start)
 
 
-def others_waves(registry):
+def wave_key(identity, epoch):
+    """The wave of this process (``identity``, locks.Identity) in its hold ``epoch`` (admission.Admission.epoch) of
+    a pool's lock: this controller, this process (pid and start time), the epoch."""
+    return keys.wave_key(identity.controller, identity.pid, identity.start, epoch)
+
+
+def others_waves(registry, identity=None):
     """The waves in ``registry`` that other processes wrote. This process's own are no dead run's: its creates
     list themselves there before they begin, and the machines they are about to make read as not journaled."""
-    own = _own_prefix()
-    return [key for key in registry.keys(WAVE_PREFIX) if not key.startswith(own)]
+    own = _own_prefix(identity if identity is not None else locks.Identity())
+    return [key for key in registry.keys(keys.WAVE_PREFIX) if not key.startswith(own)]
 
 
-def wave_is_dead(key):
+def wave_is_dead(key, identity):
     """True when the wave ``key`` was written by a process of this controller that is gone; None when it cannot be
     told (another controller, or not a wave)."""
-    owner = reg.wave_owner(key)
-    return reg.holder_is_dead(owner, "") if owner is not None else None
+    owner = keys.wave_owner(key)
+    return identity.is_dead(owner, "") if owner is not None else None
 
 
 def journal_of(registry, name):
     """The journal a run creating or deleting machine ``name`` left in ``registry`` ({machine, volumes}, with
     ``wave`` when a wave lists it), or None."""
-    key = reg.pending_key(name)
+    key = keys.pending_key(name)
     found = registry.get(key)
     if found is None and key in registry.keys(key):
         # listed, not readable: a run killed while it wrote the journal, before it made anything (its volumes are
@@ -62,18 +63,18 @@ def journal_of(registry, name):
         return {"machine": name, "volumes": [], "unreadable": True}
     if found is not None:
         return found
-    for wave in others_waves(registry):
-        volumes = ((registry.get(wave) or {}).get("machines") or {}).get(name)
-        if volumes is not None:
-            return {"machine": name, "volumes": volumes, "wave": wave}
+    for wave in others_waves(registry, registry.identity):
+        made = ((registry.get(wave) or {}).get("machines") or {}).get(name)
+        if made is not None:
+            return {"machine": name, "volumes": made, "wave": wave}
     return None
 
 
 def journaled(registry):
     """The names of the machines that a journal in ``registry`` lists."""
-    prefix = reg.pending_key("")
+    prefix = keys.PENDING_PREFIX
     names = {key[len(prefix):] for key in registry.keys(prefix)}
-    for wave in others_waves(registry):
+    for wave in others_waves(registry, registry.identity):
         names.update(((registry.get(wave) or {}).get("machines") or {}))
     return names
 
@@ -98,26 +99,26 @@ def remove_orphans(ctx, journal, skip_defined=False):
         storage.delete_volume_secret(ctx.conn, path)
 
 
-def clean_waves(ctx, keys, epoch=None, claimed=()):
-    """Under the pool's admission lock: remove what the dead waves ``keys`` list, the holds their creates had on
-    the machines (registry.claim), then the waves. The machines this process holds that way (``claimed``) are
+def clean_waves(ctx, waves, epoch, claimed, identity):
+    """Under the pool's admission lock: remove what the dead ``waves`` list, the holds their creates had on
+    the machines (admission.claim), then the waves. The machines this process holds that way (``claimed``) are
     left alone; a machine another run holds with a marker (a move of it, say) keeps its volumes."""
-    if not keys:
+    if not waves:
         return
     registry = ctx.registry
-    names = set(reg.listing(registry.pool))
-    for key in keys:
+    names = set(volumes.listing(registry.pool))
+    for key in waves:
         body = registry.get(key) or {}
-        for name, volumes in sorted((body.get("machines") or {}).items()):
+        for name, made in sorted((body.get("machines") or {}).items()):
             if name in claimed:
                 continue
-            prefix = reg.hold_prefix(name)
+            prefix = keys.hold_prefix(name)
             markers = [volume for volume in names if volume.startswith(prefix)]
-            if not all(reg.holder_is_dead(marker, prefix) for marker in markers):
+            if not all(identity.is_dead(marker, prefix) for marker in markers):
                 continue  # held by a live run (or one that cannot be told), which owns what is there of the name
-            remove_orphans(ctx, {"machine": name, "volumes": volumes}, skip_defined=True)
-            if reg.hold_volume(name) in names and not markers:
-                storage.delete_volume(registry.pool, reg.hold_volume(name))  # the dead create's claim
+            remove_orphans(ctx, {"machine": name, "volumes": made}, skip_defined=True)
+            if keys.hold_volume(name) in names and not markers:
+                storage.delete_volume(registry.pool, keys.hold_volume(name))  # the dead create's claim
         registry.delete(key, locked=True, epoch=epoch, expected=True)
 
 

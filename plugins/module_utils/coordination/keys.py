@@ -1,0 +1,174 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Every name the protocol gives a volume, written once (docs/concurrency.md, "The artifacts").
+
+The registry of a pool is the storage pool REGISTRY_POOL; everything in it is named here: the documents
+(``<key>.<generation>.json``, their keys below), the locks (``<name>.lock``) and their holder markers
+(``<prefix><controller>.<pid>.<start>.<thread>[.<operation>.<since>.<host>]``). A marker is read from its name
+alone (a listing), never from its content, so every field of one is a word without dots. Nothing here reads or
+writes libvirt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+REGISTRY_POOL = "machinery-registry"
+
+# documents: <key>.<generation>.json. A key may hold dots (a class named t3.medium): the generation is the last
+# number before ".json".
+_DOCUMENT = re.compile(r"^(?P<key>[a-z0-9][-a-z0-9.]*)\.(?P<generation>[0-9]+)\.json$")
+
+
+def document_volume(key, generation):
+    return "%s.%d.json" % (key, generation)
+
+
+def parse_document_volume(name):
+    """(key, generation) of a document's volume name, or None for any other volume."""
+    match = _DOCUMENT.match(name)
+    return (match.group("key"), int(match.group("generation"))) if match else None
+
+
+# the keys of the documents
+POOL_KEY = "pool"  # the pool's registration (pools/pool_registration.py)
+CLASS_PREFIX = "class-"
+SET_PREFIX = "set-"
+IMAGE_PREFIX = "image-"
+BACKUPS_PREFIX = "backups-"
+VOLUME_PREFIX = "volume-"
+MOVE_PREFIX = "move-"
+PENDING_PREFIX = "pending-"
+WAVE_PREFIX = "wave-"
+
+
+def class_key(name):
+    """A published machine class (pools/classes.py)."""
+    return CLASS_PREFIX + name
+
+
+def set_key(name):
+    """A machine set's definition and members (fleets/machine_set.py, fleets/health_check.py)."""
+    return SET_PREFIX + name
+
+
+def image_key(name):
+    """A named image (machines/named_images.py)."""
+    return IMAGE_PREFIX + name
+
+
+def backups_key(machine):
+    """The backups of a machine (machines/backups.py)."""
+    return BACKUPS_PREFIX + machine
+
+
+def volume_key(name):
+    """A standalone volume's labels (machines/volumes.py): named by a digest, as a volume's name may hold
+    characters a key may not."""
+    return VOLUME_PREFIX + hashlib.sha256(name.encode("utf-8")).hexdigest()[:32]
+
+
+def move_key(machine):
+    """The journal of a move of ``machine``, in the registries of both pools (fleets/migrate.py)."""
+    return MOVE_PREFIX + machine
+
+
+def pending_key(machine):
+    """The journal of one machine being created or deleted: the volumes the run makes or removes."""
+    return PENDING_PREFIX + machine
+
+
+def wave_process_prefix(controller, pid, start):
+    """The start of every wave a process writes (journals.py): its controller, pid and start time."""
+    return "%s%s-%d-%s-" % (WAVE_PREFIX, controller, pid, start)
+
+
+def wave_key(controller, pid, start, epoch):
+    """The journal of a process's creates on a pool in one hold of its admission lock (``epoch``)."""
+    return "%s%d" % (wave_process_prefix(controller, pid, start), epoch)
+
+
+def wave_owner(key):
+    """"controller.pid.start" of the process that wrote the wave ``key``, or None."""
+    parts = key[len(WAVE_PREFIX):].split("-")
+    return ".".join(parts[:3]) if key.startswith(WAVE_PREFIX) and len(parts) == 4 else None
+
+
+# locks: <name>.lock, with the holder markers <prefix>...
+ADMISSION_LOCK = "admission.lock"
+ADMISSION_HOLDER_PREFIX = "admission.holder."
+HOLD_PREFIX = "hold-"
+_HOLDER = ".holder."
+SET_HOLD = "set."  # a set's hold is named apart from every machine's (a machine name has no dot)
+
+
+def hold_volume(machine):
+    """The lock of the hold on ``machine`` (a set's: ``set_hold(name)``)."""
+    return "%s%s.lock" % (HOLD_PREFIX, machine)
+
+
+def hold_prefix(machine):
+    """The start of the holder markers of the hold on ``machine``."""
+    return "%s%s%s" % (HOLD_PREFIX, machine, _HOLDER)
+
+
+def held_name(volume):
+    """(what is held, "lock" | "marker") of a volume of a hold, or None for any other volume."""
+    if not volume.startswith(HOLD_PREFIX):
+        return None
+    if volume.endswith(".lock"):
+        return volume[len(HOLD_PREFIX):-len(".lock")], "lock"
+    if _HOLDER in volume:
+        return volume[len(HOLD_PREFIX):volume.index(_HOLDER)], "marker"
+    return None
+
+
+def set_hold(name):
+    """What the hold on machine set ``name`` holds, as a machine's hold names its machine."""
+    return SET_HOLD + name
+
+
+def held_set(held):
+    """The machine set a hold's name (``set_hold``) names, or None for a machine's."""
+    return held[len(SET_HOLD):] if held.startswith(SET_HOLD) else None
+
+
+def upload_lock(checksum):
+    """The lock of an image upload, in the storage pool beside the image cache (names of the cache itself start
+    with "image-")."""
+    return "upload-%s.lock" % checksum[:32]
+
+
+def upload_holder_prefix(checksum):
+    return "upload-%s%s" % (checksum[:32], _HOLDER)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def word(text):
+    """``text`` as one field of a marker name (fields are split on dots)."""
+    return _UNSAFE.sub("_", str(text))[:40] or "_"
+
+
+def holder_marker(prefix, controller, pid, start, thread, tag=""):
+    """The name of a holder marker: who holds (controller, process, thread), then ``tag``."""
+    return "%s%s.%d.%s.%d%s" % (prefix, controller, pid, start, thread % 10 ** 9, tag)
+
+
+def holder_tag(operation, since, host):
+    """The end of a holder marker: what the holder tells its waiters (``marker_fields`` reads it back)."""
+    return ".%s.%d.%s" % (word(operation), int(since), word(host))
+
+
+def marker_fields(marker, prefix):
+    """The fields of a holder marker: controller, pid, start, thread[, operation, since, host]."""
+    return marker[len(prefix):].split(".")
+
+
+def break_guard_file(pool_uuid):
+    """The file (in the controller's temporary directory) that waiters on this controller take one at a time
+    before they break a lock of the storage pool ``pool_uuid``."""
+    return "machinery-compute-%s.lock" % pool_uuid

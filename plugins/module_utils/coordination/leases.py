@@ -1,0 +1,73 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Leases: how a lock on a machine outlives a long operation and no dead holder (docs/concurrency.md, "Leases").
+
+A holder renews its lease every third of it by growing its lock volume by a block (``Renewer``). A waiter never
+compares its clock with a host's file time: it notes when it last saw the lock change (its size, its markers) on
+its own monotonic clock (``Watch``), and takes the lease as expired after a whole lease without a change.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+
+LEASE_SECONDS = 90
+LEASE_ENV = "MACHINERY_LEASE_SECONDS"  # shortens the lease, for tests
+RENEWALS_PER_LEASE = 3
+RENEWAL_BYTES = 512
+
+
+def lease_seconds(text):
+    """The lease LEASE_ENV asks for (a positive number of seconds), else LEASE_SECONDS."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return LEASE_SECONDS
+    return value if value > 0 else LEASE_SECONDS
+
+
+class Renewer:
+    """The thread that renews a holder's lease on the lock ``volume`` while it works. A renewal that fails is
+    tried again at the next; the holder's check (``VolumeLock.still_held``) tells it whether it still holds."""
+
+    def __init__(self, volume, lease, name):
+        self.renewals = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, args=(volume, lease), daemon=True, name=name)
+        self._thread.start()
+
+    def _renew(self, volume, lease):
+        capacity = 1
+        while not self._stop.wait(lease / RENEWALS_PER_LEASE):
+            capacity += RENEWAL_BYTES
+            try:
+                volume.resize(capacity, 0)
+                self.renewals += 1
+            except lv.libvirt.libvirtError:
+                pass
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
+class Watch:
+    """A waiter's view of one lease: when, on this process's monotonic clock, the lock last looked different."""
+
+    def __init__(self, lease):
+        self.lease = lease
+        self._seen = None
+        self._seen_at = None
+
+    def note(self, capacity, markers):
+        seen = (capacity, tuple(markers))
+        if seen != self._seen:
+            self._seen, self._seen_at = seen, time.monotonic()
+
+    def expired(self):
+        """Whether the holder has not renewed for a whole lease, as this waiter has watched it."""
+        return self._seen_at is not None and time.monotonic() - self._seen_at > self.lease
