@@ -323,9 +323,9 @@ def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=Non
     identity = identity if identity is not None else locks.Identity()
     lease = lease if lease is not None else leases.lease_seconds(os.environ.get(leases.LEASE_ENV))
     return locks.VolumeLock(conn, pool, timeout, keys.hold_volume(machine), keys.hold_prefix(machine),
-                            lease, "the hold on machine %s" % machine, refuse, field,
-                            lambda age: admission.claim_abandoned(conn, pool, machine, age, identity), tag, waiting,
-                            lease, identity)
+                            what="the hold on machine %s" % machine, refuse=refuse, field=field,
+                            markerless=lambda age: admission.claim_abandoned(conn, pool, machine, age, identity),
+                            tag=tag, waiting=waiting, lease=lease, identity=identity)
 
 
 def clear_dead_holds(conn, pool, names, identity):

@@ -68,6 +68,10 @@ class Watch:
         if seen != self._seen:
             self._seen, self._seen_at = seen, time.monotonic()
 
+    def unchanged_for(self):
+        """Seconds since this waiter first saw the lock as it is now (0 before it looked)."""
+        return 0.0 if self._seen_at is None else time.monotonic() - self._seen_at
+
     def expired(self):
         """Whether the holder has not renewed for a whole lease, as this waiter has watched it."""
         return self._seen_at is not None and time.monotonic() - self._seen_at > self.lease

@@ -7,8 +7,9 @@ One class, ``VolumeLock``, makes every lock of the protocol: a pool's admission 
 image's upload lock (``image_upload_lock``) and the hold on a machine or a set (holds.py, with a lease). A run
 names itself first (its marker), then creates the lock volume; it deletes the lock before its marker, so a lock
 always has its holder's marker beside it and a killed holder is known dead at once by the next run on its
-controller. A waiter breaks a lock whose holder is dead (liveness first), or, for a leased lock, whose lease it
-has watched expire (leases.py), or, for the admission and upload locks, that is older than their stale limit.
+controller. Every lock is a lease (leases.py): its holder renews it while it holds it, and a waiter breaks it when
+its holder is dead (liveness first) or when it has watched it unchanged for a whole lease on its own monotonic
+clock. No lock is ever judged by its file's time against this controller's clock.
 """
 
 from __future__ import annotations
@@ -31,16 +32,16 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination imp
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
 
 # A live holder keeps the admission lock for seconds (it creates volumes and defines a domain, or writes a
-# document). One older than LOCK_STALE_SECONDS whose holder cannot be checked (another controller) is taken as
-# abandoned, and a waiter gives up after LOCK_WAIT_SECONDS, so it always outlasts an abandoned lock.
-LOCK_STALE_SECONDS = 60
+# document), renewing its lease every third of ADMISSION_LEASE_SECONDS. A waiter takes a lock whose holder it
+# cannot check (another controller) as abandoned once it has watched it unrenewed for that long, and gives up
+# after LOCK_WAIT_SECONDS, so it always outlasts an abandoned lock.
+ADMISSION_LEASE_SECONDS = 30
 LOCK_WAIT_SECONDS = 90
-# An image upload can take minutes: its lock is taken as abandoned only after UPLOAD_STALE_SECONDS without a live
-# holder this controller can check, and a waiter gives up after UPLOAD_WAIT_SECONDS.
-UPLOAD_STALE_SECONDS = 900
+# An image upload can take minutes: its holder renews a lease of leases.LEASE_SECONDS meanwhile, and a waiter
+# gives up after UPLOAD_WAIT_SECONDS.
 UPLOAD_WAIT_SECONDS = 960
-# A lock with no marker for this long was left by an older version or by hand, or by a run killed between its
-# lock and its marker, and is broken without waiting for it to go stale.
+# A lock a waiter has watched with no marker for this long was left by an older version or by hand, or by a run
+# killed between its lock and its marker, and is broken without waiting for a lease.
 MARKERLESS_SECONDS = 10
 
 
@@ -131,24 +132,21 @@ class VolumeLock:
     over any URI, across hosts and processes."""
 
     def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS, name=keys.ADMISSION_LOCK,
-                 holder_prefix=keys.ADMISSION_HOLDER_PREFIX, stale=LOCK_STALE_SECONDS,
-                 what="the admission lock of this pool", refuse=None, field="uri", markerless=None, tag="",
-                 waiting=None, lease=None, identity=None):
+                 holder_prefix=keys.ADMISSION_HOLDER_PREFIX, what="the admission lock of this pool", refuse=None,
+                 field="uri", markerless=None, tag="", waiting=None, lease=ADMISSION_LEASE_SECONDS, identity=None):
         self.conn = conn
         self.pool = pool
         self.timeout = timeout
         self.name = name
         self.holder_prefix = holder_prefix
-        self.stale = stale
         self.what = what
         self.refuse = refuse  # refuse(holder marker): why not to wait for that holder, or None to wait
         self.field = field
-        # markerless(age): whether a lock of this age with no holder marker is abandoned (a create's claim on a
-        # machine is one, named by its wave: admission.claim_abandoned); None: once it is MARKERLESS_SECONDS old
+        # markerless(age): whether a lock watched for ``age`` seconds with no holder marker is abandoned (a create's
+        # claim on a machine is one, named by its wave: admission.claim_abandoned); None: after MARKERLESS_SECONDS
         self.markerless = markerless
         self.tag = tag  # appended to the holder marker (keys.holder_tag)
-        # lease: seconds a holder's lease lasts unless renewed (leases.py; a hold's ``stale`` is its lease); None: a
-        # lock judged by the age of its file against this controller's clock (the admission and upload locks)
+        # lease: seconds a holder's lease lasts unless renewed (leases.py)
         self.lease = lease
         self.watch = leases.Watch(lease)
         self.renewer = None
@@ -163,7 +161,8 @@ class VolumeLock:
         return self.identity.is_dead(marker, self.holder_prefix)
 
     def _current(self):
-        """(age in seconds, holder markers) of the lock as it is now, or None when it is free. One marker is the
+        """(seconds this waiter has watched it unchanged, holder markers) of the lock as it is now, or None when it
+        is free; the age is this process's monotonic clock, never the file's time. One marker is the
         holder's; none means its holder was killed before it named itself (or is naming itself right now); more
         than one, leftovers of dead holders beside the live one."""
         vol = lv.lookup_volume(self.pool, self.name)
@@ -175,19 +174,16 @@ class VolumeLock:
         except lv.libvirt.libvirtError:
             return None  # released meanwhile: try again
         self.watch.note(found["capacity"], markers)
-        mtime = found["mtime"]
-        return max(0.0, time.time() - mtime) if mtime else 0.0, markers
+        return self.watch.unchanged_for(), markers
 
     def _abandoned(self, age, markers):
-        """Whether a lock of this age and these markers has no live holder: its one holder is known dead, it has
-        had no holder for MARKERLESS_SECONDS, its lease expired, or it is older than the stale limit."""
+        """Whether a lock watched unchanged for ``age`` seconds with these markers has no live holder: its one holder
+        is known dead, it has had no holder for MARKERLESS_SECONDS, or its lease expired."""
         if not markers:
             return self.markerless(age) if self.markerless is not None else age > MARKERLESS_SECONDS
         if all(self.is_dead(marker) for marker in markers):
             return True  # liveness first: a holder known dead is not waited for
-        if self.lease is not None:
-            return self.watch.expired()  # never the host's file time against this controller's clock
-        return age > self.stale
+        return self.watch.expired()  # never the host's file time against this controller's clock
 
     def _break(self, markers):
         """Delete the lock when it still has ``markers``, and those markers. Waiters on this controller break one
@@ -222,13 +218,12 @@ class VolumeLock:
             if volume is None:
                 volumes.delete_quietly(self.pool, marker)  # a waiter leaves no marker to be taken for the holder's
             else:
-                if self.lease is not None and lv.lookup_volume(self.pool, marker) is None:
+                if lv.lookup_volume(self.pool, marker) is None:
                     # a waiter breaking the lock before us deleted every marker it listed, ours too: the lock
                     # is ours (we made it), so we name ourselves again (the protocol model found this)
                     marker_volume = storage.create_volume(self.pool, marker, 1, "raw", mode="0600", replace=True)
                 self.volume, self.marker, self.marker_volume = volume, marker, marker_volume
-                if self.lease is not None:
-                    self.renewer = leases.Renewer(volume, self.lease, "lease-%s" % self.name)
+                self.renewer = leases.Renewer(volume, self.lease, "lease-%s" % self.name)
                 return self
             current = self._current()
             if current is None:
@@ -250,8 +245,8 @@ class VolumeLock:
             if time.monotonic() > deadline:
                 who = " (%s)" % holder[len(self.holder_prefix):] if holder else ""
                 raise _naming(ConflictError("%s has been held for over %ds by another run%s; a lock is taken as "
-                                            "abandoned after %ds" % (self.what, self.timeout, who, self.stale),
-                                            self.field), holder)
+                                            "abandoned once its holder has not renewed it for %ds"
+                                            % (self.what, self.timeout, who, self.lease), self.field), holder)
             if self.waiting is not None:
                 self.waiting(holder, time.monotonic() - began)
             time.sleep(0.05 + random.random() * 0.1)
@@ -294,7 +289,7 @@ class VolumeLock:
         """Whether this run still holds the lock: its lock volume and its own marker are both there (a run that
         takes over a lease deletes the markers it found). Looked up, and again for a moment when missing: a
         lookup during libvirt's refresh of the pool can miss a volume that is there."""
-        if self.marker is None or self.lease is None:
+        if self.marker is None:
             return True
 
         def both():
@@ -307,7 +302,7 @@ class VolumeLock:
         if self.renewer is not None:
             self.renewer.stop()
             self.renewer = None
-        if self.volume is not None and self.lease is not None and not self.still_held():
+        if self.volume is not None and not self.still_held():
             self.volume = None  # taken over: the lock is the new holder's now; only this run's marker goes
         if self.volume is not None:
             volumes.delete_made(self.pool, self.volume, self.name)
@@ -359,5 +354,5 @@ def image_upload_lock(conn, pool, checksum, identity=None):
     """The lock a run holds while it uploads image ``checksum`` into the storage ``pool``: runs on several
     processes or controllers wanting one image upload it once, and never delete one another's upload."""
     return VolumeLock(conn, pool, UPLOAD_WAIT_SECONDS, keys.upload_lock(checksum),
-                      keys.upload_holder_prefix(checksum), UPLOAD_STALE_SECONDS,
-                      "the upload lock of image %s" % checksum[:12], identity=identity)
+                      keys.upload_holder_prefix(checksum), "the upload lock of image %s" % checksum[:12],
+                      lease=leases.LEASE_SECONDS, identity=identity)

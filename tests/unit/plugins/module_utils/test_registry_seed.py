@@ -10,6 +10,7 @@ import pytest
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
@@ -110,9 +111,12 @@ def test_table():
     assert lines[0].index("POOL") == lines[1].index("pool1")
 
 
-def test_a_lock_is_abandoned_by_a_dead_or_missing_holder_and_never_by_a_live_one():
-    """A run killed between taking the lock and naming itself left a lock with no holder: it is broken after
-    MARKERLESS_SECONDS instead of the stale limit; a live holder's lock never is, whatever lies beside it."""
+def test_a_lock_is_abandoned_by_a_dead_or_missing_holder_and_never_by_a_live_one(monkeypatch):
+    """A run killed between taking the lock and naming itself left a lock with no holder: it is broken once a
+    waiter has watched it so for MARKERLESS_SECONDS; a live holder's lock only once its lease went unrenewed,
+    whatever lies beside it and whatever its file's time says."""
+    now = [1000.0]
+    monkeypatch.setattr(leases.time, "monotonic", lambda: now[0])
     lock = locks.VolumeLock(None, None)
     alive = locks.Identity().marker(keys.ADMISSION_HOLDER_PREFIX)
     dead = "%s%s.%d.%s" % (keys.ADMISSION_HOLDER_PREFIX, locks.Identity().controller, 2 ** 22 + 7, "1")  # no such pid
@@ -121,7 +125,11 @@ def test_a_lock_is_abandoned_by_a_dead_or_missing_holder_and_never_by_a_live_one
     assert lock._abandoned(1, [dead]) is True
     assert lock._abandoned(1, [alive]) is False
     assert lock._abandoned(1, [alive, dead]) is False
-    assert lock._abandoned(locks.LOCK_STALE_SECONDS + 1, [alive]) is True
+    lock.watch.note(1, [alive])
+    now[0] += locks.ADMISSION_LEASE_SECONDS - 1
+    assert lock._abandoned(10 ** 6, [alive]) is False  # renewed within its lease, however old its file
+    now[0] += 2
+    assert lock._abandoned(0, [alive]) is True  # a whole lease unrenewed, on the waiter's own clock
 
 
 class HidingPool:
