@@ -23,7 +23,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import opti
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.pools.capacity import check_storage
+from ansible_collections.machinery.compute.plugins.module_utils.pools.capacity import check_storage, storage_room
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
@@ -282,20 +282,24 @@ class VolumeAttachment(Attachment):
     def _attach(self, action, target):
         data = action.data
         pool = self.ctx.storage
-        vol = lv.lookup_volume(pool, action.target)
-        if vol is None:
-            vol = storage.create_volume(pool, action.target, data["size"], data["fmt"])
-        try:
-            if data["controller"]:
-                self.attach_device(target, elements.controller("scsi", "virtio-scsi"), "a virtio-scsi controller")
-            self.attach_device(target, elements.disk(vol.path(), data["fmt"], data["device"], data["bus"],
-                                                     data["alias"], shareable=data["shareable"]),
-                               "volume " + action.target)
-        except MachineryError:
-            if data["created"] and not storage.users_of(self.conn, vol.path(), ""):
-                storage.delete_volume(pool, action.target)  # only a volume this run created
-            raise
-        self._record_disk(action, target)
+        # a new volume is counted against the storage's room and made under the pool's admission lock, until its
+        # machine's definition counts it
+        with storage_room(self.ctx, [("size", data["size"])] if data["created"] else []):
+            vol = lv.lookup_volume(pool, action.target)
+            if vol is None:
+                vol = storage.create_volume(pool, action.target, data["size"], data["fmt"])
+            try:
+                if data["controller"]:
+                    self.attach_device(target, elements.controller("scsi", "virtio-scsi"),
+                                       "a virtio-scsi controller")
+                self.attach_device(target, elements.disk(vol.path(), data["fmt"], data["device"], data["bus"],
+                                                         data["alias"], shareable=data["shareable"]),
+                                   "volume " + action.target)
+            except MachineryError:
+                if data["created"] and not storage.users_of(self.conn, vol.path(), ""):
+                    storage.delete_volume(pool, action.target)  # only a volume this run created
+                raise
+            self._record_disk(action, target)
 
     def _record_disk(self, action, target):
         data = action.data
@@ -307,16 +311,17 @@ class VolumeAttachment(Attachment):
     def _grow(self, action, target):
         size = action.data["size"]
         vol = lv.lookup_volume(self.ctx.storage, action.target)
-        try:
-            if target.dom.isActive():
-                target.dom.blockResize(action.data["device"], size, lv.libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
-            else:
-                vol.resize(size, 0)
-        except lv.libvirt.libvirtError as exc:
-            raise LibvirtFailure("cannot grow %s to %s: %s"
-                                 % (action.target, format_quantity(size), lv.describe(exc)), "size") from None
-        self.save_entries(target, lambda entries: [dict(vol, size=size) if vol.get("volume") == action.target
-                                                   else vol for vol in entries])
+        with storage_room(self.ctx, [("size", size - vol.info()[1])]):
+            try:
+                if target.dom.isActive():
+                    target.dom.blockResize(action.data["device"], size, lv.libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
+                else:
+                    vol.resize(size, 0)
+            except lv.libvirt.libvirtError as exc:
+                raise LibvirtFailure("cannot grow %s to %s: %s"
+                                     % (action.target, format_quantity(size), lv.describe(exc)), "size") from None
+            self.save_entries(target, lambda entries: [dict(entry, size=size) if entry.get("volume") == action.target
+                                                       else entry for entry in entries])
 
     def _set_ephemeral(self, action, target):
         flag = action.after["ephemeral"]

@@ -33,7 +33,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.machines.backups import BACKUP_VOLUME
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
-from ansible_collections.machinery.compute.plugins.module_utils.pools.capacity import check_storage
+from ansible_collections.machinery.compute.plugins.module_utils.pools.capacity import check_storage, storage_room
 
 VOLUME_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SECTOR = 512
@@ -386,18 +386,20 @@ class VolumeResource(Resource):
     def _grow(self, action, seen):
         size = action.data["size"]
         through = action.data["through"]
-        try:
-            if through is not None:  # a running guest holds the file: qemu grows it and tells the guest
-                dom = self.ctx.conn.lookupByName(through["machine"])
-                dom.blockResize(through["device"], size, lv.libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
-            else:
-                lv.lookup_volume(self.ctx.storage, self.name).resize(size, 0)
-        except lv.libvirt.libvirtError as exc:
-            raise LibvirtFailure("cannot grow %s to %s: %s" % (self.name, format_quantity(size), lv.describe(exc)),
-                                 "size") from None
-        for user in action.data["users"]:
-            if user["managed"]:
-                _edit_entries(self.ctx.conn, user["machine"], self.name, lambda entry: dict(entry, size=size))
+        # counted against the storage's room under the pool's admission lock until the machines using it count it
+        with storage_room(self.ctx, [("size", size - seen.volume["capacity"])] if action.data["users"] else []):
+            try:
+                if through is not None:  # a running guest holds the file: qemu grows it and tells the guest
+                    dom = self.ctx.conn.lookupByName(through["machine"])
+                    dom.blockResize(through["device"], size, lv.libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
+                else:
+                    lv.lookup_volume(self.ctx.storage, self.name).resize(size, 0)
+            except lv.libvirt.libvirtError as exc:
+                raise LibvirtFailure("cannot grow %s to %s: %s"
+                                     % (self.name, format_quantity(size), lv.describe(exc)), "size") from None
+            for user in action.data["users"]:
+                if user["managed"]:
+                    _edit_entries(self.ctx.conn, user["machine"], self.name, lambda entry: dict(entry, size=size))
 
     def _update(self, action, _seen):
         self.ctx.registry.put(volume_key(self.name), action.data["body"])

@@ -8,7 +8,10 @@ on the pool."""
 from __future__ import annotations
 
 import collections
+import contextlib
+
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
@@ -287,6 +290,20 @@ def admitted(ctx, epoch, record):
         ctx.locked_sizes[1].append(MachineSize(spec["name"], spec["cpu"], spec["memory"],
                                                spec.get("machine_class"), machine_disks(record),
                                                spec.get("tolerations") or [], spec.get("server_group")))
+
+
+@contextlib.contextmanager
+def storage_room(ctx, disks):
+    """Hold the pool's admission lock while new or grown ``disks`` ([(field, virtual bytes)]) are checked against
+    the storage's room (the machines' disks read again now) and made: two runs adding disks at once are counted
+    one after the other, as two creates are. Nothing is held for a pool without a registration (nothing is
+    counted there) or when there is no disk to add."""
+    if not ctx.registration or not [size for _field, size in disks if size > 0]:
+        yield
+        return
+    with locks.admission_lock(ctx.conn, ctx.registry.pool, ctx.coordination.identity):
+        check_storage(ctx, disks)
+        yield
 
 
 def check_storage(ctx, disks, sizes=None):
