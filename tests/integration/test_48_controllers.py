@@ -26,7 +26,7 @@ import time
 import libvirt
 import pytest
 
-from conftest import ModuleRun, run_module
+from conftest import ModuleRun, register, run_module
 from test_13_migrate import fleet, homes, journals, listed, make, owned_volumes, remove
 from test_24_races import holds, whole_once
 from test_36_coordination import disk_paths, nic_aliases
@@ -35,6 +35,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination imp
 from ansible_collections.machinery.compute.plugins.module_utils.core import convergence
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
+from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 
 NAME = "ctl-1"
 DATA = "%s-data.qcow2" % NAME  # made by test_13_migrate.make, attached with volume_attach
@@ -388,3 +389,50 @@ EXPECTED = {
     # no machine on the source any more, and the move's hold still there: the move named all the same
     "clear_journal": dict.fromkeys(OPERATIONS, MOVED),
 }
+
+
+# --- the last room of a pool ------------------------------------------------------------------------------------
+
+def test_two_attaches_wanting_the_last_room_take_it_in_turns(registered, image, monkeypatch):
+    """Room under the lock: two volume_attach runs on two machines of one pool, each adding a 64Mi disk where the
+    storage has 96Mi left. Each stops itself once it holds its machine (convergence.STOP_HOLDING_ENV), after its
+    plan's room check passed: both are stopped at once, so they overlap whatever the load. Let go, they count
+    and make their disks under the pool's admission lock one after the other: one attaches, the other is refused
+    naming ``size``, and libvirt holds one new volume. Were the room checked outside the lock, both would attach."""
+    pool, names = registered[2], ["room-1", "room-2"]
+    runs = []
+    try:
+        for name in names:
+            run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=1)
+            made = run_module("machine", uri=pool.uri, name=name, machine_class="small", image=image,
+                              state="present", network_interfaces=[])
+            assert made["changed"], made
+        used = capacity.disks_allocated(capacity.machine_sizes(pool.conn))
+        total = capacity.storage_of(pool.conn)["capacity"]
+        register(pool, reserved={"storage": "%dKi" % ((total - used) // 1024 - 96 * 1024)})
+        for name in names:
+            monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "machine %s" % name)
+            runs.append(ModuleRun("volume_attach", uri=pool.uri, machine=name, volume="%s-extra.qcow2" % name,
+                                  size="64Mi", ephemeral=True))
+            _pid, status = os.waitpid(runs[-1].proc.pid, os.WUNTRACED)
+            assert os.WIFSTOPPED(status), ("the run ended without stopping where it holds its machine",
+                                           runs[-1].finish())
+        monkeypatch.delenv(convergence.STOP_HOLDING_ENV)
+        assert all(run.running() for run in runs)  # both hold their machine, both planned: they overlap
+        for run in runs:
+            os.killpg(run.proc.pid, signal.SIGCONT)
+        results = [run.finish() for run in runs]
+        attached = [result for result in results if not result.get("failed")]
+        refused = [result for result in results if result.get("failed")]
+        assert len(attached) == 1 and len(refused) == 1, results
+        assert refused[0]["field"] == "size" and "does not fit in the storage" in refused[0]["msg"], refused[0]
+        made = [name for name in names if "%s-extra.qcow2" % name in pool.volumes()]
+        assert len(made) == 1, pool.volumes()
+    finally:
+        for run in runs:
+            if run.running():
+                os.killpg(run.proc.pid, signal.SIGCONT)
+                run.finish()
+        register(pool, reserved={"storage": "0"})
+        for name in names:
+            run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=1)
