@@ -368,6 +368,44 @@ options:
         the machine. Adding or removing it on a running machine takes effect at its next start.
       - Left out, a new machine has none and an existing one keeps what it has.
     type: bool
+  efi_vars:
+    description:
+      - UEFI variables the machine's firmware store is to hold (IronCore's C(Machine.spec.efiVars)). Needs
+        O(firmware=uefi), else it is refused naming this option.
+      - They are written into the store, the volume C(<name>-nvram.fd) of the pool's storage, only while the machine
+        is off (QEMU holds the store as its flash while it runs). A new machine gets them before its first boot;
+        a stopped one at once; a running one when this run shuts it down and starts it again (O(state=restarted),
+        a resize's restart, a rebuild) or stops it, and otherwise the run writes nothing, warns and returns
+        C(restart_required).
+      - The store is read and only variables that differ are written (check mode writes nothing and
+        shows them in the diff). A variable not listed is left as the firmware or the OS wrote it, including one
+        listed by an earlier run; the store keeps the variables through moves, backups and rebuilds.
+      - Secure Boot's own variables (C(PK), C(KEK), C(db), C(dbx), C(SecureBoot), C(SetupMode), ...) are refused
+        (O(secure_boot) enrolls the distribution's keys).
+      - When not given, the store is not read and nothing is written.
+    type: list
+    elements: dict
+    suboptions:
+      name:
+        description: The variable's name (as efivarfs shows it before the GUID), up to 128 characters.
+        type: str
+        required: true
+      guid:
+        description:
+          - The variable's vendor GUID (IronCore's C(uuid)), such as V(8be4df61-93ca-11d2-aa0d-00e098032b8c) for
+            UEFI's global variables (C(BootOrder), C(Timeout)); a variable of your own takes a GUID of your own.
+        type: str
+        required: true
+      value:
+        description: The variable's data, base64-encoded, not empty (UEFI deletes a variable without data).
+        type: str
+        required: true
+      runtime_access:
+        description:
+          - Whether the OS may read it once it runs (UEFI's C(RUNTIME_ACCESS); Linux shows it in
+            C(/sys/firmware/efi/efivars)). The variable is always non-volatile and readable by the boot loader.
+        type: bool
+        default: true
   firmware:
     description: Firmware, fixed at creation; V(bios) when not given.
     type: str

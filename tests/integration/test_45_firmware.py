@@ -1,4 +1,5 @@
-"""Firmware of busybox guests: the emulated TPM 2.0, Secure Boot, and UEFI variables carried by a move.
+"""Firmware of busybox guests: the emulated TPM 2.0, Secure Boot, UEFI variables carried by a move, and UEFI
+variables written by efi_vars (and IronCore's efiVars), read by the guest (efivarfs) and from the store.
 
 The guest's kernel finds the CRB TPM (/dev/tpm0, /sys/class/tpm/tpm0); a value extended into PCR 16 with a raw
 TPM2_PCR_Extend written to /dev/tpm0 is read back after a live move; libvirt keeps the swtpm state under the
@@ -7,6 +8,7 @@ machine is deleted. Secure Boot is read from the loader libvirt chose; UEFI vari
 byte for byte, on the pool a cold move took the machine to.
 """
 
+import base64
 import hashlib
 import os
 import shutil
@@ -17,8 +19,10 @@ import time
 import pytest
 from lxml import etree
 
-from conftest import REPO, Pool, first_pool, load_lab, register, run_module
+from conftest import REPO, Pool, first_pool, load_lab, register, run_module, warnings_of
 from test_39_images import agent_of, shell
+
+from ansible_collections.machinery.compute.plugins.module_utils.core import varstore
 
 MACHINE = "fw-tpm"
 
@@ -288,6 +292,24 @@ def storage_dir(pool):
     return etree.fromstring(pool.conn.storagePoolLookupByName("machinery").XMLDesc(0)).findtext("target/path")
 
 
+# a vendor GUID of our own for the test's variable, and bytes with a NUL, a 0xff and a newline among them
+VENDOR = "5f0b7a3e-91c4-4d2a-8e6f-2c7d9b1a4e08"
+VARIABLE = "MachineryTest"
+DATA = b"\x00machinery\xffefi\n\x01"
+# NON_VOLATILE | BOOTSERVICE_ACCESS | RUNTIME_ACCESS, little endian: the first 4 bytes efivarfs shows
+ATTRIBUTES = b"\x07\x00\x00\x00"
+
+
+def stored_variable(pool, name, vendor=VENDOR, variable=VARIABLE):
+    """The data of the variable in the machine's store as the pool holds it (read through libvirt), or None."""
+    found = varstore.variables(pool.download("%s-nvram.fd" % name)).get((vendor, variable))
+    return None if found is None else (found.attributes, found.data)
+
+
+def efi_entry(data):
+    return {"name": VARIABLE, "guid": VENDOR, "value": base64.b64encode(data).decode()}
+
+
 SIGNED = "fw-signed"
 
 
@@ -306,21 +328,98 @@ def secureboot_image():
     return built.stdout.strip().splitlines()[-1]
 
 
-def test_secure_boot_reported_by_the_guest(fw_pool):
-    """Debian's signed shim and GRUB start Debian's signed kernel under Secure Boot; the guest says it is on."""
+@pytest.fixture(scope="module")
+def signed(fw_pool):
+    """A machine of the Secure Boot image with Secure Boot on and a variable of our own given by efi_vars, made and
+    booted once for the tests below (in this order), deleted after them."""
     pool = fw_pool
-    image = secureboot_image()
-    args = dict(uri=pool.uri, name=SIGNED, cpu=1, memory="384Mi", image=image, network_interfaces=[],
-                firmware="uefi", secure_boot=True, shutdown_timeout=0)
+    args = dict(uri=pool.uri, name=SIGNED, cpu=1, memory="384Mi", image=secureboot_image(), network_interfaces=[],
+                firmware="uefi", secure_boot=True, shutdown_timeout=10, efi_vars=[efi_entry(DATA)])
     try:
+        planned = run_module("machine", check=True, **args)
+        assert planned["changed"] and "update efi_vars" in planned["actions"], planned
+        assert pool.domain(SIGNED) is None
         made = run_module("machine", **args)
         assert made["changed"] and not made.get("failed"), made
+        assert made["actions"][:3] == ["create", "update efi_vars", "start"], made["actions"]
         pool.wait_console(SIGNED, "MACHINERY-READY", timeout=300)
-        agent = agent_of(pool, SIGNED)
-        # the kernel reads the firmware's SecureBoot variable at boot and locks itself down when it is set
-        kernel_log = shell(agent, "dmesg")
-        assert "secureboot: Secure boot enabled" in kernel_log, kernel_log[-3000:]
-        assert "Kernel is locked down from EFI Secure Boot" in kernel_log
+        yield pool, args
     finally:
         if pool.domain(SIGNED) is not None:
             run_module("machine", uri=pool.uri, name=SIGNED, state="absent", shutdown_timeout=0)
+
+
+def test_secure_boot_reported_by_the_guest(signed):
+    """Debian's signed shim and GRUB start Debian's signed kernel under Secure Boot; the guest says it is on (the
+    keys enrolled from the template were kept when the machine's variable was written into its store)."""
+    pool, _args = signed
+    agent = agent_of(pool, SIGNED)
+    # the kernel reads the firmware's SecureBoot variable at boot and locks itself down when it is set
+    kernel_log = shell(agent, "dmesg")
+    assert "secureboot: Secure boot enabled" in kernel_log, kernel_log[-3000:]
+    assert "Kernel is locked down from EFI Secure Boot" in kernel_log
+
+
+def test_efi_vars_written_before_the_first_boot_are_read_by_the_guest(signed):
+    """The variable written into the store before the first boot is the guest's (efivarfs: its attributes, then
+    the bytes given); a second run changes nothing; a new value waits while it runs; check mode writes nothing;
+    the stop writes it."""
+    pool, args = signed
+    assert stored_variable(pool, SIGNED) == (7, DATA)
+    shown = shell(agent_of(pool, SIGNED), "od -An -tx1 -v /sys/firmware/efi/efivars/%s-%s" % (VARIABLE, VENDOR))
+    assert bytes.fromhex("".join(shown.split())) == ATTRIBUTES + DATA
+    again = run_module("machine", **args)
+    assert again["changed"] is False and not again.get("failed"), again
+
+    # running: QEMU holds the store, so a new value is not written, and the run says it waits
+    second = dict(args, efi_vars=[efi_entry(b"second value")])
+    waiting = run_module("machine", **second)
+    assert waiting["changed"] is False and waiting["restart_required"] is True, waiting
+    assert any("efi_vars of the running machine %s (%s)" % (SIGNED, VARIABLE) in text
+               for text in warnings_of(waiting)), warnings_of(waiting)
+    assert stored_variable(pool, SIGNED) == (7, DATA)
+    stopping = dict(second, state="stopped")
+    checked = run_module("machine", check=True, **stopping)
+    assert checked["changed"] and checked["actions"][-2:] == ["stop", "update efi_vars"], checked
+    assert checked["diff"]["before"]["efi_vars"][0]["value"] == base64.b64encode(DATA).decode(), checked
+    assert pool.domain(SIGNED).isActive() and stored_variable(pool, SIGNED) == (7, DATA)
+    stopped = run_module("machine", **stopping)
+    assert stopped["changed"] and not stopped.get("failed"), stopped
+    assert not pool.domain(SIGNED).isActive() and stored_variable(pool, SIGNED) == (7, b"second value")
+    assert run_module("machine", **stopping)["changed"] is False
+
+
+IC_MACHINE = "fw-ic-vars"
+
+
+def ironcore_documents():
+    klass = {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "MachineClass",
+             "metadata": {"name": "fw-ic-tiny"}, "capabilities": {"cpu": 1, "memory": "128Mi"}}
+    machine = {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "Machine", "metadata": {"name": IC_MACHINE},
+               "spec": {"machineClassRef": {"name": "fw-ic-tiny"}, "image": load_lab()["image"],
+                        "networkInterfaces": [],
+                        "efiVars": [{"name": VARIABLE, "uuid": VENDOR.upper(),
+                                     "value": base64.b64encode(DATA).decode()}]}}
+    return [klass, machine]
+
+
+def test_an_ironcore_machine_gets_its_efivars(fw_pool):
+    """IronCore's spec.efiVars: the Machine is made a UEFI machine whose store holds the variable before its first
+    boot; a re-apply and the re-apply of its export change nothing."""
+    pool = fw_pool
+    try:
+        made = run_module("manifest", pools=[pool.uri], definition=ironcore_documents(), wait="none")
+        assert made["changed"] and not made.get("failed"), made
+        assert etree.fromstring(pool.domain(IC_MACHINE).XMLDesc(2)).find("os").get("firmware") == "efi"
+        assert stored_variable(pool, IC_MACHINE) == (7, DATA)
+        again = run_module("manifest", pools=[pool.uri], definition=ironcore_documents(), wait="none")
+        assert again["changed"] is False and not again.get("failed"), again
+        exported = run_module("manifest_info", pools=[pool.uri], dialect="ironcore", name=[IC_MACHINE])
+        machine = next(doc for doc in exported["documents"] if doc["kind"] == "Machine")
+        assert machine["spec"]["efiVars"] == [{"name": VARIABLE, "uuid": VENDOR,
+                                               "value": base64.b64encode(DATA).decode()}], machine
+        reapplied = run_module("manifest", pools=[pool.uri], definition=exported["documents"], wait="none")
+        assert reapplied["changed"] is False and not reapplied.get("failed"), reapplied
+    finally:
+        run_module("manifest", pools=[pool.uri], definition=ironcore_documents(), state="absent",
+                   shutdown_timeout=0)

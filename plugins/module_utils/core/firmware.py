@@ -109,3 +109,10 @@ def place_nvram(tree, path):
     if node is None:
         node = etree.SubElement(os_node, "nvram")
     node.text = path
+
+
+def stored_nvram(tree, storage_dir):
+    """The volume name of a UEFI machine's variables when they are kept in the pool's storage (place_nvram)."""
+    path = (tree.findtext("os/nvram") or "").strip()
+    prefix = (storage_dir or "").rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) and "/" not in path[len(prefix):] else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import efi_vars as efi
 from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
@@ -248,6 +249,14 @@ SERVER_GROUP = (
     Option("policy", required=True, choices=SERVER_GROUP_POLICIES),
 )
 
+# a UEFI variable written into the machine's firmware store (efi_vars.py; machines/efi_store.py writes it)
+EFI_VAR = (
+    Option("name", required=True),
+    Option("guid", required=True),
+    Option("value", required=True, no_log=False),
+    Option("runtime_access", "bool", default=True),
+)
+
 IMAGE_PULL_SECRET = (Option("username", required=True), Option("password", required=True, no_log=True))
 # the machine a clone's root disk is copied from (clone.py)
 CLONE_SOURCE = (
@@ -286,6 +295,8 @@ MACHINE = (
     Option("tpm", "bool", initial=False, owned=Owned(fw.read_tpm, fw.write_tpm, live="restart")),
     Option("secure_boot", "bool", fixed=lambda spec: spec.get("secure_boot", False), initial=False,
            owned=Owned(fw.read_secure_boot, fw.write_secure_boot, compared=False)),
+    # written into the firmware's variable store while the machine is off; recorded as last written (for export)
+    Option("efi_vars", "list", elements="dict", options=EFI_VAR, check=efi.check, recorded=True),
     Option("virt_type", choices=VIRT_TYPES, default="auto", recorded=True),
     # the hash of ignition, cloud_init and ssh_authorized_keys (never the configuration itself)
     Option("boot_config", argument=False, owned=_recorded("boot_config", live="boot")),

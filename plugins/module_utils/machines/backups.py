@@ -37,6 +37,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import observe_machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
+from ansible_collections.machinery.compute.plugins.module_utils.core.firmware import stored_nvram
 
 POLL = 0.5
 AGENT_TIMEOUT = 5
@@ -104,13 +105,6 @@ def own_disks(tree):
         else:
             skipped.append(disk["device"])
     return disks, skipped
-
-
-def stored_nvram(tree, storage_dir):
-    """The volume name of a UEFI machine's variables when they are kept in the pool's storage (firmware.py)."""
-    path = (tree.findtext("os/nvram") or "").strip()
-    prefix = (storage_dir or "").rstrip("/") + "/"
-    return path[len(prefix):] if path.startswith(prefix) and "/" not in path[len(prefix):] else None
 
 
 def nvram_backup(machine, backup):

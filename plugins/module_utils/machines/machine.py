@@ -14,6 +14,7 @@ import json
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import efi_vars as efi
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
@@ -28,11 +29,13 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination.hol
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import (
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
-    ConflictError, LibvirtFailure, PoolFull)
+    ConflictError, LibvirtFailure, MachineryError, PoolFull)
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import FrozenDict
 from ansible_collections.machinery.compute.plugins.module_utils.machines import clone
+from ansible_collections.machinery.compute.plugins.module_utils.machines import efi_store
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.changes import Changes, live_effects
+from ansible_collections.machinery.compute.plugins.module_utils.machines.efi_store import EfiVariables
 from ansible_collections.machinery.compute.plugins.module_utils.machines.creation import (
     Creation, create_steps, new_disks, planned_volumes)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import (
@@ -66,6 +69,9 @@ class Observed:
         self.journal = None  # of a dead run, for a machine that does not exist
         self.snapshots = 0  # how many snapshots it has: read only when a rebuild is wanted (they refuse it)
         self.security_groups = {}  # NIC name -> the groups guarding it, read from its nwfilter
+        # {(guid, name): varstore.Variable} of its UEFI variables store (None: none yet); read only when a run
+        # gives efi_vars (MachineResource.plan)
+        self.efi_vars = None
         self._autostart = autostart
         self._saved = saved
 
@@ -292,6 +298,8 @@ def plan_machine(spec, observed, record=None, current=None, restarted=False):
             after["swap"] = format_quantity(spec["swap"])
         after.update(state=spec["state"], image=(spec.get("image") or {}).get("source"))
         actions = [Action("create", name, {}, after, create_steps(spec))]
+        if spec.get("efi_vars"):  # into the store libvirt makes from the firmware's template, before a boot
+            actions.append(efi_vars_action(spec, observed))
         if should_start(spec, observed):
             actions.append(Action("start", name, steps=[step("start", name)]))
         # the autostart the run strategy wants is part of the create, as its crash action is
@@ -342,8 +350,11 @@ def plan_machine(spec, observed, record=None, current=None, restarted=False):
         restart, pending = (None, []) if observed.active else (restart, pending)
     if restart is not None:
         actions.append(restart)
+    after_stop, efi_waiting = efi_vars_plan(spec, observed, record, actions, power, warnings)
     if power is not None:
         actions.append(power)
+    if after_stop is not None:
+        actions.append(after_stop)
     # libvirt's autostart follows the run strategy: it changes with the action that changes the power or the
     # strategy; on its own only when nothing else changes (an on_failure machine found shut down)
     carrier = power or next((action for action in actions if "run_strategy" in action.fields), None)
@@ -353,7 +364,58 @@ def plan_machine(spec, observed, record=None, current=None, restarted=False):
         autostart = autostart_action(spec, observed, running_after)
         if autostart is not None:
             actions.append(autostart)
-    return Plan(actions, warnings, restart_required=bool(pending))
+    return Plan(actions, warnings, restart_required=bool(pending) or efi_waiting, efi_waiting=efi_waiting)
+
+
+def efi_vars_action(spec, observed):
+    """The action that writes the variables ``efi_vars`` gives into the machine's store (and its record)."""
+    entries = spec["efi_vars"]
+    found = observed.efi_vars
+    differing = efi.differing(entries, found)
+    steps = [step("write_volume", fw.nvram_volume(spec["name"]),
+                  variables=["%s-%s" % (entry["name"], entry["guid"]) for entry in differing])] if differing else []
+    before = {"efi_vars": efi.found_entries(entries, found)} if observed.exists else {}
+    return Action("update", spec["name"], before, {"efi_vars": entries},
+                  steps + [step("write_record", spec["name"])], fields=["efi_vars"], handler="write_efi_vars",
+                  grows=[], efi_vars=entries)
+
+
+def efi_vars_plan(spec, observed, record, actions, power, warnings):
+    """Plan the variables ``efi_vars`` gives for an existing machine: the store is written only while the machine
+    is off. Off (or only the record differs): an action before the ones that start it, in ``actions``. Running:
+    the action of this plan that shuts it down and starts it again (a restart, a resize's restart, a rebuild)
+    writes them in between; a stop is followed by the write; else the change waits, with a warning. Returns (the
+    action that follows ``power`` or None, whether the change waits for the machine to be off)."""
+    if spec.get("efi_vars") is None:
+        return None, False
+    differing = efi.differing(spec["efi_vars"], observed.efi_vars)
+    if not differing and ((record or {}).get("spec") or {}).get("efi_vars") == spec["efi_vars"]:
+        return None, False
+    action = efi_vars_action(spec, observed)
+    if not differing or not (observed.active or observed.saved):
+        first = next((index for index, item in enumerate(actions) if item.kind in ("rebuild", "restart")),
+                     len(actions))
+        actions.insert(first, action)
+        return None, False
+    carrier = next((item for item in actions if item.kind in ("rebuild", "restart")), None)
+    if carrier is None and power is not None and power.kind == "restart":
+        carrier = power
+    if carrier is not None:
+        carrier.data["efi_vars"] = spec["efi_vars"]
+        carrier.before.update(action.before)
+        carrier.after.update(action.after)
+        kinds = [item["action"] for item in carrier.steps]
+        at = kinds.index("start") if "start" in kinds else kinds.index("define") + 1 if "define" in kinds \
+            else len(kinds)
+        carrier.steps[at:at] = action.steps
+        return None, False
+    if power is not None and power.kind == "stop":
+        return action, False
+    warnings.append("efi_vars of the running machine %s (%s) are written into its UEFI variable store while it is "
+                    "off (QEMU holds the store as the machine's flash): nothing was written; restart it (state: "
+                    "restarted) or stop it to have them written" % (
+                        spec["name"], ", ".join(entry["name"] for entry in differing)))
+    return None, True
 
 
 def state_action(spec, observed, restarted=False, rebuild=None):
@@ -480,7 +542,7 @@ def observation_key(observed):
                        sort_keys=True, default=str))
 
 
-class MachineResource(Creation, Changes, Rebuild, Resource):
+class MachineResource(Creation, Changes, Rebuild, EfiVariables, Resource):
     """One machine on one pool, for ``converge``. ``params`` are machine_spec.params' (validated once, frozen)."""
 
     def __init__(self, ctx, params, check_mode=False, prepared=None, room=True):
@@ -602,7 +664,11 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
                 self.spec = machine_spec.normalize(self.params, facts, record, current)
         if observed.exists and wants_rebuild(self.spec, record):
             observed.snapshots = observed.dom.snapshotNum(0)
+        if observed.exists and self.spec.get("efi_vars") is not None:
+            observed.efi_vars = efi_store.read(self.ctx, observed.tree, self.name)
         plan = plan_machine(self.spec, observed, record, current, restarted=self.power_done)
+        # nothing is applied for variables that wait for the machine to be off: the plan alone says so
+        self.restart_required = self.restart_required or plan.facts.get("efi_waiting", False)
         for action in plan.actions:
             if action.kind == "create":  # a plan that needs room is refused in check mode too
                 check_room(self.ctx, self.spec, new_disks(self.spec))
@@ -630,15 +696,20 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot %s %s: %s" % (what, tree.findtext("name"), lv.describe(exc))) from None
 
-    def _start(self, _action, _observed):
+    def _start(self, action, _observed):
         dom = self.defined or lv.lookup_domain(self.conn, self.name)  # created just now: its define's handle
         state, reason = dom.state()
+        unwritten = None  # variables a restart was to write and could not: the machine starts all the same
         try:
             if state == lv.libvirt.VIR_DOMAIN_PAUSED and reason != lv.libvirt.VIR_DOMAIN_PAUSED_CRASHED:
                 dom.resume()
             else:
                 if state != lv.libvirt.VIR_DOMAIN_SHUTOFF:
                     dom.destroy()
+                try:
+                    self.write_efi_vars(dom, action)  # a restart's or a resize's, while it is off
+                except MachineryError as exc:
+                    unwritten = exc
                 self.earlier_leases = lease_expiries(self.ctx, self.spec.get("network_interfaces"))
                 dom.create()
         except lv.libvirt.libvirtError as exc:
@@ -652,6 +723,8 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
                 field, hint = None, ""
             raise LibvirtFailure("cannot start %s: %s%s" % (self.name, lv.describe(exc), hint), field) from None
         self._update_record(dom, bump_boots)
+        if unwritten is not None:
+            raise unwritten
 
     def _restart(self, action, observed):
         """Shut the machine down gracefully (forced after its shutdown_timeout) and start it with its new size; a
@@ -801,7 +874,7 @@ class MachineResource(Creation, Changes, Rebuild, Resource):
              "update": Changes._update, "update_security_groups": Changes._update_security_groups, "start": _start,
              "set_autostart": _set_autostart, "restart": _restart, "power_restart": _power_restart,
              "pause": _pause, "start_paused": _start_paused, "suspend": _suspend, "resume": _resume, "stop": _stop, "delete": _delete,
-             "rebuild": Rebuild._rebuild}
+             "rebuild": Rebuild._rebuild, "write_efi_vars": EfiVariables._write_efi_vars}
 
 
 # --- the service the modules call -------------------------------------------------------------------------------

@@ -719,6 +719,12 @@ def normalize(prm, facts, record=None, current=None):
         if not facts.secure_boot:
             raise ValidationError("pool %s offers no UEFI firmware that can do Secure Boot (install OVMF, Debian's "
                                   "ovmf package, on the pool host)" % facts.pool, "secure_boot")
+    # compared with the firmware's store only when given: a variable the firmware or the OS changed since is
+    # left alone by a run that does not name it
+    spec["efi_vars"] = thaw(prm["efi_vars"])
+    if spec["efi_vars"] and spec["firmware"] != "uefi":
+        raise ValidationError("UEFI variables need UEFI firmware: set firmware: uefi with them (it is %s)"
+                              % spec["firmware"], "efi_vars")
     spec["virt_type"] = facts.virt_type if prm["virt_type"] == "auto" else prm["virt_type"]
     spec["run_strategy"] = run_strategy(prm["run_strategy"], prm["state"], recorded.get("run_strategy"), existing)
     power_request(prm, spec)

@@ -151,6 +151,7 @@ class Rebuild:
             self._rebuilt_record(record, data, fmt, root_size)
             dx.write_record(tree, record)
             self._define(tree, "redefine rebuilt machine")
+            self.write_efi_vars(dom, action)  # while it is off (efi_vars_plan gives the rebuild them)
         except BaseException as exc:
             self._undo_rebuild(dom, None, made, ran, exc)
             raise

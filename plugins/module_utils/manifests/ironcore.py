@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 
+from ansible_collections.machinery.compute.plugins.module_utils.core import efi_vars as efi
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity, parse_quantity
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import (
     APPLIED, refused, table, warned)
@@ -103,7 +105,7 @@ FIELDS = {
          "spec.networkInterfaces[].name": APPLIED, "spec.networkInterfaces[].networkInterfaceRef.name": APPLIED,
          EPHEMERAL_NIC + ".metadata": EPHEMERAL_META,
          "spec.ignitionRef.name": APPLIED, "spec.ignitionRef.key": APPLIED, "spec.power": APPLIED,
-         "spec.efiVars": warned("EFI variables are the pool's firmware store (firmware: uefi): not applied"),
+         "spec.efiVars[].name": APPLIED, "spec.efiVars[].uuid": APPLIED, "spec.efiVars[].value": APPLIED,
          "spec.hostname": APPLIED},
         **{EPHEMERAL_VOLUME + ".spec." + key: verdict for key, verdict in VOLUME_SPEC.items()},
         **{EPHEMERAL_VOLUME + ".spec.claimRef." + key: CLAIM for key in ("name", "uid")},
@@ -405,11 +407,38 @@ def _machine(obj, fields):
             fields.error("spec.guestConfig.hostname", "differs from spec.hostname; give one of them")
         params["hostname"] = fields.run(check.hostname, guest["hostname"], "spec.guestConfig.hostname")
         obj.where["hostname"] = "spec.guestConfig.hostname"
+    _efi_vars(obj, spec, params, fields)
     where_hostname = obj.where.get("hostname")
     obj.where.update(OPTION_PATHS)
     if where_hostname:
         obj.where["hostname"] = where_hostname
     machine_object(obj, params, refs)
+
+
+def _efi_vars(obj, spec, params, fields):
+    """spec.efiVars: the machine's efi_vars (IronCore's ``uuid`` is the vendor GUID). EFI variables live in UEFI
+    firmware, so a Machine that gives them is a UEFI machine (IronCore has no firmware field of its own)."""
+    entries, seen = [], {}
+    for index, item in fields.items(spec.get("efiVars"), "spec.efiVars"):
+        where = "spec.efiVars[%d]" % index
+        fields.known(item, ("name", "uuid", "value"), where)
+        try:
+            entry = efi.check_entry({"name": item.get("name"), "guid": item.get("uuid"), "value": item.get("value")},
+                                    where, {"guid": "uuid"})
+        except ValidationError as exc:
+            fields.error(exc.field, exc.message)
+            continue
+        key = (entry["guid"], entry["name"])
+        if key in seen:
+            fields.error(where + ".name", "variable %s of vendor %s is given twice (also as %s)"
+                         % (entry["name"], entry["guid"], seen[key]))
+            continue
+        seen[key] = where
+        entries.append(entry)
+    if spec.get("efiVars"):
+        params["efi_vars"] = entries
+        params["firmware"] = "uefi"
+        obj.where["efi_vars"] = obj.where["firmware"] = "spec.efiVars"
 
 
 def link(obj, objects, fields, _pools=None):
@@ -590,7 +619,6 @@ def whole_cpus(value, field):
     ResourceList allows, but a libvirt domain has whole vCPUs."""
     text = str(value).strip()
     if not isinstance(value, bool) and (text.endswith("m") or "." in text):
-        from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
         raise ValidationError("%r is a fraction of a CPU: a libvirt domain has whole vCPUs; give a whole number"
                               % (value,), field)
     return check.cpu_count(value, field)
@@ -725,6 +753,9 @@ def export(machine, record_spec):
         else:
             nics.append({"name": nic["name"], "ephemeral": {"networkInterfaceTemplate": {"spec": nic_spec}}})
     spec["networkInterfaces"] = nics
+    if record_spec.get("efi_vars"):
+        spec["efiVars"] = [{"name": entry["name"], "uuid": entry["guid"], "value": entry["value"]}
+                           for entry in record_spec["efi_vars"]]
     if not machine.get("machine_class"):
         del spec["machineClassRef"]
     metadata = {"name": machine["name"]}

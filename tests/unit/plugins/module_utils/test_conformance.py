@@ -64,7 +64,8 @@ IRONCORE = {
                                           {"name": "eph", "ephemeral": {"networkInterfaceTemplate": {
                                               "metadata": {"labels": {"a": "b"}}, "spec": NIC_SPEC}}}],
                     "ignitionRef": {"name": "ign", "key": "ignition"}, "power": "On",
-                    "efiVars": [{"name": "v", "uuid": "u", "value": "x"}], "hostname": "web-1"}},
+                    "efiVars": [{"name": "Machinery", "uuid": "1f5a2e9c-0d4b-4c8e-9a71-3b6e2d8f4c10",
+                                 "value": "AQID"}], "hostname": "web-1"}},
 }
 
 # IronCore's own types, every field set: ironcore-dev/ironcore api/compute/v1alpha1/machine_types.go,
