@@ -114,12 +114,22 @@ def lab_pid(pool):
         return int(handle.read().strip())
 
 
+def process_running(pid):
+    """True while ``pid`` runs (a zombie waiting for its parent to reap it is not running: a daemon whose parent
+    is a shell that has not waited yet, as in a Debian 13 root's PID namespace, stays in /proc until then)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def stop_daemon(pool, timeout=30):
-    """Stop a lab pool's libvirtd and wait until its process is gone."""
+    """Stop a lab pool's libvirtd and wait until its process has ended."""
     pid = lab_pid(pool)
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while os.path.exists("/proc/%d" % pid):
+    while process_running(pid):
         assert time.monotonic() < deadline, "libvirtd of %s (pid %d) did not stop" % (pool.name, pid)
         time.sleep(0.1)
 

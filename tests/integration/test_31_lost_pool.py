@@ -17,7 +17,7 @@ import time
 import libvirt
 import pytest
 
-from conftest import labelled_domains, lab_file, lab_pid, start_daemons, stop_daemon
+from conftest import labelled_domains, lab_file, lab_pid, process_running, start_daemons, stop_daemon
 
 
 @pytest.fixture(name="image", scope="session")
@@ -62,15 +62,6 @@ def qemu_pid(uuid):
         if uuid.encode() in args and any(b"qemu" in arg for arg in args[:1]):
             return int(entry)
     return None
-
-
-def alive(pid):
-    """True while ``pid`` runs (a zombie waiting for its parent is not running)."""
-    try:
-        with open("/proc/%d/stat" % pid) as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_until(condition, timeout, what):
@@ -163,7 +154,7 @@ def test_a_lost_pool_is_replaced_then_fenced_when_it_comes_back(lab_pools, modul
     command = daemon_command(lost_pool)
     stop_daemon(lost_pool)  # SIGTERM to libvirtd: its guests keep running
     lost_at = time.monotonic()
-    assert alive(stranded_pid) and alive(bystander_pid), "the guests died with their daemon"
+    assert process_running(stranded_pid) and process_running(bystander_pid), "the guests died with their daemon"
 
     # check mode: the plan, and nothing written (not even the mark)
     documents = {pool.name: set_documents(pool) for pool in reachable}
@@ -192,7 +183,7 @@ def test_a_lost_pool_is_replaced_then_fenced_when_it_comes_back(lab_pools, modul
     assert len(healed["planned_members"]) == 1 and healed["ready_replicas"] == 2 + 1, healed
     running = members(reachable)
     assert len(running) == 3 and all(active for _p, _u, active in running.values()), running
-    assert stranded not in running and alive(stranded_pid)  # its copy still runs on the unreachable host
+    assert stranded not in running and process_running(stranded_pid)  # its copy still runs on the unreachable host
     assert module("machine_set", **set_args(pools, image, "3s"))["changed"] is False
 
     restart_daemon_keeping_guests(lost_pool, command, stranded_pid)
@@ -201,13 +192,13 @@ def test_a_lost_pool_is_replaced_then_fenced_when_it_comes_back(lab_pools, modul
     planned = module("machine_set", check=True, **set_args(pools, image, "3s"))
     assert planned["fenced_members"] == [stranded] and planned["actions"][0] == "fence", planned
     assert planned["diff"]["before"]["replaced"] == [stranded] and planned["diff"]["after"]["replaced"] == []
-    assert lost_pool.domain(stranded).isActive() and alive(stranded_pid)
+    assert lost_pool.domain(stranded).isActive() and process_running(stranded_pid)
     back = module("machine_set", **set_args(pools, image, "3s"))
     assert not back.get("failed"), back
     assert back["fenced_members"] == [stranded] and back["actions"][:2] == ["fence", "reclaim"], back
     assert "create" not in back["actions"] and "delete" not in back["actions"], back
     assert lost_pool.domain(stranded) is None
-    wait_until(lambda: not alive(stranded_pid), 30, "the fenced guest's QEMU still runs")
+    wait_until(lambda: not process_running(stranded_pid), 30, "the fenced guest's QEMU still runs")
     assert not any(name.startswith(stranded) for name in lost_pool.volumes())  # its own volumes went
     after = members(pools)
     assert len(after) == 3 and all(active for _p, _u, active in after.values()) and stranded not in after
@@ -244,7 +235,7 @@ def test_a_pool_back_before_the_timeout_keeps_its_member(lab_pools, module, imag
     back = module("machine_set", **set_args(pools, image, HOUR))
     assert back["fenced_members"] == [] and back["planned_members"] == [] and back["unreachable_pools"] == [], back
     assert set(back["actions"]) == {"record"}, back  # the mark is cleared
-    assert members(pools) == before and qemu_pid(before[stranded][1]) == pid and alive(pid)
+    assert members(pools) == before and qemu_pid(before[stranded][1]) == pid and process_running(pid)
     again = module("machine_set", **set_args(pools, image, HOUR))
     assert again["changed"] is False, again
 
@@ -274,13 +265,13 @@ def test_a_health_check_replaces_within_max_unhealthy_and_the_set_fences(lab_poo
     assert module("machine_health_check", **check)["changed"] is False
     healed = module("machine_set", **set_args(pools, image, "1h"))
     assert len(healed["planned_members"]) == 1 and healed["ready_replicas"] == 3, healed
-    assert len(members(pools[:2])) == 3 and alive(pid)
+    assert len(members(pools[:2])) == 3 and process_running(pid)
 
     restart_daemon_keeping_guests(lost_pool, command, pid)
     back = module("machine_set", **set_args(pools, image, "1h"))
     assert back["fenced_members"] == [stranded], back
     assert lost_pool.domain(stranded) is None
-    wait_until(lambda: not alive(pid), 30, "the fenced guest's QEMU still runs")
+    wait_until(lambda: not process_running(pid), 30, "the fenced guest's QEMU still runs")
     assert len(members(pools)) == 3 and module("machine_set", **set_args(pools, image, "1h"))["changed"] is False
 
 

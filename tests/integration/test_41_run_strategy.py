@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 import libvirt
 import pytest
 
-from conftest import REPO, assert_failed, lab_file, lab_pid, listing, wait_uptime_above, write_source
-from test_31_lost_pool import alive
+from conftest import REPO, assert_failed, lab_file, lab_pid, listing, process_running, wait_uptime_above,\
+    write_source
 
 NS = "https://machinery.compute/xmlns/machine/1"
 TIMINGS = {}
@@ -165,7 +165,7 @@ def test_a_host_reboot_brings_back_exactly_the_machines_whose_strategy_says_so(
     assert re.search(r"3 guest\(s\) killed", output), output
     # the old guests are dead: SIGKILLed by the power loss (a zombie not yet reaped is dead too; its exit may lag)
     deadline = time.monotonic() + 30
-    while any(alive(pid) for pids in old_pids.values() for pid in pids):
+    while any(process_running(pid) for pids in old_pids.values() for pid in pids):
         assert time.monotonic() < deadline, old_pids
         time.sleep(0.2)
     pool.reconnect()
