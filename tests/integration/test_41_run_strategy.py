@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 import libvirt
 import pytest
 
-from conftest import REPO, assert_failed, lab_file, lab_pid, listing, process_running, wait_uptime_above,\
-    write_source
+from conftest import (REPO, assert_failed, lab_file, lab_pid, listing, process_running, wait_uptime_above,
+                      write_source)
 
 NS = "https://machinery.compute/xmlns/machine/1"
 TIMINGS = {}
