@@ -403,3 +403,13 @@ def kube_quantity(fields, value, path, minimum_bytes=None):
         return None
     result = fields.run(check.memory_bytes if minimum_bytes else check.disk_bytes, value, path)
     return result
+
+
+def powered_on(machine):
+    """Whether an exported document says ``machine`` (a machine status) is on: what its run strategy keeps it at
+    when it keeps one (always: on, halted: off), else whether it runs now. A machine applied off and never booted
+    (phase Pending) is off: exported on, a re-apply would start it."""
+    strategy = machine.get("run_strategy")
+    if strategy in ("always", "halted"):
+        return strategy == "always"
+    return machine.get("power_state") in ("running", "paused")

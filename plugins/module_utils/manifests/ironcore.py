@@ -20,7 +20,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.quantity im
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import (
     APPLIED, refused, table, warned)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
-    Fields, kube_quantity, secret_value)
+    Fields, kube_quantity, powered_on, secret_value)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import (
     ManifestObject, columns, machine_object)
 
@@ -715,7 +715,7 @@ def export(machine, record_spec):
     local = {name for name, how in marks.items() if how == "local"}
     spec = {"machineClassRef": {"name": machine.get("machine_class")}, "image": machine.get("image"),
             "machinePoolRef": {"name": machine.get("pool")},
-            "power": "On" if machine.get("phase") in ("Running", "Pending") else "Off"}
+            "power": "On" if powered_on(machine) else "Off"}
     if not spec["image"]:
         del spec["image"]  # a machine that boots from its first volume
     volumes = []

@@ -19,7 +19,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.quantity im
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.manifests import kupenstack_kinds as kinds
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import APPLIED, table
-from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import kube_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import kube_quantity, powered_on
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import machine_object
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.pending import refuse_pending
 
@@ -274,7 +274,7 @@ def export(machine, record_spec):
     """A VirtualMachine of an existing machine: its published image and class as ``image`` and ``flavor`` (the
     Image and Flavor documents are not exported: the image and class are on the pools already), its size as
     ``vcpu`` and ``memory``, its networks as ``network`` and its attached volumes as ``diskAttachments``."""
-    spec = {"running": machine.get("phase") in ("Running", "Pending"), "vcpu": machine.get("cpu"),
+    spec = {"running": powered_on(machine), "vcpu": machine.get("cpu"),
             "memory": machine.get("memory"),
             "network": [nic["network"] for nic in record_spec.get("network_interfaces") or []
                         if nic.get("network")]}

@@ -19,7 +19,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vali
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import (
     APPLIED, refused, table, warned)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
-    kube_quantity, secret_value)
+    kube_quantity, powered_on, secret_value)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests import openshift_libvirt as upstream
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import machine_object
 
@@ -464,7 +464,7 @@ def export(machine, record_spec):
         value["machineClass"] = machine["machine_class"]
     else:
         value.update(cpu=machine.get("cpu"), memory=machine.get("memory"))
-    if machine.get("phase") not in ("Running", "Pending"):
+    if not powered_on(machine):
         value["state"] = "stopped"
     volumes = []
     for vol in record_spec.get("volumes") or []:

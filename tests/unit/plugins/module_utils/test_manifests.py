@@ -657,3 +657,12 @@ def test_a_kind_of_several_projects_gets_a_table_per_group():
     assert sorted(tables) == ["Machine.compute.ironcore.dev", "Machine.vitistack.io", "MachineClass"]
     assert tables["Machine.vitistack.io"][0].split() == ["NAME", "PHASE", "PROVIDER"]
     assert tables["MachineClass"] == ["NAME    CPU", "small   1"]
+
+
+@pytest.mark.parametrize("strategy, power, on", [
+    ("always", "off", True), ("halted", "running", False), ("manual", "off", False), ("manual", "running", True),
+    ("on_failure", "paused", True), (None, "off", False), (None, "running", True)])
+def test_an_export_says_on_what_the_strategy_keeps_on(strategy, power, on):
+    """A machine applied off and never booted (phase Pending, strategy halted or manual) exports off in every
+    dialect: exported on, a re-apply would start it."""
+    assert docs.powered_on({"phase": "Pending", "run_strategy": strategy, "power_state": power}) is on
