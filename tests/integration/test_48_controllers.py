@@ -411,13 +411,9 @@ def test_two_attaches_wanting_the_last_room_take_it_in_turns(registered, image, 
         total = capacity.storage_of(pool.conn)["capacity"]
         register(pool, reserved={"storage": "%dKi" % ((total - used) // 1024 - 96 * 1024)})
         for name in names:
-            monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "machine %s" % name)
-            runs.append(ModuleRun("volume_attach", uri=pool.uri, machine=name, volume="%s-extra.qcow2" % name,
-                                  size="64Mi", ephemeral=True))
-            _pid, status = os.waitpid(runs[-1].proc.pid, os.WUNTRACED)
-            assert os.WIFSTOPPED(status), ("the run ended without stopping where it holds its machine",
-                                           runs[-1].finish())
-        monkeypatch.delenv(convergence.STOP_HOLDING_ENV)
+            runs.append(stopped_holding(monkeypatch, "volumes of machine %s" % name, "volume_attach", (),
+                                        uri=pool.uri, machine=name, volume="%s-extra.qcow2" % name, size="64Mi",
+                                        ephemeral=True))
         assert all(run.running() for run in runs)  # both hold their machine, both planned: they overlap
         for run in runs:
             os.killpg(run.proc.pid, signal.SIGCONT)

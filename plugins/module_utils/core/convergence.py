@@ -232,8 +232,13 @@ def converge(resource, check_mode=False):
             observed = resource.observe()
             plan = resource.plan(observed)
             if not plan.actions:
+                _clear_dead_holds(resource)
                 return plan, observed
-        return _apply_and_verify(resource, plan, observed)
+        done = _apply_and_verify(resource, plan, observed)
+        # a run whose actions took no admission lock (an attach of a volume a killed run made) still clears what
+        # killed runs of this controller left there
+        _clear_dead_holds(resource)
+        return done
     finally:
         for hold in reversed(taken):
             hold.release()
@@ -255,9 +260,9 @@ def stop_here():
 
 
 def _clear_dead_holds(resource):
-    """A run with nothing to do still breaks the holds and the admission lock that killed runs of this controller
-    left on its pool (PoolContext.clear_abandoned_lock, once per pool and run): a re-run that finds a killed run's
-    work done would otherwise leave that run's hold for the next one to break."""
+    """Every run that was not in check mode breaks the holds and the admission lock that killed runs of this
+    controller left on its pool (PoolContext.clear_abandoned_lock, once per pool and run): a re-run that finds a
+    killed run's work done, or finishes it without taking the lock, would otherwise leave them for the next one."""
     clear = getattr(getattr(resource, "ctx", None), "clear_abandoned_lock", None)
     if clear is not None:
         clear()
