@@ -124,6 +124,22 @@ def process_running(pid):
         return False
 
 
+def qemu_pids(uuid):
+    """The pids of the QEMU processes running the domain ``uuid`` (their command line names the UUID)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as handle:
+                args = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if uuid.encode() in args and b"qemu" in args[0]:
+            pids.append(int(entry))
+    return pids
+
+
 def stop_daemon(pool, timeout=30):
     """Stop a lab pool's libvirtd and wait until its process has ended."""
     pid = lab_pid(pool)

@@ -112,15 +112,20 @@ def awx(tmp_path_factory):
         run_module("machine", uri=entry["uri"], name=MACHINE, state="absent", shutdown_timeout=0)
 
 
-def runner(awx, ident, extravars, *args, cmdline=None):
-    """ansible-runner run on the private data directory; returns the artifacts of the run. Each job gets its own
-    env/extravars and env/cmdline (the command's further arguments), as AWX writes them per job."""
-    private = awx["private"]
+def job_env(private, extravars, cmdline=None):
+    """A job's env/extravars and env/cmdline (the command's further arguments, or none), as AWX writes them."""
     (private / "env" / "extravars").write_text(yaml.safe_dump(extravars))
     if cmdline:
         (private / "env" / "cmdline").write_text(cmdline)
     elif (private / "env" / "cmdline").exists():
         (private / "env" / "cmdline").unlink()
+
+
+def runner(awx, ident, extravars, *args, cmdline=None):
+    """ansible-runner run on the private data directory; returns the artifacts of the run. Each job gets its own
+    env/extravars and env/cmdline (the command's further arguments), as AWX writes them per job."""
+    private = awx["private"]
+    job_env(private, extravars, cmdline)
     proc = subprocess.run([BIN / "ansible-runner", "run", private, "--ident", ident] + list(args),
                           env=awx["env"], capture_output=True, text=True, timeout=900, check=False)
     artifacts = private / "artifacts" / ident

@@ -17,7 +17,7 @@ import time
 import libvirt
 import pytest
 
-from conftest import labelled_domains, lab_file, lab_pid, process_running, start_daemons, stop_daemon
+from conftest import labelled_domains, lab_file, lab_pid, process_running, qemu_pids, start_daemons, stop_daemon
 
 
 @pytest.fixture(name="image", scope="session")
@@ -50,18 +50,9 @@ def members(pools):
 
 
 def qemu_pid(uuid):
-    """The pid of the QEMU process running the domain ``uuid`` (its command line names the UUID), or None."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/cmdline" % entry, "rb") as handle:
-                args = handle.read().split(b"\0")
-        except OSError:
-            continue
-        if uuid.encode() in args and any(b"qemu" in arg for arg in args[:1]):
-            return int(entry)
-    return None
+    """The pid of the QEMU process running the domain ``uuid``, or None."""
+    pids = qemu_pids(uuid)
+    return pids[0] if pids else None
 
 
 def wait_until(condition, timeout, what):

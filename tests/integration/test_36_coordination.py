@@ -159,6 +159,24 @@ def lock_capacity(pool, name):
         return None
 
 
+def move_holding(machine, source, target, monkeypatch):
+    """A cold move of the machine from ``source`` to ``target`` with a 2 s lease, once it holds the machine on the
+    source (it holds it and reads both pools before any step): the run and its arguments."""
+    monkeypatch.setenv(leases.LEASE_ENV, "2")
+    args = dict(uri=source.uri, pools=fleet(machine), machine=NAME, target=target.name, mode="cold",
+                shutdown_timeout=1)
+    first = ModuleRun("machine_migrate", **args)
+    try:
+        def held():
+            """the first move's hold on the source"""
+            return any(".machine_migrate." in volume for volume in holds(source, NAME))
+        wait_for(held, timeout=300)
+    except BaseException:
+        first.kill()
+        raise
+    return first, args
+
+
 def test_a_move_that_outlasts_its_lease_keeps_it(machine, tmp_path, monkeypatch):
     """With the lease shortened to 2 s, a move renews it while it works: a second move started meanwhile waits
     (it says so) and never takes the hold over; the first move's hold is seen renewed over more than a lease.
@@ -169,16 +187,9 @@ def test_a_move_that_outlasts_its_lease_keeps_it(machine, tmp_path, monkeypatch)
     attached = run_module("volume_attach", uri=source.uri, machine=NAME, volume=big, size="128Mi", format="raw")
     assert attached["changed"], attached
     upload(source, big, os.urandom(128 * MIB))
-    monkeypatch.setenv("MACHINERY_LEASE_SECONDS", "2")
-    args = dict(uri=source.uri, pools=fleet(machine), machine=NAME, target=target.name, mode="cold",
-                shutdown_timeout=1)
-    first = ModuleRun("machine_migrate", **args)
+    first, args = move_holding(machine, source, target, monkeypatch)
     second = None
     try:
-        def held():
-            """the first move's hold on the source"""
-            return any(".machine_migrate." in volume for volume in holds(source, NAME))
-        wait_for(held, timeout=300)
         progress = tmp_path / "move-progress.json"
         monkeypatch.setenv("MACHINERY_PROGRESS_FILE", str(progress))
         second = ModuleRun("machine_migrate", hold_timeout=600, **args)
@@ -209,16 +220,9 @@ def test_a_holder_paused_past_its_lease_stops_before_its_next_step(machine, monk
     undoes nothing: the machine is on the target once, whole, and no hold or journal is left."""
     source = next(pool for pool in machine if pool.domain(NAME) is not None)
     target = next(pool for pool in machine if pool is not source)
-    monkeypatch.setenv("MACHINERY_LEASE_SECONDS", "2")
-    args = dict(uri=source.uri, pools=fleet(machine), machine=NAME, target=target.name, mode="cold",
-                shutdown_timeout=1)
-    first = ModuleRun("machine_migrate", **args)
+    first, args = move_holding(machine, source, target, monkeypatch)
     second = None
     try:
-        def holding():
-            """the first move's hold on the source: it holds the machine and reads both pools, before any step"""
-            return any(".machine_migrate." in volume for volume in holds(source, NAME))
-        wait_for(holding, timeout=300)
         os.killpg(first.proc.pid, signal.SIGSTOP)
         try:
             assert first.running()

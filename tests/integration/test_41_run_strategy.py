@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 import libvirt
 import pytest
 
-from conftest import (REPO, assert_failed, lab_file, lab_pid, listing, process_running, wait_uptime_above,
-                      write_source)
+from conftest import (REPO, assert_failed, lab_file, lab_pid, listing, process_running, qemu_pids,
+                      wait_uptime_above, write_source)
 
 NS = "https://machinery.compute/xmlns/machine/1"
 TIMINGS = {}
@@ -121,20 +121,6 @@ def started_at(pid):
     """When ``pid`` started, in seconds since the machine booted (/proc/PID/stat field 22)."""
     with open("/proc/%d/stat" % pid) as handle:
         return int(handle.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
-
-
-def qemu_pids(uuid):
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open("/proc/%s/cmdline" % entry, "rb") as handle:
-                    args = handle.read().split(b"\0")
-            except OSError:
-                continue
-            if uuid.encode() in args and b"qemu" in args[0]:
-                pids.append(int(entry))
-    return pids
 
 
 def test_a_host_reboot_brings_back_exactly_the_machines_whose_strategy_says_so(

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from conftest import OVERCOMMIT, Pool, load_lab, run_module
-from test_16_awx_runner import inject_credential, private_data_dir, task_results
+from test_16_awx_runner import inject_credential, job_env, private_data_dir, task_results
 
 BIN = Path(sys.executable).parent
 MACHINES = ["ee-1", "ee-2"]
@@ -77,11 +77,7 @@ def in_ee(ee, ident, extravars, *args, cmdline=None):
     """ansible-runner run in container mode: the job's command runs in the image, under podman, with the private
     data directory (at its own path, where the credential's injected files point) and the disk image mounted."""
     private = ee["private"]
-    (private / "env" / "extravars").write_text(yaml.safe_dump(extravars))
-    if cmdline:
-        (private / "env" / "cmdline").write_text(cmdline)
-    elif (private / "env" / "cmdline").exists():
-        (private / "env" / "cmdline").unlink()
+    job_env(private, extravars, cmdline)
     disk_dir = os.path.dirname(ee["disk"])
     command = [BIN / "ansible-runner", "run", private, "--ident", ident, "--process-isolation",
                "--process-isolation-executable", "podman", "--container-image", ee["image"],

@@ -4,12 +4,11 @@ machine runs on at the source, the same QEMU process, its guest's uptime going o
 no journal. A move under a policy that lets it converge (auto-converge) completes and reports its progress; the
 convergence time with and without auto-converge is measured (printed, never asserted)."""
 
-import os
 import time
 
 import pytest
 
-from conftest import assert_failed, run_module, wait_uptime_above
+from conftest import assert_failed, qemu_pids, run_module, wait_uptime_above
 
 # the guest rewrites 48 MiB of its RAM-backed root file system over and over, and prints its uptime
 DIRTY = "#!/bin/sh\n(while :; do dd if=/dev/zero of=/tmp/dirty bs=1M count=48 2>/dev/null; done) &\n" \
@@ -22,16 +21,8 @@ def fleet(pools):
 
 
 def qemu_pid_of(uuid):
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open("/proc/%s/cmdline" % entry, "rb") as handle:
-                    args = handle.read().split(b"\0")
-            except OSError:
-                continue
-            if uuid.encode() in args and b"qemu" in args[0]:
-                return int(entry)
-    return None
+    pids = qemu_pids(uuid)
+    return pids[0] if pids else None
 
 
 def remove(pools, name):
