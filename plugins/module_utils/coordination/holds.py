@@ -345,8 +345,13 @@ def clear_dead_holds(conn, pool, names, identity):
     for machine in sorted(held | set(markers)):
         found = sorted(markers.get(machine, []))
         prefix = keys.hold_prefix(machine)
-        if found and not all(identity.is_dead(marker, prefix) for marker in found):
-            continue  # a live holder, or one that cannot be told
+        dead = [marker for marker in found if identity.is_dead(marker, prefix)]
+        if len(dead) < len(found):
+            # a live holder, or one that cannot be told: only the markers of dead runs beside it go (a run killed
+            # between naming itself and taking the lock left one, and a later holder never lists it)
+            for marker in dead:
+                volumes.delete_quietly(pool, marker)
+            continue
         if machine not in held:
             for marker in found:
                 volumes.delete_quietly(pool, marker)

@@ -277,6 +277,10 @@ class VolumeLock:
                 if current is not None:
                     if current[1] and self._abandoned(*current):
                         self._break(current[1])
+                    else:  # a live holder's lock: only the markers of dead runs beside it go
+                        for marker in current[1]:
+                            if self.is_dead(marker):
+                                volumes.delete_quietly(self.pool, marker)
                     return names
                 self._complete_names()  # listed a moment ago, looked up in a refresh's window: again
             return names

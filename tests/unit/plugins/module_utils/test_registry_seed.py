@@ -415,3 +415,18 @@ def test_after_its_own_put_the_registry_names_no_generation_superseded(monkeypat
     assert registry.get(keys.POOL_KEY) == {"name": "hv1"}
     registry.put(keys.POOL_KEY, {"name": "hv1", "labels": {"zone": "a"}})
     assert sorted(pool.volumes) == ["pool.2.json"] and registry.superseded(keys.POOL_KEY) == []
+
+
+def test_a_dead_runs_marker_beside_a_live_hold_is_cleared_and_the_hold_kept(monkeypatch):
+    """A run killed between naming itself and taking the lock leaves its marker; a later run then holds the
+    machine with its own. Clearing dead holds removes the dead marker alone: the live holder keeps its lock and
+    its marker, and a marker of another controller (liveness unknown) is left."""
+    identity = locks.Identity()
+    prefix = keys.hold_prefix("vm-1")
+    alive = identity.marker(prefix)
+    dead = "%s%s.%d.%s.1" % (prefix, identity.controller, 2 ** 22 + 7, "1")  # no such pid on this controller
+    other = "%sothercontroller.42.1.1" % prefix
+    pool = HidingPool([keys.hold_volume("vm-1"), alive, dead, other], hidden=[])
+    monkeypatch.setattr(volumes.storage, "delete_volume", lambda _pool, name, **_kw: pool.deleted.append(name) or True)
+    holds.clear_dead_holds(None, pool, pool.listVolumes(), identity)
+    assert pool.deleted == [dead]
