@@ -261,7 +261,7 @@ class VolumeLock:
 
     def clear_abandoned(self):
         """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), and
-        delete the markers of dead runs beside no lock, so a converged run that writes nothing does not leave them
+        delete the markers of dead runs beside no lock or beside a live holder's, so a converged run that writes nothing does not leave them
         for the next writer to find. Whether there is a lock is read from a complete listing: a run's last upload
         (its journal cleared, a document written) starts a refresh in libvirt that hid a killed run's lock from
         this clean-up, and the lock outlived the run meant to clear it. Returns the listing."""
@@ -278,16 +278,18 @@ class VolumeLock:
                     if current[1] and self._abandoned(*current):
                         self._break(current[1])
                     else:  # a live holder's lock: only the markers of dead runs beside it go
-                        for marker in current[1]:
-                            if self.is_dead(marker):
-                                volumes.delete_quietly(self.pool, marker)
+                        self._delete_dead(current[1])
                     return names
                 self._complete_names()  # listed a moment ago, looked up in a refresh's window: again
             return names
-        for marker in names:
-            if marker.startswith(self.holder_prefix) and self.is_dead(marker):
-                volumes.delete_quietly(self.pool, marker)
+        self._delete_dead(name for name in names if name.startswith(self.holder_prefix))
         return names
+
+    def _delete_dead(self, markers):
+        """Delete those of ``markers`` whose runs are known dead (ran on this controller and are gone)."""
+        for marker in markers:
+            if self.is_dead(marker):
+                volumes.delete_quietly(self.pool, marker)
 
     def still_held(self):
         """Whether this run still holds the lock: its lock volume and its own marker are both there (a run that
