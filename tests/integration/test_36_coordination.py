@@ -151,10 +151,14 @@ def test_an_operation_during_a_live_move_is_refused_and_lost_nowhere(machine, op
 
 
 def lock_capacity(pool, name):
-    """The size of the machine's hold volume (its holder grows it at each renewal of its lease), or None."""
+    """The size of the newest generation of the machine's hold (its holder grows it at each renewal of its
+    lease), or None."""
     try:
         storage = pool.conn.storagePoolLookupByName("machinery-registry")
-        return storage.storageVolLookupByName("hold-%s.lock" % name).info()[1]
+        generations = [keys.slot_generation(volume, keys.hold_volume(name)) for volume in storage.listVolumes()]
+        newest = max([found for found in generations if found] or [0])
+        return storage.storageVolLookupByName(keys.lock_slot(keys.hold_volume(name), newest)).info()[1] \
+            if newest > 1 else None
     except libvirt.libvirtError:
         return None
 

@@ -129,9 +129,11 @@ def registry_volume(pool, name):
 
 
 def lock_mtime(pool):
+    """The modification time of the newest generation of the machine's hold (the one its holder renews)."""
     from lxml import etree
-    return float(etree.fromstring(registry_volume(pool, keys.hold_volume(NAME)).XMLDesc(0)).findtext(
-        "target/timestamps/mtime"))
+    newest = max(keys.slot_generation(volume, keys.hold_volume(NAME)) or 0 for volume in holds(pool, NAME))
+    return float(etree.fromstring(registry_volume(pool, keys.lock_slot(keys.hold_volume(NAME), newest)).XMLDesc(0))
+                 .findtext("target/timestamps/mtime"))
 
 
 def stopped_holding(monkeypatch, resource, module_name, launcher, **args):

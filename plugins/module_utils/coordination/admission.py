@@ -229,7 +229,7 @@ class Admission:
         hold = self.table.holds[self.ctx.uri]
         if hold.lock is None:
             return True
-        volume = claim(self.ctx.registry.pool, name)
+        volume = claim(self.ctx.registry.pool, name, self.table.identity)
         if volume is not None:
             with self.table.guard:
                 self.table.claimed.setdefault(self.ctx.uri, set()).add(name)
@@ -240,7 +240,7 @@ class Admission:
         if volume is True or volume is None:
             return
         try:
-            unclaim(self.ctx.registry.pool, volume, name)
+            unclaim(volume)
         finally:
             with self.table.guard:
                 self.table.claimed.get(self.ctx.uri, set()).discard(name)
@@ -333,14 +333,15 @@ class Admission:
 # process's hold of the admission lock ends, and the wave goes only then, so a claim without a live wave listing it
 # is a dead run's. A run that finds the machine held otherwise (a move of it, an update, a deletion) lets the
 # admission lock go and waits for that hold as any change does (holds.machine_hold).
-def claim(pool, machine):
-    """Hold ``machine`` for a create, with no holder marker (see above): the lock volume's handle, or None when
-    the machine is held already."""
-    return volumes.create_exclusive(pool, keys.hold_volume(machine), "the hold on machine %s" % machine)
+def claim(pool, machine, identity):
+    """Hold ``machine`` for a create, with no holder marker (see above): the lock (locks.machine_lock, taken),
+    or None when the machine is held already."""
+    lock = locks.machine_lock(pool, machine, identity, timeout=0, named=False, renew=False)
+    return lock if lock.try_once() else None
 
 
-def unclaim(pool, volume, machine):
-    volumes.delete_made(pool, volume, keys.hold_volume(machine))
+def unclaim(lock):
+    lock.release()
 
 
 def claim_abandoned(conn, pool, machine, age, identity):

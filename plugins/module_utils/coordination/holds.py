@@ -36,12 +36,6 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination imp
 DEFAULT_HOLD_TIMEOUT = 900
 MOVE = "machine_migrate"  # the operation of a move's holds (the module, the drain role, a resize that moves)
 PROGRESS_EVERY = 5.0  # seconds between two progress lines of a waiting run
-# The steps of a hold, in the order a holder takes them (locks.VolumeLock: its marker, the lock volume, the
-# renewals, the check before each step that changes anything, the step, the release) and the waiter's (watch the
-# lock, break it once its lease is over). tests/unit/plugins/module_utils/test_protocol_model.py explores every
-# interleaving of a model made of exactly these steps; it fails when this list and the model's differ.
-HOLDER_STEPS = ("mark", "take", "renew", "check", "act", "release")
-WAITER_STEPS = ("watch", "break")
 
 
 class Coordination:
@@ -260,7 +254,7 @@ class MachineHold:
     def check(self, before):
         """Raise HoldLost when this run's hold was taken over (it was paused past its lease): it must stop
         before ``before``, the next step that changes anything."""
-        if self.lock is None or isinstance(self.lock, _Inner):
+        if self.lock is None:
             return
         try:
             if self.lock.still_held():
@@ -297,7 +291,9 @@ class _Inner:
         self.marker = outer[0].marker
 
     def still_held(self):
-        return True
+        """The outer hold's answer: a hold taken again inside an operation is lost when the outer one is."""
+        lock = self.outer[0].lock
+        return lock.still_held() if lock is not None else True
 
     def release(self):
         self.outer[1] -= 1
@@ -322,10 +318,9 @@ def machine_hold(conn, machine, timeout, refuse=None, field="name", registry=Non
         return locks.NoLock()
     identity = identity if identity is not None else locks.Identity()
     lease = lease if lease is not None else leases.lease_seconds(os.environ.get(leases.LEASE_ENV))
-    return locks.VolumeLock(conn, pool, timeout, keys.hold_volume(machine), keys.hold_prefix(machine),
-                            what="the hold on machine %s" % machine, refuse=refuse, field=field,
-                            markerless=lambda age: admission.claim_abandoned(conn, pool, machine, age, identity),
-                            tag=tag, waiting=waiting, lease=lease, identity=identity)
+    return locks.machine_lock(pool, machine, identity, timeout=timeout, refuse=refuse, field=field,
+                              markerless=lambda age: admission.claim_abandoned(conn, pool, machine, age, identity),
+                              tag=tag, waiting=waiting, lease=lease)
 
 
 def clear_dead_holds(conn, pool, names, identity):
@@ -356,5 +351,9 @@ def clear_dead_holds(conn, pool, names, identity):
             for marker in found:
                 volumes.delete_quietly(pool, marker)
             continue
-        machine_hold(conn, machine, 0, registry=documents.Registry(conn, pool, identity),
-                     identity=identity).break_abandoned(found)
+        lock = machine_hold(conn, machine, 0, registry=documents.Registry(conn, pool, identity), identity=identity)
+        view = lock.observe()
+        if view is not None and not view.markers:
+            lock.clear_unnamed(view)
+        elif view is not None:
+            lock.clear_if_abandoned(view)

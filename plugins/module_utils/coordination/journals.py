@@ -117,8 +117,9 @@ def clean_waves(ctx, waves, epoch, claimed, identity):
             if not all(identity.is_dead(marker, prefix) for marker in markers):
                 continue  # held by a live run (or one that cannot be told), which owns what is there of the name
             remove_orphans(ctx, {"machine": name, "volumes": made}, skip_defined=True)
-            if keys.hold_volume(name) in names and not markers:
-                storage.delete_volume(registry.pool, keys.hold_volume(name))  # the dead create's claim
+            if keys.hold_volume(name) in names and not markers:  # the dead create's claim: taken over, let go
+                locks.machine_lock(registry.pool, name, identity, timeout=0, named=False, renew=False,
+                                   markerless=lambda _age: True).clear_if_abandoned()
         registry.delete(key, locked=True, epoch=epoch, expected=True)
 
 

@@ -4,10 +4,11 @@
 """Every name the protocol gives a volume, written once (docs/concurrency.md, "The artifacts").
 
 The registry of a pool is the storage pool REGISTRY_POOL; everything in it is named here: the documents
-(``<key>.<generation>.json``, their keys below), the locks (``<name>.lock``) and their holder markers
-(``<prefix><controller>.<pid>.<start>.<thread>[.<operation>.<since>.<host>]``). A marker is read from its name
-alone (a listing), never from its content, so every field of one is a word without dots. Nothing here reads or
-writes libvirt.
+(``<key>.<generation>.json``, their keys below), the locks (the anchor ``<name>.lock`` and the generations
+``<name>.lock.<g>``) and their holder markers
+(``<prefix>g<g>.<controller>.<pid>.<start>.<thread>[.<operation>.<since>.<host>]``). A marker is read from its
+name alone (a listing), never from its content, so every field of one is a word without dots. Nothing here reads
+or writes libvirt.
 """
 
 from __future__ import annotations
@@ -115,13 +116,18 @@ def hold_prefix(machine):
 
 
 def held_name(volume):
-    """(what is held, "lock" | "marker") of a volume of a hold, or None for any other volume."""
+    """(what is held, "lock" | "marker") of a volume of a hold (its lock's slots: ``lock_slot``), or None for any
+    other volume."""
     if not volume.startswith(HOLD_PREFIX):
         return None
-    if volume.endswith(".lock"):
-        return volume[len(HOLD_PREFIX):-len(".lock")], "lock"
     if _HOLDER in volume:
         return volume[len(HOLD_PREFIX):volume.index(_HOLDER)], "marker"
+    base = volume
+    head, _dot, tail = volume.rpartition(".")
+    if tail.isdigit():
+        base = head
+    if base.endswith(".lock"):
+        return base[len(HOLD_PREFIX):-len(".lock")], "lock"
     return None
 
 
@@ -153,9 +159,29 @@ def word(text):
     return _UNSAFE.sub("_", str(text))[:40] or "_"
 
 
-def holder_marker(prefix, controller, pid, start, thread, tag=""):
-    """The name of a holder marker: who holds (controller, process, thread), then ``tag``."""
-    return "%s%s.%d.%s.%d%s" % (prefix, controller, pid, start, thread % 10 ** 9, tag)
+def lock_slot(name, generation):
+    """The volume of generation ``generation`` of the lock ``name``. Generation 1 is the lock's anchor, ``name``
+    itself: there while any generation is held, so that a run finding no anchor may take the lock afresh. A
+    holder holds a generation of 2 or more, ``<name>.<generation>``: taking the lock, and taking it over from a
+    holder whose lease ran out, are both the exclusive create of the next generation (locks.VolumeLock)."""
+    return name if generation == 1 else "%s.%d" % (name, generation)
+
+
+def slot_generation(volume, name):
+    """The generation of the lock ``name`` that ``volume`` is (``lock_slot``), or None for any other volume."""
+    if volume == name:
+        return 1
+    if volume.startswith(name + "."):
+        tail = volume[len(name) + 1:]
+        if tail.isdigit() and int(tail) > 1:
+            return int(tail)
+    return None
+
+
+def holder_marker(prefix, generation, controller, pid, start, thread, tag=""):
+    """The name of a holder marker: the generation held, who holds it (controller, process, thread), then
+    ``tag``."""
+    return "%sg%d.%s.%d.%s.%d%s" % (prefix, generation, controller, pid, start, thread % 10 ** 9, tag)
 
 
 def holder_tag(operation, since, host):
@@ -163,12 +189,19 @@ def holder_tag(operation, since, host):
     return ".%s.%d.%s" % (word(operation), int(since), word(host))
 
 
+def _split_marker(marker, prefix):
+    fields = marker[len(prefix):].split(".")
+    if fields and len(fields[0]) > 1 and fields[0][0] == "g" and fields[0][1:].isdigit():
+        return int(fields[0][1:]), fields[1:]
+    return 1, fields  # a marker of an older version, which held the anchor alone
+
+
 def marker_fields(marker, prefix):
-    """The fields of a holder marker: controller, pid, start, thread[, operation, since, host]."""
-    return marker[len(prefix):].split(".")
+    """The fields of a holder marker after its generation: controller, pid, start, thread[, operation, since,
+    host]."""
+    return _split_marker(marker, prefix)[1]
 
 
-def break_guard_file(pool_uuid):
-    """The file (in the controller's temporary directory) that waiters on this controller take one at a time
-    before they break a lock of the storage pool ``pool_uuid``."""
-    return "machinery-compute-%s.lock" % pool_uuid
+def marker_generation(marker, prefix):
+    """The generation of the lock a holder marker names."""
+    return _split_marker(marker, prefix)[0]

@@ -3,9 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Leases: how a lock on a machine outlives a long operation and no dead holder (docs/concurrency.md, "Leases").
 
-A holder renews its lease every third of it by growing its lock volume by a block (``Renewer``). A waiter never
-compares its clock with a host's file time: it notes when it last saw the lock change (its size, its markers) on
-its own monotonic clock (``Watch``), and takes the lease as expired after a whole lease without a change.
+A holder renews its lease every third of it by growing its own generation of the lock by a block (``Renewer``).
+A waiter never compares its clock with a host's file time: it notes when it last saw the lock change (its newest
+generation, that generation's size, its markers) on its own monotonic clock (``Watch``), and takes the lease as
+expired after a whole lease without a change.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
 
 LEASE_SECONDS = 90
 LEASE_ENV = "MACHINERY_LEASE_SECONDS"  # shortens the lease, for tests
@@ -31,24 +33,23 @@ def lease_seconds(text):
 
 
 class Renewer:
-    """The thread that renews a holder's lease on the lock ``volume`` while it works. A renewal that fails is
-    tried again at the next; the holder's check (``VolumeLock.still_held``) tells it whether it still holds."""
+    """The thread that renews a holder's lease while it works: ``renew()`` (locks.VolumeLock.renew, which grows
+    the holder's own generation of the lock) every third of the lease. A renewal that fails is tried again at
+    the next, until ``renew`` finds the hold lost; the holder's check (``VolumeLock.still_held``) says so too."""
 
-    def __init__(self, volume, lease, name):
+    def __init__(self, renew, lease, name):
         self.renewals = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew, args=(volume, lease), daemon=True, name=name)
+        self._thread = threading.Thread(target=self._renew, args=(renew, lease), daemon=True, name=name)
         self._thread.start()
 
-    def _renew(self, volume, lease):
-        capacity = 1
+    def _renew(self, renew, lease):
         while not self._stop.wait(lease / RENEWALS_PER_LEASE):
-            capacity += RENEWAL_BYTES
             try:
-                volume.resize(capacity, 0)
-                self.renewals += 1
-            except lv.libvirt.libvirtError:
-                pass
+                if renew():
+                    self.renewals += 1
+            except (MachineryError, lv.libvirt.libvirtError):
+                pass  # a renewal that failed is tried again at the next; the holder's check tells it where it is
 
     def stop(self):
         self._stop.set()
@@ -56,22 +57,24 @@ class Renewer:
 
 
 class Watch:
-    """A waiter's view of one lease: when, on this process's monotonic clock, the lock last looked different."""
+    """A waiter's view of one lease: when, on this process's monotonic clock (``clock``), the lock last looked
+    different."""
 
-    def __init__(self, lease):
+    def __init__(self, lease, clock=time.monotonic):
         self.lease = lease
+        self.clock = clock
         self._seen = None
         self._seen_at = None
 
-    def note(self, capacity, markers):
-        seen = (capacity, tuple(markers))
+    def note(self, state, markers):
+        seen = (state, tuple(markers))
         if seen != self._seen:
-            self._seen, self._seen_at = seen, time.monotonic()
+            self._seen, self._seen_at = seen, self.clock()
 
     def unchanged_for(self):
         """Seconds since this waiter first saw the lock as it is now (0 before it looked)."""
-        return 0.0 if self._seen_at is None else time.monotonic() - self._seen_at
+        return 0.0 if self._seen_at is None else self.clock() - self._seen_at
 
     def expired(self):
         """Whether the holder has not renewed for a whole lease, as this waiter has watched it."""
-        return self._seen_at is not None and time.monotonic() - self._seen_at > self.lease
+        return self._seen_at is not None and self.clock() - self._seen_at > self.lease

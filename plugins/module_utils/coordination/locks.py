@@ -1,31 +1,31 @@
 # -*- coding: utf-8 -*-
 # Copyright: contributors to machinery.compute
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The lock: a volume whose creator holds it, and beside it a holder marker whose name says who (docs/concurrency.md).
+"""The lock: generations of a volume, each taken by an exclusive create, and a holder marker naming the holder
+of the newest (docs/concurrency.md, "Locks").
 
 One class, ``VolumeLock``, makes every lock of the protocol: a pool's admission lock (``admission_lock``), an
-image's upload lock (``image_upload_lock``) and the hold on a machine or a set (holds.py, with a lease). A run
-names itself first (its marker), then creates the lock volume; it deletes the lock before its marker, so a lock
-always has its holder's marker beside it and a killed holder is known dead at once by the next run on its
-controller. Every lock is a lease (leases.py): its holder renews it while it holds it, and a waiter breaks it when
-its holder is dead (liveness first) or when it has watched it unchanged for a whole lease on its own monotonic
-clock. No lock is ever judged by its file's time against this controller's clock.
+image's upload lock (``image_upload_lock``), the hold on a machine or a set (holds.py) and a create's claim on
+its machine (admission.py). The store decides who holds, never a reading of markers: a run holds generation g
+of a lock when it created the volume of generation g (keys.lock_slot) while the one before was still there and
+none after it was. Taking the lock afresh and taking it over from a holder whose lease ran out are both that
+create, so of two runs doing either at once exactly one wins. A holder names itself after it has won (a marker
+with its generation), renews its own generation only, and checks before each write that its generation is still
+the newest. A waiter only reads: it leaves nothing in the pool, so waiters never disturb one another. Every lock
+is a lease (leases.py): a waiter takes it over when its holder is known dead (liveness, where the holder's pid
+can be seen) or when it has watched it unchanged for a whole lease on its own monotonic clock.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import random
 import socket
-import tempfile
 import threading
 import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
-from ansible_collections.machinery.compute.plugins.module_utils.core import elements
-from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
@@ -43,12 +43,27 @@ UPLOAD_WAIT_SECONDS = 960
 # A lock a waiter has watched with no marker for this long was left by an older version or by hand, or by a run
 # killed between its lock and its marker, and is broken without waiting for a lease.
 MARKERLESS_SECONDS = 10
+# A lock nobody is named in is between two calls of a run (taking it afresh, naming itself, letting it go:
+# milliseconds), a create's claim (named by its wave), or was left by a run killed there. A clean-up that reads it
+# so ORPHAN_LOOKS times, ORPHAN_SECONDS apart, and that no live wave claims, takes it over and lets it go: a live
+# run it overtakes finds its generation taken over, and waits or stops like any other.
+ORPHAN_LOOKS = 3
+ORPHAN_SECONDS = 0.3
 
 
 def _boot_id():
     try:
         with open("/proc/sys/kernel/random/boot_id") as handle:
             return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _pid_namespace():
+    """The PID namespace this process sees others in (its inode), or None where it cannot be read: a pid names a
+    process only to a reader in the same namespace."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
     except OSError:
         return None
 
@@ -64,8 +79,9 @@ def process_start(pid):
 
 
 class Identity:
-    """Who this process is, as its holder markers and waves name it: this controller (a token of its host name and
-    boot), the process (pid and start time). Read once per object, and again in a child forked from the process;
+    """Who this process is, as its holder markers and waves name it: where its pid can be checked (a token of the
+    host name, the boot and the PID namespace: two containers on one host are two controllers), the process (pid
+    and start time; with the token, one run). Read once per object, and again in a child forked from the process;
     a run's objects share the run's (``Coordination.identity``), an object built alone reads its own."""
 
     def __init__(self):
@@ -76,7 +92,8 @@ class Identity:
     def _read(self):
         pid = os.getpid()
         if pid != self._pid:
-            self._controller = hashlib.sha256(("%s/%s" % (socket.gethostname(), _boot_id())).encode()).hexdigest()[:12]
+            where = "%s/%s/%s" % (socket.gethostname(), _boot_id(), _pid_namespace())
+            self._controller = hashlib.sha256(where.encode()).hexdigest()[:12]
             self._start = process_start(pid)
             self._pid = pid
 
@@ -95,14 +112,17 @@ class Identity:
         self._read()
         return self._start or "0"
 
-    def marker(self, prefix, tag=""):
-        """The name of this thread's holder marker (threads of one run take a pool's lock in turn)."""
+    def marker(self, prefix, generation, tag=""):
+        """The name of this thread's holder marker of ``generation`` (threads of one run take a pool's lock in
+        turn)."""
         self._read()
-        return keys.holder_marker(prefix, self._controller, self._pid, self._start, threading.get_ident(), tag)
+        return keys.holder_marker(prefix, generation, self._controller, self._pid, self._start,
+                                  threading.get_ident(), tag)
 
     def is_dead(self, marker, prefix):
-        """True when the holder ``marker`` names ran on this controller and that process is gone; None when it
-        cannot be told (another controller, or no marker)."""
+        """True when the holder ``marker`` names ran where this process can see its pid (this controller: the same
+        host, boot and PID namespace) and that process is gone; None when it cannot be told (another controller,
+        or no marker): such a holder is judged by its lease alone."""
         try:
             controller, pid, start = keys.marker_fields(marker, prefix)[:3]
         except (TypeError, ValueError):
@@ -126,14 +146,44 @@ def _naming(exc, marker):
     return exc
 
 
+class View:
+    """A waiter's reading of a lock: its newest generation (``top``), the markers naming that generation's
+    holder (none: a create's claim, or a holder killed before it named itself), every generation there, and for
+    how long the waiter has watched the lock unchanged (its own monotonic clock)."""
+
+    __slots__ = ("top", "markers", "generations", "names", "age", "capacity")
+
+    def __init__(self, top, markers, generations, names, age, capacity=1):
+        self.top = top
+        self.markers = markers
+        self.generations = generations
+        self.names = names
+        self.age = age
+        self.capacity = capacity
+
+    @property
+    def orphan(self):
+        """The anchor alone: no generation is held, nobody named."""
+        return self.top == 1 and not self.markers
+
+    @property
+    def holder(self):
+        return self.markers[0] if len(self.markers) == 1 else None
+
+
 class VolumeLock:
-    """A lock on one pool host made from libvirt alone: whoever creates the volume ``name`` in ``pool`` holds it;
-    beside it, a volume named ``<holder_prefix><controller>.<pid>.<start>.<thread><tag>`` names the holder. Works
-    over any URI, across hosts and processes."""
+    """A lock on one pool host made from libvirt alone (docs/concurrency.md, "Locks"). Works over any URI, across
+    hosts, PID namespaces and processes.
+
+    Its volumes, in ``pool`` (through ``store``, volumes.PoolStore; the protocol model passes a stand-in):
+    the anchor ``name`` (generation 1), there while any generation is held; the generation a holder holds,
+    ``<name>.<g>`` (g >= 2); the holder's marker ``<holder_prefix>g<g>.<controller>.<pid>.<start>.<thread><tag>``.
+    """
 
     def __init__(self, conn, pool, timeout=LOCK_WAIT_SECONDS, name=keys.ADMISSION_LOCK,
                  holder_prefix=keys.ADMISSION_HOLDER_PREFIX, what="the admission lock of this pool", refuse=None,
-                 field="uri", markerless=None, tag="", waiting=None, lease=ADMISSION_LEASE_SECONDS, identity=None):
+                 field="uri", markerless=None, tag="", waiting=None, lease=ADMISSION_LEASE_SECONDS, identity=None,
+                 store=None, clock=time.monotonic, sleep=time.sleep, named=True, renew=True):
         self.conn = conn
         self.pool = pool
         self.timeout = timeout
@@ -146,176 +196,160 @@ class VolumeLock:
         # claim on a machine is one, named by its wave: admission.claim_abandoned); None: after MARKERLESS_SECONDS
         self.markerless = markerless
         self.tag = tag  # appended to the holder marker (keys.holder_tag)
-        # lease: seconds a holder's lease lasts unless renewed (leases.py)
-        self.lease = lease
-        self.watch = leases.Watch(lease)
-        self.renewer = None
+        self.lease = lease  # seconds a holder's lease lasts unless renewed (leases.py)
+        self.clock = clock
+        self.sleep = sleep
+        self.watch = leases.Watch(lease, clock)
         # waiting(holder marker or None, seconds waited): called while the lock is held by another run
         self.waiting = waiting
         self.identity = identity if identity is not None else Identity()
-        self.volume = None
+        self.store = store if store is not None else volumes.PoolStore(pool)
+        self.named = named  # False: a claim, named by its create's wave instead of a marker
+        self.renew_in_thread = renew
+        self.generation = None  # the generation this run holds
         self.marker = None
-        self.marker_volume = None
+        self.renewer = None
+        self.capacity = 0
+        self.lost = False  # a renewal found the generation taken over
+
+    def slot(self, generation):
+        return keys.lock_slot(self.name, generation)
 
     def is_dead(self, marker):
         return self.identity.is_dead(marker, self.holder_prefix)
 
-    def _current(self):
-        """(seconds this waiter has watched it unchanged, holder markers) of the lock as it is now, or None when it
-        is free; the age is this process's monotonic clock, never the file's time. One marker is the
-        holder's; none means its holder was killed before it named itself (or is naming itself right now); more
-        than one, leftovers of dead holders beside the live one."""
-        vol = lv.lookup_volume(self.pool, self.name)
-        if vol is None:
-            return None
-        try:
-            found = elements.read_volume(elements.parse(vol.XMLDesc(0)))
-            markers = sorted(name for name in self.pool.listVolumes() if name.startswith(self.holder_prefix))
-        except lv.libvirt.libvirtError:
-            return None  # released meanwhile: try again
-        self.watch.note(found["capacity"], markers)
-        return self.watch.unchanged_for(), markers
+    # what a waiter reads
 
-    def _abandoned(self, age, markers):
-        """Whether a lock watched unchanged for ``age`` seconds with these markers has no live holder: its one holder
-        is known dead, it has had no holder for MARKERLESS_SECONDS, or its lease expired."""
-        if not markers:
-            return self.markerless(age) if self.markerless is not None else age > MARKERLESS_SECONDS
-        if all(self.is_dead(marker) for marker in markers):
-            return True  # liveness first: a holder known dead is not waited for
+    def observe(self):
+        """The lock as it is now (a View), or None when no generation of it is there (it is free)."""
+        names = self.store.names()
+        generations = sorted(found for found in (keys.slot_generation(name, self.name) for name in names) if found)
+        if not generations:
+            return None
+        top = generations[-1]
+        capacity = self.store.capacity(self.slot(top))
+        if capacity is None:
+            return None  # let go, or taken over, since the listing: read again
+        markers = sorted(name for name in names if name.startswith(self.holder_prefix)
+                         and keys.marker_generation(name, self.holder_prefix) == top)
+        self.watch.note((top, capacity), markers)
+        return View(top, markers, generations, names, self.watch.unchanged_for(), capacity)
+
+    def abandoned(self, view):
+        """Whether the lock as ``view`` shows it has no live holder: its holder is known dead (liveness first),
+        it has had no holder marker for long enough, or its lease expired as this waiter watched it."""
+        if not view.markers:
+            return self.markerless(view.age) if self.markerless is not None else view.age > MARKERLESS_SECONDS
+        if all(self.is_dead(marker) for marker in view.markers):
+            return True
         return self.watch.expired()  # never the host's file time against this controller's clock
 
-    def _break(self, markers):
-        """Delete the lock when it still has ``markers``, and those markers. Waiters on this controller break one
-        at a time (a file lock), so none deletes a lock another waiter has just taken."""
-        path = os.path.join(tempfile.gettempdir(), keys.break_guard_file(self.pool.UUIDString()))
-        with open(path, "a") as guard:
-            fcntl.flock(guard, fcntl.LOCK_EX)
-            current = self._current()
-            if current is not None and current[1] == markers:
-                volumes.delete_quietly(self.pool, self.name)
-                for marker in markers:
-                    volumes.delete_quietly(self.pool, marker)
+    # what a holder does
 
-    def break_abandoned(self, markers):
-        """Break the lock when it still has ``markers`` (a listing's) and no live holder."""
-        current = self._current()
-        if current is not None and current[1] == markers and self._abandoned(*current):
-            self._break(markers)
+    def take(self, view):
+        """One try to take the lock as ``view`` shows it (None: free; else its newest generation, abandoned):
+        the exclusive create of the next generation. True when this run holds it now."""
+        if view is None:
+            if not self.store.create(self.slot(1)):
+                return False  # the anchor is there: held after all (a listing missed it), read it again
+            generation = 2
+        else:
+            generation = view.top + 1
+        if not self.store.create(self.slot(generation)):
+            return False  # another run took that generation first
+        # a run that made the anchor started the lock afresh: no generation was held, none to confirm
+        if view is not None and (not self.store.exists(self.slot(generation - 1))
+                                 or self.store.exists(self.slot(generation + 1))):
+            # the generation taken over was let go meanwhile (its holder deleted it), or one after it is there:
+            # this create won nothing
+            self.store.delete(self.slot(generation))
+            return False
+        self.generation, self.lost, self.capacity = generation, False, 1
+        if self.named:
+            self.marker = self.identity.marker(self.holder_prefix, generation, self.tag)
+            self.store.create(self.marker)
+        if view is not None:
+            # what the generations before this one left: their volumes (never the anchor) and markers
+            for older in view.generations:
+                if 1 < older < generation:
+                    self.store.delete(self.slot(older))
+            for marker in view.names:
+                if marker.startswith(self.holder_prefix) and \
+                        keys.marker_generation(marker, self.holder_prefix) != generation:
+                    self.store.delete(marker)
+        return True
+
+    def renew(self):
+        """Renew this run's lease: grow its own generation by a block. Never touches another generation; when
+        its own is gone or a newer one is there, the hold is lost (``still_held`` says so from then on)."""
+        if self.generation is None or self.lost:
+            return False
+        if self.store.exists(self.slot(self.generation + 1)):
+            self.lost = True
+            return False
+        if self.store.resize(self.slot(self.generation), self.capacity + leases.RENEWAL_BYTES):
+            self.capacity += leases.RENEWAL_BYTES
+            return True
+        if not self.store.present(self.slot(self.generation)):
+            self.lost = True
+        return False
+
+    def still_held(self):
+        """Whether this run still holds the lock: its generation and its marker are there and no newer
+        generation is. Three lookups; a missing one is looked up again for a moment (libvirt's refresh)."""
+        if self.generation is None:
+            return True
+        if self.lost:
+            return False
+        held = self.store.present(self.slot(self.generation)) and \
+            (self.marker is None or self.store.present(self.marker)) and \
+            not self.store.exists(self.slot(self.generation + 1))
+        if not held:
+            self.lost = True
+        return held
+
+    def release(self):
+        """Let the lock go: this run's generation first (a run taking it over now finds it gone and backs off),
+        then the anchor, unless a run took the lock over (then that run holds the anchor)."""
+        if self.renewer is not None:
+            self.renewer.stop()
+            self.renewer = None
+        if self.generation is None:
+            return
+        generation, marker = self.generation, self.marker
+        self.generation, self.marker = None, None
+        self.store.delete(self.slot(generation))
+        taken_over = not self.store.absent(self.slot(generation + 1))
+        if marker is not None:
+            self.store.delete(marker)
+        if not taken_over:
+            self.store.delete(self.slot(1))
 
     def acquire(self):
-        began = time.monotonic()
+        began = self.clock()
         deadline = began + self.timeout
-        marker = self.identity.marker(self.holder_prefix, self.tag)
+        view = None
         while True:
-            # named first: a run killed at any point leaves no lock without its (dead, so breakable) holder
-            marker_volume = storage.create_volume(self.pool, marker, 1, "raw", mode="0600", replace=True)
-            try:
-                volume = volumes.create_exclusive(self.pool, self.name, self.what)
-            except BaseException:
-                volumes.delete_quietly(self.pool, marker)
-                raise
-            if volume is None:
-                volumes.delete_quietly(self.pool, marker)  # a waiter leaves no marker to be taken for the holder's
-            else:
-                if lv.lookup_volume(self.pool, marker) is None:
-                    # a waiter breaking the lock before us deleted every marker it listed, ours too: the lock
-                    # is ours (we made it), so we name ourselves again (the protocol model found this)
-                    marker_volume = storage.create_volume(self.pool, marker, 1, "raw", mode="0600", replace=True)
-                self.volume, self.marker, self.marker_volume = volume, marker, marker_volume
-                self.renewer = leases.Renewer(volume, self.lease, "lease-%s" % self.name)
-                return self
-            current = self._current()
-            if current is None:
-                try:
-                    # refused, yet not listed: a lock a killed run was making is on disk but not in libvirt's list
-                    self.pool.refresh(0)
-                except lv.libvirt.libvirtError:
-                    pass
-                current = self._current()
-            if current is not None:
-                if self._abandoned(*current):
-                    self._break(current[1])
-                    continue
-                holders = [marker for marker in current[1] if not self.is_dead(marker)]
+            if view is None or self.abandoned(view):
+                if self.take(view):
+                    if self.renew_in_thread:
+                        self.renewer = leases.Renewer(self.renew, self.lease, "lease-%s" % self.name)
+                    return self
+            view = self.observe()
+            if view is not None and not self.abandoned(view):
+                holders = [marker for marker in view.markers if not self.is_dead(marker)]
                 refusal = self.refuse(holders[0]) if self.refuse is not None and len(holders) == 1 else None
                 if refusal:
                     raise _naming(ConflictError(refusal, self.field), holders[0])
-            holder = current[1][0] if current is not None and len(current[1]) == 1 else None
-            if time.monotonic() > deadline:
+            holder = view.holder if view is not None else None
+            if self.clock() > deadline:
                 who = " (%s)" % holder[len(self.holder_prefix):] if holder else ""
                 raise _naming(ConflictError("%s has been held for over %ds by another run%s; a lock is taken as "
                                             "abandoned once its holder has not renewed it for %ds"
                                             % (self.what, self.timeout, who, self.lease), self.field), holder)
             if self.waiting is not None:
-                self.waiting(holder, time.monotonic() - began)
-            time.sleep(0.05 + random.random() * 0.1)
-
-    def _complete_names(self):
-        """The volume names of the pool, from a listing that is complete: a registry always holds its pool's
-        registration, so a listing of the registry without one is taken again. Other pools' listings are taken
-        as they come."""
-        if self.pool.name() != keys.REGISTRY_POOL:
-            return volumes.listing(self.pool)
-        return volumes.complete_listing(self.pool)
-
-    def clear_abandoned(self):
-        """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), and
-        delete the markers of dead runs beside no lock or beside a live holder's, so a converged run that writes nothing does not leave them
-        for the next writer to find. Whether there is a lock is read from a complete listing: a run's last upload
-        (its journal cleared, a document written) starts a refresh in libvirt that hid a killed run's lock from
-        this clean-up, and the lock outlived the run meant to clear it. Returns the listing."""
-        try:
-            # a lock or marker a killed run was making may be on disk but not in libvirt's list of the pool yet
-            self.pool.refresh(0)
-        except lv.libvirt.libvirtError:
-            pass  # an upload is running there: its own refresh follows it
-        names = self._complete_names()
-        if self.name in names:
-            for _attempt in range(3):
-                current = self._current()
-                if current is not None:
-                    if current[1] and self._abandoned(*current):
-                        self._break(current[1])
-                    else:  # a live holder's lock: only the markers of dead runs beside it go
-                        self._delete_dead(current[1])
-                    return names
-                self._complete_names()  # listed a moment ago, looked up in a refresh's window: again
-            return names
-        self._delete_dead(name for name in names if name.startswith(self.holder_prefix))
-        return names
-
-    def _delete_dead(self, markers):
-        """Delete those of ``markers`` whose runs are known dead (ran on this controller and are gone)."""
-        for marker in markers:
-            if self.is_dead(marker):
-                volumes.delete_quietly(self.pool, marker)
-
-    def still_held(self):
-        """Whether this run still holds the lock: its lock volume and its own marker are both there (a run that
-        takes over a lease deletes the markers it found). Looked up, and again for a moment when missing: a
-        lookup during libvirt's refresh of the pool can miss a volume that is there."""
-        if self.marker is None:
-            return True
-
-        def both():
-            return lv.lookup_volume(self.pool, self.name) is not None and \
-                lv.lookup_volume(self.pool, self.marker) is not None
-        return bool(volumes.reread(self.pool, both, bool))
-
-    def release(self):
-        # the lock before its marker: a run killed between the two leaves a dead marker, never a nameless lock
-        if self.renewer is not None:
-            self.renewer.stop()
-            self.renewer = None
-        if self.volume is not None and not self.still_held():
-            self.volume = None  # taken over: the lock is the new holder's now; only this run's marker goes
-        if self.volume is not None:
-            volumes.delete_made(self.pool, self.volume, self.name)
-            self.volume = None
-        if self.marker is not None:
-            volumes.delete_made(self.pool, self.marker_volume, self.marker)
-            self.marker, self.marker_volume = None, None
+                self.waiting(holder, self.clock() - began)
+            self.sleep(0.05 + random.random() * 0.1)
 
     def __enter__(self):
         return self.acquire()
@@ -324,11 +358,61 @@ class VolumeLock:
         self.release()
         return False
 
+    def try_once(self):
+        """Take the lock if it is free now, without waiting: True when this run holds it."""
+        return self.take(None)
+
+    # clean-up of what killed runs left
+
+    def clear_if_abandoned(self, view=None):
+        """Take the lock over and let it go when it has no live holder (as ``abandoned`` judges at a first look:
+        a holder known dead, or a markerless lock ``markerless`` calls abandoned). Whether it did."""
+        view = view if view is not None else self.observe()
+        if view is None or not self.abandoned(view) or not self.take(view):
+            return False
+        self.release()
+        return True
+
+    def clear_unnamed(self, view):
+        """Take over and let go the lock ``view`` shows with nobody named in it (``View.orphan``, or a generation
+        without a marker that ``markerless`` calls abandoned once watched long enough: no live wave claims it),
+        once it stays so for ORPHAN_LOOKS readings. Whether it did."""
+        if view.markers or (not view.orphan and self.markerless is not None
+                            and not self.markerless(MARKERLESS_SECONDS + 1)):
+            return False
+        for _look in range(ORPHAN_LOOKS):
+            self.sleep(ORPHAN_SECONDS)
+            again = self.observe()
+            if again is None or again.markers or (again.top, again.capacity) != (view.top, view.capacity):
+                return False
+        if not self.take(view):
+            return False
+        self.release()
+        return True
+
+    def clear_abandoned(self):
+        """Break the lock when its holder ran on this controller and is gone (a run killed while it held it), and
+        delete the markers of dead runs and of generations no longer held, so a converged run that writes nothing
+        does not leave them for the next writer to find. Returns the listing (a complete one, for a registry:
+        a run's last upload starts a refresh in libvirt that hid a killed run's lock from this clean-up)."""
+        self.store.refresh()  # a volume a killed run was making may be on disk but not in libvirt's list yet
+        names = self.store.names()
+        if any(keys.slot_generation(name, self.name) for name in names):
+            view = self.observe()
+            if view is not None and view.markers and self.clear_if_abandoned(view):
+                return names
+            if view is not None and self.clear_unnamed(view):
+                return names
+        for marker in names:
+            if marker.startswith(self.holder_prefix) and self.is_dead(marker):
+                self.store.delete(marker)
+        return names
 
 class NoLock:
     """What a lock is where there is nothing to lock (a pool without a registry), or the caller holds it already."""
 
     marker = None
+    generation = None
 
     def acquire(self):
         return self
@@ -344,6 +428,13 @@ class NoLock:
 
     def __exit__(self, *exc_info):
         return False
+
+
+def machine_lock(pool, machine, identity, **options):
+    """The lock of the hold on ``machine`` in the registry ``pool`` (holds.machine_hold gives it its lease and
+    waits; a create's claim, admission.claim, is one without a marker)."""
+    return VolumeLock(None, pool, name=keys.hold_volume(machine), holder_prefix=keys.hold_prefix(machine),
+                      what="the hold on machine %s" % machine, identity=identity, **options)
 
 
 def admission_lock(conn, pool, identity=None):

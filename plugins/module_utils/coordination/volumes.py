@@ -99,3 +99,78 @@ def delete_made(pool, volume, name):
     except lv.libvirt.libvirtError as exc:
         if exc.get_error_code() != lv.libvirt.VIR_ERR_NO_STORAGE_VOL:
             delete_quietly(pool, name)
+
+
+class PoolStore:
+    """The storage calls a lock makes, on one libvirt storage pool: the only way ``locks.VolumeLock`` touches
+    libvirt. The protocol's model (tests/unit/plugins/module_utils/test_protocol_model.py) drives the same lock
+    class against an in-memory store with these five calls, pausing or killing a run between any two of them."""
+
+    def __init__(self, pool, complete=None):
+        self.pool = pool
+        # a registry: a listing is believed once it holds the pool's registration (None: asked of the pool)
+        self.complete = complete
+        self._made = {}  # name -> the handle its create gave, so that deleting it needs no lookup
+
+    def create(self, name):
+        """Create the empty volume ``name``: True when this call made it, False when it was there."""
+        volume = create_exclusive(self.pool, name, "lock volume %s" % name)
+        if volume is not None:
+            self._made[name] = volume
+        return volume is not None
+
+    def delete(self, name):
+        """Delete ``name`` when it is there (busy for a moment: tried again)."""
+        volume = self._made.pop(name, None)
+        if volume is not None:
+            delete_made(self.pool, volume, name)
+        else:
+            delete_quietly(self.pool, name)
+
+    def capacity(self, name):
+        """The size of ``name`` in bytes, or None when it is not there (its holder's renewals grow it)."""
+        vol = lv.lookup_volume(self.pool, name)
+        try:
+            return vol.info()[1] if vol is not None else None
+        except lv.libvirt.libvirtError:
+            return None  # deleted since the lookup
+
+    def resize(self, name, capacity):
+        """Grow ``name`` to ``capacity`` bytes; False when it is not there or libvirt refused."""
+        try:
+            vol = lv.lookup_volume(self.pool, name)
+            if vol is None:
+                return False
+            vol.resize(capacity, 0)
+            return True
+        except lv.libvirt.libvirtError:
+            return False
+
+    def refresh(self):
+        """Have libvirt read the pool's directory again (an upload running there refreshes it when it ends)."""
+        try:
+            self.pool.refresh(0)
+        except lv.libvirt.libvirtError:
+            pass
+
+    def names(self):
+        """The pool's volume names; a registry's from a listing that holds its registration (``reread``)."""
+        if self.complete is None:
+            self.complete = self.pool.name() == keys.REGISTRY_POOL
+        if self.complete:
+            return complete_listing(self.pool)
+        return listing(self.pool)
+
+    def exists(self, name):
+        """Whether a lookup finds ``name`` (one call; it can miss a volume during libvirt's refresh of the pool)."""
+        return lv.lookup_volume(self.pool, name) is not None
+
+    def present(self, name):
+        """Whether ``name``, which should be there, is: looked up, and when missing again for a moment through
+        libvirt's refresh of the pool (``reread``)."""
+        return self.exists(name) or bool(reread(self.pool, lambda: self.exists(name), bool))
+
+    def absent(self, name):
+        """Whether ``name`` is not there: a lookup misses it and so does a listing (a complete one, for a
+        registry)."""
+        return not self.exists(name) and name not in self.names()

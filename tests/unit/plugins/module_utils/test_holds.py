@@ -99,7 +99,7 @@ def test_holds_are_released_when_the_apply_fails():
 def test_a_marker_names_its_holder():
     coordination = holds.Coordination("volume_attach", 60, host="ctl.example.org", clock=lambda: 1700000000)
     prefix = keys.hold_prefix("web-1")
-    marker = locks.Identity().marker(prefix, coordination.tag())
+    marker = locks.Identity().marker(prefix, 2, coordination.tag())
     assert marker.startswith(prefix) and "/" not in marker
     found = holds.holder(marker, prefix)
     assert found["controller"] == "ctl_example_org" and found["operation"] == "volume_attach"
@@ -141,7 +141,7 @@ def test_a_conflict_names_the_holder(monkeypatch):
     prefix = keys.hold_prefix("web-1")
     other = holds.Coordination("machine_snapshot", host="ctl2", clock=lambda: 1700000000)
     refusal = ConflictError("the hold on machine web-1 has been held for over 5s by another run", "machine")
-    refusal.holder_marker = locks.Identity().marker(prefix, other.tag())
+    refusal.holder_marker = locks.Identity().marker(prefix, 2, other.tag())
     monkeypatch.setattr(holds, "machine_hold", lambda *args, **kwargs: FakeLock([], refusal))
     with pytest.raises(ConflictError) as caught:
         holds.Coordination("volume_attach", 5).machine(None, "web-1", "uri1").acquire()
@@ -153,8 +153,8 @@ def test_a_conflict_names_the_holder(monkeypatch):
 
 def test_only_a_move_is_refused_at_once():
     prefix = keys.hold_prefix("web-1")
-    move = locks.Identity().marker(prefix, holds.Coordination(holds.MOVE, host="c").tag())
-    snapshot = locks.Identity().marker(prefix, holds.Coordination("machine_snapshot", host="c").tag())
+    move = locks.Identity().marker(prefix, 2, holds.Coordination(holds.MOVE, host="c").tag())
+    snapshot = locks.Identity().marker(prefix, 2, holds.Coordination("machine_snapshot", host="c").tag())
     attach = holds.Coordination("volume_attach").machine(None, "web-1")
     assert "being moved" in attach._refuse(move)
     assert attach._refuse(snapshot) is None
@@ -177,26 +177,30 @@ def test_every_kind_says_what_it_holds():
     assert all("holds" not in getattr(kind, "__abstractmethods__", ()) for kind in kinds)
 
 
+def held_as(markers, age=0.0):
+    """A waiter's reading of a lock whose newest generation (2) has ``markers``."""
+    return locks.View(2, markers, [1, 2], markers, age)
+
+
 def test_a_waiter_judges_a_lease_on_its_own_clock_from_the_last_change(monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr(volumes.time, "monotonic", lambda: now[0])
     monkeypatch.setattr(locks.Identity, "is_dead", lambda self, marker, prefix: None)  # another controller's: unknown
-    lock = locks.VolumeLock(None, None, lease=6)
-    lock.watch.note(1, ["hold-a.holder.x"])
+    lock = locks.VolumeLock(None, None, lease=6, clock=lambda: now[0])
+    lock.watch.note((2, 1), ["hold-a.holder.x"])
     now[0] += 5
-    assert not lock._abandoned(10 ** 6, ["hold-a.holder.x"])  # however old the file: the host's clock is not read
-    lock.watch.note(513, ["hold-a.holder.x"])  # renewed: the lease starts again from here
+    assert not lock.abandoned(held_as(["hold-a.holder.x"], 10 ** 6))  # however old: the host's clock is not read
+    lock.watch.note((2, 513), ["hold-a.holder.x"])  # renewed: the lease starts again from here
     now[0] += 5
-    assert not lock._abandoned(0, ["hold-a.holder.x"])
+    assert not lock.abandoned(held_as(["hold-a.holder.x"]))
     now[0] += 1.5
-    assert lock._abandoned(0, ["hold-a.holder.x"])  # a whole lease without a change
+    assert lock.abandoned(held_as(["hold-a.holder.x"]))  # a whole lease without a change
 
 
 def test_a_dead_holder_is_not_waited_for_even_within_its_lease(monkeypatch):
     monkeypatch.setattr(locks.Identity, "is_dead", lambda self, marker, prefix: True)
     lock = locks.VolumeLock(None, None, lease=600)
-    lock.watch.note(1, ["hold-a.holder.x"])
-    assert lock._abandoned(0, ["hold-a.holder.x"])
+    lock.watch.note((2, 1), ["hold-a.holder.x"])
+    assert lock.abandoned(held_as(["hold-a.holder.x"]))
 
 
 def test_the_lease_setting():

@@ -307,9 +307,11 @@ def test_a_machine_hold_asks_the_waves_about_a_markerless_lock(monkeypatch):
     asked = []
     monkeypatch.setattr(adm, "claim_abandoned", lambda conn, pool, machine, age, identity: asked.append((machine, age)) or 1)
     hold = holds.machine_hold(None, "web", 5, registry=documents.Registry(None, Listed()))
-    assert hold.name == "hold-web.lock" and hold._abandoned(2.0, []) == 1 and asked == [("web", 2.0)]
+    assert hold.name == "hold-web.lock" and hold.abandoned(locks.View(2, [], [1, 2], [], 2.0)) == 1
+    assert asked == [("web", 2.0)]
     # a lock with its holder's marker (another controller's here) is judged by the marker, as before
-    assert hold._abandoned(2.0, [keys.hold_prefix("web") + "0123456789ab.1.2.3"]) is False
+    foreign = [keys.hold_prefix("web") + "g2.0123456789ab.1.2.3"]
+    assert hold.abandoned(locks.View(2, foreign, [1, 2], foreign, 2.0)) is False
     assert asked == [("web", 2.0)]
 
 
@@ -321,7 +323,7 @@ def test_cleaning_a_dead_wave_removes_its_creates_claims_but_not_this_processs_o
                      ["hold-w.lock", dead, "hold-x.lock", "hold-y.lock", "hold-z.lock",
                       keys.hold_prefix("z") + "0123456789ab.1.2.3"])
     deleted = []
-    monkeypatch.setattr(journal.storage, "delete_volume", lambda pool, name: deleted.append(name))
+    monkeypatch.setattr(locks.VolumeLock, "clear_if_abandoned", lambda self, view=None: deleted.append(self.name))
     journal.clean_waves(Ctx(docs), ["wave-dead-1-2-3"], 5, {"y"}, ME)
     # y is this process's create; z is held by a run that cannot be told dead; w's hold, with a dead marker, is
     # the run's clean-up's to break (clear_dead_holds), its volumes go with the wave
@@ -360,10 +362,14 @@ def test_a_runs_clean_up_breaks_only_holds_whose_holders_are_gone(monkeypatch):
              "hold-e.holder." + dead,                                  # a dead waiter's marker
              "pool.1.json", "admission.lock"]
     broken, deleted = [], []
-    monkeypatch.setattr(locks.VolumeLock, "break_abandoned", lambda self, markers: broken.append((self.name, markers)))
+    marked = {"hold-a.lock": ["hold-a.holder." + dead]}
+    monkeypatch.setattr(locks.VolumeLock, "observe",
+                        lambda self: locks.View(2, marked.get(self.name, []), [1, 2], [], 0.0))
+    monkeypatch.setattr(locks.VolumeLock, "clear_if_abandoned", lambda self, view=None: broken.append(self.name))
+    monkeypatch.setattr(locks.VolumeLock, "clear_unnamed", lambda self, view: broken.append(self.name + " unnamed"))
     monkeypatch.setattr(holds.volumes, "delete_quietly", lambda pool, name: deleted.append(name))
     holds.clear_dead_holds(None, Listed(names), names, ME)
-    assert broken == [("hold-a.lock", ["hold-a.holder." + dead]), ("hold-d.lock", [])]
+    assert broken == ["hold-a.lock", "hold-d.lock unnamed"]
     assert deleted == ["hold-e.holder." + dead]
 
 

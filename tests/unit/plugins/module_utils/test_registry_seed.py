@@ -116,20 +116,22 @@ def test_a_lock_is_abandoned_by_a_dead_or_missing_holder_and_never_by_a_live_one
     waiter has watched it so for MARKERLESS_SECONDS; a live holder's lock only once its lease went unrenewed,
     whatever lies beside it and whatever its file's time says."""
     now = [1000.0]
-    monkeypatch.setattr(leases.time, "monotonic", lambda: now[0])
-    lock = locks.VolumeLock(None, None)
-    alive = locks.Identity().marker(keys.ADMISSION_HOLDER_PREFIX)
-    dead = "%s%s.%d.%s" % (keys.ADMISSION_HOLDER_PREFIX, locks.Identity().controller, 2 ** 22 + 7, "1")  # no such pid
-    assert lock._abandoned(locks.MARKERLESS_SECONDS + 1, []) is True
-    assert lock._abandoned(1, []) is False
-    assert lock._abandoned(1, [dead]) is True
-    assert lock._abandoned(1, [alive]) is False
-    assert lock._abandoned(1, [alive, dead]) is False
-    lock.watch.note(1, [alive])
+    lock = locks.VolumeLock(None, None, clock=lambda: now[0])
+    alive = locks.Identity().marker(keys.ADMISSION_HOLDER_PREFIX, 2)
+    dead = "%sg2.%s.%d.%s.1" % (keys.ADMISSION_HOLDER_PREFIX, locks.Identity().controller, 2 ** 22 + 7, "1")  # no pid
+
+    def seen(age, markers):
+        return locks.View(2, markers, [1, 2], markers, age)
+    assert lock.abandoned(seen(locks.MARKERLESS_SECONDS + 1, [])) is True
+    assert lock.abandoned(seen(1, [])) is False
+    assert lock.abandoned(seen(1, [dead])) is True
+    assert lock.abandoned(seen(1, [alive])) is False
+    assert lock.abandoned(seen(1, [alive, dead])) is False
+    lock.watch.note((2, 1), [alive])
     now[0] += locks.ADMISSION_LEASE_SECONDS - 1
-    assert lock._abandoned(10 ** 6, [alive]) is False  # renewed within its lease, however old its file
+    assert lock.abandoned(seen(10 ** 6, [alive])) is False  # renewed within its lease, however old its file
     now[0] += 2
-    assert lock._abandoned(0, [alive]) is True  # a whole lease unrenewed, on the waiter's own clock
+    assert lock.abandoned(seen(0, [alive])) is True  # a whole lease unrenewed, on the waiter's own clock
 
 
 class HidingPool:
@@ -226,8 +228,20 @@ class LaggingRegistry:
             return []
         return sorted(self.volumes)
 
+    def createXML(self, xml, _flags):  # noqa: N802
+        name = xml.split("<name>")[1].split("</name>")[0]
+        if name in self.volumes:
+            error = libvirt.libvirtError("exists")
+            error.err = (libvirt.VIR_ERR_STORAGE_VOL_EXIST,) + (None,) * 8
+            raise error
+        self.volumes.add(name)
+        return MadeVolume(self, name)
+
 
 class FakeVolume:
+    def info(self):
+        return [0, 1, 0]
+
     def XMLDesc(self, _flags):
         return ("<volume><name>admission.lock</name><capacity>1</capacity><allocation>0</allocation><target>"
                 "<path>/x</path><format type='raw'/><timestamps><mtime>%f</mtime></timestamps></target></volume>"
@@ -276,6 +290,14 @@ class CountingPool:
     def __init__(self):
         self.volumes = {}
         self.lookups = 0
+        self.listings = 0
+
+    def name(self):
+        return "machinery"
+
+    def listVolumes(self):  # noqa: N802
+        self.listings += 1
+        return sorted(self.volumes)
 
     def createXML(self, xml, _flags):  # noqa: N802
         name = xml.split("<name>")[1].split("</name>")[0]
@@ -288,6 +310,10 @@ class CountingPool:
 
     def storageVolLookupByName(self, name):  # noqa: N802
         self.lookups += 1
+        if name not in self.volumes:
+            error = libvirt.libvirtError("no volume")
+            error.err = (libvirt.VIR_ERR_NO_STORAGE_VOL,) + (None,) * 8
+            raise error
         return self.volumes[name]
 
 
@@ -296,17 +322,22 @@ class MadeVolume:
         self.pool, self.name = pool, name
 
     def delete(self, _flags):
-        del self.pool.volumes[self.name]
+        if isinstance(self.pool.volumes, set):
+            self.pool.volumes.discard(self.name)
+        else:
+            del self.pool.volumes[self.name]
 
 
-def test_a_hold_is_taken_and_given_back_with_three_lookups():
-    """A hold is a lease: taken, it looks its marker up once (a waiter breaking the lock may have deleted it);
-    given back, it confirms the lock and the marker are still its own. Nothing else is looked up."""
+def test_a_hold_is_taken_with_three_creates_and_given_back_with_one_lookup():
+    """A hold is a lease: taken afresh, it creates the lock's anchor, its generation and its marker, and looks
+    nothing up; given back, it deletes them by the handles their creates gave, and looks once for a newer
+    generation (a run that took it over), with a listing to believe the miss."""
     pool = CountingPool()
     registry = documents.Registry(None, pool)
     with holds.machine_hold(None, "web-1", 5, registry=registry) as hold:  # no storage pool lookup: no conn needed
-        assert sorted(pool.volumes) == sorted(["hold-web-1.lock", hold.marker])
-    assert pool.volumes == {} and pool.lookups == 3
+        assert sorted(pool.volumes) == sorted(["hold-web-1.lock", "hold-web-1.lock.2", hold.marker])
+        assert pool.lookups == 0
+    assert pool.volumes == {} and pool.lookups == 1 and pool.listings == 1
 
 
 def test_a_superseded_generation_a_killed_reader_still_holds_is_pruned_once_released(monkeypatch):
@@ -423,7 +454,7 @@ def test_a_dead_runs_marker_beside_a_live_hold_is_cleared_and_the_hold_kept(monk
     its marker, and a marker of another controller (liveness unknown) is left."""
     identity = locks.Identity()
     prefix = keys.hold_prefix("vm-1")
-    alive = identity.marker(prefix)
+    alive = identity.marker(prefix, 2)
     dead = "%s%s.%d.%s.1" % (prefix, identity.controller, 2 ** 22 + 7, "1")  # no such pid on this controller
     other = "%sothercontroller.42.1.1" % prefix
     pool = HidingPool([keys.hold_volume("vm-1"), alive, dead, other], hidden=[])
