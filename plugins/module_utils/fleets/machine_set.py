@@ -633,6 +633,9 @@ class MachineSetResource(Resource):
 
         def one(action):
             name = "%s %s" % (action.kind, action.target)
+            # a run paused past its lease while another run took the set over stops here (HoldLost), before it
+            # changes a member the other run decided about
+            self.fence(name)
             progress.begin(name)
             try:
                 return self.apply_one(action, observed)
