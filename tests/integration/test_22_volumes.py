@@ -94,7 +94,7 @@ def test_lifecycle(vol_pool, module):
     assert module("volume_info", uri=pool.uri, labels={"app": "nobody"})["volumes"] == []
     everything = [v["name"] for v in module("volume_info", pools=[pool.uri])["volumes"]]
     assert DATA in everything
-    assert not any(name.startswith("image-") or name.endswith((".complete", "-console.log", ".lock"))
+    assert not any(name.startswith(("image-", "upload-")) or name.endswith((".complete", "-console.log", ".lock"))
                    for name in everything), everything
 
     planned = module("volume", check=True, uri=pool.uri, name=DATA, state="absent")

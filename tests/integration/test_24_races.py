@@ -236,19 +236,26 @@ def test_a_document_still_being_written_is_not_there_yet(pool):
 REGISTRY = "machinery-registry"
 
 
-def markers_of(pool, name, pid):
-    """The holder markers of process ``pid`` on the hold of machine ``name``: a run waiting for the hold makes one
-    each time it tries to take it."""
-    prefix = keys.hold_prefix(name)
-    return [volume for volume in listed(pool, REGISTRY)
-            if volume.startswith(prefix) and volume[len(prefix):].split(".")[1:2] == [str(pid)]]
+def waiting_run(monkeypatch, progress, *args, **kwargs):
+    """A ModuleRun whose progress (what a waiting run says) goes to the file ``progress``."""
+    monkeypatch.setenv("MACHINERY_PROGRESS_FILE", str(progress))
+    try:
+        return ModuleRun(*args, **kwargs)
+    finally:
+        monkeypatch.delenv("MACHINERY_PROGRESS_FILE")
+
+
+def says_it_waits(progress, name):
+    """Whether a run's progress file says it waits for the hold on machine ``name`` (a waiter leaves nothing in
+    the registry: what it says is how a test sees it wait)."""
+    return progress.exists() and ("waiting for machine %s," % name) in progress.read_text()
 
 
 def waves(pool):
     return [volume for volume in listed(pool, REGISTRY) if volume.startswith(keys.WAVE_PREFIX)]
 
 
-def test_a_create_lets_the_lock_go_and_waits_for_a_run_that_holds_its_machine(pool, image):
+def test_a_create_lets_the_lock_go_and_waits_for_a_run_that_holds_its_machine(pool, image, tmp_path, monkeypatch):
     """A create holds its machine with a lock volume alone, named by its wave. Meeting a hold another run took (a
     move of that name, an update, a deletion), it makes nothing, lets the pool's admission lock go and waits for
     that hold as a change does, then creates the machine."""
@@ -258,12 +265,13 @@ def test_a_create_lets_the_lock_go_and_waits_for_a_run_that_holds_its_machine(po
     hold = machine_hold(pool.conn, name, 30, registry=registry).acquire()  # this test's process holds it
     creator = None
     try:
-        creator = ModuleRun("machine", diff=False, uri=pool.uri, name=name, machine_class="small", image=image,
-                            state="present", network_interfaces=[])
+        progress = tmp_path / "progress.json"
+        creator = waiting_run(monkeypatch, progress, "machine", diff=False, uri=pool.uri, name=name,
+                              machine_class="small", image=image, state="present", network_interfaces=[])
 
         def waiting():
-            """the create trying to take the hold the test has"""
-            return bool(markers_of(pool, name, creator.proc.pid))
+            """the create waiting for the hold the test has"""
+            return says_it_waits(progress, name)
         wait_for(waiting)
         assert creator.running()
         names = listed(pool, REGISTRY)
@@ -294,7 +302,8 @@ ENDINGS = {"continued": continued, "killed": killed}
 
 
 @pytest.mark.parametrize("ending", sorted(ENDINGS))
-def test_a_delete_waits_for_the_create_holding_its_machine_unless_that_create_died(pool, image, ending):
+def test_a_delete_waits_for_the_create_holding_its_machine_unless_that_create_died(pool, image, ending, tmp_path,
+                                                                                   monkeypatch):
     """A create holds its machine from before its first volume until its guest is started, with a lock volume
     whose holder its wave names. A deletion of the machine meanwhile waits for it, and deletes the machine once
     the create is done; when the create is killed, its hold is a dead run's and the deletion breaks it at once."""
@@ -323,11 +332,13 @@ def test_a_delete_waits_for_the_create_holding_its_machine_unless_that_create_di
             assert not creator.finish().get("failed")
             run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=1)
         assert frozen, "never froze a create while it held its machine"
-        deleter = ModuleRun("machine", diff=False, uri=pool.uri, name=name, state="absent", shutdown_timeout=1)
+        progress = tmp_path / "progress.json"
+        deleter = waiting_run(monkeypatch, progress, "machine", diff=False, uri=pool.uri, name=name, state="absent",
+                              shutdown_timeout=1)
 
         def waiting():
-            """the deletion trying to take the hold the frozen create has"""
-            return bool(markers_of(pool, name, deleter.proc.pid))
+            """the deletion waiting for the hold the frozen create has"""
+            return says_it_waits(progress, name)
         wait_for(waiting)
         assert deleter.running() and pool.domain(name) is not None
         assert keys.hold_volume(name) in listed(pool, REGISTRY)  # the live create's hold was not broken

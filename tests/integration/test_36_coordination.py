@@ -264,7 +264,7 @@ def holders_of_set(pools, name):
     found = []
     for pool in pools:
         volumes = listed(pool, "machinery-registry")
-        markers = [volume[len(prefix):].split(".")[1] for volume in volumes if volume.startswith(prefix)]
+        markers = [keys.marker_fields(volume, prefix)[1] for volume in volumes if volume.startswith(prefix)]
         found.append(sorted(markers) if "hold-set.%s.lock" % name in volumes else None)
     return found
 
