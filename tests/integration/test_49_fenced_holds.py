@@ -1,0 +1,137 @@
+"""Holds fenced by the store (the one-writer issue): several waiters behind a holder killed on another
+controller, and runs in another PID namespace of this host. Every outcome is read back from libvirt and the
+pool's registry.
+
+The holder is frozen where it holds the machine (convergence.STOP_HOLDING_ENV) and killed there, so each race
+starts at a point the registry shows; another controller is a run in a UTS namespace of its own, its clock five
+minutes ahead (test_48_controllers.controller)."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import ModuleRun, run_module
+from test_13_migrate import homes, make, remove
+from test_24_races import holds
+from test_36_coordination import disk_paths
+from test_48_controllers import SKEW, controller, only_marker, progress_of, stopped_holding, until
+
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
+
+NAME = "fence-1"
+# seconds: a run on ctl-b does not renew its lease (libfaketime, test_48), so its attach must end within one
+LEASE = 15
+
+
+@pytest.fixture(name="image", scope="module")
+def idle_guest_image(idle_image):
+    """Nothing here looks inside the guest: the idle image, at no CPU cost."""
+    return idle_image
+
+
+@pytest.fixture(name="pool", scope="module")
+def one_stopped_machine(registered, image):
+    pools = registered[:1]
+    make(pools[0], image, NAME, state="present")
+    yield pools[0]
+    storage = pools[0].conn.storagePoolLookupByName("machinery-registry")
+    for volume in holds(pools[0], NAME):
+        storage.storageVolLookupByName(volume).delete(0)
+    for found in homes(pools, NAME):
+        assert found is pools[0]
+    remove(pools, NAME)
+
+
+def attached_volumes(pool):
+    return set(map(os.path.basename, filter(None, disk_paths(pool.domain(NAME)))))
+
+
+def detach_all(pool, volumes):
+    """Detach and delete what a test attached, so the next starts from the machine alone."""
+    for volume in volumes:
+        done = run_module("volume_attach", uri=pool.uri, machine=NAME, volume=volume, state="detached")
+        assert not done.get("failed"), done
+        done = run_module("volume", uri=pool.uri, name=volume, state="absent")
+        assert not done.get("failed"), done
+
+
+@pytest.mark.parametrize("waiters", [1, 2, 4, 6])
+def test_waiters_behind_a_holder_killed_on_another_controller_all_get_the_machine(pool, waiters, tmp_path,
+                                                                                  monkeypatch):
+    """A volume attach on controller ctl-c is killed while it holds the machine. ``waiters`` attaches of other
+    volumes start at once, half on this controller and half on ctl-b (its clock five minutes ahead), each with
+    hold_timeout 120. Each names ctl-c's attach while it waits; the first takes the machine over within two
+    leases of the kill (the holder never renewed after it took the hold); all of them attach, and the killed
+    run's volume is not there."""
+    monkeypatch.setenv(leases.LEASE_ENV, str(LEASE))
+    killed_volume = "%s-killed.qcow2" % NAME
+    first = stopped_holding(monkeypatch, "volumes of machine %s" % NAME, "volume_attach", controller("ctl-c"),
+                            uri=pool.uri, machine=NAME, volume=killed_volume, size="8Mi")
+    runs = []
+    try:
+        marker, found = only_marker(pool)
+        assert found["controller"] == "ctl-c" and found["operation"] == "volume_attach", found
+        assert first.kill()  # SIGKILL while it holds the machine
+        killed_at = time.monotonic()
+        for index in range(waiters):
+            progress = tmp_path / ("progress-%d.json" % index)
+            monkeypatch.setenv("MACHINERY_PROGRESS_FILE", str(progress))
+            launcher = controller("ctl-b", SKEW) if index % 2 else ()
+            runs.append((ModuleRun("volume_attach", launcher=launcher, hold_timeout=120, uri=pool.uri, machine=NAME,
+                                   volume="%s-w%d.qcow2" % (NAME, index), size="8Mi"), progress))
+        monkeypatch.delenv("MACHINERY_PROGRESS_FILE")
+        said = "held by volume_attach on ctl-c (pid %d)" % found["pid"]
+
+        def all_waiting():
+            """every waiter naming the killed run as the holder"""
+            return all(said in progress_of(progress) for _run, progress in runs)
+        until(all_waiting, timeout=LEASE)
+        assert marker in holds(pool, NAME) and all(run.running() for run, _progress in runs)  # they overlapped
+
+        def taken_over():
+            """a waiter holding the machine in place of the killed run"""
+            return marker not in holds(pool, NAME)
+        until(taken_over, timeout=3 * LEASE)
+        assert time.monotonic() - killed_at <= 2 * LEASE
+        results = [run.finish(timeout=300) for run, _progress in runs]
+    finally:
+        for run, _progress in runs:
+            if run.running():
+                run.kill()
+    failed = [result for result in results if result.get("failed") or not result.get("changed")]
+    assert failed == []
+    made = {"%s-w%d.qcow2" % (NAME, index) for index in range(waiters)}
+    assert made <= attached_volumes(pool) and killed_volume not in attached_volumes(pool)
+    assert holds(pool, NAME) == []
+    detach_all(pool, sorted(made))
+
+
+def test_a_run_in_another_pid_namespace_waits_for_a_live_holder(pool, monkeypatch):
+    """A run of this host in a PID namespace of its own (an execution-environment container beside another) cannot
+    see the holder's pid. It must not take a live holder for a dead one: with a short hold_timeout it fails
+    naming the holder and leaves its hold alone; let go, the holder attaches, and the other run then does."""
+    monkeypatch.setenv(leases.LEASE_ENV, "60")
+    volume = "%s-ns.qcow2" % NAME
+    first = stopped_holding(monkeypatch, "volumes of machine %s" % NAME, "volume_attach", (),
+                            uri=pool.uri, machine=NAME, volume=volume, size="8Mi")
+    other_ns = ["unshare", "--pid", "--fork", "--mount-proc"]
+    try:
+        marker, found = only_marker(pool)
+        assert found["pid"] == first.proc.pid
+        refused = ModuleRun("volume_attach", launcher=other_ns, hold_timeout=3, uri=pool.uri, machine=NAME,
+                            volume="%s-ns2.qcow2" % NAME, size="8Mi").finish(timeout=120)
+        assert refused.get("failed") and refused.get("reason") == "Conflict", refused
+        assert refused["holder"]["operation"] == "volume_attach", refused
+        assert first.running() and only_marker(pool)[0] == marker  # the live hold was not broken
+    finally:
+        os.killpg(first.proc.pid, signal.SIGCONT)
+    attached = first.finish(timeout=300)
+    assert attached.get("changed") and not attached.get("failed"), attached
+    second = ModuleRun("volume_attach", launcher=other_ns, hold_timeout=120, uri=pool.uri, machine=NAME,
+                       volume="%s-ns2.qcow2" % NAME, size="8Mi").finish(timeout=300)
+    assert second.get("changed") and not second.get("failed"), second
+    assert {volume, "%s-ns2.qcow2" % NAME} <= attached_volumes(pool)
+    assert holds(pool, NAME) == []
+    detach_all(pool, [volume, "%s-ns2.qcow2" % NAME])
