@@ -100,6 +100,8 @@ def parse(documents, problems):
             continue
         labels = fields.run(check.labels, metadata.get("labels") or {}, "metadata.labels") or {}
         dialect = index[(api, kind)]
+        if hasattr(dialect, "unset_zero_values"):  # a document as Go writes it: its zero values are unset
+            doc = dialect.unset_zero_values(kind, doc)
         obj = ManifestObject(origin, doc, dialect, api, kind, name, labels)
         if obj.key in seen:
             fields.error("metadata.name", "duplicate %s %r (also in %s)" % (kind, name, seen[obj.key]))
