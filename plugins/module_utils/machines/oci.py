@@ -43,6 +43,20 @@ _REFERENCE = re.compile(r"^(?P<registry>[A-Za-z0-9.-]+(?::[0-9]+)?)/(?P<reposito
                         r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
 TIMEOUT = 60
 CHUNK = 1 << 20
+# containerd's normalization of a reference with no registry host or no tag (distribution's reference package,
+# what IronCore's puller reads references with): Docker Hub, its official images under library/, tag latest
+DEFAULT_REGISTRY = "docker.io"
+LEGACY_REGISTRY = "index.docker.io"
+OFFICIAL_NAMESPACE = "library"
+DEFAULT_TAG = "latest"
+# the host a registry's API is at when it is not the registry's name (containerd's docker resolver)
+API_HOSTS = {DEFAULT_REGISTRY: "registry-1.docker.io"}
+_DOMAIN = re.compile(r"^(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+                     r"(?:\.(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9]))*(?::[0-9]+)?$")
+_PATH_COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+MAX_NAME = 255
 
 
 def is_oci(source):
@@ -58,11 +72,64 @@ def parse(source, field):
     return match.group("registry"), match.group("repository"), match.group("digest") or match.group("tag")
 
 
+def normalize(reference, field="image"):
+    """The full reference (``<registry>/<repository>:<tag>`` or ``...@sha256:<digest>``, no scheme) of a reference
+    as containerd normalizes it, and so IronCore's puller: a first part that is no host (no dot, no port, not
+    ``localhost``, all lower case) means Docker Hub (``docker.io``; ``index.docker.io`` is its old name), where a
+    one-part name is an official image under ``library/``; no tag and no digest is the tag ``latest``.
+    ``gardenlinux:rootfs-image`` is ``docker.io/library/gardenlinux:rootfs-image``, ``foo/bar``
+    ``docker.io/foo/bar:latest``. A reference that cannot be read so is refused naming what is wrong."""
+    text = reference[len(SCHEME):] if is_oci(reference) else reference
+    if not isinstance(text, str) or not text:
+        raise ValidationError("must be a non-empty OCI reference", field)
+    if re.match(r"^[0-9a-f]{64}$", text):
+        raise ValidationError("%r is an image ID (64 hex digits), not a reference a registry serves" % text, field)
+    name, _at, digest = text.partition("@")
+    tag = None
+    slash, colon = name.rfind("/"), name.rfind(":")
+    if colon > slash:
+        name, tag = name[:colon], name[colon + 1:]
+    first, sep, rest = name.partition("/")
+    if not sep or ("." not in first and ":" not in first and first != "localhost" and first == first.lower()):
+        registry, repository = DEFAULT_REGISTRY, name
+    else:
+        registry, repository = first, rest
+    if registry == LEGACY_REGISTRY:
+        registry = DEFAULT_REGISTRY
+    if registry == DEFAULT_REGISTRY and "/" not in repository:
+        repository = "%s/%s" % (OFFICIAL_NAMESPACE, repository)
+    problem = None
+    if repository != repository.lower():
+        problem = "its repository %r must be lower case" % repository
+    elif not _DOMAIN.match(registry):
+        problem = "%r is no registry host" % registry
+    elif not all(_PATH_COMPONENT.match(part) for part in repository.split("/")):
+        problem = ("its repository %r is not one or more lower-case components of letters and digits separated "
+                   "by '/', each joined by '.', '_', '__' or '-'" % repository)
+    elif tag is not None and not _TAG.match(tag):
+        problem = "its tag %r is not 1 to 128 letters, digits, '_', '.' or '-' (not starting with '.' or '-')" % tag
+    elif _at and not _DIGEST.match(digest):
+        problem = "its digest %r is not sha256:<64 lower-case hex digits>" % digest
+    elif len(registry) + 1 + len(repository) > MAX_NAME:
+        problem = "its name is longer than %d characters" % MAX_NAME
+    if problem:
+        raise ValidationError("%r is no OCI reference: %s" % (reference, problem), field)
+    full = "%s/%s" % (registry, repository)
+    if tag is None and not _at:
+        tag = DEFAULT_TAG
+    return full + (":" + tag if tag else "") + ("@" + digest if _at else "")
+
+
+def api_host(registry):
+    """The host that serves ``registry``'s API: Docker Hub's is ``registry-1.docker.io``."""
+    return API_HOSTS.get(registry, registry)
+
+
 class Registry:
     """Requests to one registry with one set of credentials, the Bearer token kept once fetched."""
 
     def __init__(self, registry, ca_file=None, credentials=None, field="image"):
-        self.base = "https://%s" % registry
+        self.base = "https://%s" % api_host(registry)
         self.field = field
         if ca_file and not os.path.isfile(ca_file):
             raise ValidationError("no such file %s" % ca_file, "image_ca_file")

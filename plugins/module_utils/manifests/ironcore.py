@@ -12,11 +12,14 @@ describes on the machine that refers to it, a MachinePool a reference to a pool 
 from __future__ import annotations
 
 import json
+import os
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import efi_vars as efi
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity, parse_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.machines import oci
+from ansible_collections.machinery.compute.plugins.module_utils.machines.named_images import is_reference
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import (
     APPLIED, refused, table, warned)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
@@ -178,7 +181,7 @@ def _volume(obj, fields):
     spec = fields.mapping(doc.get("spec"), "spec", required=True) or {}
     fields.known(spec, VOLUME_SPEC_KEYS + ("volumePoolRef",), "spec")
     image, image_path = _volume_image(spec, fields)
-    image = oci_image(image)
+    image = oci_image(image, fields, image_path)
     resources = fields.mapping(spec.get("resources"), "spec.resources", required=image is None) or {}
     fields.known(resources, ("storage",), "spec.resources")
     size = None
@@ -259,7 +262,7 @@ def _machine(obj, fields):
     cls = fields.mapping(spec.get("machineClassRef"), "spec.machineClassRef", required=True) or {}
     params["machine_class"] = fields.class_name(cls.get("name"), "spec.machineClassRef.name") if cls else None
     if spec.get("image") is not None:
-        params["image"] = oci_image(fields.string(spec.get("image"), "spec.image"))
+        params["image"] = oci_image(fields.string(spec.get("image"), "spec.image"), fields, "spec.image")
     pull = fields.mapping(spec.get("imagePullSecret"), "spec.imagePullSecret")
     if pull:
         fields.known(pull, ("name",), "spec.imagePullSecret")
@@ -313,7 +316,7 @@ def _machine(obj, fields):
             elif image is None:
                 fields.error(where + ".localDisk", "give sizeLimit, image or both")
             if image is not None:
-                entry["image"] = oci_image(image)
+                entry["image"] = oci_image(image, fields, where + ".localDisk.image")
                 obj.where["volumes[%d].image" % len(params["volumes"])] = where + ".localDisk.image"
             entry["ephemeral"] = True
             if name:
@@ -344,7 +347,7 @@ def _machine(obj, fields):
                 fields.error(at + ".spec.unclaimable", "true: the volume could not be claimed by this Machine, "
                              "whose ephemeral volume it is")
             if image:
-                entry["image"] = oci_image(image)
+                entry["image"] = oci_image(image, fields, image_path)
                 obj.where["volumes[%d].image" % len(params["volumes"])] = image_path
                 if resources.get("storage") is not None:  # the disk's size, filled from the image (IronCore's)
                     entry["size"] = kube_quantity(fields, resources.get("storage"), at + ".spec.resources.storage")
@@ -521,7 +524,10 @@ def pull_credentials(fields, secret, registry, path):
             except (ValueError, AttributeError):
                 fields.error(path, "the secret's .dockerconfigjson is not JSON with auths")
                 return None
-            entry = auths.get(registry) or auths.get("https://" + registry)
+            names = [registry, "https://" + registry]
+            if registry == oci.DEFAULT_REGISTRY:  # Docker Hub's entry as docker login writes it
+                names += ["https://index.docker.io/v1/", oci.LEGACY_REGISTRY, oci.api_host(registry)]
+            entry = next((auths[name] for name in names if isinstance(auths.get(name), dict)), None)
             if not isinstance(entry, dict):
                 fields.error(path, "the secret's .dockerconfigjson has no auths entry for %s (it has %s)"
                              % (registry, ", ".join(sorted(auths)) or "none"))
@@ -591,16 +597,30 @@ def _uid_reference(fields, value, path):
             "uid": fields.string(ref.get("uid"), path + ".uid")} if ref else None
 
 
-def oci_image(text):
-    """IronCore names OS images by OCI reference with no scheme (``ghcr.io/ironcore-dev/os-images/gardenlinux:1443``,
-    ``registry:5000/os/debian@sha256:...``): such a reference, whose first part is a registry host (a dot, a port
-    or ``localhost``), is the collection's ``oci://`` image. A published name, a path or a URL is kept as it is."""
-    if not isinstance(text, str) or "://" in text or text.startswith(("/", ".")) or "/" not in text:
+def oci_image(text, fields=None, path=None):
+    """An image reference of an IronCore document as IronCore's puller reads it: an OCI reference normalized as
+    containerd does (oci.normalize: ``gardenlinux:rootfs-image`` is ``docker.io/library/gardenlinux:rootfs-image``,
+    ``foo/bar`` ``docker.io/foo/bar:latest``, a missing tag ``latest``), the collection's ``oci://`` image. Kept as
+    they are: a URL, a path (``/...``, ``./...``), a file that exists, and a bare name with no tag
+    (``my-image``), which is an image published on the pools (docs/manifests.md). A reference that cannot be
+    normalized is refused under ``path`` (None is returned)."""
+    if not isinstance(text, str) or text.startswith(("/", ".")):
         return text
-    host = text.split("/", 1)[0]
-    if "." in host or ":" in host or host == "localhost":
-        return "oci://" + text
-    return text
+    if "://" in text and not oci.is_oci(text):
+        return text
+    if not oci.is_oci(text) and (is_reference(text) or os.path.isfile(text)):
+        return text
+    try:
+        return oci.SCHEME + oci.normalize(text, path or "image")
+    except MachineryError as exc:
+        if fields is not None:
+            fields.error(path, exc.message)
+        return None
+
+
+def ironcore_reference(image):
+    """An image as an IronCore document writes it: an OCI reference with no scheme, anything else as it is."""
+    return image[len(oci.SCHEME):] if oci.is_oci(image) else image
 
 
 def virtio_device(device, after_image=False):
@@ -713,7 +733,8 @@ def export(machine, record_spec):
     marks = {key[len(VOLUME_MARK):]: labels.pop(key) for key in list(labels) if key.startswith(VOLUME_MARK)}
     templates = {name for name, how in marks.items() if how == "template"}
     local = {name for name, how in marks.items() if how == "local"}
-    spec = {"machineClassRef": {"name": machine.get("machine_class")}, "image": machine.get("image"),
+    spec = {"machineClassRef": {"name": machine.get("machine_class")},
+            "image": ironcore_reference(machine.get("image")),
             "machinePoolRef": {"name": machine.get("pool")},
             "power": "On" if powered_on(machine) else "Off"}
     if not spec["image"]:
@@ -725,10 +746,10 @@ def export(machine, record_spec):
         elif vol["name"] in local:
             disk = {"sizeLimit": _quantity(vol.get("size"))}
             if vol.get("source") == "image":
-                disk["image"] = (vol.get("image") or {}).get("source")
+                disk["image"] = ironcore_reference((vol.get("image") or {}).get("source"))
             volumes.append({"name": vol["name"], "localDisk": disk})
         elif vol.get("source") == "image":
-            template = {"image": (vol.get("image") or {}).get("source")}
+            template = {"image": ironcore_reference((vol.get("image") or {}).get("source"))}
             if vol.get("size"):
                 template["resources"] = {"storage": _quantity(vol["size"])}
             volumes.append({"name": vol["name"], "ephemeral": {"volumeTemplate": {"spec": template}}})

@@ -134,8 +134,10 @@ def test_bare_oci_references_and_their_pull_secret():
     assert ironcore.oci_image("ghcr.io/ironcore-dev/os-images/gardenlinux:1443.3") == \
         "oci://ghcr.io/ironcore-dev/os-images/gardenlinux:1443.3"
     assert ironcore.oci_image("127.0.0.1:5000/os/debian@sha256:" + "a" * 64).startswith("oci://127.0.0.1:5000/")
-    for kept in ("my-image", "./disk.qcow2", "/srv/disk.qcow2", "https://x/y.qcow2", "gardenlinux:rootfs-image"):
+    for kept in ("my-image", "./disk.qcow2", "/srv/disk.qcow2", "https://x/y.qcow2"):
         assert ironcore.oci_image(kept) == kept
+    # no registry host: Docker Hub, as IronCore's puller (containerd) reads it
+    assert ironcore.oci_image("gardenlinux:rootfs-image") == "oci://docker.io/library/gardenlinux:rootfs-image"
     pull = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pull"}, "type": "kubernetes.io/dockerconfigjson",
             "data": {".dockerconfigjson": "eyJhdXRocyI6IHsicmVnaXN0cnkuZXhhbXBsZS5jb20iOiB7ImF1dGgiOiAiZFhObGNqcHdZWE56In19fQ=="}}
     machine = copy.deepcopy(MACHINE)
