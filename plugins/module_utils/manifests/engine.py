@@ -229,7 +229,7 @@ def _class_path(obj):
 
 def _pool_path(obj):
     default = "spec.machinePoolRef.name" if obj.dialect is ironcore else "spec.providerSpec.value.machinePool"
-    return getattr(obj.dialect, "POOL_PATH", default)
+    return obj.where.get("machine_pool") if obj.dialect is ironcore else getattr(obj.dialect, "POOL_PATH", default)
 
 
 def core_problem(obj, fields, exc, prefix=""):

@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 
+from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import efi_vars as efi
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.capabilities import MEGABYTE
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity, parse_quantity
 from ansible_collections.machinery.compute.plugins.module_utils.machines import oci
 from ansible_collections.machinery.compute.plugins.module_utils.machines.named_images import is_reference
@@ -64,7 +66,8 @@ STANDALONE_ENCRYPTION = refused("a standalone volume of a pool's storage is not 
 CLAIM = warned("IronCore sets it when a Machine claims the Volume; here the Machine using it is checked against "
                "it, and it is not kept")
 VOLUME_SPEC = {
-    "resources.storage": APPLIED, "image": APPLIED, "dataSource.osImage": APPLIED,
+    "resources.storage": APPLIED, "resources.iops": APPLIED, "resources.tps": APPLIED,
+    "image": APPLIED, "dataSource.osImage": APPLIED,
     "dataSource.osImage.image": APPLIED, "dataSource.osImage.architecture": APPLIED,
     "dataSource.snapshotRef": NO_SNAPSHOTS, "dataSource.volumeSnapshotRef": NO_SNAPSHOTS,
     "encryption.secretRef.name": APPLIED, "unclaimable": APPLIED,
@@ -82,6 +85,7 @@ NIC_SPEC = {
                            "not applied"),
     "ips[].ephemeral": DHCP_ONLY, "virtualIP": DHCP_ONLY, "prefixes": DHCP_ONLY, "ipFamilies": DHCP_ONLY,
 }
+RESOURCES = ("storage", "iops", "tps")  # IronCore's volume resource names
 VOLUME_SPEC_KEYS = ("volumeClassRef", "volumePoolSelector", "resources", "image", "imagePullSecretRef",
                     "tolerations", "dataSource", "encryption", "unclaimable", "claimRef")
 # machine option -> the Machine's field, for the core's problems (items: recorded per object in obj.where)
@@ -112,6 +116,8 @@ FIELDS = {
          "spec.hostname": APPLIED},
         **{EPHEMERAL_VOLUME + ".spec." + key: verdict for key, verdict in VOLUME_SPEC.items()},
         **{EPHEMERAL_VOLUME + ".spec.claimRef." + key: CLAIM for key in ("name", "uid")},
+        **{EPHEMERAL_VOLUME + ".spec.volumePoolRef.name": APPLIED,
+           EPHEMERAL_NIC + ".spec.machineRef.name": APPLIED, EPHEMERAL_NIC + ".spec.machineRef.uid": APPLIED},
         **{EPHEMERAL_NIC + ".spec." + key: verdict for key, verdict in NIC_SPEC.items()})),
     "MachineClass": table({"capabilities.cpu": APPLIED, "capabilities.memory": APPLIED,
                            "capabilities.*": refused(OTHER_CAPABILITY)}),
@@ -183,7 +189,7 @@ def _volume(obj, fields):
     image, image_path = _volume_image(spec, fields)
     image = oci_image(image, fields, image_path)
     resources = fields.mapping(spec.get("resources"), "spec.resources", required=image is None) or {}
-    fields.known(resources, ("storage",), "spec.resources")
+    fields.known(resources, RESOURCES, "spec.resources")
     size = None
     if "storage" in resources:
         size = kube_quantity(fields, resources.get("storage"), "spec.resources.storage")
@@ -195,7 +201,38 @@ def _volume(obj, fields):
                 "pool": fields.string(pool.get("name"), "spec.volumePoolRef.name") if pool else None,
                 "unclaimable": bool(fields.boolean(spec.get("unclaimable"), "spec.unclaimable")),
                 "claim": _uid_reference(fields, spec.get("claimRef"), "spec.claimRef")}
+    qos = disk_qos(fields, resources, "spec.resources")
+    if qos:
+        obj.data["qos"] = qos
     fields.run(_attachable, obj.name, "metadata.name")
+
+
+def disk_qos(fields, resources, path):
+    """{iops, throughput} of an IronCore volume's ``resources``: ``iops`` (a quantity: ``3000``, ``3k``) is the
+    disk's I/O operations per second, ``tps`` (bytes per second: ``200M``, ``1Gi``) its throughput, which the
+    disk QoS here takes in whole MB/s (10^6 bytes): a rest is rounded down, with a warning. Both are limits of
+    the disk (libvirt's iotune), in the ranges the collection's volumes take."""
+    qos = {}
+    for key, option, unit in (("iops", "iops", 1), ("tps", "throughput", MEGABYTE)):
+        if resources.get(key) is None:
+            continue
+        where = "%s.%s" % (path, key)
+        try:
+            value = parse_quantity(resources[key], where)
+        except ValidationError as exc:
+            fields.error(where, exc.message)
+            continue
+        low, high = getattr(cap, option).range
+        if not low <= value // unit <= high:
+            fields.error(where, "must be between %s and %s (%s, the disk limits libvirt applies here), got %s"
+                         % (low * unit, high * unit, "I/O operations per second" if unit == 1 else
+                            "%d to %d MB/s" % (low, high), resources[key]))
+            continue
+        if value % unit:
+            fields.warn(where, "%s bytes per second: the disk's throughput is limited in whole MB/s (10^6 bytes), "
+                        "so to %d MB/s" % (value, value // unit))
+        qos[option] = value // unit
+    return qos
 
 
 def _volume_image(spec, fields, prefix="spec"):
@@ -286,6 +323,7 @@ def _machine(obj, fields):
     refs = {"class": params["machine_class"], "volumes": [], "nics": [], "secret": None, "pull": refs_pull}
     params["volumes"] = []
     seen = set()
+    template_pools = []  # (path, pool) of the ephemeral volumes' volumePoolRef
     for index, item in fields.items(spec.get("volumes"), "spec.volumes"):
         where = "spec.volumes[%d]" % index
         fields.known(item, ("name", "device", "volumeRef", "emptyDisk", "localDisk", "ephemeral"), where)
@@ -333,10 +371,20 @@ def _machine(obj, fields):
             volume_template = fields.mapping(template.get("volumeTemplate"), at, required=True) or {}
             fields.known(volume_template, ("metadata", "spec"), at)
             spec_of = fields.mapping(volume_template.get("spec"), at + ".spec", required=True) or {}
-            fields.known(spec_of, VOLUME_SPEC_KEYS, at + ".spec")
+            fields.known(spec_of, VOLUME_SPEC_KEYS + ("volumePoolRef",), at + ".spec")
             image, image_path = _volume_image(spec_of, fields, at + ".spec")
             resources = fields.mapping(spec_of.get("resources"), at + ".spec.resources") or {}
-            fields.known(resources, ("storage",), at + ".spec.resources")
+            fields.known(resources, RESOURCES, at + ".spec.resources")
+            for option, value in disk_qos(fields, resources, at + ".spec.resources").items():
+                entry[option] = value
+                obj.where["volumes[%d].%s" % (len(params["volumes"]), option)] = "%s.spec.resources.%s" % (
+                    at, "iops" if option == "iops" else "tps")
+            volume_pool = fields.mapping(spec_of.get("volumePoolRef"), at + ".spec.volumePoolRef")
+            if volume_pool is not None:
+                fields.known(volume_pool, ("name",), at + ".spec.volumePoolRef")
+                named = fields.string(volume_pool.get("name"), at + ".spec.volumePoolRef.name", required=True)
+                if named:
+                    template_pools.append((at + ".spec.volumePoolRef.name", named))
             secret = ((fields.mapping(spec_of.get("encryption"), at + ".spec.encryption") or {}).get("secretRef")
                       or {})
             if secret:
@@ -384,7 +432,8 @@ def _machine(obj, fields):
             fields.known(nic_template, ("metadata", "spec"), at)
             nic_spec = fields.mapping(nic_template.get("spec"), at + ".spec", required=True) or {}
             fields.known(nic_spec, ("networkRef", "ips", "virtualIP", "prefixes", "ipFamilies", "providerID",
-                                    "attributes"), at + ".spec")
+                                    "attributes", "machineRef"), at + ".spec")
+            _template_owner(obj, fields, nic_spec.get("machineRef"), at + ".spec.machineRef")
             network = fields.string((nic_spec.get("networkRef") or {}).get("name"), at + ".spec.networkRef.name",
                                     required=True)
             nic = {"name": name, "network": network, "ephemeral": True}
@@ -411,11 +460,71 @@ def _machine(obj, fields):
         params["hostname"] = fields.run(check.hostname, guest["hostname"], "spec.guestConfig.hostname")
         obj.where["hostname"] = "spec.guestConfig.hostname"
     _efi_vars(obj, spec, params, fields)
+    pool_path = _volume_pools(params, template_pools, fields)
     where_hostname = obj.where.get("hostname")
     obj.where.update(OPTION_PATHS)
     if where_hostname:
         obj.where["hostname"] = where_hostname
+    if pool_path:
+        obj.where["machine_pool"] = pool_path
     machine_object(obj, params, refs)
+
+
+def _volume_pools(params, template_pools, fields):
+    """An ephemeral volume's ``volumePoolRef``: the pool whose storage holds it, which is its Machine's (a
+    machine's disks are in its own pool's storage). It places the Machine there when nothing else does, and is
+    refused when it names another pool than the Machine's (or than another ephemeral volume's). The path that
+    placed the machine, or None."""
+    placed = None
+    for path, pool in template_pools:
+        if params.get("machine_pool") is None:
+            params["machine_pool"], placed = pool, path
+        elif params["machine_pool"] != pool:
+            fields.error(path, "%r: an ephemeral volume is made in the storage of its Machine's pool, and the "
+                         "Machine is on %r (%s)" % (pool, params["machine_pool"], placed or "spec.machinePoolRef.name"))
+    return placed
+
+
+def _template_owner(obj, fields, value, path):
+    """An ephemeral NIC template's ``machineRef`` (IronCore sets it to the Machine that owns the NIC): it must be
+    this Machine, by name and, when both are given, by uid."""
+    owner = fields.mapping(value, path)
+    if not owner:
+        return
+    fields.known(owner, ("name", "uid"), path)
+    name = fields.string(owner.get("name"), path + ".name")
+    if name is not None and name != obj.name:
+        fields.error(path + ".name", "%r: an ephemeral NetworkInterface belongs to the Machine whose template makes "
+                     "it, %s" % (name, obj.name))
+    uid = fields.string(owner.get("uid"), path + ".uid")
+    own = (obj.doc.get("metadata") or {}).get("uid")
+    if uid is not None and own is not None and uid != own:
+        fields.error(path + ".uid", "%r is not this Machine's metadata.uid (%r)" % (uid, own))
+    elif uid is not None and own is None:
+        fields.warn(path + ".uid", "the Machine has no metadata.uid in these documents to check %r against: not "
+                    "checked (a machine here is known by its name)" % uid)
+
+
+def link_volume(obj, objects, fields, _pools=None):
+    """A standalone Volume's ``resources.iops`` and ``tps`` are limits of a disk: they go to the disk of each
+    Machine of the documents that attaches the Volume (its ``volumeRef``); with none, they are not applied."""
+    qos = obj.data.get("qos") or {}
+    if not qos:
+        return
+    users = 0
+    for other in objects.values():
+        if other.dialect is not obj.dialect or other.role != "machine":
+            continue
+        for entry in other.params.get("volumes") or []:
+            if entry.get("volume") == obj.name:
+                for option, value in qos.items():
+                    entry.setdefault(option, value)
+                users += 1
+    if not users:
+        for key in ("iops", "tps"):
+            if (obj.doc.get("spec") or {}).get("resources", {}).get(key) is not None:
+                fields.warn("spec.resources." + key, "a limit of the disk a Machine attaches the Volume as (libvirt's "
+                            "iotune); no Machine of these documents attaches it: not applied")
 
 
 def _efi_vars(obj, spec, params, fields):
