@@ -144,7 +144,7 @@ def read(obj, fields):
         fields.known(doc, ("apiVersion", "kind", "metadata", "capabilities"), "", ("status",))
         caps = fields.mapping(doc.get("capabilities"), "capabilities", required=True) or {}
         # any other capability is refused with its reason by the table (capabilities.*)
-        cpu = fields.run(whole_cpus, caps["cpu"], "capabilities.cpu") if "cpu" in caps else \
+        cpu = fields.run(check.cpu_amount, caps["cpu"], "capabilities.cpu") if "cpu" in caps else \
             fields.error("capabilities.cpu", "required value")
         memory = kube_quantity(fields, caps.get("memory"), "capabilities.memory", True) if "memory" in caps else \
             fields.error("capabilities.memory", "required value")
@@ -741,16 +741,6 @@ def virtio_device(device, after_image=False):
     if not device.startswith("od") or len(device) != 3 or not "a" <= device[2] <= "y":
         return device
     return "vd" + (chr(ord(device[2]) + 1) if after_image else device[2])
-
-
-def whole_cpus(value, field):
-    """capabilities.cpu: a whole number. A fractional one (``500m``, ``1.5``) is a Kubernetes quantity IronCore's
-    ResourceList allows, but a libvirt domain has whole vCPUs."""
-    text = str(value).strip()
-    if not isinstance(value, bool) and (text.endswith("m") or "." in text):
-        raise ValidationError("%r is a fraction of a CPU: a libvirt domain has whole vCPUs; give a whole number"
-                              % (value,), field)
-    return check.cpu_count(value, field)
 
 
 STATE = {"Pending": "Pending", "Running": "Running", "Shutdown": "Shutdown", "Terminating": "Terminating",
