@@ -16,6 +16,7 @@ import os
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import efi_vars as efi
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.capabilities import MEGABYTE
@@ -43,6 +44,8 @@ ENCRYPTION_KEY = "encryptionKey"  # the key of an encryption.secretRef Secret, a
 # labels that keep how a Machine was written, so its export is written the same way: the NetworkInterface a NIC
 # refers to, and a sized volume given as an ephemeral volumeTemplate rather than an emptyDisk
 NIC_MARK = "nic.ironcore.machinery.compute/"
+# the collection's firmware of an IronCore Machine (IronCore has no field for it; UEFI when not given)
+FIRMWARE_ANNOTATION = "machinery.compute/firmware"
 VOLUME_MARK = "volume.ironcore.machinery.compute/"
 MACHINE_SPEC = ("machineClassRef", "machinePoolRef", "machinePoolSelector", "tolerations", "image", "volumes",
                 "networkInterfaces", "ignitionRef", "power", "imagePullSecretRef", "imagePullSecret", "efiVars",
@@ -113,7 +116,7 @@ FIELDS = {
          EPHEMERAL_NIC + ".metadata": EPHEMERAL_META,
          "spec.ignitionRef.name": APPLIED, "spec.ignitionRef.key": APPLIED, "spec.power": APPLIED,
          "spec.efiVars[].name": APPLIED, "spec.efiVars[].uuid": APPLIED, "spec.efiVars[].value": APPLIED,
-         "spec.hostname": APPLIED},
+         "spec.hostname": APPLIED, "metadata.annotations." + FIRMWARE_ANNOTATION: APPLIED},
         **{EPHEMERAL_VOLUME + ".spec." + key: verdict for key, verdict in VOLUME_SPEC.items()},
         **{EPHEMERAL_VOLUME + ".spec.claimRef." + key: CLAIM for key in ("name", "uid")},
         **{EPHEMERAL_VOLUME + ".spec.volumePoolRef.name": APPLIED,
@@ -460,6 +463,7 @@ def _machine(obj, fields):
         params["hostname"] = fields.run(check.hostname, guest["hostname"], "spec.guestConfig.hostname")
         obj.where["hostname"] = "spec.guestConfig.hostname"
     _efi_vars(obj, spec, params, fields)
+    _firmware(obj, params, refs, fields)
     pool_path = _volume_pools(params, template_pools, fields)
     where_hostname = obj.where.get("hostname")
     obj.where.update(OPTION_PATHS)
@@ -467,6 +471,8 @@ def _machine(obj, fields):
         obj.where["hostname"] = where_hostname
     if pool_path:
         obj.where["machine_pool"] = pool_path
+    if refs.get("firmware_path"):
+        obj.where["firmware"] = refs["firmware_path"]
     machine_object(obj, params, refs)
 
 
@@ -527,6 +533,39 @@ def link_volume(obj, objects, fields, _pools=None):
                             "iotune); no Machine of these documents attaches it: not applied")
 
 
+def _boots_oci(params):
+    """Whether the machine boots an OCI image: its image, or (with none) the first of its volumes made from one."""
+    if params.get("image"):
+        return oci.is_oci(params["image"])
+    first = next((vol for vol in params.get("volumes") or [] if vol.get("image")), None)
+    return bool(first) and oci.is_oci(first["image"])
+
+
+def _firmware(obj, params, refs, fields):
+    """The firmware of a new machine. A Machine that boots an OCI image (what IronCore's tools build and its
+    libvirt-provider boots, always with UEFI: gardenlinux' layout has an EFI system partition) boots UEFI, and so
+    does one with efiVars; one that boots a published image, a path, a URL or a volume keeps the collection's
+    default, BIOS (the form the collection's own documents have used, whose images may boot BIOS only).
+    IronCore has no firmware field: the collection's ``firmware`` is given by the annotation
+    ``machinery.compute/firmware`` (bios or uefi), which a Machine with efiVars cannot set to bios. The default is
+    for new machines only (link): an existing machine keeps the firmware it was made with."""
+    annotations = (obj.doc.get("metadata") or {}).get("annotations") or {}
+    given = annotations.get(FIRMWARE_ANNOTATION) if isinstance(annotations, dict) else None
+    path = "metadata.annotations." + FIRMWARE_ANNOTATION
+    if given is not None:
+        chosen = fields.string(given, path, choices=options.FIRMWARES)
+        if chosen and params.get("firmware") and chosen != params["firmware"]:
+            fields.error(path, "%s: the Machine's efiVars are UEFI variables, which only UEFI firmware holds"
+                         % chosen)
+        elif chosen:
+            params["firmware"] = chosen
+            obj.where["firmware"] = refs["firmware_path"] = path
+        return
+    if not params.get("firmware") and _boots_oci(params):
+        params["firmware"] = "uefi"
+        refs["firmware_default"] = True
+
+
 def _efi_vars(obj, spec, params, fields):
     """spec.efiVars: the machine's efi_vars (IronCore's ``uuid`` is the vendor GUID). EFI variables live in UEFI
     firmware, so a Machine that gives them is a UEFI machine (IronCore has no firmware field of its own)."""
@@ -553,10 +592,19 @@ def _efi_vars(obj, spec, params, fields):
         obj.where["efi_vars"] = obj.where["firmware"] = "spec.efiVars"
 
 
+def _exists(obj, pools):
+    """Whether the Machine is already a machine of the pools (on its pinned pool when it has one)."""
+    pinned = obj.params.get("machine_pool")
+    return any(machine.get("name") == obj.name and (pinned is None or machine.get("pool") == pinned)
+               for machine in getattr(pools, "machines", None) or [])
+
+
 def link(obj, objects, fields, _pools=None):
     """Resolve a Machine's references to the other documents: its NetworkInterfaces and ignition Secret (which
     must be among the documents) and its Volumes (in the documents, or already in the pool's storage)."""
     refs = obj.refs
+    if refs.get("firmware_default") and _exists(obj, _pools):
+        obj.params.pop("firmware", None)  # fixed at creation: an existing machine keeps its own (BIOS, made before)
     for nic in obj.params.get("network_interfaces") or []:
         target = nic.pop("ref", None)
         if target is None:
@@ -876,11 +924,20 @@ def export(machine, record_spec):
     if record_spec.get("efi_vars"):
         spec["efiVars"] = [{"name": entry["name"], "uuid": entry["guid"], "value": entry["value"]}
                            for entry in record_spec["efi_vars"]]
+    # the firmware when it is not the one the exported Machine would get by default: a re-apply makes the same
+    firmware = record_spec.get("firmware") or "bios"
+    default = "uefi" if record_spec.get("efi_vars") or _boots_oci(
+        {"image": machine.get("image"), "volumes": [{"image": (vol.get("image") or {}).get("source")}
+                                                    for vol in record_spec.get("volumes") or []
+                                                    if vol.get("source") == "image"]}) else "bios"
+    annotations = {FIRMWARE_ANNOTATION: firmware} if firmware != default else {}
     if not machine.get("machine_class"):
         del spec["machineClassRef"]
     metadata = {"name": machine["name"]}
     if labels:
         metadata["labels"] = labels
+    if annotations:
+        metadata["annotations"] = annotations
     return [{"apiVersion": COMPUTE, "kind": "Machine", "metadata": metadata, "spec": spec}] + interfaces
 
 

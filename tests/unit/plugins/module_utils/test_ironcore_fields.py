@@ -124,10 +124,10 @@ def test_a_nic_templates_machine_ref_is_its_own_machine():
 
 
 @pytest.mark.parametrize("ref, uid, said", [
-    ({"name": "other"}, None, NIC_TEMPLATE + ".machineRef.name: 'other': an ephemeral NetworkInterface belongs "
-                              "to the Machine whose template makes it, web"),
-    ({"name": "web", "uid": "u-2"}, "u-1", NIC_TEMPLATE + ".machineRef.uid: 'u-2' is not this Machine's "
-                                           "metadata.uid ('u-1')"),
+    ({"name": "other"}, None, NIC_TEMPLATE + (".machineRef.name: 'other': an ephemeral NetworkInterface belongs "
+                                              "to the Machine whose template makes it, web")),
+    ({"name": "web", "uid": "u-2"}, "u-1", NIC_TEMPLATE + (".machineRef.uid: 'u-2' is not this Machine's "
+                                                           "metadata.uid ('u-1')")),
 ])
 def test_a_nic_templates_machine_ref_to_another_machine_is_refused(ref, uid, said):
     doc = machine(nic={"machineRef": ref})
