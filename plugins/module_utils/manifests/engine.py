@@ -387,8 +387,9 @@ def _with_registry(objects, registry):
                 params.setdefault(key, value)
 
 
-def check_documents(documents, pools, load_problems=(), registry=None, providers=DEFAULT_PROVIDERS):
-    """Every document parsed and linked; raises ManifestError with every problem. Returns (objects, warnings)."""
+def check_documents(documents, pools, load_problems=(), registry=None, providers=DEFAULT_PROVIDERS, resolve=True):
+    """Every document parsed and linked; raises ManifestError with every problem. Returns (objects, warnings).
+    ``resolve``: OCI images are looked up in their registries (an apply; a delete pulls nothing)."""
     problems = Problems()
     problems.errors.extend(load_problems)
     objects = parse(documents, problems)
@@ -403,7 +404,7 @@ def check_documents(documents, pools, load_problems=(), registry=None, providers
                 params = obj.params["template"] if obj.role == "set" else obj.params
                 _networks_exist(obj, params, Fields(problems, obj.ref), pools, made)
                 _image_exists(obj, params, Fields(problems, obj.ref), pools, made)
-            if obj.role in ("machine", "set", "volume") and not problems.of(obj.ref):
+            if resolve and obj.role in ("machine", "set", "volume") and not problems.of(obj.ref):
                 _oci_resolves(obj, Fields(problems, obj.ref), registry or {}, resolved)
             if not problems.of(obj.ref):
                 core_checks(obj, Fields(problems, obj.ref), pools)
@@ -774,7 +775,7 @@ def apply(entries, documents, params, check_mode=False, opener=None, load_proble
     try:
         pools = Pools(fleet)
         objects, warnings = check_documents(documents, pools, load_problems, registry_options(params),
-                                            params.get("providers") or DEFAULT_PROVIDERS)
+                                            params.get("providers") or DEFAULT_PROVIDERS, resolve=state == "present")
         run = Run(fleet, objects, params, check_mode)
         run.warnings.extend(warnings)
         if state == "present":

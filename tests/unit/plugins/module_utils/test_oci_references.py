@@ -148,3 +148,9 @@ def test_a_docker_hub_pull_secret_is_found_under_the_name_docker_login_writes():
     problems = docs.Problems()
     found = ironcore.pull_credentials(docs.Fields(problems, "Machine/m"), secret, "docker.io", "spec.imagePullSecret")
     assert found == {"username": "me", "password": "pw"} and problems.errors == []
+
+
+def test_a_delete_looks_no_image_up(registry):
+    objects, _warnings = engine.check_documents([("d", machine("web", "gardenlinux:rootfs-image"))], Pools(),
+                                                resolve=False)
+    assert objects and registry == []  # deleting the documents pulls nothing, so needs no registry
