@@ -6,7 +6,8 @@
 An image is named ``oci://<registry>/<repository>:<tag>`` or ``...@sha256:<digest>``. Its manifest (an image
 index is narrowed to its linux/amd64 manifest) carries the disk as one layer of media type
 ``application/vnd.ironcore.image.rootfs`` (ironcore-dev/ironcore-image; its older
-``...rootfs.v1alpha1.rootfs`` and the specification's ``application/vnd.ironcore.image.disk.img`` too). That
+``...rootfs.v1alpha1.rootfs``, the specification's ``application/vnd.ironcore.image.disk.img`` and the onmetal
+project's ``application/vnd.onmetal.image.rootfs.v1alpha1.rootfs`` too). That
 layer's digest is the image's checksum: the pools cache it by it like any image, and the machine's record keeps
 it. Resolving reads the manifest only (check mode does it too); the layer is downloaded, its sha256 verified on
 the way in, when a pool needs it.
@@ -33,8 +34,10 @@ import urllib.request
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 
 SCHEME = "oci://"
+# IronCore's, its specification's, and the older onmetal name still in older gardenlinux pushes and in guides
+# that push with oras (onmetal-image's RootFSLayerMediaType)
 ROOTFS_MEDIA_TYPES = ("application/vnd.ironcore.image.rootfs", "application/vnd.ironcore.image.rootfs.v1alpha1.rootfs",
-                      "application/vnd.ironcore.image.disk.img")
+                      "application/vnd.ironcore.image.disk.img", "application/vnd.onmetal.image.rootfs.v1alpha1.rootfs")
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v2+json")

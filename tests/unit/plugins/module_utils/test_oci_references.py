@@ -154,3 +154,22 @@ def test_a_delete_looks_no_image_up(registry):
     objects, _warnings = engine.check_documents([("d", machine("web", "gardenlinux:rootfs-image"))], Pools(),
                                                 resolve=False)
     assert objects and registry == []  # deleting the documents pulls nothing, so needs no registry
+
+
+@pytest.mark.parametrize("media_type", ["application/vnd.ironcore.image.rootfs",
+                                        "application/vnd.onmetal.image.rootfs.v1alpha1.rootfs"])
+def test_the_older_onmetal_media_type_is_read_as_the_disk(monkeypatch, media_type):
+    """onmetal-image's RootFSLayerMediaType, as older gardenlinux pushes and oras guides write it."""
+    import hashlib
+    import json
+    layer = "sha256:" + "c" * 64
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "layers": [{"mediaType": "application/vnd.onmetal.image.vmlinuz.v1alpha1.vmlinuz",
+                                       "digest": "sha256:" + "d" * 64, "size": 1},
+                                      {"mediaType": media_type, "digest": layer, "size": 42}]}).encode()
+
+    def manifest_of(self, repository, reference):
+        return "sha256:" + hashlib.sha256(manifest).hexdigest(), json.loads(manifest)
+    monkeypatch.setattr(oci.Registry, "manifest", manifest_of)
+    found = oci.resolve("oci://registry.example.com/os/debian:12")
+    assert found["checksum"] == "c" * 64 and found["oci"]["size"] == 42
