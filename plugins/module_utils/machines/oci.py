@@ -37,11 +37,17 @@ SCHEME = "oci://"
 # IronCore's, its specification's, and the older onmetal name still in older gardenlinux pushes and in guides
 # that push with oras (onmetal-image's RootFSLayerMediaType)
 ROOTFS_MEDIA_TYPES = ("application/vnd.ironcore.image.rootfs", "application/vnd.ironcore.image.rootfs.v1alpha1.rootfs",
-                      "application/vnd.ironcore.image.disk.img", "application/vnd.onmetal.image.rootfs.v1alpha1.rootfs")
+                      "application/vnd.ironcore.image.disk.img", "application/vnd.ironcore.osboot.disk.img",
+                      "application/vnd.onmetal.image.rootfs.v1alpha1.rootfs")
+# the artifact manifest of ironcore-image's OCI-SPEC.md, and its annotation that tells a virtualization boot (a
+# disk) from a metal one (kernel, initramfs and squashfs only)
+ARTIFACT_TYPES = ("application/vnd.ironcore.osboot.artifacts.v1+json",)
+VARIANT_ANNOTATION = "variant"
+VIRTUALIZATION, METAL = "virtualization", "metal"
 INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v2+json")
-ACCEPT = ", ".join(MANIFEST_TYPES + INDEX_TYPES)
+ACCEPT = ", ".join(MANIFEST_TYPES + ARTIFACT_TYPES + INDEX_TYPES)
 _REFERENCE = re.compile(r"^(?P<registry>[A-Za-z0-9.-]+(?::[0-9]+)?)/(?P<repository>[a-z0-9]+(?:[._/-][a-z0-9]+)*)"
                         r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
 TIMEOUT = 60
@@ -228,13 +234,12 @@ def resolve(source, ca_file=None, credentials=None, field="image"):
     client = Registry(registry, ca_file, credentials, field)
     digest, manifest = client.manifest(repository, reference)
     if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
-        chosen = [item for item in manifest.get("manifests") or []
-                  if (item.get("platform") or {}).get("architecture") in ("amd64", "x86_64")
-                  and (item.get("platform") or {}).get("os", "linux") == "linux"]
-        if not chosen:
-            raise MachineryError("%s has no linux/amd64 image in its index" % source, field)
-        digest, manifest = client.manifest(repository, chosen[0]["digest"])
+        digest, manifest = _from_index(client, repository, manifest, source, field)
     layers = [layer for layer in manifest.get("layers") or [] if layer.get("mediaType") in ROOTFS_MEDIA_TYPES]
+    if not layers and _variant(manifest) == METAL:
+        raise ValidationError("%s is a metal boot image (annotation variant: metal: a kernel, an initramfs and a "
+                              "squashfs to boot a server from): it has no disk for a virtual machine; give its "
+                              "virtualization image" % source, field)
     if not layers:
         raise ValidationError("%s is no OS image in IronCore's format: no layer of media type %s"
                               % (source, " or ".join(ROOTFS_MEDIA_TYPES)), field)
@@ -245,6 +250,32 @@ def resolve(source, ca_file=None, credentials=None, field="image"):
     return {"source": source, "checksum": checksum[len("sha256:"):], "manifest_digest": digest, "virtual_size": 0,
             "oci": {"registry": registry, "repository": repository, "layer": checksum, "size": layer.get("size"),
                     "ca_file": ca_file, "credentials": credentials}}
+
+
+def _variant(entry):
+    return str((entry.get("annotations") or {}).get(VARIANT_ANNOTATION) or "").lower()
+
+
+def _from_index(client, repository, index, source, field):
+    """(digest, manifest) of the image an index holds for these pools: its linux/amd64 entries (by platform, as
+    containerd matches one), of which the one that is a virtualization boot (ironcore-image's OCI-SPEC: the
+    annotation variant: virtualization, on the entry or on its manifest) rather than a metal one; with no
+    annotation, the first that has a disk layer."""
+    candidates = [item for item in index.get("manifests") or []
+                  if (item.get("platform") or {}).get("architecture") in ("amd64", "x86_64")
+                  and (item.get("platform") or {}).get("os", "linux") == "linux"]
+    if not candidates:
+        raise MachineryError("%s has no linux/amd64 image in its index" % source, field)
+    candidates.sort(key=lambda item: {VIRTUALIZATION: 0, "": 1, METAL: 2}.get(_variant(item), 1))
+    first = None
+    for item in candidates:
+        digest, manifest = client.manifest(repository, item["digest"])
+        first = first or (digest, manifest)
+        variant = _variant(item) or _variant(manifest)
+        has_disk = any(layer.get("mediaType") in ROOTFS_MEDIA_TYPES for layer in manifest.get("layers") or [])
+        if variant == VIRTUALIZATION or (variant != METAL and has_disk):
+            return digest, manifest
+    return first  # a metal image only: refused by the caller, naming why
 
 
 def download(image, target_dir, field="image"):

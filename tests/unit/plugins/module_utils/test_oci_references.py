@@ -173,3 +173,58 @@ def test_the_older_onmetal_media_type_is_read_as_the_disk(monkeypatch, media_typ
     monkeypatch.setattr(oci.Registry, "manifest", manifest_of)
     found = oci.resolve("oci://registry.example.com/os/debian:12")
     assert found["checksum"] == "c" * 64 and found["oci"]["size"] == 42
+
+
+def serve(monkeypatch, documents):
+    """Registry.manifest answering from ``documents`` ({reference: manifest}), with the references asked."""
+    import hashlib
+    import json
+    asked = []
+
+    def manifest_of(self, repository, reference):
+        asked.append(reference)
+        body = json.dumps(documents[reference]).encode()
+        return "sha256:" + hashlib.sha256(body).hexdigest(), json.loads(body)
+    monkeypatch.setattr(oci.Registry, "manifest", manifest_of)
+    return asked
+
+
+def artifact(variant, disk):
+    """An artifact manifest as ironcore-image's OCI-SPEC.md writes one."""
+    layers = [{"mediaType": "application/vnd.ironcore.osboot.kernel", "digest": "sha256:" + "1" * 64, "size": 1}]
+    if disk:
+        layers.insert(0, {"mediaType": "application/vnd.ironcore.osboot.disk.img", "digest": "sha256:" + disk * 64,
+                          "size": 9})
+    return {"schemaVersion": 2, "mediaType": "application/vnd.ironcore.osboot.artifacts.v1+json", "layers": layers,
+            "annotations": {"variant": variant, "architecture": "amd64"}}
+
+
+def entry(digest, architecture="amd64", **annotations):
+    found = {"mediaType": "application/vnd.ironcore.osboot.artifacts.v1+json", "digest": digest, "size": 1,
+             "platform": {"architecture": architecture, "os": "linux"}}
+    if annotations:
+        found["annotations"] = annotations
+    return found
+
+
+def test_an_index_gives_its_amd64_virtualization_image_not_the_metal_one(monkeypatch):
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+             "manifests": [entry("arm", "arm64"), entry("metal"), entry("virt")]}
+    serve(monkeypatch, {"1.0": index, "metal": artifact("metal", None), "virt": artifact("virtualization", "e"),
+                        "arm": artifact("virtualization", "f")})
+    found = oci.resolve("oci://ghcr.io/ironcore-dev/os-images/gardenlinux:1.0")
+    assert found["checksum"] == "e" * 64
+
+
+def test_an_index_entrys_own_variant_is_read_first(monkeypatch):
+    index = {"schemaVersion": 2, "manifests": [entry("metal", variant="metal"), entry("virt", variant="virtualization")]}
+    asked = serve(monkeypatch, {"1.0": index, "virt": artifact("virtualization", "e"), "metal": artifact("metal", None)})
+    assert oci.resolve("oci://ghcr.io/x/y:1.0")["checksum"] == "e" * 64
+    assert asked == ["1.0", "virt"]  # the metal entry is not fetched
+
+
+def test_a_metal_image_alone_is_refused_naming_why(monkeypatch):
+    serve(monkeypatch, {"1.0": {"schemaVersion": 2, "manifests": [entry("metal")]}, "metal": artifact("metal", None)})
+    with pytest.raises(ValidationError) as info:
+        oci.resolve("oci://ghcr.io/x/y:1.0")
+    assert "is a metal boot image" in info.value.message
