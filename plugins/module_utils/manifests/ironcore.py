@@ -44,7 +44,7 @@ ENCRYPTION_KEY = "encryptionKey"  # the key of an encryption.secretRef Secret, a
 # labels that keep how a Machine was written, so its export is written the same way: the NetworkInterface a NIC
 # refers to, and a sized volume given as an ephemeral volumeTemplate rather than an emptyDisk
 NIC_MARK = "nic.ironcore.machinery.compute/"
-# the collection's firmware of an IronCore Machine (IronCore has no field for it; UEFI when not given)
+# the collection's firmware of an IronCore Machine, where IronCore has no field (docs/manifests.md, "Firmware")
 FIRMWARE_ANNOTATION = "machinery.compute/firmware"
 VOLUME_MARK = "volume.ironcore.machinery.compute/"
 MACHINE_SPEC = ("machineClassRef", "machinePoolRef", "machinePoolSelector", "tolerations", "image", "volumes",
