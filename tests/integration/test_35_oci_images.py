@@ -181,7 +181,7 @@ def test_check_mode_refuses_a_reference_its_registry_does_not_resolve(lab1):
     registry, where only :oci-test was pushed, and refuses it under the document's path, naming the reference it
     looked up; nothing is created."""
     pool, data, _layer, _pinned = lab1
-    untagged = "%s/%s" % (data["registry"], REF.split(":")[0])
+    untagged = "%s/%s" % (data["registry"], REF.rsplit(":", 1)[0])
     documents = [{"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "Machine", "metadata": {"name": "oci-5"},
                   "spec": {"machineClassRef": {"name": "small"}, "image": untagged,
                            "networkInterfaces": [{"name": "primary", "ephemeral": {"networkInterfaceTemplate": {
