@@ -10,6 +10,14 @@ DOCS_DIR ?= $(CURDIR)/.cache/docsite
 IMAGE_DIR ?= $(CURDIR)/.lab/image
 DEBIAN13_DIR ?= $(CURDIR)/.cache/debian13
 VENV := $(CURDIR)/.venv
+# Every step of make test (and the steps of integration, make check) appends its wall and CPU seconds to STEPS
+# (tests/steptime.py: the CPU of the daemons and guests a step starts counts too); make test prints the table at
+# its end, make steps prints it any time. make test starts a new table.
+STEPS ?= $(CURDIR)/tests/output/steps.jsonl
+TIMED = python3 $(CURDIR)/tests/steptime.py $(STEPS)
+# The seconds each integration file took in make integration's main run (make durations copies them into
+# tests/integration/durations.json, the order the files go to the labs in).
+DURATIONS_OUT ?= $(CURDIR)/tests/output/integration-durations.json
 PY := $(VENV)/bin/python
 # The contract's minimum ansible-core: unit and inventory tests run under it too, from a venv of its own.
 MIN_CORE := 2.16.19
@@ -36,8 +44,8 @@ HOST_RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $${VERSION_ID%%.*}
 # libvirt-daemon into a package of its own that libvirt-daemon-system only recommends; Debian 12 has no such package.
 APT_PACKAGES += $(if $(filter 12,$(HOST_RELEASE)),,libvirt-daemon-driver-interface)
 
-.PHONY: help deps venv core-venv newest-venv sanity-newest debian13 debian13-lab ee integration-mixed image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
-	sanity-and-lint molecule-and-packaging \
+.PHONY: help deps venv venvs core-venv newest-venv steps durations sanity-newest debian13 debian13-lab ee integration-mixed image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
+	sanity-and-lint molecule-and-packaging test-stages integration-main integration-labs-up \
 	packaging integration molecule docs docs-lint benchmark benchmark-scale clean
 
 help:
@@ -73,6 +81,8 @@ $(VENV)/.stamp: requirements.txt requirements-dev.txt constraints.txt
 	touch $@
 
 venv: $(VENV)/.stamp
+
+venvs: venv core-venv newest-venv
 
 core-venv: venv
 	bash tests/core_venv.sh $(VENV) $(MIN_CORE) >/dev/null
@@ -158,7 +168,8 @@ packaging: venv
 # The integration suite runs on three labs at once (pytest-xdist, one test file at a time per lab): most of its time
 # is guests booting and runs waiting on them, and a third lab fills the cores' idle gaps that two left (94% busy
 # against 86%; 1,460 s against 1,597 s, docs/performance.md). INTEGRATION_LABS=1 runs it on one.
-# Files go to the labs longest first (tests/integration/durations.json), so no lab ends the run alone on a long one.
+# Files go to the labs longest first (tests/integration/durations.json), so no lab ends the run alone on a long one;
+# every run writes its files' times to tests/output/integration-durations.json, make durations copies them there.
 # The inventory tests run a second time under the minimum ansible-core: before 2.19 the plugin marks strings
 # unsafe itself, and warnings and constructed values look different.
 INTEGRATION_LABS ?= 3
@@ -184,23 +195,34 @@ MIXED_SKIPPED = echo "!!! NOT TESTED: the mixed fleet (Debian 13 pools beside th
 	"this is Debian $(HOST_RELEASE) !!!" >&2
 integration: venv core-venv newest-venv image image-real debian13-lab
 	$(PY) -m compileall -q plugins
-	$(call INTEGRATION_LABS_UP,--newer 0)
+	$(TIMED) integration-main $(MAKE) --no-print-directory integration-main
+	$(TIMED) integration-mixed $(MAKE) --no-print-directory integration-mixed
+
+# The labs, the suite, the inventory under the minimum core, the newest core's files, and the labs down: one step
+# whose CPU counts the labs' guests, of parts that do not (tests/steptime.py).
+integration-main:
+	$(TIMED) labs-up $(MAKE) --no-print-directory integration-labs-up
 	set -o pipefail; export MACHINERY_LAB=$(TEST_LAB)1/lab.json \
 		MACHINERY_LABS=$$(printf '%s/lab.json:' $(INTEGRATION_LAB_DIRS)) \
 		MACHINERY_REAL_IMAGE=$(IMAGE_DIR)/machinery-real.qcow2; \
+		MACHINERY_DURATIONS_OUT=$(DURATIONS_OUT) $(TIMED) suite \
 		$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 -n $(INTEGRATION_LABS) --dist loadfile \
 			--no-loadscope-reorder --ignore=tests/integration/test_40_mixed_versions.py \
 			--ignore=tests/integration/test_42_execution_environment.py \
 			tests/integration && \
 		echo "-- the inventory tests under ansible-core $(MIN_CORE)" && \
-		$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py && \
+		$(TIMED) inventory-$(MIN_CORE) \
+			$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py && \
 		if [ -n "$(NEWEST_PYTHON)" ]; then \
 			echo "-- the files of each plugin type under ansible-core $(NEWEST_CORE)" && \
-			$(NEWEST_VENV)/bin/pytest -q -p no:cacheprovider -n $(INTEGRATION_LABS) --dist loadfile \
+			$(TIMED) newest-$(NEWEST_CORE) \
+				$(NEWEST_VENV)/bin/pytest -q -p no:cacheprovider -n $(INTEGRATION_LABS) --dist loadfile \
 				$(addprefix tests/integration/,$(NEWEST_INTEGRATION)); \
 		else $(NEWEST_SKIPPED); fi; \
 		status=$$?; $(INTEGRATION_LABS_DOWN); exit $$status
-	$(MAKE) --no-print-directory integration-mixed
+
+integration-labs-up:
+	$(call INTEGRATION_LABS_UP,--newer 0)
 
 # INTEGRATION_LABS=1 make integration-mixed runs the mixed fleet's step alone, on one lab.
 integration-mixed: venv image debian13-lab
@@ -246,11 +268,32 @@ endif
 # 3. the integration suite, then the inventory file under the minimum ansible-core and the files of each plugin
 #    type under the newest.
 # Each parallel job shows its output whole when it ends. The apt packages come first, so no two jobs run apt-get.
+# Each step runs under tests/steptime.py (timed-STEP runs make STEP so), and the table of their times ends the
+# output, also when a step failed; make test's exit status is the stages'.
 test:
-	$(MAKE) --no-print-directory deps
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse unit image image-real sanity-newest debian13-lab
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse sanity-and-lint molecule-and-packaging
-	$(MAKE) --no-print-directory integration
+	@rm -f $(STEPS)
+	@status=0; $(TIMED) total $(MAKE) --no-print-directory test-stages || status=$$?; $(MAKE) --no-print-directory steps; exit $$status
+
+test-stages:
+	$(TIMED) deps $(MAKE) --no-print-directory deps
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse \
+		$(addprefix timed-,unit image image-real sanity-newest debian13-lab)
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse timed-sanity-and-lint timed-molecule-and-packaging
+	$(TIMED) integration $(MAKE) --no-print-directory integration
+
+# The virtual environments come first, once, for the two steps that need them (a step of their own).
+timed-unit timed-sanity-newest: timed-venvs
+
+timed-%:
+	$(TIMED) $* $(MAKE) --no-print-directory $*
+
+steps:
+	@python3 tests/steptime.py $(STEPS)
+
+# The files' times of the last make integration (tests/output/integration-durations.json, written whatever the
+# outcome) into tests/integration/durations.json; a file that did not run keeps its time.
+durations:
+	python3 tests/integration/durations.py $(DURATIONS_OUT) tests/integration/durations.json
 
 checks: venv
 	$(MAKE) --no-print-directory sanity-and-lint
@@ -258,13 +301,13 @@ checks: venv
 	$(MAKE) --no-print-directory packaging
 
 sanity-and-lint: venv
-	$(MAKE) --no-print-directory sanity
-	$(MAKE) --no-print-directory lint
+	$(TIMED) sanity $(MAKE) --no-print-directory sanity
+	$(TIMED) lint $(MAKE) --no-print-directory lint
 
 molecule-and-packaging: venv image
-	$(MAKE) --no-print-directory molecule
-	$(MAKE) --no-print-directory docs-lint
-	$(MAKE) --no-print-directory packaging
+	$(TIMED) molecule $(MAKE) --no-print-directory molecule
+	$(TIMED) docs-lint $(MAKE) --no-print-directory docs-lint
+	$(TIMED) packaging $(MAKE) --no-print-directory packaging
 
 # The roles' molecule scenarios (extensions/molecule/: create, converge, idempotence, verify, destroy) on a 2-pool
 # lab of their own. molecule runs ansible-config and ansible-playbook from PATH.
