@@ -45,12 +45,14 @@ HOST_RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $${VERSION_ID%%.*}
 APT_PACKAGES += $(if $(filter 12,$(HOST_RELEASE)),,libvirt-daemon-driver-interface)
 
 .PHONY: help deps venv venvs core-venv newest-venv steps durations sanity-newest debian13 debian13-lab ee integration-mixed image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
-	sanity-and-lint molecule-and-packaging test-stages integration-main integration-labs-up \
+	sanity-and-lint molecule-and-packaging test-stages integration-main integration-labs-up check check-static \
+	check-integration \
 	packaging integration molecule docs docs-lint benchmark benchmark-scale clean
 
 help:
 	@echo "make demo        a 3-pool lab of real libvirtd hosts, classes, machines booted with Ignition + cloud-init"
 	@echo "make test        unit tests, ansible-test sanity, ansible-lint, packaging, integration tests on a fresh lab"
+	@echo "make check       before a commit (about 5 minutes): unit, sanity, lint, an integration file per module family"
 	@echo "make demo REAL=1 the same, then a play inside a real Debian guest (builds make image-real first)"
 	@echo "make molecule    the roles' molecule scenarios on a lab of their own"
 	@echo "make docs        the collection's documentation site (antsibull-docs, Sphinx) in .cache/docsite/html"
@@ -294,6 +296,34 @@ steps:
 # outcome) into tests/integration/durations.json; a file that did not run keeps its time.
 durations:
 	python3 tests/integration/durations.py $(DURATIONS_OUT) tests/integration/durations.json
+
+# make check: the loop before a commit, under 5 minutes on two cores (docs/performance.md). The unit tests under the
+# pinned ansible-core, ansible-test sanity of that core and ansible-lint on one side; on the other, one integration
+# file of each module family (pools and classes, machines, the batch action and the scheduler, sets and health
+# checks, manifests and images, volumes, the controllers' attach, backup and migrate, the filters), each short in
+# tests/integration/durations.json, on a 3-pool lab of its own brought up and torn down. Its steps' table ends it.
+# make test still runs everything else: the other cores, the other files, molecule, packaging, the mixed fleet.
+CHECK_LAB ?= $(CURDIR)/.lab/check
+CHECK_STEPS ?= $(CURDIR)/tests/output/check-steps.jsonl
+CHECK_INTEGRATION := test_01_machine_pool.py test_03_machine.py test_27_placement.py test_14_machine_sets.py \
+	test_34_ironcore_upstream.py test_22_volumes.py test_48_controllers.py test_37_filters.py
+check: venv image
+	@rm -f $(CHECK_STEPS)
+	@status=0; $(MAKE) --no-print-directory STEPS=$(CHECK_STEPS) -j2 --output-sync=recurse timed-check-static timed-check-integration || status=$$?; \
+		python3 tests/steptime.py $(CHECK_STEPS); exit $$status
+
+check-static: venv
+	$(TIMED) unit $(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
+	$(TIMED) lint $(MAKE) --no-print-directory lint
+	$(TIMED) sanity $(MAKE) --no-print-directory sanity
+
+check-integration: venv image
+	$(PY) -m compileall -q plugins
+	$(TIMED) lab-up python3 lab/lab.py up --pools 3 --dir $(CHECK_LAB) --image $(IMAGE_DIR)/machinery-test.qcow2 || \
+		{ python3 lab/lab.py down --dir $(CHECK_LAB); exit 1; }
+	MACHINERY_LAB=$(CHECK_LAB)/lab.json $(TIMED) integration \
+		$(VENV)/bin/pytest -q -p no:cacheprovider $(addprefix tests/integration/,$(CHECK_INTEGRATION)); \
+		status=$$?; python3 lab/lab.py down --dir $(CHECK_LAB); exit $$status
 
 checks: venv
 	$(MAKE) --no-print-directory sanity-and-lint
