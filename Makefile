@@ -9,6 +9,10 @@ MOLECULE_LAB ?= $(CURDIR)/.lab/molecule-test
 DOCS_DIR ?= $(CURDIR)/.cache/docsite
 IMAGE_DIR ?= $(CURDIR)/.lab/image
 DEBIAN13_DIR ?= $(CURDIR)/.cache/debian13
+# The Debian 13 root of the mixed labs' newer pools (lab/debian13/root.sh lab) is made once per machine, shared by its
+# clones of the repository, in a directory named by the hash of root.sh (which lists its packages).
+DEBIAN13_LAB_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/machinery-compute/debian13-$(shell \
+	sha256sum lab/debian13/root.sh | cut -c1-16)
 VENV := $(CURDIR)/.venv
 # Every step of make test (and the steps of integration, make check) appends its wall and CPU seconds to STEPS
 # (tests/steptime.py: the CPU of the daemons and guests a step starts counts too); make test prints the table at
@@ -112,10 +116,10 @@ image-real: deps
 	@$(call IMAGE_CACHED,lab/image/real/build.sh,machinery-real)
 
 # NEWER=N: the last N pools are Debian 13 hosts, their daemons run with the programs of a Debian 13 root that has
-# libvirt 11 and QEMU 10 (lab/debian13/root.sh lab: made once, kept in $(DEBIAN13_DIR)/lab).
+# libvirt 11 and QEMU 10 (lab/debian13/root.sh lab: made once, kept in $(DEBIAN13_LAB_DIR)/lab).
 lab-up: deps image
 	python3 lab/lab.py up --pools $(POOLS) --dir $(LAB) --image $(IMAGE_DIR)/machinery-test.qcow2 \
-		--newer $(or $(NEWER),0) $(if $(NEWER),--newer-root $$(bash lab/debian13/root.sh lab $(DEBIAN13_DIR)))
+		--newer $(or $(NEWER),0) $(if $(NEWER),--newer-root $$(bash lab/debian13/root.sh lab $(DEBIAN13_LAB_DIR)))
 
 lab-down:
 	python3 lab/lab.py down --dir $(LAB)
@@ -236,7 +240,7 @@ integration-labs-up:
 integration-mixed: venv image debian13-lab
 ifeq ($(MIXED),1)
 	@echo "-- a mixed fleet: the last pool of each lab on Debian 13's libvirt and QEMU"
-	$(call INTEGRATION_LABS_UP,--newer 1 --newer-root $(DEBIAN13_DIR)/lab)
+	$(call INTEGRATION_LABS_UP,--newer 1 --newer-root $(DEBIAN13_LAB_DIR)/lab)
 	set -o pipefail; python3 tests/integration/newer_first.py $(INTEGRATION_LAB_DIRS) && \
 		export MACHINERY_LAB=$(TEST_LAB)1/lab-newer-first.json \
 		MACHINERY_LABS=$$(printf '%s/lab-newer-first.json:' $(INTEGRATION_LAB_DIRS)); \
@@ -263,7 +267,7 @@ ee: venv image
 # The Debian 13 root whose libvirt and QEMU a mixed lab's newer pools run (lab-up NEWER=N, the integration suite).
 debian13-lab: deps
 ifeq ($(MIXED),1)
-	bash lab/debian13/root.sh lab $(DEBIAN13_DIR) >/dev/null
+	bash lab/debian13/root.sh lab $(DEBIAN13_LAB_DIR) >/dev/null
 endif
 
 # make test in three stages, each keeping both cores busy:
