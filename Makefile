@@ -270,31 +270,32 @@ ifeq ($(MIXED),1)
 	bash lab/debian13/root.sh lab $(DEBIAN13_LAB_DIR) >/dev/null
 endif
 
-# make test in three stages, each keeping both cores busy:
-# 1. the virtual environments, the busybox image and the unit tests, beside the real image's build (pip and
-#    mmdebstrap each keep about one core busy, and the unit tests need no image), and the newest ansible-core's
-#    sanity, whose own test venvs pip builds (it would unbalance stage 2's two sides);
-# 2. the checks that need no lab beside the roles' molecule scenarios, which use the CPU while molecule's guests
-#    boot and its plays wait on them. ansible-test sanity and ansible-lint on one side, molecule then the docs lint
-#    and the packaging test on the other, so the two sides end together;
-# 3. the integration suite, then the inventory file under the minimum ansible-core and the files of each plugin
-#    type under the newest.
+# make test in two stages:
+# 1. the virtual environments beside the images and the Debian 13 root of the mixed labs (a fresh machine builds
+#    these, and keeps them: a fresh clone copies them), then everything but the integration suite as two jobs at a
+#    time (make -j2), longest first: the roles' molecule scenarios (which use the CPU while molecule's guests boot
+#    and its plays wait on them), ansible-test sanity of the pinned and of the newest ansible-core (each makes its
+#    test venvs with pip once per clone), the unit tests under the three cores, ansible-lint, the docs lint and
+#    the packaging test. The venvs come first because all of these need them: make -j2 passes over a goal whose
+#    prerequisite runs and starts the next, so shared prerequisites undid the order. This was two stages of two
+#    sides each, balanced while every clone built the real image and the Debian 13 root; with those kept, a side
+#    of the first stage stood idle while the newest core's sanity ran (docs/performance.md).
+# 2. the integration suite, then the inventory file under the minimum ansible-core and the files of each plugin
+#    type under the newest, then the mixed fleet.
 # Each parallel job shows its output whole when it ends. The apt packages come first, so no two jobs run apt-get.
 # Each step runs under tests/steptime.py (timed-STEP runs make STEP so), and the table of their times ends the
 # output, also when a step failed; make test's exit status is the stages'.
+TEST_BUILDS := venvs image image-real debian13-lab
+TEST_CHECKS := molecule sanity sanity-newest unit lint docs-lint packaging
 test:
 	@rm -f $(STEPS)
 	@status=0; $(TIMED) total $(MAKE) --no-print-directory test-stages || status=$$?; $(MAKE) --no-print-directory steps; exit $$status
 
 test-stages:
 	$(TIMED) deps $(MAKE) --no-print-directory deps
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse \
-		$(addprefix timed-,unit image image-real sanity-newest debian13-lab)
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse timed-sanity-and-lint timed-molecule-and-packaging
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse $(addprefix timed-,$(TEST_BUILDS))
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse $(addprefix timed-,$(TEST_CHECKS))
 	$(TIMED) integration $(MAKE) --no-print-directory integration
-
-# The virtual environments come first, once, for the two steps that need them (a step of their own).
-timed-unit timed-sanity-newest: timed-venvs
 
 timed-%:
 	$(TIMED) $* $(MAKE) --no-print-directory $*
