@@ -9,7 +9,19 @@ MOLECULE_LAB ?= $(CURDIR)/.lab/molecule-test
 DOCS_DIR ?= $(CURDIR)/.cache/docsite
 IMAGE_DIR ?= $(CURDIR)/.lab/image
 DEBIAN13_DIR ?= $(CURDIR)/.cache/debian13
+# The Debian 13 root of the mixed labs' newer pools (lab/debian13/root.sh lab) is made once per machine, shared by its
+# clones of the repository, in a directory named by the hash of root.sh (which lists its packages).
+DEBIAN13_LAB_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/machinery-compute/debian13-$(shell \
+	sha256sum lab/debian13/root.sh | cut -c1-16)
 VENV := $(CURDIR)/.venv
+# Every step of make test (and the steps of integration, make check) appends its wall and CPU seconds to STEPS
+# (tests/steptime.py: the CPU of the daemons and guests a step starts counts too); make test prints the table at
+# its end, make steps prints it any time. make test starts a new table.
+STEPS ?= $(CURDIR)/tests/output/steps.jsonl
+TIMED = python3 $(CURDIR)/tests/steptime.py $(STEPS)
+# The seconds each integration file took in make integration's main run (make durations copies them into
+# tests/integration/durations.json, the order the files go to the labs in).
+DURATIONS_OUT ?= $(CURDIR)/tests/output/integration-durations.json
 PY := $(VENV)/bin/python
 # The contract's minimum ansible-core: unit and inventory tests run under it too, from a venv of its own.
 MIN_CORE := 2.16.19
@@ -36,13 +48,15 @@ HOST_RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $${VERSION_ID%%.*}
 # libvirt-daemon into a package of its own that libvirt-daemon-system only recommends; Debian 12 has no such package.
 APT_PACKAGES += $(if $(filter 12,$(HOST_RELEASE)),,libvirt-daemon-driver-interface)
 
-.PHONY: help deps venv core-venv newest-venv sanity-newest debian13 debian13-lab ee integration-mixed image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
-	sanity-and-lint molecule-and-packaging \
+.PHONY: help deps venv venvs core-venv newest-venv steps durations sanity-newest debian13 debian13-lab ee integration-mixed image image-real lab-up lab-down lab-status demo demo-down test checks unit sanity lint \
+	sanity-and-lint molecule-and-packaging test-stages integration-main integration-labs-up check check-static \
+	check-integration \
 	packaging integration molecule docs docs-lint benchmark benchmark-scale clean
 
 help:
 	@echo "make demo        a 3-pool lab of real libvirtd hosts, classes, machines booted with Ignition + cloud-init"
 	@echo "make test        unit tests, ansible-test sanity, ansible-lint, packaging, integration tests on a fresh lab"
+	@echo "make check       before a commit (about 5 minutes): unit, sanity, lint, an integration file per module family"
 	@echo "make demo REAL=1 the same, then a play inside a real Debian guest (builds make image-real first)"
 	@echo "make molecule    the roles' molecule scenarios on a lab of their own"
 	@echo "make docs        the collection's documentation site (antsibull-docs, Sphinx) in .cache/docsite/html"
@@ -74,6 +88,8 @@ $(VENV)/.stamp: requirements.txt requirements-dev.txt constraints.txt
 
 venv: $(VENV)/.stamp
 
+venvs: venv core-venv newest-venv
+
 core-venv: venv
 	bash tests/core_venv.sh $(VENV) $(MIN_CORE) >/dev/null
 
@@ -82,22 +98,28 @@ newest-venv: venv
 		bash tests/core_venv.sh $(VENV) $(NEWEST_CORE) $(NEWEST_PYTHON) >/dev/null; \
 	else $(NEWEST_SKIPPED); fi
 
+# The images are built in a cache of the machine's, shared by its clones of the repository, and copied into
+# IMAGE_DIR (lab/cached_image.sh): a fresh clone copies what an unchanged recipe built before instead of building
+# it again (the three took 98 s, 71 CPU s, in make test's first stage). IMAGE_CACHE=$(IMAGE_DIR): no cache.
+IMAGE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/machinery-compute/images
+IMAGE_CACHED = set -o pipefail; bash lab/cached_image.sh $(1) $(2) $(IMAGE_CACHE) $(IMAGE_DIR) | tail -n 1
+
 # The busybox image, and the idle image (lab/image/idle) for tests that need a machine running but never look
 # inside it.
 image: deps
-	@set -o pipefail; bash lab/image/build.sh $(IMAGE_DIR) | tail -n 1
-	@set -o pipefail; bash lab/image/idle/build.sh $(IMAGE_DIR) | tail -n 1
+	@$(call IMAGE_CACHED,lab/image/build.sh,machinery-test)
+	@$(call IMAGE_CACHED,lab/image/idle/build.sh,machinery-idle)
 
 # A real Debian 12 guest (systemd, cloud-init, sshd, Python, the guest agent) for the tests and the demo that
 # work inside machines; the busybox image above stays the fast default.
 image-real: deps
-	@set -o pipefail; bash lab/image/real/build.sh $(IMAGE_DIR) | tail -n 1
+	@$(call IMAGE_CACHED,lab/image/real/build.sh,machinery-real)
 
 # NEWER=N: the last N pools are Debian 13 hosts, their daemons run with the programs of a Debian 13 root that has
-# libvirt 11 and QEMU 10 (lab/debian13/root.sh lab: made once, kept in $(DEBIAN13_DIR)/lab).
+# libvirt 11 and QEMU 10 (lab/debian13/root.sh lab: made once, kept in $(DEBIAN13_LAB_DIR)/lab).
 lab-up: deps image
 	python3 lab/lab.py up --pools $(POOLS) --dir $(LAB) --image $(IMAGE_DIR)/machinery-test.qcow2 \
-		--newer $(or $(NEWER),0) $(if $(NEWER),--newer-root $$(bash lab/debian13/root.sh lab $(DEBIAN13_DIR)))
+		--newer $(or $(NEWER),0) $(if $(NEWER),--newer-root $$(bash lab/debian13/root.sh lab $(DEBIAN13_LAB_DIR)))
 
 lab-down:
 	python3 lab/lab.py down --dir $(LAB)
@@ -119,8 +141,10 @@ demo-down:
 	cd playbooks && $(VENV)/bin/ansible-playbook demo_down.yml -e lab_file=$(LAB)/lab.json
 	python3 lab/lab.py down --dir $(LAB)
 
+# The first run explores the hold protocol's model with its wider bounds (MACHINERY_MODEL=full, about 40 s: see
+# docs/concurrency.md, "The models"); the runs under the other cores, with the lighter ones.
 unit: venv core-venv newest-venv
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
+	MACHINERY_MODEL=full $(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
 	@echo "-- the same under ansible-core $(MIN_CORE)"
 	$(CORE_BIN)/pytest -q -p no:cacheprovider tests/unit
 	@if [ -n "$(NEWEST_PYTHON)" ]; then \
@@ -158,7 +182,8 @@ packaging: venv
 # The integration suite runs on three labs at once (pytest-xdist, one test file at a time per lab): most of its time
 # is guests booting and runs waiting on them, and a third lab fills the cores' idle gaps that two left (94% busy
 # against 86%; 1,460 s against 1,597 s, docs/performance.md). INTEGRATION_LABS=1 runs it on one.
-# Files go to the labs longest first (tests/integration/durations.json), so no lab ends the run alone on a long one.
+# Files go to the labs longest first (tests/integration/durations.json), so no lab ends the run alone on a long one;
+# every run writes its files' times to tests/output/integration-durations.json, make durations copies them there.
 # The inventory tests run a second time under the minimum ansible-core: before 2.19 the plugin marks strings
 # unsafe itself, and warnings and constructed values look different.
 INTEGRATION_LABS ?= 3
@@ -184,29 +209,40 @@ MIXED_SKIPPED = echo "!!! NOT TESTED: the mixed fleet (Debian 13 pools beside th
 	"this is Debian $(HOST_RELEASE) !!!" >&2
 integration: venv core-venv newest-venv image image-real debian13-lab
 	$(PY) -m compileall -q plugins
-	$(call INTEGRATION_LABS_UP,--newer 0)
+	$(TIMED) integration-main $(MAKE) --no-print-directory integration-main
+	$(TIMED) integration-mixed $(MAKE) --no-print-directory integration-mixed
+
+# The labs, the suite, the inventory under the minimum core, the newest core's files, and the labs down: one step
+# whose CPU counts the labs' guests, of parts that do not (tests/steptime.py).
+integration-main:
+	$(TIMED) labs-up $(MAKE) --no-print-directory integration-labs-up
 	set -o pipefail; export MACHINERY_LAB=$(TEST_LAB)1/lab.json \
 		MACHINERY_LABS=$$(printf '%s/lab.json:' $(INTEGRATION_LAB_DIRS)) \
 		MACHINERY_REAL_IMAGE=$(IMAGE_DIR)/machinery-real.qcow2; \
+		MACHINERY_DURATIONS_OUT=$(DURATIONS_OUT) $(TIMED) suite \
 		$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 -n $(INTEGRATION_LABS) --dist loadfile \
 			--no-loadscope-reorder --ignore=tests/integration/test_40_mixed_versions.py \
 			--ignore=tests/integration/test_42_execution_environment.py \
 			tests/integration && \
 		echo "-- the inventory tests under ansible-core $(MIN_CORE)" && \
-		$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py && \
+		$(TIMED) inventory-$(MIN_CORE) \
+			$(CORE_BIN)/pytest -q -p no:cacheprovider tests/integration/test_07_inventory.py && \
 		if [ -n "$(NEWEST_PYTHON)" ]; then \
 			echo "-- the files of each plugin type under ansible-core $(NEWEST_CORE)" && \
-			$(NEWEST_VENV)/bin/pytest -q -p no:cacheprovider -n $(INTEGRATION_LABS) --dist loadfile \
+			$(TIMED) newest-$(NEWEST_CORE) \
+				$(NEWEST_VENV)/bin/pytest -q -p no:cacheprovider -n $(INTEGRATION_LABS) --dist loadfile \
 				$(addprefix tests/integration/,$(NEWEST_INTEGRATION)); \
 		else $(NEWEST_SKIPPED); fi; \
 		status=$$?; $(INTEGRATION_LABS_DOWN); exit $$status
-	$(MAKE) --no-print-directory integration-mixed
+
+integration-labs-up:
+	$(call INTEGRATION_LABS_UP,--newer 0)
 
 # INTEGRATION_LABS=1 make integration-mixed runs the mixed fleet's step alone, on one lab.
 integration-mixed: venv image debian13-lab
 ifeq ($(MIXED),1)
 	@echo "-- a mixed fleet: the last pool of each lab on Debian 13's libvirt and QEMU"
-	$(call INTEGRATION_LABS_UP,--newer 1 --newer-root $(DEBIAN13_DIR)/lab)
+	$(call INTEGRATION_LABS_UP,--newer 1 --newer-root $(DEBIAN13_LAB_DIR)/lab)
 	set -o pipefail; python3 tests/integration/newer_first.py $(INTEGRATION_LAB_DIRS) && \
 		export MACHINERY_LAB=$(TEST_LAB)1/lab-newer-first.json \
 		MACHINERY_LABS=$$(printf '%s/lab-newer-first.json:' $(INTEGRATION_LAB_DIRS)); \
@@ -233,24 +269,76 @@ ee: venv image
 # The Debian 13 root whose libvirt and QEMU a mixed lab's newer pools run (lab-up NEWER=N, the integration suite).
 debian13-lab: deps
 ifeq ($(MIXED),1)
-	bash lab/debian13/root.sh lab $(DEBIAN13_DIR) >/dev/null
+	bash lab/debian13/root.sh lab $(DEBIAN13_LAB_DIR) >/dev/null
 endif
 
-# make test in three stages, each keeping both cores busy:
-# 1. the virtual environments, the busybox image and the unit tests, beside the real image's build (pip and
-#    mmdebstrap each keep about one core busy, and the unit tests need no image), and the newest ansible-core's
-#    sanity, whose own test venvs pip builds (it would unbalance stage 2's two sides);
-# 2. the checks that need no lab beside the roles' molecule scenarios, which use the CPU while molecule's guests
-#    boot and its plays wait on them. ansible-test sanity and ansible-lint on one side, molecule then the docs lint
-#    and the packaging test on the other, so the two sides end together;
-# 3. the integration suite, then the inventory file under the minimum ansible-core and the files of each plugin
-#    type under the newest.
+# make test in two stages:
+# 1. the virtual environments beside the images and the Debian 13 root of the mixed labs (a fresh machine builds
+#    these, and keeps them: a fresh clone copies them), then everything but the integration suite as two jobs at a
+#    time (make -j2), longest first: the roles' molecule scenarios (which use the CPU while molecule's guests boot
+#    and its plays wait on them), ansible-test sanity of the pinned and of the newest ansible-core (each makes its
+#    test venvs with pip once per clone), the unit tests under the three cores, ansible-lint, the docs lint and
+#    the packaging test. The venvs come first because all of these need them: make -j2 passes over a goal whose
+#    prerequisite runs and starts the next, so shared prerequisites undid the order. This was two stages of two
+#    sides each, balanced while every clone built the real image and the Debian 13 root; with those kept, a side
+#    of the first stage stood idle while the newest core's sanity ran (docs/performance.md).
+# 2. the integration suite, then the inventory file under the minimum ansible-core and the files of each plugin
+#    type under the newest, then the mixed fleet.
 # Each parallel job shows its output whole when it ends. The apt packages come first, so no two jobs run apt-get.
+# Each step runs under tests/steptime.py (timed-STEP runs make STEP so), and the table of their times ends the
+# output, also when a step failed; make test's exit status is the stages'.
+TEST_BUILDS := venvs image image-real debian13-lab
+TEST_CHECKS := molecule sanity sanity-newest unit lint docs-lint packaging
 test:
-	$(MAKE) --no-print-directory deps
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse unit image image-real sanity-newest debian13-lab
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse sanity-and-lint molecule-and-packaging
-	$(MAKE) --no-print-directory integration
+	@rm -f $(STEPS)
+	@status=0; $(TIMED) total $(MAKE) --no-print-directory test-stages || status=$$?; \
+		$(MAKE) --no-print-directory steps; exit $$status
+
+test-stages:
+	$(TIMED) deps $(MAKE) --no-print-directory deps
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse $(addprefix timed-,$(TEST_BUILDS))
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse $(addprefix timed-,$(TEST_CHECKS))
+	$(TIMED) integration $(MAKE) --no-print-directory integration
+
+timed-%:
+	$(TIMED) $* $(MAKE) --no-print-directory $*
+
+steps:
+	@python3 tests/steptime.py $(STEPS)
+
+# The files' times of the last make integration (tests/output/integration-durations.json, written whatever the
+# outcome) into tests/integration/durations.json; a file that did not run keeps its time.
+durations:
+	python3 tests/integration/durations.py $(DURATIONS_OUT) tests/integration/durations.json
+
+# make check: the loop before a commit, under 5 minutes on two cores (docs/performance.md). The unit tests under the
+# pinned ansible-core, ansible-test sanity of that core and ansible-lint on one side; on the other, one integration
+# file of each module family (pools and classes, machines, the batch action and the scheduler, sets and health
+# checks, manifests and images, volumes, the controllers' attach, backup and migrate, the filters), each short in
+# tests/integration/durations.json, on a 3-pool lab of its own brought up and torn down. Its steps' table ends it.
+# make test still runs everything else: the other cores, the other files, molecule, packaging, the mixed fleet.
+CHECK_LAB ?= $(CURDIR)/.lab/check
+CHECK_STEPS ?= $(CURDIR)/tests/output/check-steps.jsonl
+CHECK_INTEGRATION := test_01_machine_pool.py test_03_machine.py test_27_placement.py test_14_machine_sets.py \
+	test_34_ironcore_upstream.py test_22_volumes.py test_48_controllers.py test_37_filters.py
+check: venv image
+	@rm -f $(CHECK_STEPS)
+	@status=0; $(MAKE) --no-print-directory STEPS=$(CHECK_STEPS) -j2 --output-sync=recurse \
+		timed-check-static timed-check-integration || status=$$?; \
+		python3 tests/steptime.py $(CHECK_STEPS); exit $$status
+
+check-static: venv
+	$(TIMED) unit $(VENV)/bin/pytest -q -p no:cacheprovider tests/unit
+	$(TIMED) lint $(MAKE) --no-print-directory lint
+	$(TIMED) sanity $(MAKE) --no-print-directory sanity
+
+check-integration: venv image
+	$(PY) -m compileall -q plugins
+	$(TIMED) lab-up python3 lab/lab.py up --pools 3 --dir $(CHECK_LAB) --image $(IMAGE_DIR)/machinery-test.qcow2 || \
+		{ python3 lab/lab.py down --dir $(CHECK_LAB); exit 1; }
+	MACHINERY_LAB=$(CHECK_LAB)/lab.json $(TIMED) integration \
+		$(VENV)/bin/pytest -q -p no:cacheprovider $(addprefix tests/integration/,$(CHECK_INTEGRATION)); \
+		status=$$?; python3 lab/lab.py down --dir $(CHECK_LAB); exit $$status
 
 checks: venv
 	$(MAKE) --no-print-directory sanity-and-lint
@@ -258,13 +346,13 @@ checks: venv
 	$(MAKE) --no-print-directory packaging
 
 sanity-and-lint: venv
-	$(MAKE) --no-print-directory sanity
-	$(MAKE) --no-print-directory lint
+	$(TIMED) sanity $(MAKE) --no-print-directory sanity
+	$(TIMED) lint $(MAKE) --no-print-directory lint
 
 molecule-and-packaging: venv image
-	$(MAKE) --no-print-directory molecule
-	$(MAKE) --no-print-directory docs-lint
-	$(MAKE) --no-print-directory packaging
+	$(TIMED) molecule $(MAKE) --no-print-directory molecule
+	$(TIMED) docs-lint $(MAKE) --no-print-directory docs-lint
+	$(TIMED) packaging $(MAKE) --no-print-directory packaging
 
 # The roles' molecule scenarios (extensions/molecule/: create, converge, idempotence, verify, destroy) on a 2-pool
 # lab of their own. molecule runs ansible-config and ansible-playbook from PATH.

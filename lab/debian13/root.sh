@@ -6,7 +6,8 @@
 #                settings and environment) is carried over, so apt and pip inside answer the network as here.
 #   DIR/machine  a copy of base that the README's commands run in (made again by `readme`: a fresh machine)
 #   DIR/lab      a root like base with the lab's daemons installed (libvirt 11, QEMU 10, dnsmasq): lab.py --newer
-#                runs pools' daemons with its /usr (lab/README.md)
+#                runs pools' daemons with its /usr (lab/README.md); the Makefile keeps it in a directory of the
+#                machine's instead (DEBIAN13_LAB_DIR), shared by its clones
 #
 #   root.sh build DIR          make DIR/base unless its stamp says it is complete
 #   root.sh run DIR CMD...     run CMD (bash -c) in DIR/machine as root, at /src/machinery
@@ -41,6 +42,15 @@ make_root() {
     if [ -f "$stamp" ]; then
         return 0
     fi
+    # One build at a time (the clones of a machine share the lab's root, the Makefile's DEBIAN13_LAB_DIR); a waiter
+    # finds the root made. A made root is never made again here: running labs use it.
+    local lock
+    exec {lock}>"$dir/.$1.lock"
+    flock "$lock"
+    if [ -f "$stamp" ]; then
+        exec {lock}>&-
+        return 0
+    fi
     command -v mmdebstrap >/dev/null || {
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap
     }
@@ -71,6 +81,7 @@ make_root() {
         "$root/var/lib/machinery/cache"
     echo "$SUITE $(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$stamp"
     log "built in $((SECONDS - started)) s, $(du -sh "$root" | cut -f1)"
+    exec {lock}>&-
 }
 
 # The mounts, made in a mount namespace of this command's own (they vanish with it), then chroot.

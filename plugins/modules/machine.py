@@ -86,8 +86,12 @@ options:
     description: Name of a class published on the pool; gives O(cpu) and O(memory) unless they are set too.
     type: str
   cpu:
-    description: Number of virtual CPUs (1 to 256).
-    type: int
+    description:
+      - CPUs, 1 to 256. A whole number (V(2), also V(2000m)) is that many virtual CPUs.
+      - A fraction, in millicores or as a decimal (V(500m), V(0.5), V(1500m), at least V(10m)), is the vCPUs it
+        rounds up to with a CFS quota of the domain (C(<cputune>) C(global_period)/C(global_quota)) allowing that
+        fraction of one host CPU's time per period; the pool's capacity counts it as the fraction it is.
+    type: raw
   memory:
     description: Memory as a quantity (V(512Mi), V(2Gi), V(1.5G)) or bytes.
     type: raw
@@ -632,8 +636,8 @@ machine:
       type: str
       sample: small
     cpu:
-      description: Virtual CPUs.
-      type: int
+      description: CPUs, a whole number of vCPUs, or a fraction (0.5) that a CFS quota holds its vCPUs to.
+      type: raw
       sample: 2
     topology:
       description: The CPU topology (sockets, cores, threads), or null when the machine has none of its own.

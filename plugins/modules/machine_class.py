@@ -42,9 +42,11 @@ options:
     required: true
   cpu:
     description:
-      - Number of virtual CPUs, 1 to 256.
+      - CPUs, 1 to 256. A whole number (V(2), also V(2000m)) is that many virtual CPUs; a fraction in
+        millicores or as a decimal (V(500m), V(0.5), V(1.5), at least V(10m)) is the vCPUs it rounds up to, held
+        to that fraction by a CFS quota, and counted by the pool's capacity as that fraction.
       - Required to publish a new class; left out, a published class keeps its number.
-    type: int
+    type: raw
   memory:
     description:
       - Memory as a Kubernetes quantity (V(512Mi), V(16Gi), V(1.5G)) or a number of bytes. At least 16Mi.

@@ -58,6 +58,9 @@ options:
       - A file of a directory that is a symlink to a file outside that directory is refused.
       - A key given twice in one mapping of a document is refused, naming the key and its path, rather than
         letting the last one win.
+      - A document that is a YAML list is IronCore libvirt-provider's machine-class file (its
+        C(--machine-classes-file)), each item C({name, capabilities}) (or a whole MachineClass) one of its classes,
+        read as IronCore MachineClass documents.
     type: raw
   definition:
     description:

@@ -38,6 +38,7 @@ libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
 DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
 NEW_FILE_SECONDS = 60
 _spent = collections.Counter()
+_failed = set()
 
 
 def _file_of(nodeid):
@@ -55,10 +56,13 @@ def pytest_collection_modifyitems(items):
 
 def pytest_runtest_logreport(report):
     _spent[_file_of(report.nodeid)] += report.duration
+    if report.failed:
+        _failed.add(_file_of(report.nodeid))
 
 
 def pytest_sessionfinish(session, exitstatus):
     # the files' times as this process saw them: with pytest-xdist, the controller sees every worker's reports
+    _write_measured(os.environ.get("MACHINERY_DURATIONS_OUT"))
     if exitstatus != 0 or not os.environ.get("MACHINERY_DURATIONS_UPDATE") or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     if session.config.getoption("deselect") or session.config.getoption("keyword"):
@@ -68,6 +72,20 @@ def pytest_sessionfinish(session, exitstatus):
     seconds.update((name, round(spent)) for name, spent in _spent.items())
     with open(DURATIONS, "w", encoding="utf-8") as handle:
         json.dump(dict(sorted(seconds.items(), key=lambda kv: (-kv[1], kv[0]))), handle, indent=1)
+        handle.write("\n")
+
+
+def _write_measured(path):
+    """Every file's seconds in this run (its tests' setup, call and teardown: with its module fixtures, the time its
+    lab spent on it) and the files that had a failure, to ``path`` whatever the outcome (make integration's main run:
+    make durations copies the times of the files that passed into durations.json)."""
+    if not path or os.environ.get("PYTEST_XDIST_WORKER") or not _spent:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump({"seconds": dict(sorted(((name, round(spent, 1)) for name, spent in _spent.items()),
+                                          key=lambda kv: (-kv[1], kv[0]))),
+                   "failed": sorted(_failed)}, handle, indent=1)
         handle.write("\n")
 
 

@@ -73,6 +73,38 @@ def test_class_bad_input(pool, module):
     assert_failed(module("machine_class", uri=pool.uri, name="</name>", cpu=1, memory="1Gi"), "name")
 
 
+def test_a_class_of_half_a_cpu_is_one_vcpu_at_half_its_time(pool, module, image):
+    """Millicores (issue 50): 2000m is two vCPUs, as 2 is; 500m one vCPU with a CFS quota of half the period of
+    the domain as a whole, counted by the pool's capacity as half a CPU."""
+    whole = module("machine_class", uri=pool.uri, name="it-two", cpu="2000m", memory="128Mi")
+    assert whole["machine_class"]["cpu"] == 2, whole
+    assert module("machine_class", uri=pool.uri, name="it-two", cpu=2, memory="128Mi")["changed"] is False
+    half = module("machine_class", uri=pool.uri, name="it-half", cpu="500m", memory="128Mi")
+    assert half["machine_class"]["cpu"] == 0.5, half
+    before = module("machine_pool", uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}])["pool"]
+    made = module("machine", uri=pool.uri, name="half-cpu", machine_class="it-half", image=image, state="present",
+                  network_interfaces=[])
+    try:
+        assert made["changed"] and made["machine"]["cpu"] == 0.5, made
+        dom = pool.domain("half-cpu")
+        xml = dom.XMLDesc(2)
+        assert "<vcpu placement='static'>1</vcpu>" in xml
+        assert "<global_period>100000</global_period>" in xml and "<global_quota>50000</global_quota>" in xml
+        after = module("machine_pool", uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}])["pool"]
+        assert round(after["allocated"]["cpu"] - before["allocated"]["cpu"], 3) == 0.5, (before, after)
+        again = module("machine", uri=pool.uri, name="half-cpu", machine_class="it-half", image=image,
+                       state="present", network_interfaces=[])
+        assert again["changed"] is False, again
+        resized = module("machine", uri=pool.uri, name="half-cpu", machine_class="it-two", image=image,
+                         state="present", network_interfaces=[])
+        assert resized["changed"] and resized["machine"]["cpu"] == 2, resized
+        assert "global_quota" not in pool.domain("half-cpu").XMLDesc(2)  # a whole number: no CPU tuning left
+    finally:
+        module("machine", uri=pool.uri, name="half-cpu", state="absent")
+        for name in ("it-half", "it-two"):
+            module("machine_class", uri=pool.uri, name=name, state="absent", force=True)
+
+
 def test_pool_with_machines_is_not_unregistered(pool, module, image):
     made = module("machine", uri=pool.uri, name="keeps-pool", machine_class="small", image=image, state="present",
                   network_interfaces=[])

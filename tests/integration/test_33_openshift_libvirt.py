@@ -116,6 +116,35 @@ def test_an_installer_machine_set_applies_boots_and_is_a_no_op_again(lab1):
     assert hosts(pool) == held
 
 
+def go_written(docs):
+    """The documents as Go's encoding/json writes them (oc get machineset -o yaml, the installer's manifests): every
+    field of LibvirtMachineProviderConfig without omitempty, set or not, and the older Machine API's embedded
+    ObjectMeta with creationTimestamp: null (issue 50)."""
+    secret, machine_set = [dict(doc) for doc in docs]
+    machine_set = {**machine_set, "metadata": dict(machine_set["metadata"], creationTimestamp=None),
+                   "status": {"replicas": 0}}
+    template = machine_set["spec"]["template"]
+    value = dict(template["spec"]["providerSpec"]["value"], ignKey="", cloudInit=None, networkInterfaceHostname="",
+                 networkUUID="")
+    value["volume"] = dict(value["volume"], volumeName="")
+    machine_set["spec"] = dict(machine_set["spec"], template={
+        "metadata": dict(template["metadata"], creationTimestamp=None),
+        "spec": {"metadata": {"creationTimestamp": None}, "lifecycleHooks": {}, "providerSpec": {"value": value}}})
+    return [secret, machine_set]
+
+
+def test_the_same_set_as_go_writes_it_is_the_same_set(lab1):
+    pool, cidr = lab1
+    before = members(pool)
+    again = run_module("manifest", pools=[pool.uri], definition=go_written(documents(pool, cidr)))
+    assert not again.get("failed"), again
+    assert again["changed"] is False and again["actions"] == [], again
+    said = "\n".join(warnings_of(again))
+    for field in (".ignKey: ", "creationTimestamp: ", ".networkUUID: ", ".volumeName: ", ".cloudInit: ", " status: "):
+        assert field not in said, said  # read as unset: neither refused nor warned
+    assert members(pool) == before
+
+
 # the health check the machine-api-operator ships (openshift/machine-api-operator,
 # install/0000_30_machine-api-operator_13_machinehealthcheck.yaml at 6afce911d47e3afa073a30d2afb2722e8d9cb468)
 SHIPPED_CHECK = {"apiVersion": "machine.openshift.io/v1beta1", "kind": "MachineHealthCheck",

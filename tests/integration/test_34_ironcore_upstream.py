@@ -73,6 +73,38 @@ def test_the_e2e_sample_boots_with_its_sized_root_and_ignition_yaml(lab1):
     assert reapplied["changed"] is False and not reapplied.get("failed"), reapplied
 
 
+def qos_documents(pool):
+    """A Machine whose volume template names its pool and limits its disk (resources.iops and tps), and whose NIC
+    template names its Machine: IronCore VolumeSpec and NetworkInterfaceSpec fields (issue 50)."""
+    secret, machine_class, _machine = documents()
+    machine = {"apiVersion": IC, "kind": "Machine", "metadata": {"name": "ic-qos"},
+               "spec": {"machineClassRef": {"name": "ic-tiny"}, "power": "Off", "image": "ic-rootfs",
+                        "networkInterfaces": [{"name": "primary", "ephemeral": {"networkInterfaceTemplate": {"spec": {
+                            "networkRef": {"name": "machinery"}, "machineRef": {"name": "ic-qos"}}}}}],
+                        "volumes": [{"name": "data", "ephemeral": {"volumeTemplate": {"spec": {
+                            "volumePoolRef": {"name": pool.name},
+                            "resources": {"storage": "1Gi", "iops": "1000", "tps": "150M"}}}}}]}}
+    return [secret, machine_class, machine]
+
+
+def test_a_templates_pool_and_disk_limits_are_applied(lab1):
+    pool = lab1
+    made = run_module("manifest", pools=[pool.uri], definition=qos_documents(pool))
+    try:
+        assert not made.get("failed"), made
+        dom = pool.domain("ic-qos")
+        disks = {disk.find("target").get("dev"): disk for disk in
+                 ET.fromstring(dom.XMLDesc(2)).findall("devices/disk[@device='disk']")}
+        tune = disks["vdb"].find("iotune")
+        assert tune.findtext("total_iops_sec") == "1000" and tune.findtext("total_bytes_sec") == "150000000"
+        assert disks["vda"].find("iotune") is None  # the root disk has no limits of its own
+        again = run_module("manifest", pools=[pool.uri], definition=qos_documents(pool))
+        assert again["changed"] is False and again["actions"] == [], again
+    finally:
+        run_module("manifest", pools=[pool.uri], definition=qos_documents(pool)[2:], state="absent",
+                   shutdown_timeout=2)  # the Machine only: the class and Secret are the sample's too
+
+
 def test_deleting_it_leaves_nothing(lab1):
     pool = lab1
     gone = run_module("manifest", pools=[pool.uri], definition=documents(), state="absent", shutdown_timeout=2)

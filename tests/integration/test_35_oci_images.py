@@ -114,7 +114,10 @@ def test_an_ironcore_machine_names_it_by_bare_reference_with_its_pull_secret(lab
          "data": {".dockerconfigjson": base64.b64encode(dockerconfig.encode()).decode()}},
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ignition"},
          "data": {"ignition.yaml": base64.b64encode(b'{"ignition": {"version": "3.3.0"}}').decode()}},
-        {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "Machine", "metadata": {"name": "oci-3"},
+        # an OCI image boots UEFI by default (as on libvirt-provider); the lab's test image boots BIOS only, so the
+        # Machine asks for the collection's firmware by its annotation
+        {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "Machine",
+         "metadata": {"name": "oci-3", "annotations": {"machinery.compute/firmware": "bios"}},
          "spec": {"machineClassRef": {"name": "small"}, "image": "%s/%s" % (registry, REF),
                   "imagePullSecret": {"name": "lab-registry"}, "ignitionRef": {"name": "ignition"},
                   "networkInterfaces": [{"name": "primary", "ephemeral": {"networkInterfaceTemplate": {
@@ -171,3 +174,21 @@ def test_an_ironcore_volume_from_the_reference_boots_its_machine(lab1):
     assert again["changed"] is False, again
     gone = run_module("manifest", pools=[pool.uri], definition=documents, state="absent", shutdown_timeout=2)
     assert not gone.get("failed") and pool.domain("oci-4") is None and "oci-root" not in pool.volumes(), gone
+
+
+def test_check_mode_refuses_a_reference_its_registry_does_not_resolve(lab1):
+    """IronCore's puller takes an untagged reference as :latest (issue 50): check mode looks it up in the lab's
+    registry, where only :oci-test was pushed, and refuses it under the document's path, naming the reference it
+    looked up; nothing is created."""
+    pool, data, _layer, _pinned = lab1
+    untagged = "%s/%s" % (data["registry"], REF.rsplit(":", 1)[0])
+    documents = [{"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "Machine", "metadata": {"name": "oci-5"},
+                  "spec": {"machineClassRef": {"name": "small"}, "image": untagged,
+                           "networkInterfaces": [{"name": "primary", "ephemeral": {"networkInterfaceTemplate": {
+                               "spec": {"networkRef": {"name": "machinery"}}}}}]}}]
+    registry = {"image_ca_file": data["registry_ca"], "image_pull_secret": data["registry_credentials"]}
+    planned = run_module("manifest", check=True, pools=[pool.uri], definition=documents, **registry)
+    assert planned.get("failed"), planned
+    said = "\n".join(planned.get("problems") or [planned.get("msg", "")])
+    assert "Machine/oci-5: spec.image: the OCI image %s:latest cannot be resolved" % untagged in said, said
+    assert pool.domain("oci-5") is None

@@ -18,6 +18,18 @@ GIB = 2 ** 30
 READY = {"active": True, "autostart": True}
 
 
+@pytest.fixture(autouse=True)
+def no_registry(monkeypatch):
+    """No unit test reaches an OCI registry: a request to one is refused as an unreachable registry. A test
+    that needs a registry's answers gives them with its own oci.resolve."""
+    from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError
+    from ansible_collections.machinery.compute.plugins.module_utils.machines import oci
+
+    def unreachable(self, path, accept=None):
+        raise MachineryError("cannot reach %s: unit tests reach no registry" % self.base, self.field)
+    monkeypatch.setattr(oci.Registry, "open", unreachable)
+
+
 def refused(expected, function, *args, **kwargs):
     """``function(*args, **kwargs)`` refuses its input naming the field ``expected``; its message."""
     with pytest.raises(ValidationError) as info:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
@@ -119,17 +120,49 @@ def _set_text(tree, tag, text, attrib=None):
         node.set(key, value)
 
 
+CPU_PERIOD = 100000  # µs: the kernel's default CFS period, the period of a fractional machine's quota
+CPU_TUNES = ("global_period", "global_quota")
+
+
 def read_cpu(tree, _record=None):
+    """The machine's CPUs: its vCPUs, or the fraction its CFS quota allows them (<cputune> global_quota over
+    global_period, below the vCPU count: a machine of 500m has one vCPU and a quota of half the period)."""
     node = tree.find("vcpu")
-    return int(node.get("current") or node.text) if node is not None else None
+    if node is None:
+        return None
+    count = int(node.get("current") or node.text)
+    quota, period = tree.findtext("cputune/global_quota"), tree.findtext("cputune/global_period")
+    try:
+        quota, period = int(quota), int(period)
+    except (TypeError, ValueError):
+        return count
+    if 0 < quota < count * period:
+        return round(quota / float(period), 3)
+    return count
 
 
 def write_cpu(tree, record, value):
+    """``value`` CPUs: that many vCPUs when whole; a fraction is the vCPUs it rounds up to with a CFS quota of
+    the domain as a whole (<cputune> global_period and global_quota: the share of the period all its vCPUs may
+    run together, as a Kubernetes CPU limit is), so 500m runs at most half of one host CPU's time."""
     record["spec"]["cpu"] = value
     node = tree.find("vcpu")
     if node is not None and "current" in node.attrib:
         del node.attrib["current"]
-    _set_text(tree, "vcpu", str(value), {"placement": "static"} if node is None else None)
+    count = int(math.ceil(value))
+    _set_text(tree, "vcpu", str(count), {"placement": "static"} if node is None else None)
+    tune = tree.find("cputune")
+    if count != value:
+        if tune is None:
+            tune = etree.SubElement(tree, "cputune")
+        _set_text(tune, "global_period", str(CPU_PERIOD))
+        _set_text(tune, "global_quota", str(int(round(value * CPU_PERIOD))))
+    elif tune is not None:
+        for name in CPU_TUNES:
+            for found in tune.findall(name):
+                tune.remove(found)
+        if len(tune) == 0 and not (tune.text or "").strip():
+            tree.remove(tune)
 
 
 def read_firmware(tree, _record=None):

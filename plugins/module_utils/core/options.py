@@ -270,7 +270,7 @@ MACHINE = (
     Option("name", required=True),
     Option("state", choices=MACHINE_STATES, default="running"),
     Option("machine_class", owned=_recorded("machine_class")),
-    Option("cpu", "int", owned=Owned(dx.read_cpu, dx.write_cpu, live="restart")),
+    Option("cpu", "raw", owned=Owned(dx.read_cpu, dx.write_cpu, live="restart")),
     Option("memory", "raw", owned=Owned(dx.read_memory, dx.write_memory, live="balloon",
                                         show=lambda value: None if value is None else format_quantity(value))),
     Option("image", fixed=lambda spec: (spec.get("image") or {}).get("source")),
@@ -447,7 +447,7 @@ MACHINE_POOL = (
 
 MACHINE_CLASS = (
     Option("name", required=True),
-    Option("cpu", "int"),
+    Option("cpu", "raw"),
     Option("memory", "raw"),
     Option("state", choices=PRESENCE, default="present"),
     Option("force", "bool", default=False),

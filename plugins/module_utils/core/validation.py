@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import decimal
 import ipaddress
+import math
 import re
 import struct
 
@@ -76,6 +78,48 @@ def cpu_count(value, field="cpu"):
     if number < 1 or number > MAX_CPU:
         raise ValidationError("must be between 1 and %d, got %d" % (MAX_CPU, number), field)
     return number
+
+
+MIN_CPU_MILLIS = 10  # 10m: libvirt's smallest CFS quota, 1000 µs, of the 100000 µs period a fraction gets
+
+
+def cpu_amount(value, field="cpu"):
+    """CPUs as machine_class, machine and IronCore classes take them: a whole number of vCPUs (``2``, ``"2"``,
+    ``2000m``: an int, as ever), or a fraction given as millicores or a decimal (``500m``, ``0.5``, ``1.5``: a
+    float of at most three decimals), which is a CFS quota on the vCPUs it rounds up to (domain.write_cpu)."""
+    if isinstance(value, bool) or value is None:
+        raise ValidationError("must be a number of CPUs (2, 500m, 0.5), got %r" % (value,), field)
+    if isinstance(value, int):
+        return cpu_count(value, field)
+    text = str(value).strip()
+    try:
+        millis = decimal.Decimal(text[:-1]) if text.endswith("m") else decimal.Decimal(text) * 1000
+    except decimal.InvalidOperation:
+        raise ValidationError("must be a number of CPUs: whole (2), millicores (500m) or a decimal (0.5), got %r"
+                              % (value,), field) from None
+    if not millis.is_finite() or millis != millis.to_integral_value():
+        raise ValidationError("%r is finer than a millicore (1m, 0.001): the smallest step of a CPU here" % (value,),
+                              field)
+    if abs(millis) > 10 ** 9:  # no machine of that many CPUs (and no remainder worth computing)
+        raise ValidationError("must be between 1 and %d, got %r" % (MAX_CPU, value), field)
+    millis = int(millis)
+    if millis % 1000 == 0:
+        return cpu_count(millis // 1000, field)
+    if millis < MIN_CPU_MILLIS or millis > MAX_CPU * 1000:
+        raise ValidationError("must be between %dm and %d, got %r" % (MIN_CPU_MILLIS, MAX_CPU, value), field)
+    return millis / 1000.0
+
+
+def vcpus(cpu):
+    """The vCPUs of a machine of ``cpu`` CPUs: a fraction rounds up (500m: one vCPU, 1500m: two)."""
+    return None if cpu is None else int(math.ceil(cpu))
+
+
+def cpu_text(cpu):
+    """``cpu`` as written back: a whole number as it is, a fraction in millicores (``500m``)."""
+    if isinstance(cpu, float) and cpu != int(cpu):
+        return "%dm" % int(round(cpu * 1000))
+    return str(int(cpu)) if isinstance(cpu, float) else str(cpu)
 
 
 def memory_bytes(value, field="memory"):

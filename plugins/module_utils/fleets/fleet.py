@@ -39,7 +39,7 @@ def snapshot_of(ctx, given_name=None):
     sizes = ctx.machine_sizes()
     snapshot = {"name": (registration or {}).get("name") or given_name or ctx.uri, "uri": ctx.uri,
                 "labels": {}, "taints": [], "classes": {}, "machines": [size.name for size in sizes],
-                "allocated": {"cpu": sum(size.cpu or 0 for size in sizes),
+                "allocated": {"cpu": round(sum(size.cpu or 0 for size in sizes), 3),
                               "memory": sum(size.memory or 0 for size in sizes)},
                 "allocatable": {"cpu": 0, "memory": 0}, "state": "Error", "problem": None}
     if not registration:

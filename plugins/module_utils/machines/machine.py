@@ -18,6 +18,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import efi_
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core import firmware as fw
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.coordination.journals import journal_of
@@ -261,7 +262,7 @@ def resize_field(prm, grows):
 def resize_refusal(prm, spec, grows, pool, cause):
     """The error of a resize the pool has no room for (``cause`` is the capacity check's): names the option that
     asked for it and what ``allow_move`` would do."""
-    size = "%d cpu and %s" % (spec["cpu"], format_quantity(spec["memory"]))
+    size = "%s cpu and %s" % (check.cpu_text(spec["cpu"]), format_quantity(spec["memory"]))
     if prm.get("allow_move"):
         hint = "allow_move found no pool to move it to"
     else:

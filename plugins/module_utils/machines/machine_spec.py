@@ -94,7 +94,7 @@ def params(raw, field=None, scheduling=False, defaults=None, defaults_field="def
     if given["machine_class"]:
         check.class_name(given["machine_class"], _at(field, "machine_class"))
     if given["cpu"] is not None:
-        checked["cpu"] = check.cpu_count(given["cpu"], _at(field, "cpu"))
+        checked["cpu"] = check.cpu_amount(given["cpu"], _at(field, "cpu"))
     if given["memory"] is not None:
         checked["memory"] = check.memory_bytes(given["memory"], _at(field, "memory"))
     if given["root_size"]:
@@ -708,7 +708,7 @@ def normalize(prm, facts, record=None, current=None):
         else recorded.get("tolerations")
     spec["machine_class"], spec["cpu"], spec["memory"] = _size(prm, facts, recorded)
     spec["topology"] = cap.topology(thaw(prm["topology"]) if prm["topology"] is not None
-                                    else recorded.get("topology"), spec["cpu"])
+                                    else recorded.get("topology"), check.vcpus(spec["cpu"]))
     spec["firmware"] = prm["firmware"] or recorded.get("firmware") or options.initial(options.MACHINE, "firmware")
     spec["tpm"] = prm["tpm"] if prm["tpm"] is not None \
         else bool(recorded.get("tpm") or options.initial(options.MACHINE, "tpm"))

@@ -177,7 +177,14 @@ def load_sources(src=None, definition=None):
                 problems.append("src: %s: %s" % (name, TOO_DEEP))
                 continue
             problems.extend("src: %s%s" % (name, problem) for problem in duplicates)
-            found.extend(("%s#%d" % (name, number + 1), doc) for number, doc in enumerate(loaded))
+            for number, doc in enumerate(loaded):
+                origin = "%s#%d" % (name, number + 1)
+                if isinstance(doc, list):  # libvirt-provider's --machine-classes-file: its classes
+                    classes, refused = machine_classes_file(origin, doc)
+                    found.extend(classes)
+                    problems.extend("src: %s" % problem for problem in refused)
+                else:
+                    found.append((origin, doc))
     if isinstance(definition, str):
         try:
             definition, duplicates = load_yaml(definition)
@@ -199,6 +206,70 @@ def load_sources(src=None, definition=None):
             documents.extend(("%s.items[%d]" % (origin, number), item) for number, item in enumerate(doc["items"]))
         else:
             documents.append((origin, doc))
+    return documents, problems
+
+
+CLASS_API = "compute.ironcore.dev/v1alpha1"
+# IronCore's runtime interface writes a class's capabilities as cpu_millis and memory_bytes (what libvirt-provider's
+# own tests put in the file); the file's other forms carry Kubernetes quantities under cpu and memory
+IRI_CAPABILITIES = {"cpu_millis": ("cpu", "%dm"), "memory_bytes": ("memory", "%d")}
+
+
+def machine_classes_file(origin, items):
+    """([(origin, MachineClass document)], [problem]) of a YAML list as IronCore's libvirt-provider reads its
+    ``--machine-classes-file``: each item a class, written ``{name, capabilities: {cpu, memory}}``, with the
+    runtime interface's ``cpu_millis`` / ``memory_bytes``, or as a whole MachineClass (``metadata.name``,
+    ``capabilities``, apiVersion and kind optional). Each becomes the IronCore MachineClass it stands for (other
+    capabilities, such as nvidia.com/gpu, go on and are refused with their reason by the MachineClass reader).
+    A list that is no such file is refused naming the item and field."""
+    documents, problems = [], []
+    if not items:
+        problems.append("%s: an empty list; a list is read as libvirt-provider's machine-class file, a list of "
+                        "{name, capabilities}" % origin)
+    for index, item in enumerate(items):
+        where = "%s[%d]" % (origin, index)
+        if not isinstance(item, dict):
+            problems.append("%s: must be a mapping: a list is read as libvirt-provider's machine-class file, a list "
+                            "of {name, capabilities}" % where)
+            continue
+        whole = "metadata" in item or "kind" in item
+        allowed = ("apiVersion", "kind", "metadata", "capabilities") if whole else ("name", "capabilities")
+        unknown = sorted(str(key) for key in item if key not in allowed)
+        for key in unknown:
+            problems.append("%s.%s: unknown field (an item of a machine-class file is {%s})"
+                            % (where, key, ", ".join(allowed)))
+        if whole and item.get("kind", "MachineClass") != "MachineClass":
+            problems.append("%s.kind: must be MachineClass in a machine-class file, got %r" % (where, item["kind"]))
+            continue
+        if whole and item.get("apiVersion", CLASS_API) != CLASS_API:
+            problems.append("%s.apiVersion: must be %s, got %r" % (where, CLASS_API, item["apiVersion"]))
+            continue
+        name = (item.get("metadata") or {}).get("name") if whole and isinstance(item.get("metadata"), dict) \
+            else item.get("name")
+        if not isinstance(name, str) or not name:
+            problems.append("%s.%s: required value: every class of a machine-class file is named"
+                            % (where, "metadata.name" if whole else "name"))
+            continue
+        capabilities = item.get("capabilities")
+        if not isinstance(capabilities, dict):
+            problems.append("%s.capabilities: %s" % (where, "required value" if capabilities is None else
+                                                     "must be a mapping of cpu and memory"))
+            continue
+        if unknown:
+            continue
+        converted = {}
+        for key, value in capabilities.items():
+            if key in IRI_CAPABILITIES:
+                target, text = IRI_CAPABILITIES[key]
+                if isinstance(value, bool) or not isinstance(value, int):
+                    problems.append("%s.capabilities.%s: must be a whole number, got %r" % (where, key, value))
+                    continue
+                converted[target] = text % value
+            else:
+                converted[key] = value
+        metadata = dict(item["metadata"]) if whole else {"name": name}
+        documents.append((where, {"apiVersion": CLASS_API, "kind": "MachineClass", "metadata": metadata,
+                                  "capabilities": converted}))
     return documents, problems
 
 

@@ -25,6 +25,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import freeze
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.backups import backup_key
+from ansible_collections.machinery.compute.plugins.module_utils.machines import oci
 from ansible_collections.machinery.compute.plugins.module_utils.machines.named_images import is_reference
 from ansible_collections.machinery.compute.plugins.module_utils.machines.volumes import VolumeResource
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import Fleet
@@ -100,6 +101,8 @@ def parse(documents, problems):
             continue
         labels = fields.run(check.labels, metadata.get("labels") or {}, "metadata.labels") or {}
         dialect = index[(api, kind)]
+        if hasattr(dialect, "unset_zero_values"):  # a document as Go writes it: its zero values are unset
+            doc = dialect.unset_zero_values(kind, doc)
         obj = ManifestObject(origin, doc, dialect, api, kind, name, labels)
         if obj.key in seen:
             fields.error("metadata.name", "duplicate %s %r (also in %s)" % (kind, name, seen[obj.key]))
@@ -226,7 +229,7 @@ def _class_path(obj):
 
 def _pool_path(obj):
     default = "spec.machinePoolRef.name" if obj.dialect is ironcore else "spec.providerSpec.value.machinePool"
-    return getattr(obj.dialect, "POOL_PATH", default)
+    return obj.where.get("machine_pool") if obj.dialect is ironcore else getattr(obj.dialect, "POOL_PATH", default)
 
 
 def core_problem(obj, fields, exc, prefix=""):
@@ -318,6 +321,34 @@ def _one_image_exists(obj, image, shown, pinned, fields, pools, made):
         fields.error(shown, "%r is neither an image published on a pool of this run nor a file" % image)
 
 
+def _oci_resolves(obj, fields, registry, resolved):
+    """Each OCI image of a machine, a set's template or a Volume is read from its registry (its manifest: what
+    check mode may read) before anything is written, so a reference that cannot be resolved is refused here,
+    under the document's own path and in the normalized form that was looked up, never later at the pull.
+    ``resolved`` keeps each answer for the run (many machines name one image)."""
+    if obj.role == "volume":
+        params = dict(registry)
+        given = [(obj.data.get("image_path") or "spec", obj.data.get("image"))]
+    else:
+        params = obj.params["template"] if obj.role == "set" else obj.params
+        given = [(obj.where.get("image") or "spec", params.get("image"))] + [
+            (obj.where.get("volumes[%d].image" % index) or "spec", vol.get("image"))
+            for index, vol in enumerate(params.get("volumes") or []) if isinstance(vol, dict)]
+    credentials = params.get("image_pull_secret")
+    for shown, image in given:
+        if not oci.is_oci(image):
+            continue
+        key = (image, params.get("image_ca_file"), (credentials or {}).get("username"))
+        if key not in resolved:
+            try:
+                oci.resolve(image, params.get("image_ca_file"), credentials, shown)
+                resolved[key] = None
+            except MachineryError as exc:
+                resolved[key] = exc.message
+        if resolved[key] is not None:
+            fields.error(shown, "the OCI image %s cannot be resolved: %s" % (image[len(oci.SCHEME):], resolved[key]))
+
+
 def made_by(objects):
     """{role: names} of the networks and images the documents make (KupenStack's Network, VirtualNetwork and
     Image), which the machines of the same documents may name before they exist on the pools."""
@@ -356,8 +387,9 @@ def _with_registry(objects, registry):
                 params.setdefault(key, value)
 
 
-def check_documents(documents, pools, load_problems=(), registry=None, providers=DEFAULT_PROVIDERS):
-    """Every document parsed and linked; raises ManifestError with every problem. Returns (objects, warnings)."""
+def check_documents(documents, pools, load_problems=(), registry=None, providers=DEFAULT_PROVIDERS, resolve=True):
+    """Every document parsed and linked; raises ManifestError with every problem. Returns (objects, warnings).
+    ``resolve``: OCI images are looked up in their registries (an apply; a delete pulls nothing)."""
     problems = Problems()
     problems.errors.extend(load_problems)
     objects = parse(documents, problems)
@@ -366,11 +398,14 @@ def check_documents(documents, pools, load_problems=(), registry=None, providers
     if pools is not None:
         link(objects, problems, pools)
         _with_registry(objects, registry or {})
+        resolved = {}
         for obj in objects:
             if obj.role in ("machine", "set"):
                 params = obj.params["template"] if obj.role == "set" else obj.params
                 _networks_exist(obj, params, Fields(problems, obj.ref), pools, made)
                 _image_exists(obj, params, Fields(problems, obj.ref), pools, made)
+            if resolve and obj.role in ("machine", "set", "volume") and not problems.of(obj.ref):
+                _oci_resolves(obj, Fields(problems, obj.ref), registry or {}, resolved)
             if not problems.of(obj.ref):
                 core_checks(obj, Fields(problems, obj.ref), pools)
     problems.raise_if_any()
@@ -740,7 +775,7 @@ def apply(entries, documents, params, check_mode=False, opener=None, load_proble
     try:
         pools = Pools(fleet)
         objects, warnings = check_documents(documents, pools, load_problems, registry_options(params),
-                                            params.get("providers") or DEFAULT_PROVIDERS)
+                                            params.get("providers") or DEFAULT_PROVIDERS, resolve=state == "present")
         run = Run(fleet, objects, params, check_mode)
         run.warnings.extend(warnings)
         if state == "present":

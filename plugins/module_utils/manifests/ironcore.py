@@ -12,11 +12,17 @@ describes on the machine that refers to it, a MachinePool a reference to a pool 
 from __future__ import annotations
 
 import json
+import os
 
+from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import efi_vars as efi
+from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.capabilities import MEGABYTE
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity, parse_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.machines import oci
+from ansible_collections.machinery.compute.plugins.module_utils.machines.named_images import is_reference
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.conformance import (
     APPLIED, refused, table, warned)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
@@ -38,6 +44,8 @@ ENCRYPTION_KEY = "encryptionKey"  # the key of an encryption.secretRef Secret, a
 # labels that keep how a Machine was written, so its export is written the same way: the NetworkInterface a NIC
 # refers to, and a sized volume given as an ephemeral volumeTemplate rather than an emptyDisk
 NIC_MARK = "nic.ironcore.machinery.compute/"
+# the collection's firmware of an IronCore Machine, where IronCore has no field (docs/manifests.md, "Firmware")
+FIRMWARE_ANNOTATION = "machinery.compute/firmware"
 VOLUME_MARK = "volume.ironcore.machinery.compute/"
 MACHINE_SPEC = ("machineClassRef", "machinePoolRef", "machinePoolSelector", "tolerations", "image", "volumes",
                 "networkInterfaces", "ignitionRef", "power", "imagePullSecretRef", "imagePullSecret", "efiVars",
@@ -61,7 +69,8 @@ STANDALONE_ENCRYPTION = refused("a standalone volume of a pool's storage is not 
 CLAIM = warned("IronCore sets it when a Machine claims the Volume; here the Machine using it is checked against "
                "it, and it is not kept")
 VOLUME_SPEC = {
-    "resources.storage": APPLIED, "image": APPLIED, "dataSource.osImage": APPLIED,
+    "resources.storage": APPLIED, "resources.iops": APPLIED, "resources.tps": APPLIED,
+    "image": APPLIED, "dataSource.osImage": APPLIED,
     "dataSource.osImage.image": APPLIED, "dataSource.osImage.architecture": APPLIED,
     "dataSource.snapshotRef": NO_SNAPSHOTS, "dataSource.volumeSnapshotRef": NO_SNAPSHOTS,
     "encryption.secretRef.name": APPLIED, "unclaimable": APPLIED,
@@ -79,6 +88,7 @@ NIC_SPEC = {
                            "not applied"),
     "ips[].ephemeral": DHCP_ONLY, "virtualIP": DHCP_ONLY, "prefixes": DHCP_ONLY, "ipFamilies": DHCP_ONLY,
 }
+RESOURCES = ("storage", "iops", "tps")  # IronCore's volume resource names
 VOLUME_SPEC_KEYS = ("volumeClassRef", "volumePoolSelector", "resources", "image", "imagePullSecretRef",
                     "tolerations", "dataSource", "encryption", "unclaimable", "claimRef")
 # machine option -> the Machine's field, for the core's problems (items: recorded per object in obj.where)
@@ -106,9 +116,11 @@ FIELDS = {
          EPHEMERAL_NIC + ".metadata": EPHEMERAL_META,
          "spec.ignitionRef.name": APPLIED, "spec.ignitionRef.key": APPLIED, "spec.power": APPLIED,
          "spec.efiVars[].name": APPLIED, "spec.efiVars[].uuid": APPLIED, "spec.efiVars[].value": APPLIED,
-         "spec.hostname": APPLIED},
+         "spec.hostname": APPLIED, "metadata.annotations." + FIRMWARE_ANNOTATION: APPLIED},
         **{EPHEMERAL_VOLUME + ".spec." + key: verdict for key, verdict in VOLUME_SPEC.items()},
         **{EPHEMERAL_VOLUME + ".spec.claimRef." + key: CLAIM for key in ("name", "uid")},
+        **{EPHEMERAL_VOLUME + ".spec.volumePoolRef.name": APPLIED,
+           EPHEMERAL_NIC + ".spec.machineRef.name": APPLIED, EPHEMERAL_NIC + ".spec.machineRef.uid": APPLIED},
         **{EPHEMERAL_NIC + ".spec." + key: verdict for key, verdict in NIC_SPEC.items()})),
     "MachineClass": table({"capabilities.cpu": APPLIED, "capabilities.memory": APPLIED,
                            "capabilities.*": refused(OTHER_CAPABILITY)}),
@@ -135,7 +147,7 @@ def read(obj, fields):
         fields.known(doc, ("apiVersion", "kind", "metadata", "capabilities"), "", ("status",))
         caps = fields.mapping(doc.get("capabilities"), "capabilities", required=True) or {}
         # any other capability is refused with its reason by the table (capabilities.*)
-        cpu = fields.run(whole_cpus, caps["cpu"], "capabilities.cpu") if "cpu" in caps else \
+        cpu = fields.run(check.cpu_amount, caps["cpu"], "capabilities.cpu") if "cpu" in caps else \
             fields.error("capabilities.cpu", "required value")
         memory = kube_quantity(fields, caps.get("memory"), "capabilities.memory", True) if "memory" in caps else \
             fields.error("capabilities.memory", "required value")
@@ -178,9 +190,9 @@ def _volume(obj, fields):
     spec = fields.mapping(doc.get("spec"), "spec", required=True) or {}
     fields.known(spec, VOLUME_SPEC_KEYS + ("volumePoolRef",), "spec")
     image, image_path = _volume_image(spec, fields)
-    image = oci_image(image)
+    image = oci_image(image, fields, image_path)
     resources = fields.mapping(spec.get("resources"), "spec.resources", required=image is None) or {}
-    fields.known(resources, ("storage",), "spec.resources")
+    fields.known(resources, RESOURCES, "spec.resources")
     size = None
     if "storage" in resources:
         size = kube_quantity(fields, resources.get("storage"), "spec.resources.storage")
@@ -192,7 +204,38 @@ def _volume(obj, fields):
                 "pool": fields.string(pool.get("name"), "spec.volumePoolRef.name") if pool else None,
                 "unclaimable": bool(fields.boolean(spec.get("unclaimable"), "spec.unclaimable")),
                 "claim": _uid_reference(fields, spec.get("claimRef"), "spec.claimRef")}
+    qos = disk_qos(fields, resources, "spec.resources")
+    if qos:
+        obj.data["qos"] = qos
     fields.run(_attachable, obj.name, "metadata.name")
+
+
+def disk_qos(fields, resources, path):
+    """{iops, throughput} of an IronCore volume's ``resources``: ``iops`` (a quantity: ``3000``, ``3k``) is the
+    disk's I/O operations per second, ``tps`` (bytes per second: ``200M``, ``1Gi``) its throughput, which the
+    disk QoS here takes in whole MB/s (10^6 bytes): a rest is rounded down, with a warning. Both are limits of
+    the disk (libvirt's iotune), in the ranges the collection's volumes take."""
+    qos = {}
+    for key, option, unit in (("iops", "iops", 1), ("tps", "throughput", MEGABYTE)):
+        if resources.get(key) is None:
+            continue
+        where = "%s.%s" % (path, key)
+        try:
+            value = parse_quantity(resources[key], where)
+        except ValidationError as exc:
+            fields.error(where, exc.message)
+            continue
+        low, high = getattr(cap, option).range
+        if not low <= value // unit <= high:
+            fields.error(where, "must be between %s and %s (%s, the disk limits libvirt applies here), got %s"
+                         % (low * unit, high * unit, "I/O operations per second" if unit == 1 else
+                            "%d to %d MB/s" % (low, high), resources[key]))
+            continue
+        if value % unit:
+            fields.warn(where, "%s bytes per second: the disk's throughput is limited in whole MB/s (10^6 bytes), "
+                        "so to %d MB/s" % (value, value // unit))
+        qos[option] = value // unit
+    return qos
 
 
 def _volume_image(spec, fields, prefix="spec"):
@@ -259,7 +302,7 @@ def _machine(obj, fields):
     cls = fields.mapping(spec.get("machineClassRef"), "spec.machineClassRef", required=True) or {}
     params["machine_class"] = fields.class_name(cls.get("name"), "spec.machineClassRef.name") if cls else None
     if spec.get("image") is not None:
-        params["image"] = oci_image(fields.string(spec.get("image"), "spec.image"))
+        params["image"] = oci_image(fields.string(spec.get("image"), "spec.image"), fields, "spec.image")
     pull = fields.mapping(spec.get("imagePullSecret"), "spec.imagePullSecret")
     if pull:
         fields.known(pull, ("name",), "spec.imagePullSecret")
@@ -283,6 +326,7 @@ def _machine(obj, fields):
     refs = {"class": params["machine_class"], "volumes": [], "nics": [], "secret": None, "pull": refs_pull}
     params["volumes"] = []
     seen = set()
+    template_pools = []  # (path, pool) of the ephemeral volumes' volumePoolRef
     for index, item in fields.items(spec.get("volumes"), "spec.volumes"):
         where = "spec.volumes[%d]" % index
         fields.known(item, ("name", "device", "volumeRef", "emptyDisk", "localDisk", "ephemeral"), where)
@@ -313,7 +357,7 @@ def _machine(obj, fields):
             elif image is None:
                 fields.error(where + ".localDisk", "give sizeLimit, image or both")
             if image is not None:
-                entry["image"] = oci_image(image)
+                entry["image"] = oci_image(image, fields, where + ".localDisk.image")
                 obj.where["volumes[%d].image" % len(params["volumes"])] = where + ".localDisk.image"
             entry["ephemeral"] = True
             if name:
@@ -330,10 +374,20 @@ def _machine(obj, fields):
             volume_template = fields.mapping(template.get("volumeTemplate"), at, required=True) or {}
             fields.known(volume_template, ("metadata", "spec"), at)
             spec_of = fields.mapping(volume_template.get("spec"), at + ".spec", required=True) or {}
-            fields.known(spec_of, VOLUME_SPEC_KEYS, at + ".spec")
+            fields.known(spec_of, VOLUME_SPEC_KEYS + ("volumePoolRef",), at + ".spec")
             image, image_path = _volume_image(spec_of, fields, at + ".spec")
             resources = fields.mapping(spec_of.get("resources"), at + ".spec.resources") or {}
-            fields.known(resources, ("storage",), at + ".spec.resources")
+            fields.known(resources, RESOURCES, at + ".spec.resources")
+            for option, value in disk_qos(fields, resources, at + ".spec.resources").items():
+                entry[option] = value
+                obj.where["volumes[%d].%s" % (len(params["volumes"]), option)] = "%s.spec.resources.%s" % (
+                    at, "iops" if option == "iops" else "tps")
+            volume_pool = fields.mapping(spec_of.get("volumePoolRef"), at + ".spec.volumePoolRef")
+            if volume_pool is not None:
+                fields.known(volume_pool, ("name",), at + ".spec.volumePoolRef")
+                named = fields.string(volume_pool.get("name"), at + ".spec.volumePoolRef.name", required=True)
+                if named:
+                    template_pools.append((at + ".spec.volumePoolRef.name", named))
             secret = ((fields.mapping(spec_of.get("encryption"), at + ".spec.encryption") or {}).get("secretRef")
                       or {})
             if secret:
@@ -344,7 +398,7 @@ def _machine(obj, fields):
                 fields.error(at + ".spec.unclaimable", "true: the volume could not be claimed by this Machine, "
                              "whose ephemeral volume it is")
             if image:
-                entry["image"] = oci_image(image)
+                entry["image"] = oci_image(image, fields, image_path)
                 obj.where["volumes[%d].image" % len(params["volumes"])] = image_path
                 if resources.get("storage") is not None:  # the disk's size, filled from the image (IronCore's)
                     entry["size"] = kube_quantity(fields, resources.get("storage"), at + ".spec.resources.storage")
@@ -381,7 +435,8 @@ def _machine(obj, fields):
             fields.known(nic_template, ("metadata", "spec"), at)
             nic_spec = fields.mapping(nic_template.get("spec"), at + ".spec", required=True) or {}
             fields.known(nic_spec, ("networkRef", "ips", "virtualIP", "prefixes", "ipFamilies", "providerID",
-                                    "attributes"), at + ".spec")
+                                    "attributes", "machineRef"), at + ".spec")
+            _template_owner(obj, fields, nic_spec.get("machineRef"), at + ".spec.machineRef")
             network = fields.string((nic_spec.get("networkRef") or {}).get("name"), at + ".spec.networkRef.name",
                                     required=True)
             nic = {"name": name, "network": network, "ephemeral": True}
@@ -408,11 +463,107 @@ def _machine(obj, fields):
         params["hostname"] = fields.run(check.hostname, guest["hostname"], "spec.guestConfig.hostname")
         obj.where["hostname"] = "spec.guestConfig.hostname"
     _efi_vars(obj, spec, params, fields)
+    _firmware(obj, params, refs, fields)
+    pool_path = _volume_pools(params, template_pools, fields)
     where_hostname = obj.where.get("hostname")
     obj.where.update(OPTION_PATHS)
     if where_hostname:
         obj.where["hostname"] = where_hostname
+    if pool_path:
+        obj.where["machine_pool"] = pool_path
+    if refs.get("firmware_path"):
+        obj.where["firmware"] = refs["firmware_path"]
     machine_object(obj, params, refs)
+
+
+def _volume_pools(params, template_pools, fields):
+    """An ephemeral volume's ``volumePoolRef``: the pool whose storage holds it, which is its Machine's (a
+    machine's disks are in its own pool's storage). It places the Machine there when nothing else does, and is
+    refused when it names another pool than the Machine's (or than another ephemeral volume's). The path that
+    placed the machine, or None."""
+    placed = None
+    for path, pool in template_pools:
+        if params.get("machine_pool") is None:
+            params["machine_pool"], placed = pool, path
+        elif params["machine_pool"] != pool:
+            fields.error(path, "%r: an ephemeral volume is made in the storage of its Machine's pool, and the "
+                         "Machine is on %r (%s)" % (pool, params["machine_pool"], placed or "spec.machinePoolRef.name"))
+    return placed
+
+
+def _template_owner(obj, fields, value, path):
+    """An ephemeral NIC template's ``machineRef`` (IronCore sets it to the Machine that owns the NIC): it must be
+    this Machine, by name and, when both are given, by uid."""
+    owner = fields.mapping(value, path)
+    if not owner:
+        return
+    fields.known(owner, ("name", "uid"), path)
+    name = fields.string(owner.get("name"), path + ".name")
+    if name is not None and name != obj.name:
+        fields.error(path + ".name", "%r: an ephemeral NetworkInterface belongs to the Machine whose template makes "
+                     "it, %s" % (name, obj.name))
+    uid = fields.string(owner.get("uid"), path + ".uid")
+    own = (obj.doc.get("metadata") or {}).get("uid")
+    if uid is not None and own is not None and uid != own:
+        fields.error(path + ".uid", "%r is not this Machine's metadata.uid (%r)" % (uid, own))
+    elif uid is not None and own is None:
+        fields.warn(path + ".uid", "the Machine has no metadata.uid in these documents to check %r against: not "
+                    "checked (a machine here is known by its name)" % uid)
+
+
+def link_volume(obj, objects, fields, _pools=None):
+    """A standalone Volume's ``resources.iops`` and ``tps`` are limits of a disk: they go to the disk of each
+    Machine of the documents that attaches the Volume (its ``volumeRef``); with none, they are not applied."""
+    qos = obj.data.get("qos") or {}
+    if not qos:
+        return
+    users = 0
+    for other in objects.values():
+        if other.dialect is not obj.dialect or other.role != "machine":
+            continue
+        for entry in other.params.get("volumes") or []:
+            if entry.get("volume") == obj.name:
+                for option, value in qos.items():
+                    entry.setdefault(option, value)
+                users += 1
+    if not users:
+        for key in ("iops", "tps"):
+            if (obj.doc.get("spec") or {}).get("resources", {}).get(key) is not None:
+                fields.warn("spec.resources." + key, "a limit of the disk a Machine attaches the Volume as (libvirt's "
+                            "iotune); no Machine of these documents attaches it: not applied")
+
+
+def _boots_oci(params):
+    """Whether the machine boots an OCI image: its image, or (with none) the first of its volumes made from one."""
+    if params.get("image"):
+        return oci.is_oci(params["image"])
+    first = next((vol for vol in params.get("volumes") or [] if vol.get("image")), None)
+    return bool(first) and oci.is_oci(first["image"])
+
+
+def _firmware(obj, params, refs, fields):
+    """The firmware of a new machine. A Machine that boots an OCI image (what IronCore's tools build and its
+    libvirt-provider boots, always with UEFI: gardenlinux' layout has an EFI system partition) boots UEFI, and so
+    does one with efiVars; one that boots a published image, a path, a URL or a volume keeps the collection's
+    default, BIOS (the form the collection's own documents have used, whose images may boot BIOS only).
+    IronCore has no firmware field: the collection's ``firmware`` is given by the annotation
+    ``machinery.compute/firmware`` (bios or uefi), which a Machine with efiVars cannot set to bios. The default is
+    for new machines only (link): an existing machine keeps the firmware it was made with."""
+    annotations = (obj.doc.get("metadata") or {}).get("annotations") or {}
+    given = annotations.get(FIRMWARE_ANNOTATION) if isinstance(annotations, dict) else None
+    path = "metadata.annotations." + FIRMWARE_ANNOTATION
+    if given is not None:
+        chosen = fields.string(given, path, choices=options.FIRMWARES)
+        if chosen and params.get("firmware") and chosen != params["firmware"]:
+            fields.error(path, "%s: the Machine's efiVars are UEFI variables, which only UEFI firmware holds"
+                         % chosen)
+        elif chosen:
+            params["firmware"] = chosen
+            obj.where["firmware"] = refs["firmware_path"] = path
+        return
+    if not params.get("firmware") and _boots_oci(params):
+        params["firmware"] = "uefi"
+        refs["firmware_default"] = True
 
 
 def _efi_vars(obj, spec, params, fields):
@@ -441,10 +592,19 @@ def _efi_vars(obj, spec, params, fields):
         obj.where["efi_vars"] = obj.where["firmware"] = "spec.efiVars"
 
 
+def _exists(obj, pools):
+    """Whether the Machine is already a machine of the pools (on its pinned pool when it has one)."""
+    pinned = obj.params.get("machine_pool")
+    return any(machine.get("name") == obj.name and (pinned is None or machine.get("pool") == pinned)
+               for machine in getattr(pools, "machines", None) or [])
+
+
 def link(obj, objects, fields, _pools=None):
     """Resolve a Machine's references to the other documents: its NetworkInterfaces and ignition Secret (which
     must be among the documents) and its Volumes (in the documents, or already in the pool's storage)."""
     refs = obj.refs
+    if refs.get("firmware_default") and _exists(obj, _pools):
+        obj.params.pop("firmware", None)  # fixed at creation: an existing machine keeps its own (BIOS, made before)
     for nic in obj.params.get("network_interfaces") or []:
         target = nic.pop("ref", None)
         if target is None:
@@ -521,7 +681,10 @@ def pull_credentials(fields, secret, registry, path):
             except (ValueError, AttributeError):
                 fields.error(path, "the secret's .dockerconfigjson is not JSON with auths")
                 return None
-            entry = auths.get(registry) or auths.get("https://" + registry)
+            names = [registry, "https://" + registry]
+            if registry == oci.DEFAULT_REGISTRY:  # Docker Hub's entry as docker login writes it
+                names += ["https://index.docker.io/v1/", oci.LEGACY_REGISTRY, oci.api_host(registry)]
+            entry = next((auths[name] for name in names if isinstance(auths.get(name), dict)), None)
             if not isinstance(entry, dict):
                 fields.error(path, "the secret's .dockerconfigjson has no auths entry for %s (it has %s)"
                              % (registry, ", ".join(sorted(auths)) or "none"))
@@ -591,16 +754,30 @@ def _uid_reference(fields, value, path):
             "uid": fields.string(ref.get("uid"), path + ".uid")} if ref else None
 
 
-def oci_image(text):
-    """IronCore names OS images by OCI reference with no scheme (``ghcr.io/ironcore-dev/os-images/gardenlinux:1443``,
-    ``registry:5000/os/debian@sha256:...``): such a reference, whose first part is a registry host (a dot, a port
-    or ``localhost``), is the collection's ``oci://`` image. A published name, a path or a URL is kept as it is."""
-    if not isinstance(text, str) or "://" in text or text.startswith(("/", ".")) or "/" not in text:
+def oci_image(text, fields=None, path=None):
+    """An image reference of an IronCore document as IronCore's puller reads it: an OCI reference normalized as
+    containerd does (oci.normalize: ``gardenlinux:rootfs-image`` is ``docker.io/library/gardenlinux:rootfs-image``,
+    ``foo/bar`` ``docker.io/foo/bar:latest``, a missing tag ``latest``), the collection's ``oci://`` image. Kept as
+    they are: a URL, a path (``/...``, ``./...``), a file that exists, and a bare name with no tag
+    (``my-image``), which is an image published on the pools (docs/manifests.md). A reference that cannot be
+    normalized is refused under ``path`` (None is returned)."""
+    if not isinstance(text, str) or text.startswith(("/", ".")):
         return text
-    host = text.split("/", 1)[0]
-    if "." in host or ":" in host or host == "localhost":
-        return "oci://" + text
-    return text
+    if "://" in text and not oci.is_oci(text):
+        return text
+    if not oci.is_oci(text) and (is_reference(text) or os.path.isfile(text)):
+        return text
+    try:
+        return oci.SCHEME + oci.normalize(text, path or "image")
+    except MachineryError as exc:
+        if fields is not None:
+            fields.error(path, exc.message)
+        return None
+
+
+def ironcore_reference(image):
+    """An image as an IronCore document writes it: an OCI reference with no scheme, anything else as it is."""
+    return image[len(oci.SCHEME):] if oci.is_oci(image) else image
 
 
 def virtio_device(device, after_image=False):
@@ -612,16 +789,6 @@ def virtio_device(device, after_image=False):
     if not device.startswith("od") or len(device) != 3 or not "a" <= device[2] <= "y":
         return device
     return "vd" + (chr(ord(device[2]) + 1) if after_image else device[2])
-
-
-def whole_cpus(value, field):
-    """capabilities.cpu: a whole number. A fractional one (``500m``, ``1.5``) is a Kubernetes quantity IronCore's
-    ResourceList allows, but a libvirt domain has whole vCPUs."""
-    text = str(value).strip()
-    if not isinstance(value, bool) and (text.endswith("m") or "." in text):
-        raise ValidationError("%r is a fraction of a CPU: a libvirt domain has whole vCPUs; give a whole number"
-                              % (value,), field)
-    return check.cpu_count(value, field)
 
 
 STATE = {"Pending": "Pending", "Running": "Running", "Shutdown": "Shutdown", "Terminating": "Terminating",
@@ -713,7 +880,8 @@ def export(machine, record_spec):
     marks = {key[len(VOLUME_MARK):]: labels.pop(key) for key in list(labels) if key.startswith(VOLUME_MARK)}
     templates = {name for name, how in marks.items() if how == "template"}
     local = {name for name, how in marks.items() if how == "local"}
-    spec = {"machineClassRef": {"name": machine.get("machine_class")}, "image": machine.get("image"),
+    spec = {"machineClassRef": {"name": machine.get("machine_class")},
+            "image": ironcore_reference(machine.get("image")),
             "machinePoolRef": {"name": machine.get("pool")},
             "power": "On" if powered_on(machine) else "Off"}
     if not spec["image"]:
@@ -725,10 +893,10 @@ def export(machine, record_spec):
         elif vol["name"] in local:
             disk = {"sizeLimit": _quantity(vol.get("size"))}
             if vol.get("source") == "image":
-                disk["image"] = (vol.get("image") or {}).get("source")
+                disk["image"] = ironcore_reference((vol.get("image") or {}).get("source"))
             volumes.append({"name": vol["name"], "localDisk": disk})
         elif vol.get("source") == "image":
-            template = {"image": (vol.get("image") or {}).get("source")}
+            template = {"image": ironcore_reference((vol.get("image") or {}).get("source"))}
             if vol.get("size"):
                 template["resources"] = {"storage": _quantity(vol["size"])}
             volumes.append({"name": vol["name"], "ephemeral": {"volumeTemplate": {"spec": template}}})
@@ -756,11 +924,20 @@ def export(machine, record_spec):
     if record_spec.get("efi_vars"):
         spec["efiVars"] = [{"name": entry["name"], "uuid": entry["guid"], "value": entry["value"]}
                            for entry in record_spec["efi_vars"]]
+    # the firmware when it is not the one the exported Machine would get by default: a re-apply makes the same
+    firmware = record_spec.get("firmware") or "bios"
+    default = "uefi" if record_spec.get("efi_vars") or _boots_oci(
+        {"image": machine.get("image"), "volumes": [{"image": (vol.get("image") or {}).get("source")}
+                                                    for vol in record_spec.get("volumes") or []
+                                                    if vol.get("source") == "image"]}) else "bios"
+    annotations = {FIRMWARE_ANNOTATION: firmware} if firmware != default else {}
     if not machine.get("machine_class"):
         del spec["machineClassRef"]
     metadata = {"name": machine["name"]}
     if labels:
         metadata["labels"] = labels
+    if annotations:
+        metadata["annotations"] = annotations
     return [{"apiVersion": COMPUTE, "kind": "Machine", "metadata": metadata, "spec": spec}] + interfaces
 
 

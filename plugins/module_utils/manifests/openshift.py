@@ -20,6 +20,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.manifests.confor
     APPLIED, refused, table, warned)
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.documents import (
     kube_quantity, powered_on, secret_value)
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import go_zero
 from ansible_collections.machinery.compute.plugins.module_utils.manifests import openshift_libvirt as upstream
 from ansible_collections.machinery.compute.plugins.module_utils.manifests.objects import machine_object
 
@@ -45,6 +46,8 @@ AUTHORITATIVE = warned("machinery.compute is the only API serving these machines
 AUTOSCALER = warned("no cluster autoscaler scales a machine_set: replicas is applied as written")
 TEMPLATE_META = warned("a member is named <set>-<suffix> by its set, on the pools of the run: the template's name, "
                        "generateName, namespace and owners are not applied")
+TEMPLATE_CREATED = warned("set by a Kubernetes API server (the older Machine API embedded a full ObjectMeta in the "
+                          "template); a member is created when its set makes it: not applied")
 MATCH_EXPRESSIONS = refused("machines are selected by matchLabels only; give matchLabels")
 
 
@@ -79,6 +82,7 @@ FIELDS = {
         "spec.authoritativeAPI": AUTHORITATIVE, "spec.template.spec.authoritativeAPI": AUTHORITATIVE,
         "spec.template.metadata.name": TEMPLATE_META, "spec.template.metadata.generateName": TEMPLATE_META,
         "spec.template.metadata.namespace": TEMPLATE_META, "spec.template.metadata.ownerReferences": TEMPLATE_META,
+        "spec.template.metadata.creationTimestamp": TEMPLATE_CREATED,
         "metadata.annotations.machine.openshift.io/cluster-api-autoscaler-node-group-min-size": AUTOSCALER,
         "metadata.annotations.machine.openshift.io/cluster-api-autoscaler-node-group-max-size": AUTOSCALER})),
     "MachineHealthCheck": table({
@@ -94,6 +98,11 @@ FIELDS = {
 CHECK_PATHS = {"selector": "spec.selector", "selector.match_labels": "spec.selector.matchLabels",
                "max_unhealthy": "spec.maxUnhealthy", "node_startup_timeout": "spec.nodeStartupTimeout",
                "unhealthy_conditions": "spec.unhealthyConditions", "name": "metadata.name"}
+
+
+def unset_zero_values(kind, doc):
+    """The document as read: the zero values Go writes for fields without omitempty are unset (go_zero.py)."""
+    return go_zero.unset_zero_values(kind, doc)
 
 
 def where_of(path):
@@ -223,8 +232,8 @@ def read(obj, fields):
         template = fields.mapping(spec.get("template"), "spec.template", required=True) or {}
         fields.known(template, ("metadata", "spec"), "spec.template")
         meta = fields.mapping(template.get("metadata"), "spec.template.metadata") or {}
-        fields.known(meta, ("labels", "annotations", "name", "generateName", "namespace", "ownerReferences"),
-                     "spec.template.metadata")
+        fields.known(meta, ("labels", "annotations", "name", "generateName", "namespace", "ownerReferences",
+                            "creationTimestamp"), "spec.template.metadata")
         labels = fields.run(check.labels, meta.get("labels") or {}, "spec.template.metadata.labels") or {}
         if match and labels is not None and any(labels.get(k) != v for k, v in match.items()):
             fields.error("spec.selector", "selector does not match the template's labels")

@@ -114,7 +114,12 @@ def read(fields, value, path, labels, member_of_set=False):
     given = []
     if ignition is not None:
         fields.known(ignition, ("userDataSecret",), path + ".ignition")
-        name = fields.name(ignition.get("userDataSecret"), path + ".ignition.userDataSecret")
+        name = None
+        if ignition.get("userDataSecret") is None:
+            fields.error(path + ".ignition.userDataSecret", "required value: the provider refuses an ignition "
+                         "without the Secret that holds the config")
+        else:
+            name = fields.name(ignition["userDataSecret"], path + ".ignition.userDataSecret")
         given.append("ignition")
         refs["secret"] = (path + ".ignition.userDataSecret", name, SECRET_KEY, "ignition")
     if ign_key:

@@ -13,6 +13,7 @@ import contextlib
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 from ansible_collections.machinery.compute.plugins.module_utils.core.storage import STORAGE_POOL
@@ -82,6 +83,8 @@ def current_sizes(conn, known):
         record = known[uuid]
         if record is None:
             continue
+        if isinstance(record["spec"].get("cpu"), float):
+            cpu = record["spec"]["cpu"]  # a fraction of its vCPUs (its CFS quota): counted as the fraction it is
         sizes.append(MachineSize(dom.name(), cpu, memory * 1024, record["spec"].get("machine_class"),
                                  machine_disks(record), record["spec"].get("tolerations") or [],
                                  record["spec"].get("server_group")))
@@ -182,7 +185,8 @@ def class_count(resources, body):
     what is free, how many more fit."""
     if not body.get("cpu") or not body.get("memory"):
         return 0
-    return max(0, int(min(resources["cpu"] // body["cpu"], resources["memory"] // body["memory"])))
+    millis = int(round(resources["cpu"] * 1000)) // int(round(body["cpu"] * 1000))  # 1 // 0.1 is 9 in floats
+    return max(0, int(min(millis, resources["memory"] // body["memory"])))
 
 
 def pool_status(ctx, registration=None, sizes=None, capacity=None):
@@ -193,8 +197,10 @@ def pool_status(ctx, registration=None, sizes=None, capacity=None):
         sizes = ctx.streamed_sizes if getattr(ctx, "streamed_sizes", None) is not None else ctx.machine_sizes()
     capacity = capacity_of(conn) if capacity is None else capacity
     allocatable = allocatable_for(capacity, registration)
-    allocated = {"cpu": sum(size.cpu or 0 for size in sizes), "memory": sum(size.memory or 0 for size in sizes)}
-    free = {"cpu": allocatable["cpu"] - allocated["cpu"], "memory": allocatable["memory"] - allocated["memory"]}
+    allocated = {"cpu": round(sum(size.cpu or 0 for size in sizes), 3),
+                 "memory": sum(size.memory or 0 for size in sizes)}
+    free = {"cpu": round(allocatable["cpu"] - allocated["cpu"], 3),
+            "memory": allocatable["memory"] - allocated["memory"]}
     problems = []
     storage_pool = lv.lookup_storage_pool(conn, STORAGE_POOL)
     if storage_pool is None or not storage_pool.isActive():
@@ -269,10 +275,12 @@ def check_room(ctx, spec, disks=None, locked=False, epoch=None, elsewhere=None):
         sizes = ctx.machine_sizes()
     allocatable = allocatable_for(ctx.host_capacity(), registration)
     used_cpu, used_memory = sizes.used_except(spec["name"])  # a Tally: no pass over the pool's machines per create
-    if used_cpu + spec["cpu"] > allocatable["cpu"] or used_memory + spec["memory"] > allocatable["memory"]:
-        raise PoolFull("pool %s is full: %d/%d cpu and %s/%s memory are allocated, %s needs %d cpu and %s"
-                       % (ctx.name, used_cpu, allocatable["cpu"], format_quantity(used_memory),
-                          format_quantity(allocatable["memory"]), spec["name"], spec["cpu"],
+    # cpu in millicores' steps (a fractional machine counts as its fraction): sums rounded to them, not to floats'
+    if round(used_cpu + spec["cpu"], 3) > allocatable["cpu"] or used_memory + spec["memory"] > allocatable["memory"]:
+        raise PoolFull("pool %s is full: %s/%d cpu and %s/%s memory are allocated, %s needs %s cpu and %s"
+                       % (ctx.name, check.cpu_text(round(used_cpu, 3)), allocatable["cpu"],
+                          format_quantity(used_memory),
+                          format_quantity(allocatable["memory"]), spec["name"], check.cpu_text(spec["cpu"]),
                           format_quantity(spec["memory"])), "machine_pool")
     # a hard anti-affinity rule is re-checked here as capacity is: a concurrent run may have placed a member
     if spec.get("server_group"):

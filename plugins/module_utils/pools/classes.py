@@ -62,7 +62,7 @@ def plan_class(params, current, users):
         raise ValidationError("cpu and memory are required to publish a new class",
                               "cpu" if params.get("cpu") is None else "memory")
     desired = {"name": name,
-               "cpu": current["cpu"] if params.get("cpu") is None else check.cpu_count(params["cpu"], "cpu"),
+               "cpu": current["cpu"] if params.get("cpu") is None else check.cpu_amount(params["cpu"], "cpu"),
                "memory": current["memory"] if params.get("memory") is None
                else check.memory_bytes(params["memory"], "memory")}
     if current == desired:

@@ -147,7 +147,7 @@ class Ledger:
 
     def track(self, pool):
         if pool["name"] not in self.free_cpu:
-            self.free_cpu[pool["name"]] = pool["allocatable"]["cpu"] - pool["allocated"]["cpu"]
+            self.free_cpu[pool["name"]] = round(pool["allocatable"]["cpu"] - pool["allocated"]["cpu"], 3)
             self.free_memory[pool["name"]] = pool["allocatable"]["memory"] - pool["allocated"]["memory"]
             storage = pool.get("storage")
             self.free_storage[pool["name"]] = storage["allocatable"] - storage["allocated"] if storage else None
@@ -155,7 +155,7 @@ class Ledger:
                                          in (pool.get("server_groups") or {}).items() if group}
 
     def add(self, pool_name, cpu, memory, storage=0, machine=None, group=None):
-        self.free_cpu[pool_name] -= cpu
+        self.free_cpu[pool_name] = round(self.free_cpu[pool_name] - cpu, 3)  # millicores: no float drift
         self.free_memory[pool_name] -= memory
         if self.free_storage.get(pool_name) is not None:
             self.free_storage[pool_name] -= storage
@@ -301,7 +301,7 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
     fitting = 0
     for pool, cpu, memory in passing:
         name = pool["name"]
-        left_cpu = free_cpu[name] - cpu
+        left_cpu = round(free_cpu[name] - cpu, 3)
         left_memory = free_memory[name] - memory
         left_storage = free_storage.get(name)
         if left_storage is not None:
@@ -335,8 +335,8 @@ def place_one(machine, pools, ledger, strategy, static_cache=None, by_name=None,
         min(ties, key=lambda entry: tie_breaker(machine["name"], entry[0]["name"]))
     ledger.add(chosen["name"], cpu, memory, need, machine["name"], group)
     left_cpu, left_memory = ledger.free(chosen)
-    reason = "%s: %d/%d pools fit; %s has %d cpu and %s free after placement" % (
-        strategy, fitting, len(candidates), chosen["name"], left_cpu, _gib(left_memory))
+    reason = "%s: %d/%d pools fit; %s has %s cpu and %s free after placement" % (
+        strategy, fitting, len(candidates), chosen["name"], check.cpu_text(round(left_cpu, 3)), _gib(left_memory))
     return chosen, reason
 
 

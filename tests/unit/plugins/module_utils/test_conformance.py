@@ -31,7 +31,8 @@ def meta(name, **extra):
 
 VOLUME_SPEC = {"volumeClassRef": {"name": "fast"}, "volumePoolSelector": {"zone": "a"},
                "imagePullSecretRef": {"name": "pull"}, "tolerations": [{"key": "k", "operator": "Exists"}],
-               "resources": {"storage": "1Gi"}, "image": "my-image", "dataSource": {"osImage": {"image": "my-image"}}}
+               "resources": {"storage": "1Gi", "iops": "3000", "tps": "200M"}, "image": "my-image",
+               "dataSource": {"osImage": {"image": "my-image"}}}
 NIC_SPEC = {"networkRef": {"name": "machinery"}, "ips": [{"value": "10.0.0.5"}, {"ephemeral": {"prefixTemplate": {}}}],
             "virtualIP": {"virtualIPRef": {"name": "vip"}}, "prefixes": [{"value": "10.1.0.0/24"}],
             "ipFamilies": ["IPv4"]}
@@ -59,10 +60,12 @@ IRONCORE = {
                     "volumes": [{"name": "rootdisk", "device": "a", "volumeRef": {"name": "vol-1"}},
                                 {"name": "scratch", "emptyDisk": {"sizeLimit": "1Gi"}},
                                 {"name": "eph", "ephemeral": {"volumeTemplate": {
-                                    "metadata": {"labels": {"a": "b"}}, "spec": VOLUME_SPEC}}}],
+                                    "metadata": {"labels": {"a": "b"}},
+                                    "spec": dict(VOLUME_SPEC, volumePoolRef={"name": "pool1"})}}}],
                     "networkInterfaces": [{"name": "primary", "networkInterfaceRef": {"name": "nic-1"}},
                                           {"name": "eph", "ephemeral": {"networkInterfaceTemplate": {
-                                              "metadata": {"labels": {"a": "b"}}, "spec": NIC_SPEC}}}],
+                                              "metadata": {"labels": {"a": "b"}},
+                                              "spec": dict(NIC_SPEC, machineRef={"name": "web-1"})}}}],
                     "ignitionRef": {"name": "ign", "key": "ignition"}, "power": "On",
                     "efiVars": [{"name": "Machinery", "uuid": "1f5a2e9c-0d4b-4c8e-9a71-3b6e2d8f4c10",
                                  "value": "AQID"}], "hostname": "web-1"}},

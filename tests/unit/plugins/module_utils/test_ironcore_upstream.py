@@ -77,15 +77,19 @@ def test_device_names_as_libvirt_provider_maps_them(device, image, expected):
     assert ironcore.virtio_device(device, image) == expected
 
 
-def test_classes_with_other_resources_or_fractional_cpus_are_refused_with_the_reason():
+def test_classes_with_other_resources_are_refused_and_fractional_cpus_taken():
     gpu = {"apiVersion": IC, "kind": "MachineClass", "metadata": {"name": "gpu"},
            "capabilities": {"cpu": 2, "memory": "4Gi", "nvidia.com/gpu": 1}}
     half = {"apiVersion": IC, "kind": "MachineClass", "metadata": {"name": "half"},
             "capabilities": {"cpu": "500m", "memory": "1Gi"}}
-    _objects, problems = check(gpu, half)
+    two = {"apiVersion": IC, "kind": "MachineClass", "metadata": {"name": "two"},
+           "capabilities": {"cpu": "2000m", "memory": "1Gi"}}
+    objects, problems = check(gpu, half, two)
     said = "\n".join(problems.errors)
     assert "MachineClass/gpu: capabilities.nvidia.com/gpu: a libvirt machine here is sized by cpu and memory" in said
-    assert "MachineClass/half: capabilities.cpu: '500m' is a fraction of a CPU" in said
+    assert not any(line.startswith(("MachineClass/half", "MachineClass/two")) for line in problems.errors)
+    assert objects["MachineClass/half"].data["cpu"] == 0.5  # a CFS quota on one vCPU (issue 50)
+    assert objects["MachineClass/two"].data["cpu"] == 2 and isinstance(objects["MachineClass/two"].data["cpu"], int)
 
 
 def test_volume_claims_unclaimable_and_uids_are_checked():
@@ -134,8 +138,10 @@ def test_bare_oci_references_and_their_pull_secret():
     assert ironcore.oci_image("ghcr.io/ironcore-dev/os-images/gardenlinux:1443.3") == \
         "oci://ghcr.io/ironcore-dev/os-images/gardenlinux:1443.3"
     assert ironcore.oci_image("127.0.0.1:5000/os/debian@sha256:" + "a" * 64).startswith("oci://127.0.0.1:5000/")
-    for kept in ("my-image", "./disk.qcow2", "/srv/disk.qcow2", "https://x/y.qcow2", "gardenlinux:rootfs-image"):
+    for kept in ("my-image", "./disk.qcow2", "/srv/disk.qcow2", "https://x/y.qcow2"):
         assert ironcore.oci_image(kept) == kept
+    # no registry host: Docker Hub, as IronCore's puller (containerd) reads it
+    assert ironcore.oci_image("gardenlinux:rootfs-image") == "oci://docker.io/library/gardenlinux:rootfs-image"
     pull = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "pull"}, "type": "kubernetes.io/dockerconfigjson",
             "data": {".dockerconfigjson": "eyJhdXRocyI6IHsicmVnaXN0cnkuZXhhbXBsZS5jb20iOiB7ImF1dGgiOiAiZFhObGNqcHdZWE56In19fQ=="}}
     machine = copy.deepcopy(MACHINE)

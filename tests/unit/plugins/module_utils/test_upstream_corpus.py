@@ -206,8 +206,32 @@ spec:
           dataSource:
             osImage: {image: "gardenlinux:rootfs-image"}
 """, ["spec.networkInterfaces[0].ephemeral.networkInterfaceTemplate.spec.networkRef.name: no libvirt network "
-      "'network-sample'",
-      "spec.volumes[0].ephemeral.volumeTemplate.spec.dataSource.osImage.image: 'gardenlinux:rootfs-image' is neither"]),
+      "'network-sample'"]),
+    # the e2e Machines' image on a pool that has their network: read as IronCore's puller reads it, and looked up
+    # in its registry by check mode (which unit tests never reach)
+    "ironcore-e2e-image": ("""
+apiVersion: compute.ironcore.dev/v1alpha1
+kind: Machine
+metadata: {name: machine-sample}
+spec:
+  machineClassRef: {name: small}
+  image: gardenlinux:rootfs-image
+  networkInterfaces:
+  - name: primary
+    ephemeral:
+      networkInterfaceTemplate:
+        spec: {networkRef: {name: machinery}}
+---
+apiVersion: storage.ironcore.dev/v1alpha1
+kind: Volume
+metadata: {name: volume-sample}
+spec:
+  resources: {storage: 10Gi}
+  image: gardenlinux:rootfs-image
+""", ["Machine/machine-sample: spec.image: the OCI image docker.io/library/gardenlinux:rootfs-image cannot be "
+      "resolved: cannot reach https://registry-1.docker.io",
+      "Volume/volume-sample: spec.image: the OCI image docker.io/library/gardenlinux:rootfs-image cannot be "
+      "resolved"]),
     "ironcore-e2e-nonephemeral": (IGNITION_SECRET + "---" + """
 apiVersion: storage.ironcore.dev/v1alpha1
 kind: Volume
