@@ -16,8 +16,10 @@ from conftest import ModuleRun, run_module
 from test_13_migrate import homes, make, remove
 from test_24_races import holds
 from test_36_coordination import disk_paths
-from test_48_controllers import SKEW, controller, only_marker, progress_of, stopped_holding, until
+from test_48_controllers import SKEW, controller, progress_of, stopped_holding, until
 
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds as coordination
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
 
 NAME = "fence-1"
@@ -42,6 +44,13 @@ def one_stopped_machine(registered, image):
     for found in homes(pools, NAME):
         assert found is pools[0]
     remove(pools, NAME)
+
+
+def only_marker(pool):
+    """The one holder marker of the machine's hold, and who it names."""
+    markers = [volume for volume in holds(pool, NAME) if ".holder." in volume]
+    assert len(markers) == 1 and keys.hold_volume(NAME) in holds(pool, NAME), holds(pool, NAME)
+    return markers[0], coordination.holder(markers[0], keys.hold_prefix(NAME))
 
 
 def attached_volumes(pool):
@@ -100,7 +109,8 @@ def test_waiters_behind_a_holder_killed_on_another_controller_all_get_the_machin
         for run, _progress in runs:
             if run.running():
                 run.kill()
-    failed = [result for result in results if result.get("failed") or not result.get("changed")]
+    failed = [(index, "ctl-b" if index % 2 else "here", result) for index, result in enumerate(results)
+              if result.get("failed") or not result.get("changed")]
     assert failed == []
     made = {"%s-w%d.qcow2" % (NAME, index) for index in range(waiters)}
     assert made <= attached_volumes(pool) and killed_volume not in attached_volumes(pool)

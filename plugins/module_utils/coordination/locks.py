@@ -9,9 +9,10 @@ image's upload lock (``image_upload_lock``), the hold on a machine or a set (hol
 its machine (admission.py). The store decides who holds, never a reading of markers: a run holds generation g
 of a lock when it created the volume of generation g (keys.lock_slot) while the one before was still there and
 none after it was. Taking the lock afresh and taking it over from a holder whose lease ran out are both that
-create, so of two runs doing either at once exactly one wins. A holder names itself after it has won (a marker
-with its generation), renews its own generation only, and checks before each write that its generation is still
-the newest. A waiter only reads: it leaves nothing in the pool, so waiters never disturb one another. Every lock
+create, so of two runs doing either at once exactly one wins. A run about to make that create names itself first
+(a marker with the generation it takes) and deletes the marker when it loses; a holder renews its own generation
+only, and checks before each write that its generation is still the newest. A waiter only reads: it leaves
+nothing in the pool, so waiters never disturb one another. Every lock
 is a lease (leases.py): a waiter takes it over when its holder is known dead (liveness, where the holder's pid
 can be seen) or when it has watched it unchanged for a whole lease on its own monotonic clock.
 """
@@ -255,19 +256,24 @@ class VolumeLock:
             generation = 2
         else:
             generation = view.top + 1
-        if not self.store.create(self.slot(generation)):
-            return False  # another run took that generation first
+        # named before the create that decides, so a live holder's generation is never seen without its name (a
+        # waiter, which takes nothing, names nothing)
+        marker = self.identity.marker(self.holder_prefix, generation, self.tag) if self.named else None
+        if marker is not None:
+            self.store.create(marker)
+        won = self.store.create(self.slot(generation))
         # a run that made the anchor started the lock afresh: no generation was held, none to confirm
-        if view is not None and (not self.store.exists(self.slot(generation - 1))
-                                 or self.store.exists(self.slot(generation + 1))):
+        if won and view is not None and (not self.store.exists(self.slot(generation - 1))
+                                         or self.store.exists(self.slot(generation + 1))):
             # the generation taken over was let go meanwhile (its holder deleted it), or one after it is there:
             # this create won nothing
             self.store.delete(self.slot(generation))
+            won = False
+        if not won:
+            if marker is not None:
+                self.store.delete(marker)
             return False
-        self.generation, self.lost, self.capacity = generation, False, 1
-        if self.named:
-            self.marker = self.identity.marker(self.holder_prefix, generation, self.tag)
-            self.store.create(self.marker)
+        self.generation, self.lost, self.capacity, self.marker = generation, False, 1, marker
         if view is not None:
             # what the generations before this one left: their volumes (never the anchor) and markers
             for older in view.generations:
