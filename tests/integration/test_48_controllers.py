@@ -7,8 +7,9 @@ minutes off. What libfaketime 0.9.10 (Debian 12) does to a Python 3.11 run, as `
 checks: CLOCK_REALTIME is shifted by the offset; CLOCK_MONOTONIC (and _RAW, BOOTTIME) is faked too, as a value
 near the faked wall time, advancing at the real rate, and ``time.sleep`` waits as long as it should. Timed waits
 on a semaphore (``threading.Event.wait(timeout)``, ``Lock.acquire(timeout=)``: glibc's sem_clockwait) are not
-translated and only end when woken, so a skewed run's lease renewer does not renew: its holds here stay shorter
-than a lease. FAKETIME_DONT_FAKE_MONOTONIC=1 is no way out: ``time.sleep`` then fails with EINVAL.
+translated and only end when woken; the lease renewer waits in short sleeps for this reason (leases.Renewer), so a
+skewed run renews its holds like any other. FAKETIME_DONT_FAKE_MONOTONIC=1 is no way out: ``time.sleep`` then
+fails with EINVAL.
 
 The move is frozen where the test asks (convergence.STOP_BEFORE_STEP_ENV: before the first step of a kind), so
 each race starts at a point libvirt shows, never at a time offset."""

@@ -35,7 +35,13 @@ def lease_seconds(text):
 class Renewer:
     """The thread that renews a holder's lease while it works: ``renew()`` (locks.VolumeLock.renew, which grows
     the holder's own generation of the lock) every third of the lease. A renewal that fails is tried again at
-    the next, until ``renew`` finds the hold lost; the holder's check (``VolumeLock.still_held``) says so too."""
+    the next, until ``renew`` finds the hold lost; the holder's check (``VolumeLock.still_held``) says so too.
+
+    It counts the lease on the monotonic clock and waits in short sleeps, not in a timed wait on an event: a timed
+    wait ends at a deadline the kernel reads on its own clock, which a process whose clock is shifted (libfaketime,
+    a controller in the tests five minutes off) never reaches, and its holds went unrenewed."""
+
+    STEP = 0.1  # seconds between two looks at the time; stop() returns at once, the thread ends within one
 
     def __init__(self, renew, lease, name):
         self.renewals = 0
@@ -44,7 +50,13 @@ class Renewer:
         self._thread.start()
 
     def _renew(self, renew, lease):
-        while not self._stop.wait(lease / RENEWALS_PER_LEASE):
+        interval = lease / RENEWALS_PER_LEASE
+        due = time.monotonic() + interval
+        while not self._stop.is_set():
+            time.sleep(min(self.STEP, interval))
+            if self._stop.is_set() or time.monotonic() < due:
+                continue
+            due = time.monotonic() + interval
             try:
                 if renew():
                     self.renewals += 1
@@ -52,8 +64,10 @@ class Renewer:
                 pass  # a renewal that failed is tried again at the next; the holder's check tells it where it is
 
     def stop(self):
+        """Stop renewing, without waiting for the thread: a renewal under way may still end after this returns,
+        and changes nothing once the lock is let go (VolumeLock.renew of a released lock does nothing; a resize
+        of a generation already deleted fails)."""
         self._stop.set()
-        self._thread.join()
 
 
 class Watch:
