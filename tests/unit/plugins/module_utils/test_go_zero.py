@@ -11,9 +11,9 @@ import os
 
 import pytest
 import yaml
+from test_openshift_libvirt import parse as parse_objects
 
-from ansible_collections.machinery.compute.plugins.module_utils.manifests import documents as docs
-from ansible_collections.machinery.compute.plugins.module_utils.manifests import engine, go_zero
+from ansible_collections.machinery.compute.plugins.module_utils.manifests import go_zero
 
 OS = "machine.openshift.io/v1beta1"
 CLUSTER = "ocp-4hq9z"
@@ -43,13 +43,8 @@ UPSTREAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "ups
 
 
 def parse(*documents):
-    problems = docs.Problems()
-    objects = engine.parse([("definition[%d]" % i, d) for i, d in enumerate(documents)], problems)
-    by_key = {obj.key: obj for obj in objects}
-    for obj in objects:
-        if obj.role in ("machine", "set"):
-            obj.dialect.link(obj, by_key, docs.Fields(problems, obj.ref), None)
-    return {obj.ref: obj.params for obj in objects}, problems.errors, problems.warnings
+    objects, problems = parse_objects(*documents)
+    return {ref: obj.params for ref, obj in objects.items()}, problems.errors, problems.warnings
 
 
 def put(doc, path, value):

@@ -10,7 +10,6 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
-from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
 
 
 class FakeHold:

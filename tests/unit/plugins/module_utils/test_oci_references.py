@@ -3,6 +3,7 @@ refused by check mode when they cannot be normalized or resolved, with the norma
 and in the export. No registry is reached: the answers are given by a fake oci.resolve."""
 
 import pytest
+from test_ironcore_upstream import Pools
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.machines import oci
@@ -53,22 +54,6 @@ def test_docker_hub_is_reached_at_its_api_host():
     assert oci.api_host("docker.io") == "registry-1.docker.io"
     assert oci.api_host("ghcr.io") == "ghcr.io"
     assert oci.Registry("docker.io").base == "https://registry-1.docker.io"
-
-
-class Pools:
-    snapshots = [{"name": "pool1", "classes": {"small": {}}}]
-    by_name = {"pool1": snapshots[0]}
-    volumes = {"pool1": set()}
-    images = {"pool1": {"my-image": {}}}
-
-    def class_on(self, name):
-        return ["pool1"]
-
-    def volume_on(self, name):
-        return []
-
-    def networks_of(self, pool):
-        return {"machinery"}
 
 
 def machine(name, image):

@@ -10,7 +10,6 @@ import pytest
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
-from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
@@ -205,6 +204,16 @@ def test_a_class_hidden_with_the_registration_is_listed_again(monkeypatch):
     assert pool.refreshes >= 1
 
 
+def created_name(xml, volumes):
+    """The name of the volume ``xml`` creates; libvirt's refusal when ``volumes`` holds it already."""
+    name = xml.split("<name>")[1].split("</name>")[0]
+    if name in volumes:
+        error = libvirt.libvirtError("exists")
+        error.err = (libvirt.VIR_ERR_STORAGE_VOL_EXIST,) + (None,) * 8
+        raise error
+    return name
+
+
 class LaggingRegistry:
     """A registry pool in libvirt's refresh window: its first ``lag`` listings (and its lookups meanwhile) show
     nothing, whatever this process does; then everything."""
@@ -229,11 +238,7 @@ class LaggingRegistry:
         return sorted(self.volumes)
 
     def createXML(self, xml, _flags):  # noqa: N802
-        name = xml.split("<name>")[1].split("</name>")[0]
-        if name in self.volumes:
-            error = libvirt.libvirtError("exists")
-            error.err = (libvirt.VIR_ERR_STORAGE_VOL_EXIST,) + (None,) * 8
-            raise error
+        name = created_name(xml, self.volumes)
         self.volumes.add(name)
         return MadeVolume(self, name)
 
@@ -300,11 +305,7 @@ class CountingPool:
         return sorted(self.volumes)
 
     def createXML(self, xml, _flags):  # noqa: N802
-        name = xml.split("<name>")[1].split("</name>")[0]
-        if name in self.volumes:
-            error = libvirt.libvirtError("exists")
-            error.err = (libvirt.VIR_ERR_STORAGE_VOL_EXIST,) + (None,) * 8
-            raise error
+        name = created_name(xml, self.volumes)
         self.volumes[name] = MadeVolume(self, name)
         return self.volumes[name]
 
