@@ -413,6 +413,7 @@ class VolumeLock:
                 self.store.delete(marker)
         return names
 
+
 class NoLock:
     """What a lock is where there is nothing to lock (a pool without a registry), or the caller holds it already."""
 

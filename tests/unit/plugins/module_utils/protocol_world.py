@@ -239,8 +239,8 @@ class World:
             taken = self.holds[number][0]
             for other_step, other, other_number in self.holds:
                 if other_number != number and taken < other_step < step:
-                    found.append("%s wrote at step %d after %s took the lock at step %d" % (name, step, other,
-                                                                                           other_step))
+                    found.append("%s wrote at step %d after %s took the lock at step %d"
+                                 % (name, step, other, other_step))
         return found
 
     def ready(self):
