@@ -151,11 +151,12 @@ class View:
     holder (none: a create's claim, or a holder killed before it named itself), every generation there, and for
     how long the waiter has watched the lock unchanged (its own monotonic clock)."""
 
-    __slots__ = ("top", "markers", "generations", "names", "age", "capacity")
+    __slots__ = ("top", "markers", "generations", "names", "age", "capacity", "taking")
 
-    def __init__(self, top, markers, generations, names, age, capacity=1):
+    def __init__(self, top, markers, generations, names, age, capacity=1, taking=()):
         self.top = top
         self.markers = markers
+        self.taking = list(taking)  # the markers of runs about to take the generation after the newest
         self.generations = generations
         self.names = names
         self.age = age
@@ -215,6 +216,9 @@ class VolumeLock:
     def slot(self, generation):
         return keys.lock_slot(self.name, generation)
 
+    def _generations(self, names):
+        return sorted(found for found in (keys.slot_generation(name, self.name) for name in names) if found)
+
     def is_dead(self, marker):
         return self.identity.is_dead(marker, self.holder_prefix)
 
@@ -223,7 +227,7 @@ class VolumeLock:
     def observe(self):
         """The lock as it is now (a View), or None when no generation of it is there (it is free)."""
         names = self.store.names()
-        generations = sorted(found for found in (keys.slot_generation(name, self.name) for name in names) if found)
+        generations = self._generations(names)
         if not generations:
             return None
         top = generations[-1]
@@ -232,13 +236,17 @@ class VolumeLock:
             return None  # let go, or taken over, since the listing: read again
         markers = sorted(name for name in names if name.startswith(self.holder_prefix)
                          and keys.marker_generation(name, self.holder_prefix) == top)
+        taking = [name for name in names if name.startswith(self.holder_prefix)
+                  and keys.marker_generation(name, self.holder_prefix) == top + 1]
         self.watch.note((top, capacity), markers)
-        return View(top, markers, generations, names, self.watch.unchanged_for(), capacity)
+        return View(top, markers, generations, names, self.watch.unchanged_for(), capacity, taking)
 
     def abandoned(self, view):
         """Whether the lock as ``view`` shows it has no live holder: its holder is known dead (liveness first),
         it has had no holder marker for long enough, or its lease expired as this waiter watched it."""
         if not view.markers:
+            if view.orphan and view.taking and all(self.is_dead(marker) for marker in view.taking):
+                return True  # the anchor of a run killed as it took the lock afresh, its name beside it
             return self.markerless(view.age) if self.markerless is not None else view.age > MARKERLESS_SECONDS
         if all(self.is_dead(marker) for marker in view.markers):
             return True
@@ -261,11 +269,12 @@ class VolumeLock:
         if marker is not None:
             self.store.create(marker)
         won = self.store.create(self.slot(generation))
-        # a run that made the anchor started the lock afresh: no generation was held, none to confirm
-        if won and view is not None and (not self.store.exists(self.slot(generation - 1))
-                                         or self.store.exists(self.slot(generation + 1))):
-            # the generation taken over was let go meanwhile (its holder deleted it), or one after it is there:
-            # this create won nothing
+        # confirmed: the generation taken over is still there (a run that made the anchor took none over), and no
+        # generation after this one is listed. Without the listing, a run that made the anchor again after a
+        # release deleted it while another run held a later generation (taken over from the anchor alone as the
+        # release paused) would hold generation 2 beside it: the protocol model found that.
+        if won and ((view is not None and not self.store.exists(self.slot(generation - 1)))
+                    or any(found > generation for found in self._generations(self.store.names()))):
             self.store.delete(self.slot(generation))
             won = False
         if not won:
@@ -278,10 +287,11 @@ class VolumeLock:
             for older in view.generations:
                 if 1 < older < generation:
                     self.store.delete(self.slot(older))
-            for marker in view.names:
-                if marker.startswith(self.holder_prefix) and \
-                        keys.marker_generation(marker, self.holder_prefix) != generation:
-                    self.store.delete(marker)
+            # every other marker it listed: the older generations' holders, and what runs killed while they named
+            # themselves left (a live loser of this generation deletes its own again, which changes nothing)
+            for other in view.names:
+                if other.startswith(self.holder_prefix) and other != marker:
+                    self.store.delete(other)
         return True
 
     def renew(self):
@@ -300,22 +310,26 @@ class VolumeLock:
         return False
 
     def still_held(self):
-        """Whether this run still holds the lock: its generation and its marker are there and no newer
-        generation is. Three lookups; a missing one is looked up again for a moment (libvirt's refresh)."""
+        """Whether this run still holds the lock, read from one listing (one moment): its generation and its
+        marker are in it and no later generation is. Lookups one after another would not do: between the look
+        at its own generation and the look at the next, the lock can pass on twice (the protocol model found
+        that). A volume of its own the listing misses is looked up again for a moment (libvirt's refresh)."""
         if self.generation is None:
             return True
         if self.lost:
             return False
-        held = self.store.present(self.slot(self.generation)) and \
-            (self.marker is None or self.store.present(self.marker)) and \
-            not self.store.exists(self.slot(self.generation + 1))
+        names = self.store.names()
+        own = [self.slot(self.generation)] + ([self.marker] if self.marker is not None else [])
+        held = not any(found > self.generation for found in self._generations(names)) and \
+            all(name in names or self.store.present(name) for name in own)
         if not held:
             self.lost = True
         return held
 
     def release(self):
         """Let the lock go: this run's generation first (a run taking it over now finds it gone and backs off),
-        then the anchor, unless a run took the lock over (then that run holds the anchor)."""
+        then, unless a listing shows another generation (a run took the lock over, and holds the anchor with it),
+        the anchor."""
         if self.renewer is not None:
             self.renewer.stop()
             self.renewer = None
@@ -324,7 +338,9 @@ class VolumeLock:
         generation, marker = self.generation, self.marker
         self.generation, self.marker = None, None
         self.store.delete(self.slot(generation))
-        taken_over = not self.store.absent(self.slot(generation + 1))
+        # any other generation listed: a run took the lock over (the next one, or from the anchor alone had this
+        # run paused between its two deletes), and holds the anchor with it
+        taken_over = any(found > 1 for found in self._generations(self.store.names()))
         if marker is not None:
             self.store.delete(marker)
         if not taken_over:
@@ -404,10 +420,8 @@ class VolumeLock:
         names = self.store.names()
         if any(keys.slot_generation(name, self.name) for name in names):
             view = self.observe()
-            if view is not None and view.markers and self.clear_if_abandoned(view):
-                return names
-            if view is not None and self.clear_unnamed(view):
-                return names
+            if view is not None and not (view.markers and self.clear_if_abandoned(view)):
+                self.clear_unnamed(view)
         for marker in names:
             if marker.startswith(self.holder_prefix) and self.is_dead(marker):
                 self.store.delete(marker)

@@ -142,7 +142,7 @@ def holder_and_cleanup():
 FULL = os.environ.get("MACHINERY_MODEL") == "full"
 BOUNDS = {
     "two-controllers": (two_controllers, Bounds(preemptions=1 if FULL else 0, kills=1, ticks=2)),
-    "three-runs": (three_runs, Bounds(preemptions=0, kills=1 if FULL else 0, ticks=2 if FULL else 1)),
+    "three-runs": (three_runs, Bounds(preemptions=0, kills=1 if FULL else 0, ticks=1)),
     "clean-up": (holder_and_cleanup, Bounds(preemptions=0, kills=1, ticks=2 if FULL else 1)),
 }
 

@@ -329,16 +329,17 @@ class MadeVolume:
             del self.pool.volumes[self.name]
 
 
-def test_a_hold_is_taken_with_three_creates_and_given_back_with_one_lookup():
-    """A hold is a lease: taken afresh, it creates the lock's anchor, its generation and its marker, and looks
-    nothing up; given back, it deletes them by the handles their creates gave, and looks once for a newer
-    generation (a run that took it over), with a listing to believe the miss."""
+def test_a_hold_is_taken_with_three_creates_and_a_listing_and_given_back_with_another():
+    """A hold is a lease: taken afresh, it creates its marker, the lock's anchor and its generation, and lists
+    the pool once (no later generation); checked, it lists once; given back, it deletes them by the handles their
+    creates gave, and lists once more (no run took it over). Nothing is looked up by name."""
     pool = CountingPool()
     registry = documents.Registry(None, pool)
     with holds.machine_hold(None, "web-1", 5, registry=registry) as hold:  # no storage pool lookup: no conn needed
         assert sorted(pool.volumes) == sorted(["hold-web-1.lock", "hold-web-1.lock.2", hold.marker])
-        assert pool.lookups == 0
-    assert pool.volumes == {} and pool.lookups == 1 and pool.listings == 1
+        assert pool.lookups == 0 and pool.listings == 1
+        assert hold.still_held() and pool.listings == 2
+    assert pool.volumes == {} and pool.lookups == 0 and pool.listings == 3
 
 
 def test_a_superseded_generation_a_killed_reader_still_holds_is_pruned_once_released(monkeypatch):
