@@ -219,6 +219,11 @@ class VolumeLock:
     def _generations(self, names):
         return sorted(found for found in (keys.slot_generation(name, self.name) for name in names) if found)
 
+    def _markers(self, names, generation):
+        """The holder markers among ``names`` that name ``generation``."""
+        return sorted(name for name in names if name.startswith(self.holder_prefix)
+                      and keys.marker_generation(name, self.holder_prefix) == generation)
+
     def is_dead(self, marker):
         return self.identity.is_dead(marker, self.holder_prefix)
 
@@ -234,12 +239,10 @@ class VolumeLock:
         capacity = self.store.capacity(self.slot(top))
         if capacity is None:
             return None  # let go, or taken over, since the listing: read again
-        markers = sorted(name for name in names if name.startswith(self.holder_prefix)
-                         and keys.marker_generation(name, self.holder_prefix) == top)
-        taking = [name for name in names if name.startswith(self.holder_prefix)
-                  and keys.marker_generation(name, self.holder_prefix) == top + 1]
+        markers = self._markers(names, top)
         self.watch.note((top, capacity), markers)
-        return View(top, markers, generations, names, self.watch.unchanged_for(), capacity, taking)
+        return View(top, markers, generations, names, self.watch.unchanged_for(), capacity,
+                    self._markers(names, top + 1))
 
     def abandoned(self, view):
         """Whether the lock as ``view`` shows it has no live holder: its holder is known dead (liveness first),

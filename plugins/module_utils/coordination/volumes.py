@@ -169,8 +169,3 @@ class PoolStore:
         """Whether ``name``, which should be there, is: looked up, and when missing again for a moment through
         libvirt's refresh of the pool (``reread``)."""
         return self.exists(name) or bool(reread(self.pool, lambda: self.exists(name), bool))
-
-    def absent(self, name):
-        """Whether ``name`` is not there: a lookup misses it and so does a listing (a complete one, for a
-        registry)."""
-        return not self.exists(name) and name not in self.names()

@@ -77,9 +77,6 @@ class Store:
     def present(self, name):
         return self.exists(name)
 
-    def absent(self, name):
-        return not self.exists(name)
-
 
 class Identity:
     """Who an actor is, as its markers name it: a controller, a pid. Its liveness is seen only from its own
