@@ -12,11 +12,12 @@ import json
 import os
 import signal
 import socket
+import time
 
 import libvirt
 import pytest
 
-from conftest import ModuleRun, run_module
+from conftest import ModuleRun, lab_pid, run_module
 from test_13_migrate import MIB, fleet, homes, journals, listed, make, remove, upload
 from test_24_races import holds, wait_for, whole_once
 
@@ -184,7 +185,9 @@ def move_holding(machine, source, target, monkeypatch):
 def test_a_move_that_outlasts_its_lease_keeps_it(machine, tmp_path, monkeypatch):
     """With the lease shortened to 2 s, a move renews it while it works: a second move started meanwhile waits
     (it says so) and never takes the hold over; the first move's hold is seen renewed over more than a lease.
-    The machine gets 128 MiB of data to copy first, so the move lasts (it keeps the volume from here on)."""
+    The machine gets 128 MiB of data to copy first (it keeps the volume from here on), and the target's libvirtd
+    is stopped from the moment the move holds the machine until its hold was seen renewed three times: the move
+    lasts past its lease however fast the machine copies (on an idle CI machine the copy took under 2 s)."""
     source = next(pool for pool in machine if pool.domain(NAME) is not None)
     target = next(pool for pool in machine if pool is not source)
     big = "%s-big.raw" % NAME
@@ -198,13 +201,28 @@ def test_a_move_that_outlasts_its_lease_keeps_it(machine, tmp_path, monkeypatch)
         monkeypatch.setenv("MACHINERY_PROGRESS_FILE", str(progress))
         second = ModuleRun("machine_migrate", hold_timeout=600, **args)
         sizes = set()
-        while first.running():  # the hold's size, read all along: each renewal grows it by a block
+
+        def watch():  # the hold's size, read all along: each renewal grows it by a block
             size = lock_capacity(source, NAME)
             if size is not None:
                 sizes.add(size)
+        stalled = lab_pid(target)
+        os.kill(stalled, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 60
+            while len(sizes) < 4 and first.running():
+                assert time.monotonic() < deadline, "the hold was not renewed while the target stalled: %s" % sizes
+                watch()
+        finally:
+            os.kill(stalled, signal.SIGCONT)
+        assert first.running(), "the move ended while its target's libvirtd was stopped"
+        while first.running():
+            watch()
         moved = first.finish()
         assert moved.get("changed") and not moved.get("failed"), moved
-        assert progress.exists() and "held by machine_migrate" in progress.read_text()  # the second one waited
+        # the second one waited (the last it said names the move's hold on the source, or the claim of the
+        # machine's name that the move holds on the target while it defines the machine there)
+        assert progress.exists() and "waiting for machine %s, held by" % NAME in progress.read_text()
         after = second.finish()
         assert not after.get("failed") and after["changed"] is False, after  # found it moved, took nothing over
         assert len(sizes) >= 4, sizes  # renewed at least three times: every 2/3 s, so for more than one lease
