@@ -94,7 +94,7 @@ def define_machines(conns, count):
                 "console_path": "/var/lib/libvirt/machinery/%s-console.log" % name}
         spec = dict(record["spec"], firmware="bios", tolerations=[], topology=None, boot_config=None, disk_qos={},
                     ip_reservations={})
-        conns[uri].defineXML(dx.tostring(options.build(plan, spec)))
+        conns[uri].defineXML(dx.tostring(options.build_tree(plan, spec)))
 
 
 def undefine_machines(conns):

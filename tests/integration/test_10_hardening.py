@@ -220,7 +220,7 @@ def test_a_class_is_found_while_other_runs_write_the_registry(pool):
         registry = documents.Registry.open(conn)
         while not stop.is_set():
             registry.put("pending-race-doc%d" % (writes[0] % 3), {"machine": "race", "volumes": []})
-            registry.delete("pending-race-doc%d" % (writes[0] % 3))
+            registry.remove("pending-race-doc%d" % (writes[0] % 3))
             writes[0] += 1
         conn.close()
 

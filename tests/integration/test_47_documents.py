@@ -22,7 +22,7 @@ WRITERS = 3
 def delete_document(pool):
     conn = libvirt.open(pool.uri)
     try:
-        documents.Registry.open(conn).delete(KEY)
+        documents.Registry.open(conn).remove(KEY)
     finally:
         conn.close()
 

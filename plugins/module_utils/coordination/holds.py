@@ -91,6 +91,16 @@ class Coordination:
         with self._guard:
             return self._uploads.setdefault((pool_uuid, checksum), threading.Lock())
 
+    def check_holds(self, before):
+        """Raise HoldLost when a hold this run took was taken over by another run, before the write ``before``
+        (writer.write). The holds checked are those the calling thread took (a set's worker its member's), or,
+        for a thread that took none (a move's copy, the main thread of a run whose workers hold), every hold of
+        the run: one listing of the store per hold."""
+        thread = threading.get_ident()
+        with self._guard:
+            taken = [entry[0] for entry in self.held.values()]
+        check_held([hold for hold in taken if hold.thread == thread] or taken, before)
+
     def report_wait(self, message):
         """One line of progress for a waiting run, where an action plugin shows it (core/progress.py)."""
         if not self.progress_path:
@@ -193,6 +203,7 @@ class MachineHold:
         self.timeout = coordination.hold_timeout if timeout is None else timeout
         self.key = (1, uri or "", machine)
         self.lock = None
+        self.thread = None
         self.waited = 0.0
         self._reported = None
 
@@ -230,6 +241,7 @@ class MachineHold:
                 self.lock = _Inner(outer)
                 return self
         self._take()
+        self.thread = threading.get_ident()  # whose writes check it first (Coordination.check_holds)
         with self.coordination._guard:
             self.coordination.held[self.key] = [self, 1]
         return self

@@ -120,7 +120,7 @@ def clean_waves(ctx, waves, epoch, claimed, identity):
             if keys.hold_volume(name) in names and not markers:  # the dead create's claim: taken over, let go
                 locks.machine_lock(registry.pool, name, identity, timeout=0, named=False, renew=False,
                                    markerless=lambda _age: True).clear_if_abandoned()
-        registry.delete(key, locked=True, epoch=epoch, expected=True)
+        registry.remove(key, locked=True, epoch=epoch, expected=True)
 
 
 class Wave:
@@ -141,4 +141,4 @@ class Wave:
 
     def delete(self, epoch):
         """Delete the wave, before its lock goes back; every create it listed has ended."""
-        self.registry.delete(self.key, locked=True, epoch=epoch, expected=True)
+        self.registry.remove(self.key, locked=True, epoch=epoch, expected=True)

@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConnectionFailed, LibvirtFailure, ValidationError)
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 try:
     import libvirt
@@ -447,7 +448,7 @@ def start_or_undefine(obj, *starts):
             start()
     except libvirt.libvirtError:
         try:
-            obj.undefine()
+            writer.write(obj, "undefine")
         except libvirt.libvirtError:
             pass
         raise
@@ -459,7 +460,7 @@ def undefine_domain(dom, name):
     flags = (libvirt.VIR_DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA |
              libvirt.VIR_DOMAIN_UNDEFINE_NVRAM | libvirt.VIR_DOMAIN_UNDEFINE_CHECKPOINTS_METADATA)
     try:
-        dom.undefineFlags(flags)
+        writer.write(dom, "undefineFlags", flags)
     except libvirt.libvirtError as exc:
         if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
             raise LibvirtFailure("cannot undefine %s: %s" % (name, describe(exc))) from None

@@ -583,7 +583,7 @@ def apply_fields(tree, record, desired, names):
     dx.write_record(tree, record)
 
 
-def build(inputs, spec):
+def build_tree(inputs, spec):
     """A new machine's domain: the skeleton of domain.build_domain with every owned field of ``spec`` written
     by its declaration."""
     tree = dx.build_domain(inputs)

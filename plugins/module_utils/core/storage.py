@@ -15,6 +15,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, LibvirtFailure, NotFoundError
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 CHUNK = 1024 * 1024
 STORAGE_POOL = "machinery"  # the storage pool of a pool host's machines and image cache
@@ -59,12 +60,13 @@ def sha256_file(path):
 def define_dir_pool(conn, name, path):
     """Define, build, start and autostart a dir storage pool ``name`` at ``path``."""
     try:
-        pool = conn.storagePoolDefineXML(elements.to_string(elements.storage_pool(name, path)), 0)
+        pool = writer.write(conn, "storagePoolDefineXML", elements.to_string(elements.storage_pool(name, path)), 0)
     except lv.libvirt.libvirtError as exc:
         raise LibvirtFailure("cannot define storage pool %s at %s: %s" % (name, path, lv.describe(exc)),
                              "storage_path") from None
     try:
-        lv.start_or_undefine(pool, lambda: pool.build(0), lambda: pool.create(0), lambda: pool.setAutostart(1))
+        lv.start_or_undefine(pool, lambda: writer.write(pool, "build", 0), lambda: writer.write(pool, "create", 0),
+                             lambda: writer.write(pool, "setAutostart", 1))
     except lv.libvirt.libvirtError as exc:
         raise LibvirtFailure("cannot build storage pool %s at %s: %s" % (name, path, lv.describe(exc)),
                              "storage_path") from None
@@ -78,12 +80,12 @@ def remove_pool(conn, name):
         return
     try:
         if not pool.isActive():
-            pool.create(0)
+            writer.write(pool, "create", 0)
         for volume in pool.listAllVolumes(0):
-            volume.delete(0)
-        pool.destroy()
-        pool.delete(0)
-        pool.undefine()
+            writer.write(volume, "delete", 0)
+        writer.write(pool, "destroy")
+        writer.write(pool, "delete", 0)
+        writer.write(pool, "undefine")
     except lv.libvirt.libvirtError as exc:
         raise LibvirtFailure("cannot remove storage pool %s: %s" % (name, lv.describe(exc))) from None
 
@@ -93,9 +95,9 @@ def start_dir_pool(conn, name, start=True):
     pool = lv.lookup_storage_pool(conn, name)
     try:
         if start:
-            pool.create(0)
+            writer.write(pool, "create", 0)
         else:
-            pool.setAutostart(1)
+            writer.write(pool, "setAutostart", 1)
     except lv.libvirt.libvirtError as exc:
         raise LibvirtFailure("cannot start storage pool %s: %s" % (name, lv.describe(exc)), "storage_path") from None
 
@@ -160,7 +162,7 @@ def create_volume(pool, name, capacity, fmt="raw", mode=None, backing=None, secr
     xml = volume_xml(name, capacity, fmt, mode, backing, secret)
     for attempt in range(LUKS_ATTEMPTS):
         try:
-            return pool.createXML(xml, 0)
+            return writer.write(pool, "createXML", xml, 0)
         except lv.libvirt.libvirtError as exc:
             # qemu-img times its LUKS key derivation on the host's CPU and gives up when a loaded host lets it
             # measure nothing: the volume was not made, so it is asked for again
@@ -179,24 +181,24 @@ def copy_volume(pool, name, capacity, fmt, source):
     file), of at least ``capacity`` bytes. libvirt copies on the host (qemu-img convert), so it works over any
     URI; the copy is grown afterwards when the source was smaller than ``capacity``."""
     try:
-        vol = pool.createXMLFrom(volume_xml(name, capacity, fmt), source, 0)
+        vol = writer.write(pool, "createXMLFrom", volume_xml(name, capacity, fmt), source, 0)
         if vol.info()[1] < capacity:
-            vol.resize(capacity, 0)
+            writer.write(vol, "resize", capacity, 0)
     except lv.libvirt.libvirtError as exc:
         raise LibvirtFailure("cannot copy %s into volume %s: %s" % (source.name(), name, lv.describe(exc))) from None
     return vol
 
 
-def delete_volume(pool, name, keep_if_busy=False):
+def delete_volume(pool, name, keep_if_busy=False, checked=True):
     """Delete ``name`` if it exists; True when something was deleted.
 
     With ``keep_if_busy``, a volume that something is still reading (a download stream of another run) is
-    left in place, and False returned, instead of failing."""
+    left in place, and False returned, instead of failing. ``checked=False``: a lock volume (writer.write)."""
     vol = lv.lookup_volume(pool, name)
     if vol is None:
         return False
     try:
-        vol.delete(0)
+        writer.write(vol, "delete", 0, checked=checked)
     except lv.libvirt.libvirtError as exc:
         if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_STORAGE_VOL:
             return False
@@ -221,7 +223,7 @@ def upload(conn, vol, chunks, length):
     """Write ``length`` bytes from the iterable ``chunks`` into ``vol`` through a libvirt stream."""
     stream = conn.newStream(0)
     try:
-        vol.upload(stream, 0, length, 0)
+        writer.write(vol, "upload", stream, 0, length, 0)
         send_chunks(stream, chunks)
         stream.finish()
     except BaseException as exc:
@@ -321,8 +323,8 @@ def define_volume_secret(conn, path, machine, passphrase):
     path by a run that died is replaced. Returns its uuid."""
     delete_volume_secret(conn, path)
     try:
-        secret = conn.secretDefineXML(cap.secret_xml(path, machine), 0)
-        secret.setValue(passphrase.encode("utf-8"), 0)
+        secret = writer.write(conn, "secretDefineXML", cap.secret_xml(path, machine), 0)
+        writer.write(secret, "setValue", passphrase.encode("utf-8"), 0)
     except lv.libvirt.libvirtError as exc:
         delete_volume_secret(conn, path)
         raise LibvirtFailure("cannot define the passphrase secret of %s: %s" % (path, lv.describe(exc))) from None
@@ -336,7 +338,7 @@ def delete_volume_secret(conn, path):
     except lv.libvirt.libvirtError:
         return False
     try:
-        secret.undefine()
+        writer.write(secret, "undefine")
     except lv.libvirt.libvirtError as exc:
         raise LibvirtFailure("cannot undefine the passphrase secret of %s: %s" % (path, lv.describe(exc))) from None
     return True

@@ -131,7 +131,7 @@ class Fleet:
             if ctx is None:
                 return offline_snapshot(entry, self.offline[entry["uri"]])
             try:
-                ctx.reset()
+                ctx.forget_reads()
                 snapshot = snapshot_of(ctx, entry.get("name"))
                 ctx.prime()
             except lv.libvirt.libvirtError as exc:  # its daemon went away since the run began

@@ -42,6 +42,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import stor
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import (
     AVAILABILITY_CONDITIONS, age, list_machines, now, table)
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 OWNER_LABEL = "machinery.compute/machine-set"
 HASH_LABEL = "machinery.compute/template-hash"
@@ -684,7 +685,7 @@ class MachineSetResource(Resource):
                                                              expect=action.data.get("generation"))
 
     def _forget(self, action, _observed):
-        self.fleet.contexts[action.data["uri"]].registry.delete(set_key(self.desired["name"]))
+        self.fleet.contexts[action.data["uri"]].registry.remove(set_key(self.desired["name"]))
 
     def _member_spec(self, action):
         # a new member's name is checked free on every pool; with unreachable_timeout, on those that answer (the
@@ -737,7 +738,7 @@ class MachineSetResource(Resource):
             ctx.registry.put(keys.pending_key(action.target), {"machine": action.target,
                                                                "volumes": action.data["volumes"]})
         if dom.isActive():
-            dom.destroy()  # no ACPI shutdown: another member took its place already
+            writer.write(dom, "destroy")  # no ACPI shutdown: another member took its place already
         lv.undefine_domain(dom, action.target)
 
     def _reclaim(self, action, _observed):
@@ -747,7 +748,7 @@ class MachineSetResource(Resource):
         storage.refresh(ctx.storage)
         for volume in action.data["volumes"]:
             storage.delete_volume(ctx.storage, volume)
-        ctx.registry.delete(keys.pending_key(action.target))
+        ctx.registry.remove(keys.pending_key(action.target))
 
     APPLY = {"record": _record, "forget": _forget, "create": _create, "delete": _delete, "adopt": _adopt,
              "fence": _fence, "reclaim": _reclaim}

@@ -29,6 +29,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan
     live_transport, move_key, relocate)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.volume_stream import (
     refresh, stream_volume, volume_facts)
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 
 class Run:
@@ -105,7 +106,7 @@ def carry_autostart(machine, source, target):
             return
         dom = lv.lookup_domain(target.ctx.conn, machine)
         if dom is not None:
-            dom.setAutostart(1)
+            writer.write(dom, "setAutostart", 1)
     except lv.libvirt.libvirtError as exc:
         raise LibvirtFailure("cannot mark %s autostarted on %s: %s" % (machine, target.pool, lv.describe(exc)),
                              "target") from None
@@ -148,7 +149,7 @@ class JournalSteps(Steps):
 
     def clear(self, _entry, _side, run):
         for side in (run.target, run.source):  # the source last: a journal left there is seen by a re-run
-            documents.Registry.open(side.ctx.conn).delete(move_key(self.machine))
+            documents.Registry.open(side.ctx.conn).remove(move_key(self.machine))
 
 
 class CopySteps(Steps):
@@ -215,7 +216,7 @@ class ColdSteps(Steps):
         with Admission(target.ctx, []):
             check_room_locked(self.machine, source, target)
             try:
-                target.ctx.conn.defineXML(xml)
+                writer.write(target.ctx.conn, "defineXML", xml)
             except lv.libvirt.libvirtError as exc:
                 raise LibvirtFailure("cannot define %s on %s: %s" % (self.machine, target.pool, lv.describe(exc)),
                                      "target") from None
@@ -230,7 +231,7 @@ class ColdSteps(Steps):
         if dom.isActive():
             return
         try:
-            dom.create()
+            writer.write(dom, "create")
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot start %s on %s: %s" % (self.machine, side.pool, lv.describe(exc)),
                                  field) from None
@@ -279,7 +280,7 @@ class LiveSteps(Steps):
             check_room_locked(self.machine, source, target)
         if self.policy.get("max_downtime"):
             try:
-                source.dom.migrateSetMaxDowntime(self.policy["max_downtime"], 0)
+                writer.write(source.dom, "migrateSetMaxDowntime", self.policy["max_downtime"], 0)
             except lv.libvirt.libvirtError as exc:
                 raise LibvirtFailure("cannot set the maximum downtime of %s: %s" % (self.machine, lv.describe(exc)),
                                      "policy.max_downtime") from None
@@ -287,7 +288,7 @@ class LiveSteps(Steps):
         watch = move_policy.Watch(source.dom, self.machine, self.policy, dx.read_memory(source.tree))
         try:
             with watch:
-                source.dom.migrateToURI3(target.uri, params, flags)
+                writer.write(source.dom, "migrateToURI3", target.uri, params, flags)
         except lv.libvirt.libvirtError as exc:
             self._note(watch)
             if watch.timed_out == "abort":
@@ -324,7 +325,7 @@ class RemovalSteps(Steps):
         dom = lv.lookup_domain(side.ctx.conn, self.machine)
         if dom is not None and dom.UUIDString() == run.journal["uuid"]:
             if dom.isActive():
-                dom.destroy()
+                writer.write(dom, "destroy")
             lv.undefine_domain(dom, self.machine)
 
 
@@ -339,7 +340,7 @@ class Rollback(Steps):
                 dom = lv.lookup_domain(target.ctx.conn, self.machine)
                 if dom is not None and dom.UUIDString() == journal["uuid"]:
                     if dom.isActive():
-                        dom.destroy()
+                        writer.write(dom, "destroy")
                     lv.undefine_domain(dom, self.machine)
             # a live move's target QEMU opens the console log itself (outside libvirt's storage: refreshed first)
             logs = [name for name in journal.get("volumes") or [] if name.endswith("-console.log")
@@ -352,9 +353,9 @@ class Rollback(Steps):
                     storage.delete_volume(target.ctx.storage, name)
             dom = lv.lookup_domain(source.ctx.conn, self.machine)
             if journal["was_running"] and dom is not None and not dom.isActive():
-                dom.create()
+                writer.write(dom, "create")
             for side in (target, source):
-                documents.Registry.open(side.ctx.conn).delete(move_key(self.machine))
+                documents.Registry.open(side.ctx.conn).remove(move_key(self.machine))
         except (MachineryError, lv.libvirt.libvirtError) as exc:
             self.report.warnings.append("rolling the move back failed (%s); its journal stays for the next run" % exc)
 

@@ -21,6 +21,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import opti
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.progress import ENV
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity, parse_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 ON_TIMEOUT = ("abort", "postcopy")
 MIB, GIB = 2 ** 20, 2 ** 30
@@ -149,10 +150,10 @@ class Watch:
         if self.timeout and elapsed > self.timeout and self.timed_out is None:
             if self.policy.get("on_timeout") == "postcopy":
                 self.timed_out = "postcopy"
-                self.dom.migrateStartPostCopy(0)
+                writer.write(self.dom, "migrateStartPostCopy", 0)
             else:
                 self.timed_out = "abort"
-                self.dom.abortJob()
+                writer.write(self.dom, "abortJob")
 
 
 def _write_progress(text, shown):

@@ -15,6 +15,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import elem
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import LibvirtFailure
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import header_bytes_needed, rebase_header
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 
 def refresh(pool):
@@ -55,7 +56,7 @@ def stream_volume(source_conn, source_vol, target_conn, target_vol, backing=None
     head = b"" if backing else None
     try:
         source_vol.download(down, 0, 0, lv.libvirt.VIR_STORAGE_VOL_DOWNLOAD_SPARSE_STREAM)
-        target_vol.upload(up, 0, 0, lv.libvirt.VIR_STORAGE_VOL_UPLOAD_SPARSE_STREAM)
+        writer.write(target_vol, "upload", up, 0, 0, lv.libvirt.VIR_STORAGE_VOL_UPLOAD_SPARSE_STREAM)
         for piece in _sparse_chunks(down):
             if isinstance(piece, int):
                 if head:

@@ -17,6 +17,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import thaw
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
 
@@ -99,6 +100,7 @@ class MachineryModule:
             option = options.option(options.COMMON, "hold_timeout")
             self.coordination = Coordination(self.operation(),
                                              option.check(self.params["hold_timeout"], "hold_timeout"))
+            writer.bind(self.coordination)  # every write of this run checks its holds first
             if self.multi_pool:
                 result = self.run_pools(self.pool_entries())
             else:

@@ -33,6 +33,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.address
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService, observe_machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 _VOLUME_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 POLL = 0.2
@@ -95,7 +96,7 @@ class Attachment(Resource):
 
     def attach_device(self, observed, element, what):
         try:
-            observed.dom.attachDeviceFlags(elements.to_string(element), self.flags(observed))
+            writer.write(observed.dom, "attachDeviceFlags", elements.to_string(element), self.flags(observed))
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot attach %s to %s: %s" % (what, self.machine, lv.describe(exc))) from None
 
@@ -111,7 +112,7 @@ class Attachment(Resource):
         dom = observed.dom
         running = dom.isActive()
         try:
-            dom.detachDeviceFlags(xml, self.flags(observed))
+            writer.write(dom, "detachDeviceFlags", xml, self.flags(observed))
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot detach %s from %s: %s" % (what, self.machine, lv.describe(exc))) from None
         if not running:
@@ -127,7 +128,7 @@ class Attachment(Resource):
             if time.monotonic() - asked > RESEND_SECONDS:
                 asked = time.monotonic()
                 try:
-                    dom.detachDeviceFlags(xml, lv.libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                    writer.write(dom, "detachDeviceFlags", xml, lv.libvirt.VIR_DOMAIN_AFFECT_LIVE)
                 except lv.libvirt.libvirtError:
                     pass  # gone meanwhile, or a request still in flight: the loop checks again
             time.sleep(POLL)
@@ -314,9 +315,9 @@ class VolumeAttachment(Attachment):
         with storage_room(self.ctx, [("size", size - vol.info()[1])]):
             try:
                 if target.dom.isActive():
-                    target.dom.blockResize(action.data["device"], size, lv.libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
+                    writer.write(target.dom, "blockResize", action.data["device"], size, lv.libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
                 else:
-                    vol.resize(size, 0)
+                    writer.write(vol, "resize", size, 0)
             except lv.libvirt.libvirtError as exc:
                 raise LibvirtFailure("cannot grow %s to %s: %s"
                                      % (action.target, format_quantity(size), lv.describe(exc)), "size") from None

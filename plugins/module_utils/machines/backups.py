@@ -38,6 +38,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 from ansible_collections.machinery.compute.plugins.module_utils.core.firmware import stored_nvram
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 POLL = 0.5
 AGENT_TIMEOUT = 5
@@ -206,7 +207,7 @@ class BackupResource(Resource):
         return missing_machine(self.ctx, self.machine, exc)
 
     def observe(self):
-        self.ctx.reset()
+        self.ctx.forget_reads()
         observed = observe_machine(self.conn, self.machine)
         document = self.ctx.registry.get(backup_key(self.machine)) or {}
         seen = {"machine": self.machine, "exists": observed.exists, "active": observed.active, "disks": [],
@@ -236,7 +237,7 @@ class BackupResource(Resource):
             self.ctx.registry.put(key, {"machine": self.machine, "backups": backups},
                                   expect=self.ctx.registry.read_generation(key))
         else:
-            self.ctx.registry.delete(key)
+            self.ctx.registry.remove(key)
 
     def _backup(self, action, seen):
         name = action.target
@@ -257,7 +258,7 @@ class BackupResource(Resource):
                     source = self.conn.storageVolLookupByPath(disk["path"])
                     xml = storage.volume_xml(targets[disk["device"]], source.info()[1], "qcow2", mode="0600")
                     try:
-                        pool.createXMLFrom(xml, source, 0)
+                        writer.write(pool, "createXMLFrom", xml, source, 0)
                     except lv.libvirt.libvirtError as exc:
                         raise LibvirtFailure("cannot copy %s: %s" % (disk["device"], lv.describe(exc))) from None
         except BaseException:
@@ -292,7 +293,7 @@ class BackupResource(Resource):
             return None
         storage.delete_volume(pool, target_name)
         try:
-            pool.createXMLFrom(storage.volume_xml(target_name, source.info()[1], "raw", mode="0600"), source, 0)
+            writer.write(pool, "createXMLFrom", storage.volume_xml(target_name, source.info()[1], "raw", mode="0600"), source, 0)
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot copy the UEFI variables of %s: %s" % (self.machine, lv.describe(exc))) \
                 from None
@@ -319,7 +320,7 @@ class BackupResource(Resource):
         except lv.libvirt.libvirtError:
             return  # no backup job
         try:
-            dom.abortJob()
+            writer.write(dom, "abortJob")
         except lv.libvirt.libvirtError:
             pass  # it ended meanwhile
         deadline = time.monotonic() + float(self.params["timeout"])
@@ -351,7 +352,7 @@ class BackupResource(Resource):
         xml = elements.to_string(elements.domain_backup(paths, seen["skipped"]))
         frozen, reason = self._freeze(dom)
         try:
-            dom.backupBegin(xml, None, 0)
+            writer.write(dom, "backupBegin", xml, None, 0)
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot begin the backup of %s: %s" % (self.machine, lv.describe(exc))) from None
         finally:
@@ -369,7 +370,7 @@ class BackupResource(Resource):
         while dom.jobInfo()[0] != lv.libvirt.VIR_DOMAIN_JOB_NONE:
             if time.monotonic() > deadline:
                 try:
-                    dom.abortJob()
+                    writer.write(dom, "abortJob")
                 except lv.libvirt.libvirtError:
                     pass
                 raise MachineryError("the backup of %s did not finish within %ss and was cancelled"
@@ -411,8 +412,8 @@ class BackupResource(Resource):
             fmt = storage.volume_format(target)
             xml = storage.volume_xml(target_name, backup.info()[1], fmt)
             try:
-                target.delete(0)
-                target_pool.createXMLFrom(xml, backup, 0)
+                writer.write(target, "delete", 0)
+                writer.write(target_pool, "createXMLFrom", xml, backup, 0)
             except lv.libvirt.libvirtError as exc:
                 raise LibvirtFailure("cannot restore %s of %s: %s" % (disk["device"], self.machine,
                                                                       lv.describe(exc))) from None

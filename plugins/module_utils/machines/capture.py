@@ -37,6 +37,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import shutdown
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 # What generalizing does inside the guest. cloud-init's own ``clean`` removes its instance data (so the next boot
 # is a first boot, which makes new SSH host keys); older releases lack it and the directory goes by hand. An empty
@@ -197,7 +198,7 @@ def stream_copy(source_conn, source_vol, target_conn=None, target_vol=None):
     try:
         source_vol.download(down, 0, 0, lv.libvirt.VIR_STORAGE_VOL_DOWNLOAD_SPARSE_STREAM)
         if up is not None:
-            target_vol.upload(up, 0, 0, lv.libvirt.VIR_STORAGE_VOL_UPLOAD_SPARSE_STREAM)
+            writer.write(target_vol, "upload", up, 0, 0, lv.libvirt.VIR_STORAGE_VOL_UPLOAD_SPARSE_STREAM)
         while True:
             data = down.recvFlags(storage.CHUNK, lv.libvirt.VIR_STREAM_RECV_STOP_AT_HOLE)
             if data == -3:
@@ -314,9 +315,9 @@ def copy_root(conn, pool, machine, root_path, snapshot, name, capacity=0):
                 wanted = dom.snapshotLookupByName(snapshot, 0)
                 memory = elements.read_snapshot(elements.parse(wanted.getXMLDesc(0)))["memory"]
                 # a snapshot with memory comes back running: paused, then stopped, its disks are the snapshot's
-                dom.revertToSnapshot(wanted, lv.libvirt.VIR_DOMAIN_SNAPSHOT_REVERT_PAUSED if memory else 0)
+                writer.write(dom, "revertToSnapshot", wanted, lv.libvirt.VIR_DOMAIN_SNAPSHOT_REVERT_PAUSED if memory else 0)
                 if dom.isActive():
-                    dom.destroy()
+                    writer.write(dom, "destroy")
             except lv.libvirt.libvirtError as exc:
                 raise LibvirtFailure("cannot copy snapshot %s of %s: %s" % (snapshot, machine, lv.describe(exc))) \
                     from None
@@ -325,8 +326,8 @@ def copy_root(conn, pool, machine, root_path, snapshot, name, capacity=0):
         return storage.copy_volume(pool, name, max(capacity, root.info()[1]), "qcow2", root)
     finally:
         if keep is not None:
-            dom.revertToSnapshot(keep, 0)
-            keep.delete(0)
+            writer.write(dom, "revertToSnapshot", keep, 0)
+            writer.write(keep, "delete", 0)
 
 
 def keep_present(dom, machine):
@@ -338,7 +339,7 @@ def keep_present(dom, machine):
     xml = elements.to_string(elements.domain_snapshot(TEMPORARY_SNAPSHOT, "machinery.compute copy", internal,
                                                       skipped))
     try:
-        return dom.snapshotCreateXML(xml, 0)
+        return writer.write(dom, "snapshotCreateXML", xml, 0)
     except lv.libvirt.libvirtError as exc:
         raise LibvirtFailure("cannot keep the present disks of %s: %s" % (machine, lv.describe(exc))) from None
 
@@ -375,7 +376,7 @@ class CaptureResource(Resource):
         return [self.ctx.coordination.of(self.ctx, self.source["machine"], field="from_machine.machine")]
 
     def observe(self):
-        self.ctx.reset()
+        self.ctx.forget_reads()
         seen = observe_source(self.ctx, self.source["machine"])
         seen["record"] = record = self.ctx.registry.get(named_images.image_key(self.params["name"]))
         seen["generation"] = self.ctx.registry.read_generation(named_images.image_key(self.params["name"]))
@@ -432,7 +433,7 @@ class ReplicaResource(Resource):
         return ()
 
     def observe(self):
-        self.ctx.reset()
+        self.ctx.forget_reads()
         record = self.ctx.registry.get(named_images.image_key(self.params["name"]))
         self.generation = self.ctx.registry.read_generation(named_images.image_key(self.params["name"]))
         cached = bool(self.origin) and images.cached_volume(self.ctx.storage, self.origin["checksum"])[0] is not None

@@ -19,6 +19,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.address
     observe_reservations, release_address, reserve_address)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.coordination.admission import Admission
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 
 def live_effects(names, spec, observed, restarting=False):
@@ -98,8 +99,8 @@ class Changes:
         devices = {vol["name"]: vol["device"] for vol in record["spec"].get("volumes") or []}
         for name in names:
             try:
-                dom.setBlockIoTune(devices[name], cap.iotune_values(self.spec["disk_qos"].get(name)),
-                                   lv.libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                writer.write(dom, "setBlockIoTune", devices[name], cap.iotune_values(self.spec["disk_qos"].get(name)),
+                             lv.libvirt.VIR_DOMAIN_AFFECT_LIVE)
             except lv.libvirt.libvirtError as exc:
                 raise LibvirtFailure("cannot set the QoS of volume %s of %s live: %s"
                                      % (name, self.name, lv.describe(exc)), "volumes") from None
@@ -136,7 +137,7 @@ class Changes:
                 continue
             elements.set_filterref(node, filter_name)
             try:
-                dom.updateDeviceFlags(elements.to_string(node), affect)
+                writer.write(dom, "updateDeviceFlags", elements.to_string(node), affect)
             except lv.libvirt.libvirtError as exc:
                 raise LibvirtFailure("cannot update the security groups of NIC %s of %s: %s"
                                      % (nic, self.name, lv.describe(exc)),
@@ -169,8 +170,8 @@ class Changes:
         """Carry the change into the running guest where libvirt can; the rest waits for a restart."""
         live = lv.libvirt.VIR_DOMAIN_AFFECT_LIVE
         try:
-            dom.setMetadata(lv.libvirt.VIR_DOMAIN_METADATA_ELEMENT, dx.record_xml(record), dx.PREFIX, dx.NAMESPACE,
-                            live)
+            writer.write(dom, "setMetadata", lv.libvirt.VIR_DOMAIN_METADATA_ELEMENT, dx.record_xml(record), dx.PREFIX,
+                         dx.NAMESPACE, live)
         except lv.libvirt.libvirtError:
             pass
         pending, _notes = live_effects(names, self.spec, observed)
@@ -178,7 +179,7 @@ class Changes:
             self._set_crash_action(dom)
         if "memory" in names and "memory" not in pending:
             try:
-                dom.setMemoryFlags(self.spec["memory"] // 1024, live)
+                writer.write(dom, "setMemoryFlags", self.spec["memory"] // 1024, live)
             except lv.libvirt.libvirtError:
                 pending.append("memory")
                 self.warnings.append("memory of the running machine %s takes effect at its next restart"

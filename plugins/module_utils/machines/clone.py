@@ -23,6 +23,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.machines import capture
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 MODES = ("full", "linked")
 
@@ -106,5 +107,5 @@ def full_root(ctx, clone, volume_name, capacity):
     storage.refresh(ctx.storage)
     vol = ctx.storage.storageVolLookupByName(volume_name)
     if vol.info()[1] < capacity:
-        vol.resize(capacity, 0)
+        writer.write(vol, "resize", capacity, 0)
     return vol

@@ -28,6 +28,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.address
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import recorded_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 
 def create_steps(spec):
@@ -137,7 +138,7 @@ class Creation:
         if key in registry.keys(key, admission.epoch):
             left = registry.get(key)
             journal.remove_orphans(self.ctx, left)
-            registry.delete(key, locked=True, epoch=admission.epoch, expected=True)
+            registry.remove(key, locked=True, epoch=admission.epoch, expected=True)
         # what this create makes is listed before it is made, in the wave of the pool's lock (coordination/journals.py)
         admission.journal(spec["name"], planned_volumes(spec))
         record = self._create_locked(spec, self.ctx.storage, *cached)
@@ -151,7 +152,7 @@ class Creation:
             if action.data["journal"].get("wave"):
                 admission.clean_dead_waves()  # the whole wave: under the lock, it is a dead run's
             else:
-                self.ctx.registry.delete(keys.pending_key(self.name), locked=True, epoch=admission.epoch,
+                self.ctx.registry.remove(keys.pending_key(self.name), locked=True, epoch=admission.epoch,
                                          expected=True)
 
     def _create_locked(self, spec, pool, image_vol, fmt):
@@ -202,7 +203,7 @@ class Creation:
                 nics.append(nic)
             inputs = dict(paths, name=name, virt_type=spec["virt_type"], record=record, disks=disks, nics=nics,
                           console_path=self.ctx.storage_file(files["console"]))
-            tree = options.build(inputs, spec)
+            tree = options.build_tree(inputs, spec)
             fw.place_nvram(tree, self.ctx.storage_file(fw.nvram_volume(name)))
             self.defined = self._define(tree, "define machine")
             for nic in reserved_nics(record):
@@ -230,7 +231,7 @@ class Creation:
                 # the domain may have been defined before the failure: it must not outlive what it uses
                 dom = lv.lookup_domain(self.conn, name)
                 if dom is not None:
-                    dom.undefineFlags(lv.libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+                    writer.write(dom, "undefineFlags", lv.libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
             raise
         return record
 

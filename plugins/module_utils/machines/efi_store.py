@@ -26,6 +26,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vars
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, LibvirtFailure
 from ansible_collections.machinery.compute.plugins.module_utils.core.firmware import stored_nvram
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 FIELD = "efi_vars"
 
@@ -92,12 +93,12 @@ def _first_store(ctx, dom, name, volume):
     """The store libvirt makes from the firmware's template at a start: the machine is started paused (no guest
     instruction runs, so the firmware writes nothing) and powered off again."""
     try:
-        dom.createWithFlags(lv.libvirt.VIR_DOMAIN_START_PAUSED)
-        dom.destroy()
+        writer.write(dom, "createWithFlags", lv.libvirt.VIR_DOMAIN_START_PAUSED)
+        writer.write(dom, "destroy")
     except lv.libvirt.libvirtError as exc:
         try:
             if dom.isActive():
-                dom.destroy()
+                writer.write(dom, "destroy")
         except lv.libvirt.libvirtError:
             pass  # the cause below is the one to report
         raise LibvirtFailure("cannot have libvirt make the UEFI variable store of %s (a paused start): %s"

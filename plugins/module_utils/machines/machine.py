@@ -49,6 +49,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.rebuild
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import (
     PoolView, is_active, machine_status, now)
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 SHOWN_AT_CREATION = ("cpu", "memory", "machine_class", "labels")
 CAPABILITIES_SHOWN = ("topology", "disk_qos", "ip_reservations")
@@ -693,7 +694,7 @@ class MachineResource(Creation, Changes, Rebuild, EfiVariables, Resource):
 
     def _define(self, tree, what):
         try:
-            return self.conn.defineXML(dx.tostring(tree))
+            return writer.write(self.conn, "defineXML", dx.tostring(tree))
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot %s %s: %s" % (what, tree.findtext("name"), lv.describe(exc))) from None
 
@@ -703,16 +704,16 @@ class MachineResource(Creation, Changes, Rebuild, EfiVariables, Resource):
         unwritten = None  # variables a restart was to write and could not: the machine starts all the same
         try:
             if state == lv.libvirt.VIR_DOMAIN_PAUSED and reason != lv.libvirt.VIR_DOMAIN_PAUSED_CRASHED:
-                dom.resume()
+                writer.write(dom, "resume")
             else:
                 if state != lv.libvirt.VIR_DOMAIN_SHUTOFF:
-                    dom.destroy()
+                    writer.write(dom, "destroy")
                 try:
                     self.write_efi_vars(dom, action)  # a restart's or a resize's, while it is off
                 except MachineryError as exc:
                     unwritten = exc
                 self.earlier_leases = lease_expiries(self.ctx, self.spec.get("network_interfaces"))
-                dom.create()
+                writer.write(dom, "create")
         except lv.libvirt.libvirtError as exc:
             self._record_error(dom, "start failed: %s" % lv.describe(exc))
             if self.resize_backup is not None:
@@ -748,9 +749,9 @@ class MachineResource(Creation, Changes, Rebuild, EfiVariables, Resource):
         backup = self.resize_backup
         field = resize_field(self.params, backup["fields"])
         try:
-            self.conn.defineXML(backup["xml"])
+            writer.write(self.conn, "defineXML", backup["xml"])
             if backup["running"] and not dom.isActive():
-                dom.create()
+                writer.write(dom, "create")
                 self._update_record(dom, bump_boots)
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot resize %s: %s; putting it back as it was failed too: %s"
@@ -777,7 +778,7 @@ class MachineResource(Creation, Changes, Rebuild, EfiVariables, Resource):
     def _write_autostart(self, wanted):
         dom = self.defined or lv.lookup_domain(self.conn, self.name)
         try:
-            dom.setAutostart(1 if wanted else 0)
+            writer.write(dom, "setAutostart", 1 if wanted else 0)
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot set autostart of %s: %s" % (self.name, lv.describe(exc)),
                                  "run_strategy") from None
@@ -789,12 +790,12 @@ class MachineResource(Creation, Changes, Rebuild, EfiVariables, Resource):
         try:
             if dom.isActive():
                 if action.data["mode"] == "hard":
-                    dom.destroy()
+                    writer.write(dom, "destroy")
                 elif shutdown(dom, self.params["shutdown_timeout"]):
                     self.warnings.append("%s did not power off within %ss of the ACPI request and was forced off "
                                          "to be restarted" % (self.name, self.params["shutdown_timeout"]))
             elif dom.hasManagedSaveImage(0):
-                dom.managedSaveRemove(0)
+                writer.write(dom, "managedSaveRemove", 0)
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot restart %s: %s" % (self.name, lv.describe(exc)), "state") from None
         self.power_done = True
@@ -810,11 +811,11 @@ class MachineResource(Creation, Changes, Rebuild, EfiVariables, Resource):
         self._power("pause", observed.dom.suspend)
 
     def _start_paused(self, _action, observed):
-        self._power("start", lambda: observed.dom.createWithFlags(lv.libvirt.VIR_DOMAIN_START_PAUSED))
+        self._power("start", lambda: writer.write(observed.dom, "createWithFlags", lv.libvirt.VIR_DOMAIN_START_PAUSED))
         self._update_record(observed.dom, bump_boots)
 
     def _suspend(self, _action, observed):
-        self._power("suspend", lambda: observed.dom.managedSave(0))
+        self._power("suspend", lambda: writer.write(observed.dom, "managedSave", 0))
 
     def _resume(self, _action, observed):
         """A paused guest runs on; a suspended one is restored from its saved memory (no new boot)."""
@@ -851,7 +852,7 @@ class MachineResource(Creation, Changes, Rebuild, EfiVariables, Resource):
         for nic in reserved_nics(observed.record):
             release_address(self.ctx, nic)
         if volumes:
-            self.ctx.registry.delete(keys.pending_key(self.name), expected=True)
+            self.ctx.registry.remove(keys.pending_key(self.name), expected=True)
         # a create of the machine killed after its define (while it started the guest) left its wave listing it:
         # under the pool's lock every wave but this process's is a dead run's (a live one goes before its lock)
         if self.ctx.registration and (journal_of(self.ctx.registry, self.name) or {}).get("wave"):

@@ -132,7 +132,7 @@ class ImageResource(Resource):
         return ()
 
     def observe(self):
-        self.ctx.reset()
+        self.ctx.forget_reads()
         current = self.ctx.registry.get(image_key(self.name))
         self.generation = self.ctx.registry.read_generation(image_key(self.name))
         cached = False
@@ -158,7 +158,7 @@ class ImageResource(Resource):
         self.ctx.registry.put(image_key(self.name), body, expect=self.generation)
 
     def _withdraw(self, _action, _observed):
-        self.ctx.registry.delete(image_key(self.name))
+        self.ctx.registry.remove(image_key(self.name))
 
     APPLY = {"cache": _cache, "publish": _publish, "withdraw": _withdraw}
 

@@ -22,6 +22,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination.hol
 from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import published_classes
 from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import registration_in
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import PoolView
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 
 class Reading:
@@ -151,7 +152,7 @@ class PoolContext:
         # creates lists them all at once (admission.Admission.journal)
         self.planned_creates = {}
 
-    def reset(self):
+    def forget_reads(self):
         """Forget what was read from the registry and the domains, so the next read is fresh."""
         self._registry = None
         self._registration = None
@@ -159,7 +160,7 @@ class PoolContext:
         self._view = None
 
     def listing(self):
-        """Every domain of the pool, read once (``read_domains``) until ``reset``: a run over many machines
+        """Every domain of the pool, read once (``read_domains``) until ``forget_reads``: a run over many machines
         (machine_batch, machine_set, the info modules, the inventory) reads each domain's XML once, and each
         machine's first observation comes from here instead of its own round trips."""
         if self._listing is None:
@@ -215,7 +216,7 @@ class PoolContext:
         self.streamed_sizes = sizes
 
     def view(self):
-        """The pool's leases and volume names for statuses, shared by the machines of one run until ``reset``
+        """The pool's leases and volume names for statuses, shared by the machines of one run until ``forget_reads``
         (machine_status.PoolView)."""
         if self._view is None:
             self._view = PoolView(self)
@@ -293,7 +294,7 @@ class PoolContext:
                 raise NotFoundError("%s has no storage pool %r: run machinery.compute.machine_pool against it "
                                     "first" % (self.uri, storage.STORAGE_POOL), "uri")
             if not self._storage.isActive():
-                self._storage.create(0)
+                writer.write(self._storage, "create", 0)
         return self._storage
 
     @property

@@ -9,6 +9,7 @@ import time
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 
 def bump_boots(record):
@@ -26,7 +27,7 @@ def update_record(dom, change):
     flags = lv.libvirt.VIR_DOMAIN_AFFECT_CONFIG
     if dom.isActive():
         flags |= lv.libvirt.VIR_DOMAIN_AFFECT_LIVE
-    dom.setMetadata(lv.libvirt.VIR_DOMAIN_METADATA_ELEMENT, dx.record_xml(record), dx.PREFIX, dx.NAMESPACE, flags)
+    writer.write(dom, "setMetadata", lv.libvirt.VIR_DOMAIN_METADATA_ELEMENT, dx.record_xml(record), dx.PREFIX, dx.NAMESPACE, flags)
 
 
 def shutdown(dom, timeout):
@@ -36,14 +37,14 @@ def shutdown(dom, timeout):
     while dom.isActive():
         if time.monotonic() > deadline:
             try:
-                dom.destroy()
+                writer.write(dom, "destroy")
             except lv.libvirt.libvirtError:
                 if dom.isActive():
                     raise
             return True
         if time.monotonic() - last_request > 5:
             try:
-                dom.shutdownFlags(lv.libvirt.VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN)
+                writer.write(dom, "shutdownFlags", lv.libvirt.VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN)
             except lv.libvirt.libvirtError:
                 if not dom.isActive():
                     break

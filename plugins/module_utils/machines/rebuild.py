@@ -25,6 +25,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import (
     bump_boots, shutdown, update_record)
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 ROOT_ALIAS = dx.volume_alias("root")
 SEED_ALIAS = "ua-cidata"
@@ -158,7 +159,7 @@ class Rebuild:
         if data["restart"]:
             try:
                 self.earlier_leases = lease_expiries(self.ctx, spec.get("network_interfaces"))
-                dom.create()
+                writer.write(dom, "create")
             except lv.libvirt.libvirtError as exc:
                 self._undo_rebuild(dom, original, made, ran, exc)
                 raise LibvirtFailure("cannot rebuild %s: it did not start from its new root: %s; it was put back as "
@@ -225,9 +226,9 @@ class Rebuild:
         problems = []
         try:
             if original is not None:
-                self.conn.defineXML(original)
+                writer.write(self.conn, "defineXML", original)
             if ran and not dom.isActive():
-                dom.create()
+                writer.write(dom, "create")
         except lv.libvirt.libvirtError as exc:
             problems.append("putting it back failed: %s" % lv.describe(exc))
         for volume_name in made:

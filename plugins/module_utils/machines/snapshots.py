@@ -29,6 +29,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
     ConflictError, LibvirtFailure, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import observe_machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 MARK = "machinery.compute snapshot, created "
 _MARKED = re.compile(re.escape(MARK) + r"(\S+)")
@@ -223,7 +224,7 @@ class SnapshotResource(Resource):
                                                           disks["internal"], disks["skipped"],
                                                           memory=action.data["memory"]))
         try:
-            seen["dom"].snapshotCreateXML(xml, 0)
+            writer.write(seen["dom"], "snapshotCreateXML", xml, 0)
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot snapshot %s: %s" % (self.machine, lv.describe(exc))) from None
 
@@ -236,7 +237,7 @@ class SnapshotResource(Resource):
     def _drop(self, dom, names):
         for name in names:
             try:
-                dom.snapshotLookupByName(name, 0).delete(0)
+                writer.write(dom.snapshotLookupByName(name, 0), "delete", 0)
             except lv.libvirt.libvirtError as exc:
                 if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_DOMAIN_SNAPSHOT:
                     continue
@@ -246,7 +247,7 @@ class SnapshotResource(Resource):
     def _revert(self, action, seen):
         dom = seen["dom"]
         try:
-            dom.revertToSnapshot(dom.snapshotLookupByName(action.target, 0), 0)
+            writer.write(dom, "revertToSnapshot", dom.snapshotLookupByName(action.target, 0), 0)
         except lv.libvirt.libvirtError as exc:
             raise LibvirtFailure("cannot revert %s to snapshot %s: %s"
                                  % (self.machine, action.target, lv.describe(exc))) from None

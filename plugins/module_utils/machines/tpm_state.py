@@ -20,6 +20,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import LibvirtFailure
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 # where libvirt's QEMU driver keeps each domain's TPM state (its build's default local state directory)
 SWTPM_DIR = "/var/lib/libvirt/swtpm"
@@ -42,7 +43,7 @@ def state_pool(conn, uuid, build=False):
     xml = elements.to_string(elements.storage_pool("machinery-tpm-%s" % uuid[:13], state_dir(uuid), "0700"))
     flags = lv.libvirt.VIR_STORAGE_POOL_CREATE_WITH_BUILD if build else 0
     try:
-        pool = conn.storagePoolCreateXML(xml, flags)
+        pool = writer.write(conn, "storagePoolCreateXML", xml, flags)
     except lv.libvirt.libvirtError as exc:
         if build:
             raise LibvirtFailure("cannot make the TPM state directory %s: %s" % (state_dir(uuid), lv.describe(exc))) \
@@ -53,7 +54,7 @@ def state_pool(conn, uuid, build=False):
         yield pool
     finally:
         try:
-            pool.destroy()
+            writer.write(pool, "destroy")
         except lv.libvirt.libvirtError:
             pass  # a transient pool gone already
 

@@ -34,6 +34,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.backups
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.pools.capacity import check_storage, storage_room
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 VOLUME_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SECTOR = 512
@@ -335,7 +336,7 @@ class VolumeResource(Resource):
         return [self.ctx.coordination.of(self.ctx, machine) for machine in users]
 
     def observe(self):
-        self.ctx.reset()
+        self.ctx.forget_reads()
         pool = refreshed(self.ctx.storage)
         vol = lv.lookup_volume(pool, self.name)
         volume = read_volume(vol) if vol is not None else None
@@ -391,9 +392,9 @@ class VolumeResource(Resource):
             try:
                 if through is not None:  # a running guest holds the file: qemu grows it and tells the guest
                     dom = self.ctx.conn.lookupByName(through["machine"])
-                    dom.blockResize(through["device"], size, lv.libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
+                    writer.write(dom, "blockResize", through["device"], size, lv.libvirt.VIR_DOMAIN_BLOCK_RESIZE_BYTES)
                 else:
-                    lv.lookup_volume(self.ctx.storage, self.name).resize(size, 0)
+                    writer.write(lv.lookup_volume(self.ctx.storage, self.name), "resize", size, 0)
             except lv.libvirt.libvirtError as exc:
                 raise LibvirtFailure("cannot grow %s to %s: %s"
                                      % (self.name, format_quantity(size), lv.describe(exc)), "size") from None
@@ -414,7 +415,7 @@ class VolumeResource(Resource):
 
     def _forget(self, _action, seen):
         if seen.record is not None:
-            self.ctx.registry.delete(volume_key(self.name))
+            self.ctx.registry.remove(volume_key(self.name))
 
     APPLY = {"create": _create, "grow": _grow, "update": _update, "delete": _delete, "forget": _forget}
 
@@ -454,7 +455,7 @@ def _detach(conn, machine, path, name):
         if node is None:
             continue
         try:
-            dom.detachDeviceFlags(elements.to_string(node), flags)
+            writer.write(dom, "detachDeviceFlags", elements.to_string(node), flags)
         except lv.libvirt.libvirtError as exc:
             if flags == lv.libvirt.VIR_DOMAIN_AFFECT_CONFIG:
                 raise LibvirtFailure("cannot detach volume %s from %s: %s" % (path, machine, lv.describe(exc)),

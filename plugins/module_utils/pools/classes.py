@@ -86,7 +86,7 @@ class ClassResource(Resource):
         return ()
 
     def observe(self):
-        self.ctx.reset()
+        self.ctx.forget_reads()
         current = published_class(self.ctx.registry, self.name)
         self.generation = self.ctx.registry.read_generation(keys.class_key(self.name))
         absent = self.params.get("state") == "absent"
@@ -100,7 +100,7 @@ class ClassResource(Resource):
         self.ctx.registry.put(keys.class_key(self.name), action.data["body"], expect=self.generation)
 
     def _withdraw(self, _action, _observed):
-        self.ctx.registry.delete(keys.class_key(self.name))
+        self.ctx.registry.remove(keys.class_key(self.name))
 
     APPLY = {"publish": _publish, "withdraw": _withdraw}
 

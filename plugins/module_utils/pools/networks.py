@@ -16,6 +16,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
 from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import (
     check_host_overlaps, host_network_cidrs)
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 COMPARED = ("cidr", "gateway", "dhcp_start", "dhcp_end", "mtu")
 
@@ -104,11 +105,11 @@ class NetworkResource(Resource):
                                 dhcp_range=(want["dhcp_start"], want["dhcp_end"]) if want["dhcp_start"] else None,
                                 dhcp=bool(want["dhcp_start"]), mtu=want["mtu"])
         try:
-            net = self.ctx.conn.networkDefineXML(elements.to_string(node))
+            net = writer.write(self.ctx.conn, "networkDefineXML", elements.to_string(node))
         except lv.libvirt.libvirtError as exc:
             raise ConflictError("cannot create network %s: %s" % (self.name, lv.describe(exc)), "cidr") from None
         try:
-            lv.start_or_undefine(net, net.create, lambda: net.setAutostart(1))
+            lv.start_or_undefine(net, net.create, lambda: writer.write(net, "setAutostart", 1))
         except lv.libvirt.libvirtError as exc:
             raise ConflictError("cannot start network %s (%s): %s" % (self.name, want["cidr"], lv.describe(exc)),
                                 "cidr") from None
@@ -116,7 +117,7 @@ class NetworkResource(Resource):
     def _delete(self, _action, _observed):
         net = self.ctx.conn.networkLookupByName(self.name)
         if net.isActive():
-            net.destroy()
-        net.undefine()
+            writer.write(net, "destroy")
+        writer.write(net, "undefine")
 
     APPLY = {"create": _create, "delete": _delete}

@@ -24,6 +24,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
     Action, Plan, Resource, converge, step)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 PROBE_SECONDS = 8.0
 
@@ -125,7 +126,7 @@ def probe_virt_type(conn, storage_pool):
     try:
         for kernel in PROBE_KERNELS:
             try:
-                dom = conn.createXML(elements.to_string(elements.probe_domain(PROBE_NAME, kernel, log_path)), 0)
+                dom = writer.write(conn, "createXML", elements.to_string(elements.probe_domain(PROBE_NAME, kernel, log_path)), 0)
             except lv.libvirt.libvirtError:
                 continue  # no such kernel on this host: try the next one
             try:
@@ -138,7 +139,7 @@ def probe_virt_type(conn, storage_pool):
                     time.sleep(0.5)
             finally:
                 try:
-                    dom.destroy()
+                    writer.write(dom, "destroy")
                 except lv.libvirt.libvirtError:
                     pass
             return "qemu"
@@ -306,7 +307,7 @@ class PoolResource(Resource):
 
     def observe(self):
         conn = self.conn
-        self.ctx.reset()
+        self.ctx.forget_reads()
         registry = self.ctx.registry
 
         def seen(found):
@@ -330,7 +331,7 @@ class PoolResource(Resource):
 
     def apply(self, action, observed):
         super().apply(action, observed)
-        self.ctx.reset()  # the next action (and the observation after the last) reads the pool afresh
+        self.ctx.forget_reads()  # the next action (and the observation after the last) reads the pool afresh
 
     def _define_storage_pool(self, action, _observed):
         storage.define_dir_pool(self.conn, action.target, action.data["definition"])
@@ -345,16 +346,16 @@ class PoolResource(Resource):
         define_network(self.conn, action.data["definition"])
 
     def _start_network(self, action, _observed):
-        lv.lookup_network(self.conn, action.target).create()
+        writer.write(lv.lookup_network(self.conn, action.target), "create")
 
     def _autostart_network(self, action, _observed):
-        lv.lookup_network(self.conn, action.target).setAutostart(1)
+        writer.write(lv.lookup_network(self.conn, action.target), "setAutostart", 1)
 
     def _register(self, action, _observed):
         registration = dict(action.data["registration"])
         if "virt_type" not in registration:
             registration["virt_type"] = probe_virt_type(self.conn, lv.lookup_storage_pool(self.conn, storage.STORAGE_POOL))
-        self.ctx.reset()
+        self.ctx.forget_reads()
         self.ctx.registry.put(keys.POOL_KEY, registration)
 
     def _prune_registration(self, _action, _observed):
@@ -362,7 +363,7 @@ class PoolResource(Resource):
 
     def _unregister(self, _action, _observed):
         for key in self.ctx.registry.keys():
-            self.ctx.registry.delete(key)
+            self.ctx.registry.remove(key)
         storage.remove_pool(self.conn, keys.REGISTRY_POOL)
 
     def _prune_image(self, action, _observed):
@@ -401,11 +402,11 @@ def unused_images(conn):
 def define_network(conn, entry):
     """Define, start and autostart a network; a definition libvirt refuses is not left behind half made."""
     try:
-        net = conn.networkDefineXML(elements.to_string(elements.network(entry["name"], entry["cidr"], entry["mode"])))
+        net = writer.write(conn, "networkDefineXML", elements.to_string(elements.network(entry["name"], entry["cidr"], entry["mode"])))
     except lv.libvirt.libvirtError as exc:
         raise ConflictError("cannot create network %s: %s" % (entry["name"], lv.describe(exc)), "networks") from None
     try:
-        lv.start_or_undefine(net, net.create, lambda: net.setAutostart(1))
+        lv.start_or_undefine(net, net.create, lambda: writer.write(net, "setAutostart", 1))
     except lv.libvirt.libvirtError as exc:
         raise ConflictError("cannot start network %s (%s): %s" % (entry["name"], entry["cidr"], lv.describe(exc)),
                             "networks") from None

@@ -30,6 +30,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vali
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, NotFoundError, ValidationError)
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 GROUP_PREFIX = "machinery-sg-"
 NIC_PREFIX = "machinery-nic-"
@@ -267,14 +268,14 @@ def define_filter(conn, name, rules, filterrefs=()):
     current = lookup_filter(conn, name)
     xml = elements.to_string(elements.nwfilter(name, rules, filterrefs, uuid=current["uuid"] if current else None))
     try:
-        conn.nwfilterDefineXML(xml)
+        writer.write(conn, "nwfilterDefineXML", xml)
     except lv.libvirt.libvirtError as exc:
         raise LibvirtFailure("cannot define nwfilter %s: %s" % (name, lv.describe(exc))) from None
 
 
 def undefine_filter(conn, name):
     try:
-        conn.nwfilterLookupByName(name).undefine()
+        writer.write(conn.nwfilterLookupByName(name), "undefine")
     except lv.libvirt.libvirtError as exc:
         if exc.get_error_code() == lv.libvirt.VIR_ERR_NO_NWFILTER:
             return

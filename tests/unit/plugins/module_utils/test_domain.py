@@ -43,12 +43,12 @@ def pretty(tree):
 
 
 def test_build_matches_golden():
-    assert pretty(options.build(plan(), spec())) == golden("web-1.xml")
+    assert pretty(options.build_tree(plan(), spec())) == golden("web-1.xml")
 
 
 def test_uefi_kvm_golden():
     inputs = plan(firmware="uefi", virt_type="kvm", ignition_path=None, seed_path=None)
-    tree = options.build(inputs, spec(firmware="uefi"))
+    tree = options.build_tree(inputs, spec(firmware="uefi"))
     assert pretty(tree) == golden("web-1-uefi-kvm.xml")
 
 

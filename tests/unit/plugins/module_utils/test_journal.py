@@ -47,7 +47,7 @@ class Documents:
         self.puts.append((key, body))
         self.bodies[key] = body
 
-    def delete(self, key, locked=False, epoch=None, expected=False):
+    def remove(self, key, locked=False, epoch=None, expected=False):
         assert locked and expected
         self.deleted.append(key)
         return self.bodies.pop(key, None) is not None

@@ -37,7 +37,7 @@ def domain_xml(name, cpu, memory, managed=True):
             "record": record, "nics": [], "disks": [{"name": "root", "path": "/p/%s-root.qcow2" % name,
                                                      "format": "qcow2", "device": "vda", "boot": True}],
             "console_path": "/p/%s-console.log" % name}
-    tree = options.build(plan, plan)
+    tree = options.build_tree(plan, plan)
     if not managed:
         tree.remove(tree.find("metadata"))
     return dx.tostring(tree)
@@ -126,7 +126,7 @@ def test_observation_from_the_listing_then_fresh():
     observed = machine.observe_machine(conn, "a", listing=listed)
     assert observed.exists and observed.record["spec"]["cpu"] == 1 and observed.state[0] == libvirt.VIR_DOMAIN_SHUTOFF
     assert not machine.observe_machine(conn, "new", listing=listed).exists
-    ctx.reset()
+    ctx.forget_reads()
     assert ctx.listed() is None  # the next observation of a machine reads libvirt again
 
 

@@ -1,0 +1,70 @@
+# -*- coding: utf-8 -*-
+# Copyright: contributors to machinery.compute
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one writer of libvirt: every change the collection makes to a domain, a device, a snapshot, a block job, a
+migration, a storage pool or volume, a network, an nwfilter or a secret is made by ``write`` (docs/concurrency.md,
+"One writer").
+
+Before each write it checks the holds of the run bound to this process (``bind``; the module base binds its
+run's Coordination): a hold that another run took over (this run was paused past its lease) stops the write with
+HoldLost, and nothing is written. The check reads the lock's generations from the store at that moment (the
+fence, coordination/locks.py VolumeLock.still_held), so a paused run that wakes up writes nothing after its holds
+passed on, on whichever call it wakes. The lock volumes themselves are written by the coordination package's
+store (coordination/volumes.py PoolStore), which is the fence and is not checked against itself; a lock volume
+deleted through core/storage.py passes ``checked=False``.
+
+It is in core (below coordination, which binds a run to it) so that core/storage.py writes through it too.
+tests/unit/plugins/test_one_writer.py walks plugins/ and fails on any call of a name in WRITES outside this file
+and coordination/."""
+
+from __future__ import annotations
+
+# libvirt-python's methods that change something
+WRITES = frozenset("""
+create createWithFlags createXML createXMLFrom createXMLWithFiles defineXML defineXMLFlags undefine undefineFlags
+destroy destroyFlags shutdown shutdownFlags reboot reset suspend resume managedSave managedSaveRemove save saveFlags
+restore restoreFlags coreDump coreDumpWithFormat attachDevice attachDeviceFlags detachDevice detachDeviceFlags
+updateDeviceFlags setMetadata setAutostart setMemory setMemoryFlags setMaxMemory setMemoryStatsPeriod setVcpus
+setVcpusFlags setGuestVcpus pinVcpu pinVcpuFlags pinEmulator setIOThreadParams setSchedulerParameters
+setSchedulerParametersFlags setBlkioParameters setBlockIoTune setInterfaceParameters setNumaParameters setPerfEvents
+setUserPassword setTime injectNMI sendKey abortJob blockCommit blockCopy blockJobAbort blockPull blockRebase
+blockResize snapshotCreateXML revertToSnapshot checkpointCreateXML backupBegin migrate migrate2 migrate3
+migrateToURI migrateToURI2 migrateToURI3 migrateSetMaxSpeed migrateSetMaxDowntime migrateStartPostCopy
+migrateSetCompressionCache networkDefineXML networkCreateXML nwfilterDefineXML nwfilterBindingCreateXML
+secretDefineXML storagePoolDefineXML storagePoolCreateXML build wipe wipePattern resize upload setValue delete
+""".split())
+
+_process = [None]  # the run bound for the whole process: its worker threads write under its holds too
+
+
+class UnknownWrite(Exception):
+    """A call of ``write`` with a method that is not one of libvirt's writes (a bug in the collection)."""
+
+
+def bind(run):
+    """Bind ``run`` (a holds.Coordination, or anything with ``check_holds(before)``) to this process: every write
+    from now on checks its holds. Returns the run bound before, for ``unbind``."""
+    before = _process[0]
+    _process[0] = run
+    return before
+
+
+def unbind(before=None):
+    _process[0] = before
+
+
+def bound():
+    """The run whose holds a write checks now, or None (a test, the lab: nothing to check)."""
+    return _process[0]
+
+
+def write(target, method, *args, before=None, checked=True):
+    """``target.method(*args)`` (a libvirt object and one of its WRITES), once the bound run's holds were checked.
+    ``before`` names the write in a HoldLost message (default: the method). ``checked=False`` only for the
+    coordination package's own lock volumes (a run lets its holds go even when they passed on)."""
+    if method not in WRITES:
+        raise UnknownWrite("%s is not one of libvirt's writes: this is a bug in machinery.compute" % method)
+    run = bound() if checked else None
+    if run is not None:
+        run.check_holds(before or method)
+    return getattr(target, method)(*args)
