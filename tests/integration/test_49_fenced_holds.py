@@ -21,6 +21,7 @@ from test_48_controllers import SKEW, controller, progress_of, stopped_holding, 
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds as coordination
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
+from ansible_collections.machinery.compute.plugins.module_utils.core import writer
 
 NAME = "fence-1"
 # seconds: a run on ctl-b does not renew its lease (libfaketime, test_48), so its attach must end within one
@@ -145,3 +146,43 @@ def test_a_run_in_another_pid_namespace_waits_for_a_live_holder(pool, monkeypatc
     assert {volume, "%s-ns2.qcow2" % NAME} <= attached_volumes(pool)
     assert holds(pool, NAME) == []
     detach_all(pool, [volume, "%s-ns2.qcow2" % NAME])
+
+
+def test_a_run_paused_inside_a_step_writes_nothing_once_its_hold_passed_on(pool, monkeypatch):
+    """A volume attach stops itself (writer.STOP_BEFORE_WRITE_ENV) after it made its volume, right before it
+    attaches it: converge checked its hold for that step already. With the lease at 3 s, a second attach of
+    another volume waits for it, takes the machine over once the frozen run's lease passed, and attaches. The
+    first, let go, reaches the writer, which finds its hold passed on: it fails with Conflict and attaches nothing.
+    libvirt shows the second's volume attached and not the first's."""
+    monkeypatch.setenv(leases.LEASE_ENV, "3")
+    paused_volume, later_volume = "%s-paused.qcow2" % NAME, "%s-later.qcow2" % NAME
+    monkeypatch.setenv(writer.STOP_BEFORE_WRITE_ENV, "attachDeviceFlags")
+    first = ModuleRun("volume_attach", uri=pool.uri, machine=NAME, volume=paused_volume, size="8Mi")
+    monkeypatch.delenv(writer.STOP_BEFORE_WRITE_ENV)
+    second = None
+    try:
+        _pid, status = os.waitpid(first.proc.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), ("the attach ended without stopping before its write", first.finish())
+        marker, found = only_marker(pool)
+        assert found["operation"] == "volume_attach" and found["pid"] == first.proc.pid, found
+        second = ModuleRun("volume_attach", hold_timeout=120, uri=pool.uri, machine=NAME, volume=later_volume,
+                           size="8Mi")
+        later = second.finish(timeout=300)
+        assert later.get("changed") and not later.get("failed"), later
+        assert marker not in holds(pool, NAME)  # the second took the frozen run's hold over
+        assert first.running()  # and the first was still there, frozen: the runs overlapped
+        assert later_volume in attached_volumes(pool) and paused_volume not in attached_volumes(pool)
+        os.kill(first.proc.pid, signal.SIGCONT)
+        paused = first.finish(timeout=120)
+    finally:
+        for run in (first, second):
+            if run is not None and run.running():
+                os.kill(run.proc.pid, signal.SIGCONT)
+                run.kill()
+    assert paused.get("failed") and paused.get("reason") == "Conflict", paused
+    assert "paused for longer than its lease" in paused["msg"], paused["msg"]
+    assert paused_volume not in attached_volumes(pool) and later_volume in attached_volumes(pool)
+    assert holds(pool, NAME) == []
+    detach_all(pool, [later_volume])
+    done = run_module("volume", uri=pool.uri, name=paused_volume, state="absent")
+    assert not done.get("failed"), done

@@ -78,9 +78,15 @@ class Admissions:
         self.names = set()  # machine names being admitted by a thread of the run
         self.inside = 0  # admissions of the run entered and not left
         self.claimed = {}  # uri -> names of the machines the run holds for a create there (claim)
+        self.claim_locks = {}  # (uri, name) -> (the claim's lock, the thread that took it): writer's check
         # epochs name the waves (journals.wave_key) beside the process: counted from a random start, two runs'
         # objects in one process (tests) never name the same wave
         self.epochs = itertools.count(random.SystemRandom().randrange(1, 2 ** 31))
+
+    def claims(self):
+        """[(uri, name, lock, thread)] of the claims this run holds now (writer's check, holds.check_holds)."""
+        with self.guard:
+            return [(uri, name, lock, thread) for (uri, name), (lock, thread) in self.claim_locks.items()]
 
     def target(self, uri):
         """The lock that lets one thread of the run at a time admit onto the pool at ``uri``."""
@@ -233,6 +239,7 @@ class Admission:
         if volume is not None:
             with self.table.guard:
                 self.table.claimed.setdefault(self.ctx.uri, set()).add(name)
+                self.table.claim_locks[(self.ctx.uri, name)] = (volume, threading.get_ident())
         return volume
 
     def unclaim(self, name, volume):
@@ -244,6 +251,7 @@ class Admission:
         finally:
             with self.table.guard:
                 self.table.claimed.get(self.ctx.uri, set()).discard(name)
+                self.table.claim_locks.pop((self.ctx.uri, name), None)
 
     def step_aside(self):
         """Let the next admission of this process onto the pool (and of the name) in while this one keeps its

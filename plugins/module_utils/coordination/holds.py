@@ -95,11 +95,28 @@ class Coordination:
         """Raise HoldLost when a hold this run took was taken over by another run, before the write ``before``
         (writer.write). The holds checked are those the calling thread took (a set's worker its member's), or,
         for a thread that took none (a move's copy, the main thread of a run whose workers hold), every hold of
-        the run: one listing of the store per hold."""
+        the run: one listing of the store per hold. A create's claim on its machine (admission.claim) is a hold
+        too: a create paused until its claim was judged abandoned and taken defines nothing."""
         thread = threading.get_ident()
         with self._guard:
             taken = [entry[0] for entry in self.held.values()]
-        check_held([hold for hold in taken if hold.thread == thread] or taken, before)
+        claims = self.admissions.claims()
+        mine = [hold for hold in taken if hold.thread == thread]
+        mine_claimed = [claim for claim in claims if claim[3] == thread]
+        if mine or mine_claimed:
+            taken, claims = mine, mine_claimed
+        check_held(taken, before)
+        for _uri, name, lock, _thread in claims:
+            try:
+                held = lock.still_held()
+                why = "was taken over by another run"
+            except (MachineryError, lv.libvirt.libvirtError) as exc:
+                held = False
+                why = "cannot be confirmed (%s)" % (exc.message if isinstance(exc, MachineryError) else lv.describe(exc))
+            if not held:
+                raise HoldLost("this run's claim on machine %s for its create %s: this run was paused for longer "
+                               "than its lease and stopped before %s; the run holding the machine now finishes or "
+                               "rolls back what this one did" % (name, why, before), "name")
 
     def report_wait(self, message):
         """One line of progress for a waiting run, where an action plugin shows it (core/progress.py)."""

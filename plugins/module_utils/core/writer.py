@@ -19,6 +19,9 @@ and coordination/."""
 
 from __future__ import annotations
 
+import os
+import signal
+
 # libvirt-python's methods that change something
 WRITES = frozenset("""
 create createWithFlags createXML createXMLFrom createXMLWithFiles defineXML defineXMLFlags undefine undefineFlags
@@ -33,6 +36,11 @@ migrateToURI migrateToURI2 migrateToURI3 migrateSetMaxSpeed migrateSetMaxDowntim
 migrateSetCompressionCache networkDefineXML networkCreateXML nwfilterDefineXML nwfilterBindingCreateXML
 secretDefineXML storagePoolDefineXML storagePoolCreateXML build wipe wipePattern resize upload setValue delete
 """.split())
+
+# For the lab tests: a run whose environment names one of WRITES here stops itself (SIGSTOP) right before its first
+# write of that method, before the writer checks its holds: inside a step whose holds converge checked already. The
+# test learns it stopped from waitpid (WUNTRACED), lets the hold pass on, and continues it. Unset, nothing stops.
+STOP_BEFORE_WRITE_ENV = "MACHINERY_STOP_BEFORE_WRITE"
 
 _process = [None]  # the run bound for the whole process: its worker threads write under its holds too
 
@@ -64,6 +72,9 @@ def write(target, method, *args, before=None, checked=True):
     coordination package's own lock volumes (a run lets its holds go even when they passed on)."""
     if method not in WRITES:
         raise UnknownWrite("%s is not one of libvirt's writes: this is a bug in machinery.compute" % method)
+    if os.environ.get(STOP_BEFORE_WRITE_ENV) == method:
+        del os.environ[STOP_BEFORE_WRITE_ENV]  # once
+        os.kill(os.getpid(), signal.SIGSTOP)
     run = bound() if checked else None
     if run is not None:
         run.check_holds(before or method)

@@ -10,10 +10,13 @@ collection's own methods do not use those names (the registry's is ``remove``, a
 
 import ast
 import pathlib
+import threading
 
 import pytest
 
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import HoldLost
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 PLUGINS = ROOT / "plugins"
@@ -94,3 +97,41 @@ def test_the_writer_checks_the_holds_before_it_writes_and_writes_nothing_after_o
             writer.write(dom, "XMLDesc")
     finally:
         writer.unbind(before)
+
+
+class Hold:
+    """A hold of the run (holds.MachineHold's part the check uses): taken by ``thread``, lost or not."""
+
+    def __init__(self, thread, lost=False):
+        self.thread, self.lost, self.checked = thread, lost, 0
+
+    def check(self, before):
+        self.checked += 1
+        if self.lost:
+            raise HoldLost("lost before %s" % before)
+
+
+class Claim:
+    def __init__(self, held):
+        self.held = held
+
+    def still_held(self):
+        return self.held
+
+
+def test_a_thread_checks_its_own_holds_and_claims_and_one_that_took_none_checks_all():
+    run = Coordination()
+    here, other = threading.get_ident(), threading.get_ident() + 1
+    mine, theirs = Hold(here), Hold(other, lost=True)
+    run.held = {(1, "u", "a"): [mine, 1], (1, "u", "b"): [theirs, 1]}
+    run.check_holds("define")  # its own hold is held: the other thread's lost one is that thread's to find
+    assert (mine.checked, theirs.checked) == (1, 0)
+    run.held = {(1, "u", "b"): [theirs, 1]}
+    with pytest.raises(HoldLost, match="before define"):
+        run.check_holds("define")  # a thread that took nothing checks every hold of the run
+    run.held = {}
+    run.admissions.claim_locks[("u", "c")] = (Claim(held=False), here)
+    with pytest.raises(HoldLost, match="claim on machine c for its create was taken over"):
+        run.check_holds("createXML")
+    run.admissions.claim_locks[("u", "c")] = (Claim(held=True), here)
+    run.check_holds("createXML")
