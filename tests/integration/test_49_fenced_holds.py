@@ -21,7 +21,7 @@ from test_48_controllers import SKEW, controller, progress_of, stopped_holding, 
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds as coordination
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 NAME = "fence-1"
 # seconds: a run on ctl-b does not renew its lease (libfaketime, test_48), so its attach must end within one

@@ -288,12 +288,21 @@ class MachineHold:
         try:
             if self.lock.still_held():
                 return
-            why = "was taken over by another run"
+            why = "was taken over by %s" % self.holder_now()
         except (MachineryError, lv.libvirt.libvirtError) as exc:  # the daemon closed a connection paused too long
             why = "cannot be confirmed (%s)" % (exc.message if isinstance(exc, MachineryError) else lv.describe(exc))
         raise HoldLost("this run's hold on %s %s: this run was paused for longer than its lease (%ss) and stopped "
                        "before %s; the run holding the machine now finishes or rolls back what this one did"
                        % (self.label, why, self.coordination.lease, before), self.field)
+
+    def holder_now(self):
+        """Who holds the machine now that this run's hold passed on (describe_holder), read from the store."""
+        lock = self.lock.outer[0].lock if isinstance(self.lock, _Inner) else self.lock
+        view = lock.observe() if lock is not None and hasattr(lock, "observe") else None
+        if view is None:
+            return "another run, which has let it go since"
+        return describe_holder(holder(view.markers[0], keys.hold_prefix(self.machine))) if view.markers else \
+            "another run's create"
 
     def release(self):
         if self.lock is None:

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConnectionFailed, LibvirtFailure, ValidationError)
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 try:
     import libvirt

@@ -15,7 +15,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, LibvirtFailure, NotFoundError
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 CHUNK = 1024 * 1024
 STORAGE_POOL = "machinery"  # the storage pool of a pool host's machines and image cache

@@ -42,7 +42,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import stor
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import (
     AVAILABILITY_CONDITIONS, age, list_machines, now, table)
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 OWNER_LABEL = "machinery.compute/machine-set"
 HASH_LABEL = "machinery.compute/template-hash"
@@ -725,8 +725,13 @@ class MachineSetResource(Resource):
     def _fence(self, action, _observed):
         """Destroy and undefine a replaced member that its pool still holds, keeping its volumes: their names go
         to the pool's journal first (``pending-<member>``), so a run cut off after the undefine still knows them.
-        Only a domain carrying this set's owner label is touched."""
+        Only a domain carrying this set's owner label is touched, under a hold on it (a machine task on the
+        member waits, or is waited for)."""
         ctx = self.fleet.contexts[action.data["uri"]]
+        with ctx.coordination.of(ctx, action.target):
+            self._fence_held(ctx, action)
+
+    def _fence_held(self, ctx, action):
         dom = lv.lookup_domain(ctx.conn, action.target)
         if dom is None:
             return
@@ -743,12 +748,13 @@ class MachineSetResource(Resource):
 
     def _reclaim(self, action, _observed):
         """Remove the volumes a fenced member made for itself (its record's, never a volume it was given), then
-        its journal."""
+        its journal, under a hold on the member's name."""
         ctx = self.fleet.contexts[action.data["uri"]]
-        storage.refresh(ctx.storage)
-        for volume in action.data["volumes"]:
-            storage.delete_volume(ctx.storage, volume)
-        ctx.registry.remove(keys.pending_key(action.target))
+        with ctx.coordination.of(ctx, action.target):
+            storage.refresh(ctx.storage)
+            for volume in action.data["volumes"]:
+                storage.delete_volume(ctx.storage, volume)
+            ctx.registry.remove(keys.pending_key(action.target))
 
     APPLY = {"record": _record, "forget": _forget, "create": _create, "delete": _delete, "adopt": _adopt,
              "fence": _fence, "reclaim": _reclaim}

@@ -29,7 +29,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan
     live_transport, move_key, relocate)
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.volume_stream import (
     refresh, stream_volume, volume_facts)
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 
 class Run:

@@ -21,7 +21,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import opti
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.progress import ENV
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity, parse_quantity
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 ON_TIMEOUT = ("abort", "postcopy")
 MIB, GIB = 2 ** 20, 2 ** 30

@@ -15,7 +15,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import elem
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import LibvirtFailure
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import header_bytes_needed, rebase_header
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 
 def refresh(pool):

@@ -17,7 +17,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import MachineryError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import thaw
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
 

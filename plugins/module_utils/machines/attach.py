@@ -33,7 +33,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.address
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService, observe_machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 _VOLUME_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 POLL = 0.2

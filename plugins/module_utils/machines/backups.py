@@ -38,7 +38,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 from ansible_collections.machinery.compute.plugins.module_utils.core.firmware import stored_nvram
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 POLL = 0.5
 AGENT_TIMEOUT = 5

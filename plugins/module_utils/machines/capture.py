@@ -37,7 +37,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines import 
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import shutdown
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 # What generalizing does inside the guest. cloud-init's own ``clean`` removes its instance data (so the next boot
 # is a first boot, which makes new SSH host keys); older releases lack it and the directory goes by hand. An empty

@@ -19,7 +19,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.address
     observe_reservations, release_address, reserve_address)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.coordination.admission import Admission
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 
 def live_effects(names, spec, observed, restarting=False):

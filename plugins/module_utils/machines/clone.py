@@ -23,7 +23,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.machines import capture
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 MODES = ("full", "linked")
 

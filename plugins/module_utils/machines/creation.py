@@ -28,7 +28,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.address
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import recorded_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 
 def create_steps(spec):

@@ -26,7 +26,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vars
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, LibvirtFailure
 from ansible_collections.machinery.compute.plugins.module_utils.core.firmware import stored_nvram
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 FIELD = "efi_vars"
 

@@ -49,7 +49,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.rebuild
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import (
     PoolView, is_active, machine_status, now)
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 SHOWN_AT_CREATION = ("cpu", "memory", "machine_class", "labels")
 CAPABILITIES_SHOWN = ("topology", "disk_qos", "ip_reservations")

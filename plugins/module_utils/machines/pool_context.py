@@ -22,7 +22,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination.hol
 from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import published_classes
 from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import registration_in
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import PoolView
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 
 class Reading:

@@ -25,7 +25,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.machines.machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import (
     bump_boots, shutdown, update_record)
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 ROOT_ALIAS = dx.volume_alias("root")
 SEED_ALIAS = "ua-cidata"

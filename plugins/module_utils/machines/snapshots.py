@@ -29,7 +29,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
     ConflictError, LibvirtFailure, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import observe_machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 MARK = "machinery.compute snapshot, created "
 _MARKED = re.compile(re.escape(MARK) + r"(\S+)")

@@ -20,7 +20,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import elements
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import LibvirtFailure
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 # where libvirt's QEMU driver keeps each domain's TPM state (its build's default local state directory)
 SWTPM_DIR = "/var/lib/libvirt/swtpm"

@@ -16,7 +16,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
 from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import (
     check_host_overlaps, host_network_cidrs)
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 COMPARED = ("cidr", "gateway", "dhcp_start", "dhcp_end", "mtu")
 

@@ -30,7 +30,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vali
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, NotFoundError, ValidationError)
-from ansible_collections.machinery.compute.plugins.module_utils.core import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 GROUP_PREFIX = "machinery-sg-"
 NIC_PREFIX = "machinery-nic-"

@@ -13,9 +13,9 @@ passed on, on whichever call it wakes. The lock volumes themselves are written b
 store (coordination/volumes.py PoolStore), which is the fence and is not checked against itself; a lock volume
 deleted through core/storage.py passes ``checked=False``.
 
-It is in core (below coordination, which binds a run to it) so that core/storage.py writes through it too.
-tests/unit/plugins/test_one_writer.py walks plugins/ and fails on any call of a name in WRITES outside this file
-and coordination/."""
+A leaf: it imports nothing of the collection, so core/storage.py and core/connection.py write through it too (the
+one import of coordination that core makes, tests/unit/plugins/test_layout.py). tests/unit/plugins/test_one_writer.py
+walks plugins/ and fails on any call of a name in WRITES outside coordination/."""
 
 from __future__ import annotations
 
