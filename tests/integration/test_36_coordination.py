@@ -344,6 +344,46 @@ def test_two_runs_of_one_set_take_turns(registered, image, tmp_path, monkeypatch
         run_module("machine_set", pools=fleet(pools), name=name, state="absent", shutdown_timeout=1)
 
 
+def test_a_set_run_paused_past_its_lease_changes_no_member_after_it_resumes(registered, image, monkeypatch):
+    """Run A of a set (replicas 1) stops itself once it holds the set, its lease at 4 s. Run B (replicas 3),
+    started then, waits for A's hold, takes it over once A's lease passed unrenewed (A is frozen), and makes three
+    members. A, let go, finds three members and plans to delete two: fenced before its first member action (and by
+    the writer before any write), it fails with Conflict and deletes nothing. libvirt shows B's three members.
+    Before the fence, a resumed A deleted both of B's extra members (the one-writer issue)."""
+    pools, name = registered, "fenced-set"
+    args = dict(pools=fleet(pools), name=name, selector={"match_labels": {"app": name}},
+                template={"machine_class": "small", "image": image, "labels": {"app": name},
+                          "network_interfaces": []}, wait="none", shutdown_timeout=1)
+    monkeypatch.setenv(leases.LEASE_ENV, "4")
+    first = second = None
+    try:
+        monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "machine set %s" % name)
+        first = ModuleRun("machine_set", replicas=1, **args)
+        monkeypatch.delenv(convergence.STOP_HOLDING_ENV)
+        _pid, status = os.waitpid(first.proc.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), ("the first run ended without stopping where it holds the set", first.finish())
+        second = ModuleRun("machine_set", replicas=3, hold_timeout=300, **args)
+        two = second.finish(timeout=600)
+        assert not two.get("failed") and two["changed"], two
+        assert first.running()  # frozen all along while the second took the set over: the runs overlapped
+        members = sorted(set_members(pools, name))
+        assert len(members) == 3, members
+        os.killpg(first.proc.pid, signal.SIGCONT)
+        one = first.finish(timeout=300)
+    finally:
+        for run in (first, second):
+            if run is not None and run.running():
+                os.killpg(run.proc.pid, signal.SIGCONT)
+                run.kill()
+    try:
+        assert one.get("failed") and one.get("reason") == "Conflict", one
+        assert "paused for longer than its lease" in one["msg"], one["msg"]
+        assert sorted(set_members(pools, name)) == members  # the resumed run deleted none of them
+        assert holders_of_set(pools, name) == [None] * len(pools)
+    finally:
+        run_module("machine_set", pools=fleet(pools), name=name, state="absent", shutdown_timeout=1)
+
+
 def test_a_held_machine_is_waited_for_then_changed(machine, tmp_path, monkeypatch):
     """(Last in the file: the volume stays attached.) Another operation's hold (taken here, as a run on this controller would) makes volume_attach fail naming
     it after hold_timeout, with nothing attached; with room to wait, the attach shows it is waiting, is still

@@ -10,6 +10,7 @@ import threading
 from ansible_collections.machinery.compute.plugins.module_utils import coordination
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import admission
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
 
 MUTABLE = (dict, list, set, itertools.count, type(threading.Lock()), threading.Condition, threading.Event)
@@ -30,7 +31,9 @@ def test_no_module_or_class_of_the_protocol_holds_state():
                 kept.extend("%s.%s.%s" % (module.__name__, name, attribute)
                             for attribute, member in vars(value).items()
                             if isinstance(member, MUTABLE) and not attribute.startswith("__"))
-    assert kept == []
+    # the one exception: the run whose holds libvirt's writes check (writer.bind), bound once per process by the
+    # module base, as a process is one run; a test that builds runs binds none
+    assert kept == ["%s._process" % writer.__name__]
 
 
 class FakeLock:
