@@ -124,6 +124,10 @@ auth_unix_rw = "none"
 log_outputs = "3:file:/var/log/libvirt/libvirtd.log"
 min_workers = 2
 max_workers = 8
+# Keepalive off: the daemon never closes a client that stops answering, so a run a test freezes (SIGSTOP) keeps
+# its connection however long, and a pause test proves the store's fence, not libvirtd's keepalive, stopping it
+# (the one-writer issue). A client's own keepalive (core/connection.py) still gives up on a daemon that stops.
+keepalive_interval = -1
 """
 
 QEMU_CONF = """\
