@@ -268,7 +268,16 @@ class Registry:
                         self.pool.refresh(0)
                     except lv.libvirt.libvirtError:
                         pass
-            storage.upload_bytes(self.conn, vol, data)
+            try:
+                storage.upload_bytes(self.conn, vol, data)
+            except LibvirtFailure:
+                if expect is None or lv.lookup_volume(self.pool, name) is not None:
+                    raise
+                # pruned before its upload: a run that took the admission lock over wrote a newer one
+                self._superseded_while_written(key, generation, expect)
+                raise
+            if expect is not None:
+                self._superseded_while_written(key, generation, expect)
             # superseded generations are pruned; one that another run is opening for a read stays until the
             # next put (readers take the newest valid generation, so it is never read again)
             for _old, old_name in versions:
@@ -276,6 +285,20 @@ class Registry:
             self._index[key] = [(generation, name)]
             self._bodies[key] = body
             self._read_from[key] = name
+
+    def _superseded_while_written(self, key, generation, expect):
+        """After a compare-and-swap write: fail with DocumentChanged when a generation newer than the one just
+        written is there. Only a run that took the admission lock over from this one (paused past the lock's lease
+        between its create and its upload) can have written it, from the document this one read: the newer one
+        stands, and this run reports that its change was not made, instead of success (one listing)."""
+        self._index = None
+        later = [found for found, _name in self._complete_listing(key).get(key, []) if found > generation]
+        if later:
+            self.forget(key)
+            raise DocumentChanged(
+                "registry document %s changed while this run wrote it (it read generation %d and wrote %d; another "
+                "run, which took the pool's admission lock over while this one was paused, wrote %d): the newer one "
+                "stands; run again to apply this change to it" % (key, expect, generation, max(later)))
 
     def _prune(self, name):
         """Delete a superseded generation that the listing showed. Right after an upload, libvirt refreshes the

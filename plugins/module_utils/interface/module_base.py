@@ -18,6 +18,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.core.frozen import thaw
 from ansible_collections.machinery.compute.plugins.module_utils.machines.pool_context import PoolContext
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
+from ansible_collections.machinery.compute.plugins.module_utils.coordination.documents import DocumentChanged
 from ansible_collections.machinery.compute.plugins.module_utils.coordination.holds import Coordination
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import pool_entries
 
@@ -34,6 +35,10 @@ def open_url(*args, **kwargs):
 # module_defaults of the group gives them to every member and a module fails on an option it does not know.
 COMMON_ARGS = options.argument_spec(options.COMMON)
 MULTI_POOL_ARGS = options.argument_spec(options.MULTI_POOL)
+
+
+# how many times a run converges when registry documents keep changing under its compare-and-swap writes
+CONFLICT_ATTEMPTS = 3
 
 
 def done_before(exc):
@@ -101,13 +106,7 @@ class MachineryModule:
             self.coordination = Coordination(self.operation(),
                                              option.check(self.params["hold_timeout"], "hold_timeout"))
             writer.bind(self.coordination)  # every write of this run checks its holds first
-            if self.multi_pool:
-                result = self.run_pools(self.pool_entries())
-            else:
-                with lv.Connection(self.params["uri"]) as conn:
-                    ctx = PoolContext(conn, self.params["uri"], self.coordination)
-                    ctx.url_opener = open_url
-                    result = self.run(ctx)
+            result, retried = self.run_retrying_conflicts()
         except MachineryError as exc:
             self.module.fail_json(msg=with_done(str(exc), exc.done), field=exc.field, reason=exc.reason,
                                   **dict(getattr(exc, "details", None) or {}, **done_before(exc)))
@@ -120,11 +119,35 @@ class MachineryModule:
         result = outgoing(result)
         if result.get("diff") is None:
             result.pop("diff", None)
-        for warning in result.pop("warnings", []):
+        for warning in retried + result.pop("warnings", []):
             self.module.warn(warning)
         if result.pop("failed", False):
             self.module.fail_json(**result)
         self.module.exit_json(**result)
+
+    def run_once(self):
+        if self.multi_pool:
+            return self.run_pools(self.pool_entries())
+        with lv.Connection(self.params["uri"]) as conn:
+            ctx = PoolContext(conn, self.params["uri"], self.coordination)
+            ctx.url_opener = open_url
+            return self.run(ctx)
+
+    def run_retrying_conflicts(self):
+        """The run's result, and a warning for each time it ran again: a registry document that changed under a
+        compare-and-swap write (DocumentChanged) before the run changed anything else is read again and the whole
+        run converges afresh from it, up to CONFLICT_ATTEMPTS times (Kubernetes' RetryOnConflict). A conflict after
+        the run changed something is reported, with what it did."""
+        retried = []
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                return self.run_once(), retried
+            except DocumentChanged as exc:
+                if getattr(exc, "done", None) or attempt == CONFLICT_ATTEMPTS:
+                    raise
+                retried.append("%s; ran again from the new document (attempt %d of %d)"
+                               % (exc.message, attempt + 1, CONFLICT_ATTEMPTS))
+        raise AssertionError("unreachable")
 
     def hide_secrets(self, machine):
         """Mask the secrets of a machine's options given inside another option (a batch's machines, a set's

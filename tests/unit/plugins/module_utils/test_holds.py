@@ -295,3 +295,32 @@ def test_a_machine_missing_while_a_move_still_holds_it_there_is_refused_naming_t
                        (unregistered, "machine")):
         with pytest.raises(NotFoundError):
             converge(Vanished(ctx, field))
+
+
+def test_a_conflict_before_any_change_is_run_again_and_one_after_a_change_is_reported():
+    """RetryOnConflict: a run whose compare-and-swap write met a newer document before it changed anything
+    converges again from it (each retry said in a warning), up to CONFLICT_ATTEMPTS runs; a conflict after a
+    change, or in the last run, is the run's failure."""
+    from ansible_collections.machinery.compute.plugins.module_utils.coordination.documents import DocumentChanged
+    from ansible_collections.machinery.compute.plugins.module_utils.interface import module_base
+
+    class Run(module_base.MachineryModule):
+        def __init__(self, conflicts, done=()):
+            self.conflicts, self.done, self.runs = conflicts, list(done), 0
+
+        def run_once(self):
+            self.runs += 1
+            if self.runs <= self.conflicts:
+                exc = DocumentChanged("registry document set-web changed while this run worked")
+                exc.done = self.done
+                raise exc
+            return {"changed": True}
+
+    result, retried = Run(conflicts=2).run_retrying_conflicts()
+    assert result == {"changed": True} and len(retried) == 2 and "attempt 3 of 3" in retried[-1]
+    with pytest.raises(DocumentChanged):
+        Run(conflicts=3).run_retrying_conflicts()
+    failing = Run(conflicts=1, done=["web-1: create"])
+    with pytest.raises(DocumentChanged):
+        failing.run_retrying_conflicts()
+    assert failing.runs == 1

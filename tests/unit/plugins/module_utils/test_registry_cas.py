@@ -155,3 +155,25 @@ def test_read_generation_is_none_for_a_key_not_read_and_follows_own_writes(pool)
     assert one.read_generation("set-web") == 1
     one.put("set-web", {"replicas": 2}, expect=one.read_generation("set-web"))
     assert one.read_generation("set-web") == 2
+
+
+def test_a_writer_paused_between_its_create_and_its_upload_reports_the_conflict_not_success(pool, monkeypatch):
+    """Writer A creates generation 2 of the document and is paused past the admission lock's lease before its
+    upload; writer B takes the lock over, finds generation 2 unreadable (a dead writer's, as far as it can tell),
+    and writes 3 from generation 1. A, resumed, uploads: its write is not the current document, and it says so
+    with DocumentChanged instead of returning as if its change were made."""
+    registry(pool).put("set-web", {"replicas": 1})
+    paused, other = registry(pool), registry(pool)
+    paused.get("set-web")
+    other.get("set-web")
+    upload = storage.upload_bytes
+
+    def upload_after_the_other_wrote(conn, vol, data):
+        monkeypatch.setattr(storage, "upload_bytes", upload)  # the other run's own upload goes through
+        other.put("set-web", {"replicas": 3}, expect=other.read_generation("set-web"))
+        upload(conn, vol, data)
+    monkeypatch.setattr(storage, "upload_bytes", upload_after_the_other_wrote)
+    with pytest.raises(documents.DocumentChanged) as refused:
+        paused.put("set-web", {"replicas": 5}, expect=paused.read_generation("set-web"))
+    assert "read generation 1 and wrote 2" in refused.value.message and "wrote 3" in refused.value.message
+    assert registry(pool).get("set-web") == {"replicas": 3}
