@@ -21,7 +21,9 @@ from test_48_controllers import SKEW, controller, progress_of, stopped_holding, 
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds as coordination
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
+from ansible_collections.machinery.compute.plugins.module_utils.core import convergence
 
 NAME = "fence-1"
 # seconds: a run on ctl-b does not renew its lease (libfaketime, test_48), so its attach must end within one
@@ -186,3 +188,75 @@ def test_a_run_paused_inside_a_step_writes_nothing_once_its_hold_passed_on(pool,
     detach_all(pool, [later_volume])
     done = run_module("volume", uri=pool.uri, name=paused_volume, state="absent")
     assert not done.get("failed"), done
+
+
+def stopped_now(run):
+    """Whether ``run`` has stopped itself (SIGSTOP) since it was last looked at (its stop reported once)."""
+    pid, status = os.waitpid(run.proc.pid, os.WNOHANG | os.WUNTRACED)
+    return pid == run.proc.pid and os.WIFSTOPPED(status)
+
+
+def generations_held(pool):
+    """The generations of the machine's hold in the registry (the anchor, 1, while any is held)."""
+    return sorted(filter(None, (keys.slot_generation(volume, keys.hold_volume(NAME)) for volume in holds(pool, NAME))))
+
+
+def test_two_controllers_breaking_one_expired_lock_at_once_exactly_one_holds(pool, monkeypatch):
+    """A volume attach on ctl-c is killed while it holds the machine. Attaches on ctl-a and on ctl-b (its clock
+    five minutes ahead) wait out its lease, and each stops itself in its take-over, named and right before the
+    exclusive create that decides (locks.STOP_BEFORE_TAKEOVER_ENV): both broke the same expired lock. Continued
+    together, exactly one holds the next generation (it stops again once it holds, STOP_HOLDING_ENV) while the
+    other waits, leaving nothing of its own in the pool; then both attach in turn and the killed run's volume is
+    not attached."""
+    monkeypatch.setenv(leases.LEASE_ENV, str(LEASE))
+    killed_volume = "%s-broken.qcow2" % NAME
+    first = stopped_holding(monkeypatch, "volumes of machine %s" % NAME, "volume_attach", controller("ctl-c"),
+                            uri=pool.uri, machine=NAME, volume=killed_volume, size="8Mi")
+    runs = []
+    try:
+        _marker, found = only_marker(pool)
+        assert found["controller"] == "ctl-c", found
+        killed_top = generations_held(pool)[-1]
+        assert first.kill()
+        monkeypatch.setenv(locks.STOP_BEFORE_TAKEOVER_ENV, keys.hold_volume(NAME))
+        monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "volumes of machine %s" % NAME)
+        for index, launcher in enumerate([controller("ctl-a"), controller("ctl-b", SKEW)]):
+            runs.append(ModuleRun("volume_attach", launcher=launcher, hold_timeout=120, uri=pool.uri, machine=NAME,
+                                  volume="%s-b%d.qcow2" % (NAME, index), size="8Mi"))
+        monkeypatch.delenv(locks.STOP_BEFORE_TAKEOVER_ENV)
+        monkeypatch.delenv(convergence.STOP_HOLDING_ENV)
+        for run in runs:  # each judged the lock expired and stopped at its take-over
+            _pid, status = os.waitpid(run.proc.pid, os.WUNTRACED)
+            assert os.WIFSTOPPED(status), ("an attach ended without stopping at its take-over", run.finish())
+        assert generations_held(pool)[-1] == killed_top  # neither has created the next generation yet
+        for run in runs:
+            os.kill(run.proc.pid, signal.SIGCONT)
+        stopped = []
+
+        def one_holds():
+            """one of the two stopped again, holding the machine"""
+            stopped.extend(run for run in runs if stopped_now(run))
+            return stopped
+        until(one_holds, timeout=3 * LEASE)
+        winner = stopped[0]
+        loser = next(run for run in runs if run is not winner)
+        assert len(stopped) == 1 and loser.running(), "both hold the machine"
+        markers = [volume for volume in holds(pool, NAME) if ".holder." in volume]
+        assert [coordination.holder(marker, keys.hold_prefix(NAME))["pid"] for marker in markers] == \
+            [winner.proc.pid], markers  # the winner's name alone: the loser waits leaving nothing
+        assert generations_held(pool) == [1, killed_top + 1]
+        os.kill(winner.proc.pid, signal.SIGCONT)
+        _pid, status = os.waitpid(loser.proc.pid, os.WUNTRACED)  # it holds the machine once the winner let go
+        assert os.WIFSTOPPED(status), ("the loser ended without holding the machine", loser.finish())
+        os.kill(loser.proc.pid, signal.SIGCONT)
+        results = [run.finish(timeout=300) for run in runs]
+    finally:
+        for run in runs:
+            if run.running():
+                os.kill(run.proc.pid, signal.SIGCONT)
+                run.kill()
+    assert [(result.get("failed"), result.get("changed")) for result in results] == [(None, True)] * 2, results
+    made = {"%s-b%d.qcow2" % (NAME, index) for index in range(2)}
+    assert made <= attached_volumes(pool) and killed_volume not in attached_volumes(pool)
+    assert holds(pool, NAME) == []
+    detach_all(pool, sorted(made))

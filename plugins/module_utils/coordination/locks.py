@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import signal
 import socket
 import threading
 import time
@@ -30,6 +31,11 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import leases
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
+
+# For the lab tests: a run whose environment names a lock volume here stops itself (SIGSTOP) in its first take-over
+# of that lock, named already and right before the exclusive create that decides who wins. Two runs stopped there
+# and continued together break one expired lock at the same moment (test_49). Unset, nothing stops.
+STOP_BEFORE_TAKEOVER_ENV = "MACHINERY_STOP_BEFORE_TAKEOVER"
 
 # A live holder keeps the admission lock for seconds (it creates volumes and defines a domain, or writes a
 # document), renewing its lease every third of ADMISSION_LEASE_SECONDS. A waiter takes a lock whose holder it
@@ -271,6 +277,9 @@ class VolumeLock:
         marker = self.identity.marker(self.holder_prefix, generation, self.tag) if self.named else None
         if marker is not None:
             self.store.create(marker)
+        if view is not None and os.environ.get(STOP_BEFORE_TAKEOVER_ENV) == self.name:
+            del os.environ[STOP_BEFORE_TAKEOVER_ENV]  # once
+            os.kill(os.getpid(), signal.SIGSTOP)
         won = self.store.create(self.slot(generation))
         # confirmed: the generation taken over is still there (a run that made the anchor took none over), and no
         # generation after this one is listed. Without the listing, a run that made the anchor again after a
