@@ -235,11 +235,14 @@ class MachineHealthCheckModule(MachineryModule):
         try:
             resource = HealthCheckResource(fleet, self.params, self.check_mode)
             plan, _observed = converge(resource, self.check_mode)
+            unrecorded = resource.record_health()  # nothing in check mode: observe left nothing to record
             facts = resource.plan_facts
-            return self.converged(plan, unhealthy=facts["unhealthy"], covered=facts["covered"],
-                                  max_unhealthy=facts["max_unhealthy"],
-                                  remediation_allowed=facts["remediation_allowed"],
-                                  pool_reachable=facts["pool_reachable"])
+            result = self.converged(plan, unhealthy=facts["unhealthy"], covered=facts["covered"],
+                                    max_unhealthy=facts["max_unhealthy"],
+                                    remediation_allowed=facts["remediation_allowed"],
+                                    pool_reachable=facts["pool_reachable"])
+            result["warnings"] = list(result.get("warnings") or []) + unrecorded
+            return result
         finally:
             fleet.close()
 

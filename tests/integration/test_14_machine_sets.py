@@ -6,7 +6,10 @@ import time
 import libvirt
 import pytest
 
-from conftest import assert_failed, labelled_domains
+from conftest import assert_failed, labelled_domains, warnings_of
+
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds as coordination
+from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 
 
 @pytest.fixture(name="image", scope="session")
@@ -141,13 +144,34 @@ def test_scale_policies_adoption_rollout_and_health(registered, module, image):
     two = sorted(members(pools))[:2]
     for name in two:
         {p.name: p for p in pools}[members(pools)[name][0]].domain(name).destroy()
-    held = module("machine_health_check", max_unhealthy=1, **check_args)
+    # its observation writes nothing: the conditions are recorded after it, each under a hold on its machine, so
+    # a machine another run holds (as a run on this controller would) is left for the next check, which says so
+    where = {name: {p.name: p for p in pools}[members(pools)[name][0]] for name in two}
+    other = coordination.Coordination("machine_snapshot", 900)
+    hold = other.machine(where[two[0]].conn, two[0], where[two[0]].uri).acquire()
+    try:
+        held = module("machine_health_check", max_unhealthy=1, **check_args)
+        assert ready_recorded(where[two[0]], two[0]) != "False"  # not written while another run holds it
+    finally:
+        hold.release()
     assert held["remediation_allowed"] is False and held["actions"] == [] and len(held["unhealthy"]) == 2
     assert all(name in members(pools) for name in two)
+    assert [warning for warning in warnings_of(held) if "not recorded" in warning] == [
+        "the health conditions of %s were not recorded: another run holds it now (the next run records them)"
+        % two[0]], warnings_of(held)
+    assert ready_recorded(where[two[1]], two[1]) == "False"
+    module("machine_health_check", max_unhealthy=1, **check_args)
+    assert ready_recorded(where[two[0]], two[0]) == "False"
 
     gone = module("machine_set", pools=[p.uri for p in pools], name=SET, state="absent", shutdown_timeout=2)
     assert gone["changed"] and members(pools) == {}
     assert module("machine_set_info", pools=[p.uri for p in pools], name=[SET])["machine_sets"] == []
+
+
+def ready_recorded(pool, name):
+    """The Ready condition the health checks recorded in the machine's record, read from libvirt."""
+    record = dx.read_record(dx.parse(pool.domain(name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE))) or {}
+    return ((record.get("health") or {}).get("Ready") or {}).get("status")
 
 
 def test_bad_sets_and_checks_change_nothing(registered, module, image):

@@ -27,6 +27,8 @@ the startup check.
 
 from __future__ import annotations
 
+import threading
+
 from ansible_collections.machinery.compute.plugins.module_utils.core import connection as lv
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
@@ -34,7 +36,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import stor
 from ansible_collections.machinery.compute.plugins.module_utils.core import validation as check
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.fleet import in_parallel
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
@@ -244,6 +246,9 @@ class HealthCheckResource(Resource):
         self.moment = now().isoformat()
         self.plan_facts = None
         self.lost_view = None
+        # {(uri, machine): health} the last observation found changed, recorded after the run (record_health)
+        self.pending_health = {}
+        self._pending_guard = threading.Lock()
 
     def describe(self):
         return "machine health check %s" % self.desired["name"]
@@ -261,8 +266,9 @@ class HealthCheckResource(Resource):
         return sets + members
 
     def observe(self):
-        """The machines the check covers, each with the ``health`` its record keeps; outside check mode the
-        conditions that changed since the last observation are recorded (so timeouts count across runs)."""
+        """The machines the check covers, each with the ``health`` its record keeps and the conditions that changed
+        since (so timeouts count across runs). It writes nothing: outside check mode the changed conditions are
+        recorded once the run is done (``record_health``), each under a hold on its machine."""
         _snapshots, contexts, machines = read_fleet(self.fleet)
         by_uri = {ctx.uri: ctx for ctx in contexts}
         covered = [machine for machine in machines if all((machine.get("labels") or {}).get(key) == value
@@ -279,7 +285,8 @@ class HealthCheckResource(Resource):
                 machine["booted"] = False  # the log starts afresh (append=off) when it starts again
             health = transitions(machine, self.moment)
             if not self.check_mode and dom is not None and health != machine["health"]:
-                update_record(dom, lambda record: record.__setitem__("health", health))
+                with self._pending_guard:
+                    self.pending_health[(machine["uri"], machine["name"])] = health
                 machine["health"] = health
         in_parallel(covered, keep, 16)
         self.lost_view = self.observe_sets(contexts) if self.desired["unreachable_timeout"] is not None else None
@@ -338,9 +345,35 @@ class HealthCheckResource(Resource):
         if action.kind in ("record", "replace"):
             return
         # the remediated machine starts its health afresh
+        with self._pending_guard:
+            self.pending_health.pop((action.data["uri"], action.target), None)
         dom = lv.lookup_domain(self.fleet.contexts[action.data["uri"]].conn, action.target)
         if dom is not None:
             update_record(dom, lambda record: record.pop("health", None))
+
+    def record_health(self):
+        """Write the conditions the run found changed into each machine's record, holding the machine (so a
+        machine task's definition of it and this write never cross). A machine another run holds now is left for
+        the next run, which finds the same change; returns a warning naming those."""
+        left = []
+        with self._pending_guard:
+            pending, self.pending_health = sorted(self.pending_health.items()), {}
+        for (uri, name), health in pending:
+            ctx = self.fleet.contexts.get(uri)
+            if ctx is None:
+                continue
+            try:
+                with self.fleet.coordination.machine(ctx.conn, name, ctx.uri, timeout=0):
+                    dom = lv.lookup_domain(ctx.conn, name)
+                    if dom is not None:
+                        update_record(dom, lambda record, health=health: record.__setitem__("health", health))
+            except ConflictError:
+                left.append(name)
+
+        if not left:
+            return []
+        return ["the health conditions of %s were not recorded: another run holds %s now (the next run records "
+                "them)" % (", ".join(left), "it" if len(left) == 1 else "them")]
 
     def _delete(self, action, _observed):
         service = MachineService(self.fleet.contexts[action.data["uri"]])
