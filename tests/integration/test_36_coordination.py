@@ -287,6 +287,32 @@ def holders_of_set(pools, name):
     return found
 
 
+def set_args(pools, name, image):
+    """A set of ``name`` on every pool, its members of class small with no NIC, not waited for."""
+    return dict(pools=fleet(pools), name=name, selector={"match_labels": {"app": name}},
+                template={"machine_class": "small", "image": image, "labels": {"app": name},
+                          "network_interfaces": []}, wait="none", shutdown_timeout=1)
+
+
+def set_run_stopped_holding(monkeypatch, name, replicas, args):
+    """A machine_set run of ``replicas`` that stopped itself (SIGSTOP) once it held the set
+    (convergence.STOP_HOLDING_ENV): returned once it has stopped."""
+    monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "machine set %s" % name)
+    run = ModuleRun("machine_set", replicas=replicas, **args)
+    monkeypatch.delenv(convergence.STOP_HOLDING_ENV)
+    _pid, status = os.waitpid(run.proc.pid, os.WUNTRACED)  # returns once it stopped itself (or ended)
+    assert os.WIFSTOPPED(status), ("the run ended without stopping where it holds the set", run.finish())
+    return run
+
+
+def end_runs(runs):
+    """Continue and kill whichever of ``runs`` (None: not started) still runs: what a failed test left."""
+    for run in runs:
+        if run is not None and run.running():
+            os.killpg(run.proc.pid, signal.SIGCONT)
+            run.kill()
+
+
 def test_two_runs_of_one_set_take_turns(registered, image, tmp_path, monkeypatch):
     """Two machine_set runs of one set at once (3 and 5 replicas). The first stops itself once it holds the set
     (convergence.STOP_HOLDING_ENV), so the overlap is certain however loaded the machine is; the second, started
@@ -294,19 +320,12 @@ def test_two_runs_of_one_set_take_turns(registered, image, tmp_path, monkeypatch
     members; the second plans from them (2 more), both succeed and the set never has more than 5 members. Were
     sets not serialized, the second would not wait, or would plan 5 members from none."""
     pools, name = registered, "coord-set"
-    args = dict(pools=fleet(pools), name=name, selector={"match_labels": {"app": name}},
-                template={"machine_class": "small", "image": image, "labels": {"app": name},
-                          "network_interfaces": []}, wait="none", shutdown_timeout=1)
+    args = set_args(pools, name, image)
     # the first run stays stopped while the second starts: a lease far longer than that, so no waiter takes over
     monkeypatch.setenv(leases.LEASE_ENV, "900")
     first = second = None
     try:
-        monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "machine set %s" % name)
-        first = ModuleRun("machine_set", replicas=3, **args)
-        monkeypatch.delenv(convergence.STOP_HOLDING_ENV)
-        _pid, status = os.waitpid(first.proc.pid, os.WUNTRACED)  # returns once it stopped itself (or ended)
-        assert os.WIFSTOPPED(status), ("the first run ended without stopping where it holds the set",
-                                       first.finish())
+        first = set_run_stopped_holding(monkeypatch, name, 3, args)
         try:
             mine = [str(first.proc.pid)]
             assert holders_of_set(pools, name) == [mine] * len(pools)  # its hold, on every pool, and no other
@@ -338,9 +357,7 @@ def test_two_runs_of_one_set_take_turns(registered, image, tmp_path, monkeypatch
         assert peak <= 5 and len(two["planned_members"]) == 2, (peak, two)  # planned from the first's members
         assert holders_of_set(pools, name) == [None] * len(pools)
     finally:
-        for run in (first, second):
-            if run is not None and run.running():
-                run.kill()
+        end_runs([first, second])
         run_module("machine_set", pools=fleet(pools), name=name, state="absent", shutdown_timeout=1)
 
 
@@ -351,17 +368,11 @@ def test_a_set_run_paused_past_its_lease_changes_no_member_after_it_resumes(regi
     the writer before any write), it fails with Conflict and deletes nothing. libvirt shows B's three members.
     Before the fence, a resumed A deleted both of B's extra members (the one-writer issue)."""
     pools, name = registered, "fenced-set"
-    args = dict(pools=fleet(pools), name=name, selector={"match_labels": {"app": name}},
-                template={"machine_class": "small", "image": image, "labels": {"app": name},
-                          "network_interfaces": []}, wait="none", shutdown_timeout=1)
+    args = set_args(pools, name, image)
     monkeypatch.setenv(leases.LEASE_ENV, "4")
     first = second = None
     try:
-        monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "machine set %s" % name)
-        first = ModuleRun("machine_set", replicas=1, **args)
-        monkeypatch.delenv(convergence.STOP_HOLDING_ENV)
-        _pid, status = os.waitpid(first.proc.pid, os.WUNTRACED)
-        assert os.WIFSTOPPED(status), ("the first run ended without stopping where it holds the set", first.finish())
+        first = set_run_stopped_holding(monkeypatch, name, 1, args)
         second = ModuleRun("machine_set", replicas=3, hold_timeout=300, **args)
         two = second.finish(timeout=600)
         assert not two.get("failed") and two["changed"], two
@@ -371,10 +382,7 @@ def test_a_set_run_paused_past_its_lease_changes_no_member_after_it_resumes(regi
         os.killpg(first.proc.pid, signal.SIGCONT)
         one = first.finish(timeout=300)
     finally:
-        for run in (first, second):
-            if run is not None and run.running():
-                os.killpg(run.proc.pid, signal.SIGCONT)
-                run.kill()
+        end_runs([first, second])
     try:
         assert one.get("failed") and one.get("reason") == "Conflict", one
         assert "paused for longer than its lease" in one["msg"], one["msg"]

@@ -15,7 +15,7 @@ import pytest
 from conftest import ModuleRun, run_module
 from test_13_migrate import homes, make, remove
 from test_24_races import holds
-from test_36_coordination import disk_paths
+from test_36_coordination import disk_paths, end_runs
 from test_48_controllers import SKEW, controller, progress_of, stopped_holding, until
 
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds as coordination
@@ -56,6 +56,20 @@ def only_marker(pool):
     return markers[0], coordination.holder(markers[0], keys.hold_prefix(NAME))
 
 
+def holder_killed_on_ctl_c(pool, monkeypatch, volume):
+    """An attach of ``volume`` on controller ctl-c, killed (SIGKILL) while it holds the machine, the lease at
+    LEASE: its holder marker and who that names."""
+    monkeypatch.setenv(leases.LEASE_ENV, str(LEASE))
+    holder = stopped_holding(monkeypatch, "volumes of machine %s" % NAME, "volume_attach", controller("ctl-c"),
+                             uri=pool.uri, machine=NAME, volume=volume, size="8Mi")
+    try:
+        marker, found = only_marker(pool)
+        assert found["controller"] == "ctl-c" and found["operation"] == "volume_attach", found
+    finally:
+        assert holder.kill()  # SIGKILL while it holds the machine
+    return marker, found
+
+
 def attached_volumes(pool):
     return set(map(os.path.basename, filter(None, disk_paths(pool.domain(NAME)))))
 
@@ -77,16 +91,11 @@ def test_waiters_behind_a_holder_killed_on_another_controller_all_get_the_machin
     hold_timeout 120. Each names ctl-c's attach while it waits; the first takes the machine over within two
     leases of the kill (the holder never renewed after it took the hold); all of them attach, and the killed
     run's volume is not there."""
-    monkeypatch.setenv(leases.LEASE_ENV, str(LEASE))
     killed_volume = "%s-killed.qcow2" % NAME
-    first = stopped_holding(monkeypatch, "volumes of machine %s" % NAME, "volume_attach", controller("ctl-c"),
-                            uri=pool.uri, machine=NAME, volume=killed_volume, size="8Mi")
+    marker, found = holder_killed_on_ctl_c(pool, monkeypatch, killed_volume)
+    killed_at = time.monotonic()
     runs = []
     try:
-        marker, found = only_marker(pool)
-        assert found["controller"] == "ctl-c" and found["operation"] == "volume_attach", found
-        assert first.kill()  # SIGKILL while it holds the machine
-        killed_at = time.monotonic()
         for index in range(waiters):
             progress = tmp_path / ("progress-%d.json" % index)
             monkeypatch.setenv("MACHINERY_PROGRESS_FILE", str(progress))
@@ -177,10 +186,7 @@ def test_a_run_paused_inside_a_step_writes_nothing_once_its_hold_passed_on(pool,
         os.kill(first.proc.pid, signal.SIGCONT)
         paused = first.finish(timeout=120)
     finally:
-        for run in (first, second):
-            if run is not None and run.running():
-                os.kill(run.proc.pid, signal.SIGCONT)
-                run.kill()
+        end_runs([first, second])
     assert paused.get("failed") and paused.get("reason") == "Conflict", paused
     assert "paused for longer than its lease" in paused["msg"], paused["msg"]
     assert paused_volume not in attached_volumes(pool) and later_volume in attached_volumes(pool)
@@ -208,16 +214,11 @@ def test_two_controllers_breaking_one_expired_lock_at_once_exactly_one_holds(poo
     together, exactly one holds the next generation (it stops again once it holds, STOP_HOLDING_ENV) while the
     other waits, leaving nothing of its own in the pool; then both attach in turn and the killed run's volume is
     not attached."""
-    monkeypatch.setenv(leases.LEASE_ENV, str(LEASE))
     killed_volume = "%s-broken.qcow2" % NAME
-    first = stopped_holding(monkeypatch, "volumes of machine %s" % NAME, "volume_attach", controller("ctl-c"),
-                            uri=pool.uri, machine=NAME, volume=killed_volume, size="8Mi")
+    holder_killed_on_ctl_c(pool, monkeypatch, killed_volume)
+    killed_top = generations_held(pool)[-1]
     runs = []
     try:
-        _marker, found = only_marker(pool)
-        assert found["controller"] == "ctl-c", found
-        killed_top = generations_held(pool)[-1]
-        assert first.kill()
         monkeypatch.setenv(locks.STOP_BEFORE_TAKEOVER_ENV, keys.hold_volume(NAME))
         monkeypatch.setenv(convergence.STOP_HOLDING_ENV, "volumes of machine %s" % NAME)
         for index, launcher in enumerate([controller("ctl-a"), controller("ctl-b", SKEW)]):
@@ -251,10 +252,7 @@ def test_two_controllers_breaking_one_expired_lock_at_once_exactly_one_holds(poo
         os.kill(loser.proc.pid, signal.SIGCONT)
         results = [run.finish(timeout=300) for run in runs]
     finally:
-        for run in runs:
-            if run.running():
-                os.kill(run.proc.pid, signal.SIGCONT)
-                run.kill()
+        end_runs(runs)
     assert [(result.get("failed"), result.get("changed")) for result in results] == [(None, True)] * 2, results
     made = {"%s-b%d.qcow2" % (NAME, index) for index in range(2)}
     assert made <= attached_volumes(pool) and killed_volume not in attached_volumes(pool)
