@@ -74,14 +74,20 @@ OPERATIONS = {
     "nic_attach": ("nic_attach", {"name": "eth9", "network": "machinery"}),
     "restore": ("machine_backup", {"name": "b1", "restore": True}),
     "stopped": ("machine", {"state": "stopped", "shutdown_timeout": 1}),
+    # a forced delete of the machine's data disk (the volume module names no machine), and the machine's whole task
+    # on the pool it is leaving: each held for the machine, so refused naming the move
+    "forced_delete": ("volume", {"name": "%s-data.qcow2" % NAME, "state": "absent", "force": True}),
+    "machine_task": ("machine", {"machine_class": "small", "state": "running", "wait": "none",
+                                 "cloud_init": {"user_data": "marker-%s" % NAME},
+                                 "network_interfaces": [{"name": "eth0", "network": "machinery"}]}),
 }
-COLD = ["snapshot", "volume_attach", "nic_attach", "restore", "stopped"]
+COLD = ["snapshot", "volume_attach", "nic_attach", "restore", "stopped", "forced_delete", "machine_task"]
 LIVE = ["snapshot", "volume_attach", "nic_attach", "stopped"]  # a restore needs the guest stopped: refused anyway
 
 
-def race(machine, operation, mode):
-    """Move the machine to the other pool and run ``operation`` on it while the move holds it; returns (source,
-    target, the operation's result, the move's result)."""
+def race(machine, operation, mode, image=None):
+    """Move the machine to the other pool and run ``operation`` on it while the move holds it (``image``: the
+    machine's, for its whole task); returns (source, target, the operation's result, the move's result)."""
     source = next(pool for pool in machine if pool.domain(NAME) is not None)
     target = next(pool for pool in machine if pool is not source)
     assert source.domain(NAME).isActive()
@@ -102,8 +108,9 @@ def race(machine, operation, mode):
         try:
             assert mover.running()  # frozen mid-move
             module, args = OPERATIONS[operation]
-            key = "machine" if module != "machine" else "name"
-            result = run_module(module, uri=source.uri, **dict(args, **{key: NAME}))
+            named = {} if module == "volume" else {"machine" if module != "machine" else "name": NAME}
+            pictured = {"image": image} if operation == "machine_task" else {}
+            result = run_module(module, uri=source.uri, **dict(args, **named, **pictured))
         finally:
             os.killpg(mover.proc.pid, signal.SIGCONT)
         moved = mover.finish(timeout=600)
@@ -138,8 +145,8 @@ def assert_nothing_of(operation, pools, target):
 
 
 @pytest.mark.parametrize("operation", COLD)
-def test_an_operation_during_a_cold_move_is_refused_and_lost_nowhere(machine, operation):
-    _source, target, result = race(machine, operation, "cold")
+def test_an_operation_during_a_cold_move_is_refused_and_lost_nowhere(machine, image, operation):
+    _source, target, result = race(machine, operation, "cold", image)
     assert_refused_by_the_move(result)
     assert_nothing_of(operation, machine, target)
 

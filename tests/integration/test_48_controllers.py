@@ -289,6 +289,8 @@ OPERATIONS = {
     "nic_detach": ("nic_attach", {"name": NIC, "state": "detached"}),
     "snapshot_revert": ("machine_snapshot", {"name": "s-race", "state": "reverted"}),
     "backup": ("machine_backup", {"name": "b-race"}),
+    # the machine's data disk deleted by force (the volume module names no machine: the disk's machine is held)
+    "forced_delete": ("volume", {"name": DATA, "state": "absent", "force": True}),
     "resize": ("machine", {"cpu": 2, "memory": "128Mi", "state": "present",
                            "network_interfaces": [{"name": "eth0", "network": "machinery"}]}),
 }
@@ -343,7 +345,8 @@ def test_operations_during_a_cold_move_frozen_at_a_step(machine, image, phase, m
             assert os.WIFSTOPPED(status), ("the move ended without stopping before %s" % phase, mover.finish())
             assert where_the_move_is(source, target) == PLACES[phase]
             for operation, (module_name, args) in OPERATIONS.items():
-                named = {"name": NAME, "image": image} if module_name == "machine" else {"machine": NAME}
+                named = {"name": NAME, "image": image} if module_name == "machine" else \
+                    {} if module_name == "volume" else {"machine": NAME}
                 # a run that waited for the frozen move instead of refusing would fail after 30 s, not hang
                 runs[operation] = ModuleRun(module_name, uri=source.uri, hold_timeout=30, **dict(args, **named))
             for operation, run in runs.items():
@@ -388,9 +391,10 @@ EXPECTED = {
     "copy_volume": dict(dict.fromkeys(OPERATIONS, MOVED), snapshot_revert=REVERT_REFUSED),
     "define": dict(dict.fromkeys(OPERATIONS, MOVED), snapshot_revert=REVERT_REFUSED),
     "delete_volume": dict(dict.fromkeys(OPERATIONS, MOVED), snapshot_revert=REVERT_REFUSED),
-    "undefine": dict(dict.fromkeys(OPERATIONS, MOVED), snapshot_revert=REVERT_REFUSED),
+    # the source's disks are deleted already: a forced delete of one there finds nothing to delete
+    "undefine": dict(dict.fromkeys(OPERATIONS, MOVED), snapshot_revert=REVERT_REFUSED, forced_delete="unchanged"),
     # no machine on the source any more, and the move's hold still there: the move named all the same
-    "clear_journal": dict.fromkeys(OPERATIONS, MOVED),
+    "clear_journal": dict(dict.fromkeys(OPERATIONS, MOVED), forced_delete="unchanged"),
 }
 
 
