@@ -107,16 +107,8 @@ class Coordination:
             taken, claims = mine, mine_claimed
         check_held(taken, before)
         for _uri, name, lock, _thread in claims:
-            try:
-                held = lock.still_held()
-                why = "was taken over by another run"
-            except (MachineryError, lv.libvirt.libvirtError) as exc:
-                held = False
-                why = "cannot be confirmed (%s)" % (exc.message if isinstance(exc, MachineryError) else lv.describe(exc))
-            if not held:
-                raise HoldLost("this run's claim on machine %s for its create %s: this run was paused for longer "
-                               "than its lease and stopped before %s; the run holding the machine now finishes or "
-                               "rolls back what this one did" % (name, why, before), "name")
+            confirm_held(lock, lambda: "another run", "claim on machine %s for its create" % name,
+                         locks.ADMISSION_LEASE_SECONDS, before, "name")
 
     def report_wait(self, message):
         """One line of progress for a waiting run, where an action plugin shows it (core/progress.py)."""
@@ -129,6 +121,20 @@ class Coordination:
             os.replace(partial, self.progress_path)
         except OSError:
             self.progress_path = None
+
+
+def confirm_held(lock, holder_now, what, lease, before, field):
+    """Raise HoldLost naming ``what`` ("hold on machine web-1") unless ``lock`` is still this run's: taken over
+    (``holder_now()`` says by whom), or not to be confirmed (the daemon closed a connection paused too long)."""
+    try:
+        if lock.still_held():
+            return
+        why = "was taken over by %s" % holder_now()
+    except (MachineryError, lv.libvirt.libvirtError) as exc:
+        why = "cannot be confirmed (%s)" % (exc.message if isinstance(exc, MachineryError) else lv.describe(exc))
+    raise HoldLost("this run's %s %s: this run was paused for longer than its lease (%ss) and stopped before %s; "
+                   "the run holding the machine now finishes or rolls back what this one did"
+                   % (what, why, lease, before), field)
 
 
 def check_held(holds, before):
@@ -283,17 +289,9 @@ class MachineHold:
     def check(self, before):
         """Raise HoldLost when this run's hold was taken over (it was paused past its lease): it must stop
         before ``before``, the next step that changes anything."""
-        if self.lock is None:
-            return
-        try:
-            if self.lock.still_held():
-                return
-            why = "was taken over by %s" % self.holder_now()
-        except (MachineryError, lv.libvirt.libvirtError) as exc:  # the daemon closed a connection paused too long
-            why = "cannot be confirmed (%s)" % (exc.message if isinstance(exc, MachineryError) else lv.describe(exc))
-        raise HoldLost("this run's hold on %s %s: this run was paused for longer than its lease (%ss) and stopped "
-                       "before %s; the run holding the machine now finishes or rolls back what this one did"
-                       % (self.label, why, self.coordination.lease, before), self.field)
+        if self.lock is not None:
+            confirm_held(self.lock, self.holder_now, "hold on %s" % self.label, self.coordination.lease, before,
+                         self.field)
 
     def holder_now(self):
         """Who holds the machine now that this run's hold passed on (describe_holder), read from the store."""

@@ -369,7 +369,6 @@ class HealthCheckResource(Resource):
                         update_record(dom, lambda record, health=health: record.__setitem__("health", health))
             except ConflictError:
                 left.append(name)
-
         if not left:
             return []
         return ["the health conditions of %s were not recorded: another run holds %s now (the next run records "

@@ -139,15 +139,14 @@ class MachineryModule:
         run converges afresh from it, up to CONFLICT_ATTEMPTS times (Kubernetes' RetryOnConflict). A conflict after
         the run changed something is reported, with what it did."""
         retried = []
-        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        while True:
             try:
                 return self.run_once(), retried
             except DocumentChanged as exc:
-                if getattr(exc, "done", None) or attempt == CONFLICT_ATTEMPTS:
+                if getattr(exc, "done", None) or len(retried) + 1 == CONFLICT_ATTEMPTS:
                     raise
                 retried.append("%s; ran again from the new document (attempt %d of %d)"
-                               % (exc.message, attempt + 1, CONFLICT_ATTEMPTS))
-        raise AssertionError("unreachable")
+                               % (exc.message, len(retried) + 2, CONFLICT_ATTEMPTS))
 
     def hide_secrets(self, machine):
         """Mask the secrets of a machine's options given inside another option (a batch's machines, a set's
