@@ -1,5 +1,6 @@
 """The pools and machines roles through ansible-playbook: converge, idempotence, deletion, concurrency."""
 
+import json
 import os
 import re
 import threading
@@ -90,7 +91,10 @@ def test_concurrent_runs_on_nearly_full_pools(registered, image, tmp_path):
         outcomes = [results["first"][1]["failed"], results["second"][1]["failed"]]
         assert len(placed) == 7 or sum(outcomes) >= 1, (placed, outcomes)
         stdout = results["first"][0].stdout + results["second"][0].stdout
-        assert "pools available" in stdout or "crowded out" in stdout
+        # the run that could not place a machine says why: nowhere to place it, or crowded out on every attempt
+        failures = [failure["msg"] for line in re.findall(r"fatal: \[localhost\]: FAILED! => (.*)", stdout)
+                    for failure in json.loads(line)["failures"]]
+        assert failures and all("pools available" in msg or "crowded out" in msg for msg in failures), failures
     finally:
         play(lab_file(), tmp_path, "cleanup", machines=[{"name": name, "state": "absent"} for name in every])
         # put the overcommit the other tests expect back

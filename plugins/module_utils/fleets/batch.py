@@ -54,10 +54,16 @@ class BatchOutcome:
             self.after[name] = outcome.after
         self.warnings.extend("%s: %s" % (name, warning) for warning in outcome.warnings)
 
-    def fail(self, spec, pool, exc):
+    def fail(self, spec, pool, exc, crowded_out=0):
+        """``crowded_out``: on how many attempts concurrent runs took the room or the name the machine was placed
+        on (the last refusal is ``exc``); said in the message, so the operator knows to raise retries or rerun."""
         done = list(getattr(exc, "done", None) or [])
+        msg = str(exc)
+        if crowded_out:
+            msg = "crowded out by concurrent runs on %d attempt%s (retries %d): %s" % (
+                crowded_out, "" if crowded_out == 1 else "s", crowded_out - 1, msg)
         self.failures.append({"name": spec["name"], "pool": pool, "reason": getattr(exc, "reason", "Error"),
-                              "field": getattr(exc, "field", None), "msg": str(exc), "done": done})
+                              "field": getattr(exc, "field", None), "msg": msg, "done": done})
         if done:  # the machine's steps before its failure changed the pool
             self.changed = True
 
@@ -266,7 +272,8 @@ def converge(entries, specs, strategy=options.default(options.MACHINE_BATCH, "st
                     crowded.append(spec)
                     progress.undo(spec["name"])
                 elif isinstance(outcome, MachineryError):
-                    result.fail(spec, by_uri[ctx.uri]["name"], outcome)
+                    result.fail(spec, by_uri[ctx.uri]["name"], outcome,
+                                crowded_out=result.attempts if isinstance(outcome, (PoolFull, NameTaken)) else 0)
                 else:
                     result.record(spec, outcome)
             pending = crowded

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
+from ansible_collections.machinery.compute.plugins.module_utils.core.errors import NameTaken, PoolFull, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.batch import BatchOutcome, summary, validated
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_spec
 
@@ -76,3 +76,16 @@ def test_the_statuses_returned_are_those_asked_and_the_table_and_counts_cover_ev
 def test_statuses_are_returned_in_the_order_of_the_machines_given():
     outcome, specs = _outcome()
     assert [machine["name"] for machine in summary(outcome, specs[::-1])["machines"]] == ["c", "b", "a"]
+
+
+def test_a_machine_crowded_out_on_every_attempt_says_so_with_the_last_refusal():
+    outcome = BatchOutcome()
+    full = PoolFull("pool p1 is full: 2/2 cpu", "machine_pool")
+    outcome.fail({"name": "a"}, "p1", full, crowded_out=4)
+    outcome.fail({"name": "b"}, "p2", NameTaken("a machine named b already exists on pool p3", "name"), crowded_out=1)
+    outcome.fail({"name": "c"}, "p1", ValidationError("bad", "cpu"))
+    first, second, third = outcome.failures
+    assert first["msg"] == "crowded out by concurrent runs on 4 attempts (retries 3): %s" % full
+    assert first["reason"] == "PoolFull" and first["field"] == "machine_pool"
+    assert second["msg"].startswith("crowded out by concurrent runs on 1 attempt (retries 0): name: a machine named b")
+    assert "crowded" not in third["msg"]
