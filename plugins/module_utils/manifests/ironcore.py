@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import capabilities as cap
 from ansible_collections.machinery.compute.plugins.module_utils.core import efi_vars as efi
@@ -102,6 +103,12 @@ OTHER_CAPABILITY = ("a libvirt machine here is sized by cpu and memory alone: a 
                     "(a GPU such as nvidia.com/gpu, which IronCore's libvirt-provider passes through as a PCI "
                     "device) cannot be honoured, and a machine of it would lack what its class promises")
 EPHEMERAL_NIC = "spec.networkInterfaces[].ephemeral.networkInterfaceTemplate"
+# libvirt-provider's localdisk plugin: an empty local disk of no (or zero) sizeLimit is 500Mi; one filled from an
+# image is the image's rootfs copied as it is, whatever sizeLimit says
+LOCAL_DISK_DEFAULT = 500 * 2 ** 20
+LOCAL_DISK_LIMIT = ("not applied to a disk filled from an image: the disk is the image as it is, as IronCore's "
+                    "libvirt-provider copies it; for a larger disk from an image use an ephemeral volumeTemplate "
+                    "with the image and resources.storage")
 FIELDS = {
     "Machine": table(dict(
         {"spec.machineClassRef.name": APPLIED, "spec.machinePoolRef.name": APPLIED,
@@ -346,19 +353,24 @@ def _machine(obj, fields):
             entry["volume"] = fields.name(ref.get("name"), where + ".volumeRef.name")
             refs["volumes"].append((where + ".volumeRef.name", entry["volume"]))
         elif "localDisk" in item:
-            # v0.5: a disk of the pool host's own storage that lives and dies with the machine, empty or filled
-            # from an OS image, at least sizeLimit large
+            # v0.5: a disk of the pool host's own storage that lives and dies with the machine, sized as
+            # libvirt-provider's localdisk plugin sizes it: one filled from an OS image is that image as it is,
+            # an empty one is sizeLimit large, or LOCAL_DISK_DEFAULT when sizeLimit is unset or zero
             disk = fields.mapping(item["localDisk"], where + ".localDisk", required=True) or {}
             fields.known(disk, ("sizeLimit", "image"), where + ".localDisk")
             image = fields.string(disk.get("image"), where + ".localDisk.image")
-            if disk.get("sizeLimit") is not None:
-                entry["size"] = kube_quantity(fields, disk["sizeLimit"], where + ".localDisk.sizeLimit")
-                obj.where["volumes[%d].size" % len(params["volumes"])] = where + ".localDisk.sizeLimit"
-            elif image is None:
-                fields.error(where + ".localDisk", "give sizeLimit, image or both")
+            limit = disk.get("sizeLimit")
             if image is not None:
                 entry["image"] = oci_image(image, fields, where + ".localDisk.image")
                 obj.where["volumes[%d].image" % len(params["volumes"])] = where + ".localDisk.image"
+                if limit is not None and not _is_zero(limit):
+                    kube_quantity(fields, limit, where + ".localDisk.sizeLimit")  # still a quantity, or refused
+                    fields.warn(where + ".localDisk.sizeLimit", LOCAL_DISK_LIMIT)
+            elif limit is None or _is_zero(limit):
+                entry["size"] = LOCAL_DISK_DEFAULT
+            else:
+                entry["size"] = kube_quantity(fields, limit, where + ".localDisk.sizeLimit")
+                obj.where["volumes[%d].size" % len(params["volumes"])] = where + ".localDisk.sizeLimit"
             entry["ephemeral"] = True
             if name:
                 params["labels"][VOLUME_MARK + name] = "local"
@@ -891,9 +903,10 @@ def export(machine, record_spec):
         if vol.get("source") == "volume":
             volumes.append({"name": vol["name"], "volumeRef": {"name": vol["volume"]}})
         elif vol["name"] in local:
-            disk = {"sizeLimit": _quantity(vol.get("size"))}
-            if vol.get("source") == "image":
-                disk["image"] = ironcore_reference((vol.get("image") or {}).get("source"))
+            if vol.get("source") == "image":  # the image's own size: sizeLimit would not be applied
+                disk = {"image": ironcore_reference((vol.get("image") or {}).get("source"))}
+            else:
+                disk = {"sizeLimit": _quantity(vol.get("size"))}
             volumes.append({"name": vol["name"], "localDisk": disk})
         elif vol.get("source") == "image":
             template = {"image": ironcore_reference((vol.get("image") or {}).get("source"))}
@@ -939,6 +952,15 @@ def export(machine, record_spec):
     if annotations:
         metadata["annotations"] = annotations
     return [{"apiVersion": COMPUTE, "kind": "Machine", "metadata": metadata, "spec": spec}] + interfaces
+
+
+def _is_zero(value):
+    """Whether a quantity is zero (0, "0", "0Gi", "0.0"): what Go's resource.Quantity.Value() makes 0 bytes."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return value == 0
+    return isinstance(value, str) and re.match(r"^0+(\.0*)?([KMGTPE]i|[mkMGTPE])?$", value.strip()) is not None
 
 
 def _quantity(value):

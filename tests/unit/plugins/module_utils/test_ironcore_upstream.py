@@ -161,3 +161,52 @@ def test_a_volume_from_a_bare_oci_reference_is_left_to_its_registry():
     objects, problems = check(volume)
     assert problems.errors == [], problems.errors
     assert objects["Volume/root"].data["image"] == "oci://ghcr.io/ironcore-dev/os-images/gardenlinux:1443.3"
+
+
+# libvirt-provider's localdisk plugin (internal/plugins/volume/localdisk/localdisk.go at a17b53b): a disk filled
+# from an image is the image's rootfs copied as it is; an empty one is sizeLimit large, 500Mi when it is unset or 0
+def _local(disk):
+    machine = copy.deepcopy(MACHINE)
+    machine["spec"]["volumes"] = [ROOT_DISK, {"name": "scratch", "device": "odb", "localDisk": disk}]
+    objects, problems = check(SECRET, machine)
+    problems.warnings = [line for line in problems.warnings if "spec.volumes[1]" in line]  # the sample's others
+    return objects["Machine/machine-sample"].params["volumes"][1], problems
+
+
+@pytest.mark.parametrize("disk", [{}, {"sizeLimit": "0"}, {"sizeLimit": 0}, {"sizeLimit": "0Gi"}])
+def test_an_empty_local_disk_of_no_size_limit_is_libvirt_providers_500mi(disk):
+    volume, problems = _local(disk)
+    assert problems.errors == [] and problems.warnings == [], (problems.errors, problems.warnings)
+    assert volume == {"name": "scratch", "device": "vdb", "size": 500 * 2 ** 20, "ephemeral": True}
+
+
+def test_a_local_disk_from_an_image_is_the_image_as_it_is_and_its_size_limit_is_warned():
+    volume, problems = _local({"sizeLimit": "10Gi", "image": "my-image"})
+    assert problems.errors == []
+    assert volume == {"name": "scratch", "device": "vdb", "image": "my-image", "ephemeral": True}  # no size
+    assert problems.warnings == ["Machine/machine-sample: spec.volumes[1].localDisk.sizeLimit: "
+                                 + ironcore.LOCAL_DISK_LIMIT]
+    volume, problems = _local({"image": "my-image"})
+    assert problems.errors == [] and problems.warnings == [] and "size" not in volume
+
+
+def test_a_bad_size_limit_is_refused_under_its_own_path_even_beside_an_image():
+    for disk in ({"sizeLimit": "ten", "image": "my-image"}, {"sizeLimit": "ten"}, {"sizeLimit": "-1Gi"}):
+        _volume, problems = _local(disk)
+        assert [error.split(": ")[1] for error in problems.errors] == ["spec.volumes[1].localDisk.sizeLimit"], disk
+
+
+def test_the_export_of_a_local_disk_from_an_image_gives_no_size_limit_and_reapplies_unchanged():
+    labels = {ironcore.VOLUME_MARK + "scratch": "local", ironcore.VOLUME_MARK + "empty": "local"}
+    exported = ironcore.export({"name": "machine-sample", "pool": "pool1", "power_state": "running",
+                                "machine_class": "small", "labels": labels},
+                               {"volumes": [{"name": "scratch", "source": "image", "size": 3 * 2 ** 30,
+                                             "image": {"source": "my-image"}},
+                                            {"name": "empty", "source": "empty", "size": 500 * 2 ** 20}],
+                                "network_interfaces": []})[0]
+    assert exported["spec"]["volumes"] == [{"name": "scratch", "localDisk": {"image": "my-image"}},
+                                           {"name": "empty", "localDisk": {"sizeLimit": "500Mi"}}]
+    objects, problems = check(exported)
+    assert problems.errors == [] and problems.warnings == [], (problems.errors, problems.warnings)
+    assert [(v["name"], v.get("size"), v.get("image")) for v in objects["Machine/machine-sample"].params["volumes"]] \
+        == [("scratch", None, "my-image"), ("empty", 500 * 2 ** 20, None)]
