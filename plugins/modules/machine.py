@@ -216,7 +216,9 @@ options:
         type: int
       encrypted:
         description:
-          - Create the new empty volume as LUKS (a raw volume inside); the guest sees a plain disk.
+          - Create the new volume as LUKS (a raw volume inside); the guest sees a plain disk. A volume of
+            O(volumes[].image) is then a full encrypted copy of the image (not an overlay over the cached image),
+            at least O(volumes[].size) large; an existing O(volumes[].volume) cannot be encrypted.
           - The passphrase is kept in a private libvirt secret on the pool, deleted with the volume; only the
             secret's uuid is in the volume's and the domain's XML. Fixed at creation.
         type: bool

@@ -1,5 +1,6 @@
 """Machine capabilities (issue 13) against the lab, proven from libvirt and from inside one busybox guest:
-CPU topology, swap, disk QoS (iotune, changed live), a fixed DHCP address and an encrypted (LUKS) volume.
+CPU topology, swap, disk QoS (iotune, changed live), a fixed DHCP address and an encrypted (LUKS) volume. The
+guest boots from an encrypted full copy of the image (issue 50: vitistack's encrypted boot disk), not an overlay.
 
 One guest of 2 vCPUs serves every assertion; its user-data script reports what the guest sees on the console.
 Changes that wait for a restart (topology, a new fixed address) are checked in the persistent definition and on
@@ -7,7 +8,10 @@ the network, without a second boot (a TCG boot of 2 vCPUs is the bulk of this fi
 """
 
 import json
+import os
 import re
+import subprocess
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 
@@ -54,18 +58,33 @@ def hosts(pool):
     return [host.attrib for host in tree.findall("ip/dhcp/host")]
 
 
+def plain_blocks(image, size=4096):
+    """The image's distinct 4 KiB blocks that are not all one byte, read as the guest reads them (raw)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = os.path.join(tmp, "image.raw")
+        subprocess.run(["qemu-img", "convert", "-O", "raw", image, raw], check=True)
+        with open(raw, "rb") as handle:
+            data = handle.read()
+    blocks = {data[offset:offset + size] for offset in range(0, len(data), size)}
+    return {block for block in blocks if len(set(block)) > 1}
+
+
 def secrets(pool):
     return sorted(secret.UUIDString() for secret in pool.conn.listAllSecrets(0))
 
 
 def args(pool, image, ip, **extra):
-    base = dict(uri=pool.uri, name=NAME, cpu=2, memory="128Mi", image=image, wait="address", wait_timeout=900,
+    """The machine: no image of its own, it boots its first volume, an encrypted copy of ``image``; ``volumes``
+    in ``extra`` are the ones after it."""
+    boot = {"name": "boot", "image": image, "encrypted": True, "passphrase": PASSPHRASE}
+    base = dict(uri=pool.uri, name=NAME, cpu=2, memory="128Mi", wait="address", wait_timeout=900,
                 topology={"sockets": 2, "cores": 1, "threads": 1}, swap="64Mi", shutdown_timeout=30,
                 volumes=[{"name": "data", "size": "64Mi", "iops": 500, "throughput": 200},
                          {"name": "secure", "size": "96Mi", "encrypted": True, "passphrase": PASSPHRASE}],
                 network_interfaces=[{"name": "eth0", "network": "machinery", "ip_address": ip}],
                 cloud_init={"user_data": SCRIPT})
     base.update(extra)
+    base["volumes"] = [boot] + base["volumes"]
     return base
 
 
@@ -113,6 +132,7 @@ def test_created_with_every_capability(guest):
     volumes = {vol["name"]: vol for vol in machine["volumes"]}
     assert (volumes["data"]["iops"], volumes["data"]["throughput"]) == (500, 200)
     assert volumes["secure"]["encrypted"] is True and volumes["swap"]["size"] == "64Mi"
+    assert volumes["boot"]["encrypted"] is True and volumes["boot"]["size"] == "24Mi"  # the image's own size
     assert machine["network_interfaces"][0]["ip_address"] == guest["ip"]
     assert guest["ip"] in machine["ip_addresses"]
     dom = guest["pool"].domain(NAME)
@@ -140,6 +160,8 @@ def test_guest_sees_topology_swap_and_its_address(guest):
     console = guest["pool"].console(NAME)
     assert "MACHINERY-ADDRESS eth0 %s" % guest["ip"] in console, console[-2000:]
     assert re.search(r"CAP-READBACK vd[a-z] %s" % MARKER, text), text
+    # it booted from vda, the encrypted copy of the 24Mi image, which it reads as a plain disk of that size
+    assert re.search(r"CAP-DISK vda serial=\S* sectors=%d" % (24 * 2048), text), text
 
 
 def test_qos_changes_live(guest):
@@ -201,6 +223,16 @@ def test_encrypted_volume_holds_no_plain_text_and_no_passphrase_leaks(guest):
     content = pool.download("%s-secure.luks" % NAME)
     assert content[:6] == b"LUKS\xba\xbe", content[:16]
     assert MARKER.encode() not in content
+    # the boot disk: LUKS too, a full copy (no backing image), and none of the image's data in the clear
+    boot = pool.download("%s-boot.luks" % NAME)
+    assert boot[:6] == b"LUKS\xba\xbe" and len(boot) > 24 * 2 ** 20, boot[:16]
+    disks = ET.fromstring(pool.domain(NAME).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)).findall("devices/disk")
+    vda = [disk for disk in disks if disk.find("target").get("dev") == "vda"]
+    assert len(vda) == 1 and vda[0].find("source").get("file").endswith("/%s-boot.luks" % NAME)
+    assert vda[0].find("source/encryption") is not None and vda[0].find("backingStore/source") is None
+    # LUKS puts its data at a 4 KiB-aligned offset: a block of the image left in the clear would be one of these
+    plain = plain_blocks(guest["image"])
+    assert len(plain) >= 16 and not plain & {boot[offset:offset + 4096] for offset in range(0, len(boot), 4096)}
     dom = pool.domain(NAME)
     for xml in (dom.XMLDesc(0), dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE)):
         assert PASSPHRASE not in xml

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import xml.etree.ElementTree as ET
 
 import pytest
 import yaml
@@ -462,7 +463,8 @@ KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAABAgMEBQYHCAkKCwwNDg8QERITFBUWFxgZG
 
 def test_vitistack_machine_applied_exported_and_deleted(lab2):
     """The CRD's sample (its vSphere example, provider libvirt) on the lab: instanceType t3.medium, an encrypted
-    disk with a generated key kept in a private libvirt secret, sshKeys with a script userData."""
+    disk with a generated key kept in a private libvirt secret, an encrypted boot disk of the image (as the AWS
+    and Azure examples have: a full LUKS copy of the image), sshKeys with a script userData."""
     pools, entries, _image = lab2
     for pool in pools:
         register(pool, labels={"topology.kubernetes.io/region": "lab-west"})
@@ -474,7 +476,7 @@ def test_vitistack_machine_applied_exported_and_deleted(lab2):
                "spec": {"name": "viti-1", "instanceType": "t3.medium",
                         "os": {"family": "linux", "distribution": "busybox", "version": "1", "imageID": "my-image"},
                         "providerConfig": {"name": "libvirt", "region": "lab-west"},
-                        "disks": [{"name": "root", "sizeGB": 1, "boot": True},
+                        "disks": [{"name": "root", "sizeGB": 1, "boot": True, "encrypted": True},
                                   {"name": "secure", "sizeGB": 1, "encrypted": True}],
                         "network": {"vpc": "machinery", "subnet": "subnet-1",
                                     "interfaces": [{"name": "eth0", "primary": True, "subnet": "subnet-1"}]},
@@ -494,8 +496,14 @@ def test_vitistack_machine_applied_exported_and_deleted(lab2):
     secure = next(vol for vol in spec["volumes"] if vol["name"] == "secure")
     assert secure["encrypted"] is True and "passphrase" not in secure
     added = set(where.conn.listSecrets()) - (secrets_before if where is pool else set())
-    assert added and "viti-1-secure.luks" in where.volumes()
-    assert re.search(r"<encryption format=.luks", where.domain("viti-1").XMLDesc(0))
+    assert len(added) == 2 and {"viti-1-secure.luks", "viti-1-boot.luks"} <= set(where.volumes())
+    assert "viti-1-root.qcow2" not in where.volumes() and spec["image"] is None
+    boot = spec["volumes"][0]
+    assert (boot["name"], boot["source"], boot["encrypted"]) == ("boot", "image", True) and "passphrase" not in boot
+    xml = ET.fromstring(where.domain("viti-1").XMLDesc(0))
+    vda = [disk for disk in xml.findall("devices/disk") if disk.find("target").get("dev") == "vda"]
+    assert vda[0].find("source").get("file").endswith("/viti-1-boot.luks")
+    assert len(xml.findall("devices/disk/source/encryption")) == 2
     for uuid in added:  # private: libvirt never hands the key out
         with pytest.raises(Exception):
             where.conn.secretLookupByUUIDString(uuid).value()

@@ -39,10 +39,14 @@ def create_steps(spec):
         if vol["source"] == "volume":
             steps.append(step("use_volume", vol["volume"]))
         else:
+            if vol["source"] == "image":
+                steps.append(step("cache_image", vol["image"]["source"]))
             if vol.get("encrypted"):
                 steps.append(step("define_secret", vol["volume"]))
+            # of an image: an overlay over the cached image, or encrypted a full LUKS copy of it
             steps.append(step("create_volume", vol["volume"], size=vol.get("size"),
-                              **({"encryption": "luks"} if vol.get("encrypted") else {})))
+                              **({"encryption": "luks"} if vol.get("encrypted") else {}),
+                              **({"image": vol["image"]["source"]} if vol["source"] == "image" else {})))
     for nic in spec.get("network_interfaces") or []:
         if nic.get("ip_address"):
             steps.append(step("reserve_address", nic["network"], mac=nic["mac"], ip=nic["ip_address"]))
@@ -270,7 +274,16 @@ class Creation:
         created.append(vol["volume"])  # from here on, a failure removes the secret too
         uuid = learned.secrets[vol["name"]] = storage.define_volume_secret(self.conn, path, self.name,
                                                                            vol["passphrase"])
-        new = storage.create_volume(pool, vol["volume"], vol["size"], "raw", secret=uuid)
+        if vol["source"] == "image":
+            # a full encrypted copy of the image (an overlay would leave the image's blocks, and every block the
+            # guest does not rewrite, in the clear in the shared cache): the image's size, or the size asked if larger
+            image_vol, _fmt = images.ensure_cached(self.conn, pool, vol["image"], self.ctx.url_opener, self.ctx.images,
+                                                   self.ctx.coordination)
+            size = learned.volume_sizes[vol["name"]] = max(self._virtual_size(pool, image_vol, vol["image"]),
+                                                           vol.get("size") or 0)
+            new = storage.copy_volume(pool, vol["volume"], size, "raw", image_vol, secret=uuid)
+        else:
+            new = storage.create_volume(pool, vol["volume"], vol["size"], "raw", secret=uuid)
         return dict(disk, path=new.path(), format="raw", secret=uuid)
 
     @staticmethod

@@ -186,8 +186,9 @@ def _volume_params(items, field):
             if item.get(key) is not None:
                 entry[key] = options.option(options.VOLUME, key).check(item[key], "%s.%s" % (where, key))
         if item.get("encrypted"):
-            if item.get("size") is None or item.get("image") is not None:
-                raise ValidationError("only a new empty volume (size) can be encrypted", where + ".encrypted")
+            if item.get("volume") is not None:
+                raise ValidationError("only a new volume (empty of size, or a full copy of an image) can be "
+                                      "encrypted, not an existing one", where + ".encrypted")
             entry["passphrase"] = options.option(options.VOLUME, "passphrase").check(item.get("passphrase"),
                                                                                      where + ".passphrase")
         elif item.get("passphrase") not in (None, ""):

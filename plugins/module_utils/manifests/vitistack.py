@@ -419,9 +419,10 @@ def _provider(fields, spec, params, obj, current):
 
 
 def _disks(fields, value, params, has_image):
-    """The boot disk is the root disk: the image's overlay of sizeGB; without an image (the kubevirt operator's
-    PXE machines) an empty disk of sizeGB (10 GB when no disk is given) that the machine boots. The other disks
-    are empty volumes. ``type`` is the bus, ``device`` the device name."""
+    """The boot disk is the root disk: the image's overlay of sizeGB (with limits of its own, or encrypted: a
+    volume of the image, booted, encrypted as a full LUKS copy); without an image (the kubevirt operator's PXE
+    machines) an empty disk of sizeGB (10 GB when no disk is given) that the machine boots. The other disks are
+    empty volumes. ``type`` is the bus, ``device`` the device name."""
     volumes, boot_seen = [], False
     names = set()
     items = fields.items(value, "spec.disks")
@@ -462,11 +463,7 @@ def _disks(fields, value, params, has_image):
             if boot_seen:
                 fields.error(where + ".boot", "only one disk can be the boot disk")
             boot_seen = True
-            if has_image and encrypted:
-                fields.error(where + ".encrypted", "the boot disk of an image is a copy-on-write disk over the "
-                             "cached image, which is not encrypted: an encrypted copy of an image is not made; "
-                             "encrypt another disk, or boot without os.imageID")
-            if has_image and not (iops or throughput):
+            if has_image and not (iops or throughput or encrypted):
                 if size:
                     params["root_size"] = size * GIB
                 if bus != "virtio" or device not in (None, "vda"):
@@ -474,7 +471,8 @@ def _disks(fields, value, params, has_image):
                                 "the root disk of an image is vda on the virtio bus: not applied")
                 continue
             if has_image:
-                # limits of its own: the boot disk is a volume of the image (link() names it), booted first
+                # limits of its own, or encrypted (a full LUKS copy of the image, no overlay over the cached one):
+                # the boot disk is a volume of the image (link() names it), booted first
                 params["boot_image_volume"] = True
         # the machine's own "root" is the image's disk: an empty boot disk named root (the kubevirt operator's
         # name) is the volume "boot", exported back as root

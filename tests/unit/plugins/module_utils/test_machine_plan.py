@@ -157,6 +157,18 @@ def test_create_steps_show_secrets_swap_and_reservations_but_no_passphrase():
     assert plan.diff()[1]["swap"] == "64Mi" and plan.diff()[1]["ip_reservations"] == {"eth0": "192.168.100.20"}
 
 
+def test_an_encrypted_volume_of_an_image_is_planned_as_a_luks_copy_of_the_cached_image():
+    root = {"name": "root", "volume": "web-1-root.luks", "source": "image", "image": {"source": "/images/a.qcow2"},
+            "size": None, "device": "vda", "bus": "virtio", "boot": True, "encrypted": True,
+            "passphrase": "do not show me"}
+    plan = plan_machine(spec(image=None, volumes=[root]), Observed("web-1"))
+    steps = plan.as_list()[0]["steps"]
+    assert [(s["action"], s["target"]) for s in steps][:3] == [
+        ("cache_image", "/images/a.qcow2"), ("define_secret", "web-1-root.luks"), ("create_volume", "web-1-root.luks")]
+    assert steps[2]["encryption"] == "luks" and steps[2]["image"] == "/images/a.qcow2"
+    assert "do not show me" not in repr(plan.as_list())
+
+
 # --- resize (issue 25): a restart in place where the pool has room, a refusal naming the option where not ------
 
 

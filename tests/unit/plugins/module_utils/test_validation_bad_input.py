@@ -271,3 +271,16 @@ def test_selectors_are_labels():
             {"name": "a", "machine_class": "s", "machine_pool_selector": {"ssd": True}})
     assert normalize_machine({"name": "a", "machine_class": "s", "machine_pool_selector": {"ssd": "true"}})[
         "machine_pool_selector"] == {"ssd": "true"}
+
+
+def test_a_new_volume_empty_or_of_an_image_can_be_encrypted_an_existing_one_cannot():
+    def machine(volume):
+        return {"name": "web-1", "cpu": 1, "memory": "128Mi", "network_interfaces": [],
+                "volumes": [dict(volume, name="boot", encrypted=True, passphrase="correct horse")]}
+    for volume in ({"size": "1Gi"}, {"image": "/images/a.qcow2"}, {"image": "/images/a.qcow2", "size": "2Gi"}):
+        assert normalize_machine(machine(volume), keys=None)["volumes"][0]["encrypted"] is True
+    assert "not an existing one" in refused("machines[0].volumes[0].encrypted", normalize_machine,
+                                            machine({"volume": "shared-1"}), None)
+    refused("machines[0].volumes[0].passphrase", normalize_machine,
+            {"name": "web-1", "cpu": 1, "memory": "128Mi", "volumes": [{"name": "r", "image": "/i.qcow2",
+                                                                        "encrypted": True}]}, None)

@@ -224,29 +224,31 @@ def test_the_kubevirt_operators_sizes_and_disks():
     assert classes["MachineClass/medium"] == {"name": "medium", "cpu": 4, "memory": 16 * 2 ** 30}
 
 
-def test_the_crds_examples_apply_but_the_image_boot_disks_qos():
-    """The first generation's examples, their providers served: the boot disk of an image (AWS, Azure) is not
-    encrypted (no encrypted copy of an image is made), and an interface with no vpc (vSphere) has no network,
-    each refused naming it; with those fields changed they apply, the AWS boot disk with its iops and
-    throughput."""
+def test_the_crds_examples_apply_their_encrypted_image_boot_disks_as_luks_copies():
+    """The first generation's examples, their providers served: the encrypted boot disk of an image (AWS, Azure)
+    is a volume of the image, encrypted (a full LUKS copy, with a random key), booted; an interface with no vpc
+    (vSphere) has no network, refused naming it; with the vpc given they all apply, the AWS boot disk with its
+    iops and throughput."""
     _objects, errors, _warnings = check(copy.deepcopy(CRDS))
-    refusal = ("Machine/%s: spec.disks[0].encrypted: the boot disk of an image is a copy-on-write disk over the "
-               "cached image, which is not encrypted: an encrypted copy of an image is not made; encrypt another "
-               "disk, or boot without os.imageID")
-    no_vpc = ("Machine/test-server-vsphere: spec.network.interfaces: an interface joins a libvirt network, and "
-              "spec.network.vpc names none: give spec.network.vpc (a network of the pools)")
-    assert sorted(errors) == sorted([refusal % "web-server-aws", refusal % "app-server-azure", no_vpc])
+    assert errors == ["Machine/test-server-vsphere: spec.network.interfaces: an interface joins a libvirt network, "
+                      "and spec.network.vpc names none: give spec.network.vpc (a network of the pools)"]
     fixed = copy.deepcopy(CRDS)
     fixed[3]["spec"]["network"]["vpc"] = "vpc-production"
-    for doc in fixed[:2]:
-        del doc["spec"]["disks"][0]["encrypted"]
     objects, errors, warnings = check(fixed)
     assert errors == []
+    azure = objects["Machine/app-server-azure"].params
+    boot = azure["volumes"][0]
+    assert "image" not in azure and boot["encrypted"] is True and boot["image"] and len(boot.pop("passphrase")) >= 32
+    # the same documents again: a new random key each time, never in the params' other fields
+    again = check(copy.deepcopy(fixed))[0]["Machine/app-server-azure"].params["volumes"][0]
+    assert again.pop("passphrase") and again == boot
     aws = objects["Machine/web-server-aws"].params
     assert (aws["machine_class"], aws["hostname"], aws["cpu"]) == ("t3.medium", "web-server-01", 4)
-    # the boot disk's iops and throughput: it is a volume of the image, booted, with limits of its own
+    # the boot disk's iops and throughput: it is a volume of the image, booted, with limits of its own, encrypted
+    assert aws["volumes"][0].pop("passphrase")
     assert "image" not in aws and aws["volumes"][0] == {"name": "boot", "size": 20 * 2 ** 30, "iops": 3000,
-                                                        "throughput": 125, "image": "ami-0abcdef123456789"}
+                                                        "throughput": 125, "encrypted": True,
+                                                        "image": "ami-0abcdef123456789"}
     # /dev/sdf on a cloud volume type (gp3, so the virtio bus) is no virtio device name: warned, assigned in order
     assert "device" not in aws["volumes"][1]
     assert any(line.startswith("Machine/web-server-aws: spec.disks[1].device: '/dev/sdf' is not a virtio device")
