@@ -42,7 +42,7 @@ APT_PACKAGES := python3 python3-venv python3-dev gcc pkg-config make git libvirt
 	libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients qemu-system-x86 qemu-utils \
 	dnsmasq-base iproute2 iptables mtools syslinux syslinux-common ovmf shellcheck time libxml2-utils \
 	mmdebstrap fdisk e2fsprogs openssh-client netcat-openbsd openssh-server openssl binutils xz-utils docker-registry \
-	apache2-utils swtpm swtpm-tools faketime
+	apache2-utils swtpm swtpm-tools faketime skopeo
 HOST_RELEASE := $(shell . /etc/os-release 2>/dev/null && echo $${VERSION_ID%%.*})
 # Debian 13 moved libvirt's interface driver (how a pool lists its host bridges, machine_spec.host_interface) out of
 # libvirt-daemon into a package of its own that libvirt-daemon-system only recommends; Debian 12 has no such package.

@@ -35,11 +35,14 @@ Usage::
     python3 lab/lab.py up --pools 3 --dir .lab [--image PATH]
     python3 lab/lab.py status --dir .lab [--json]
     python3 lab/lab.py down --dir .lab [--purge]
-    python3 lab/lab.py push-image --dir .lab --file DISK.qcow2 --ref REPOSITORY:TAG
+    python3 lab/lab.py push-image --dir .lab --file DISK.qcow2 --ref REPOSITORY:TAG [--kernel K --initramfs I]
+    python3 lab/lab.py push-image --file DISK.raw --ref REPOSITORY:TAG --layout DIR
 
 The lab also runs an OCI registry on loopback (Debian's docker-registry, HTTPS with a certificate of the lab
 CA, basic authentication with the lab's credentials); lab.json names it (``registry``, ``registry_ca``,
-``registry_credentials``) and ``push-image`` pushes a disk image to it in IronCore's OS image format.
+``registry_credentials``) and ``push-image`` pushes a disk image to it in IronCore's OS image format, as
+ironcore-image's ``build`` writes it (an index with the image's platform; lab/oci_push.py), or with ``--layout``
+writes that image as an OCI layout directory for another client (skopeo) to copy.
 
 Must run as root.  Standard library only.
 """
@@ -1533,13 +1536,17 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_push_image(args: argparse.Namespace) -> int:
     """Push a disk image to the lab's registry in IronCore's OS image format (lab/oci_push.py)."""
-    from oci_push import push_disk_image  # lab/, beside this file
+    from oci_push import push_disk_image, write_layout  # lab/, beside this file
 
+    layers = {"kernel": args.kernel, "initramfs": args.initramfs, "cmdline": args.cmdline or ""}
+    if args.layout:
+        print(write_layout(args.layout, args.ref.rpartition(":")[2] or args.ref, args.file, **layers))
+        return 0
     data = read_lab_json(args.dir)
     if not data.get("registry"):
         raise LabError(f"the lab in {args.dir} runs no registry (`up` starts it when docker-registry is installed)")
     digest = push_disk_image(data["registry"], args.ref, args.file, data["registry_ca"],
-                             data.get("registry_credentials") or {})
+                             data.get("registry_credentials") or {}, **layers)
     print(f"oci://{data['registry']}/{args.ref.rpartition(':')[0]}@{digest}")
     return 0
 
@@ -1605,6 +1612,10 @@ def main(argv: list[str] | None = None) -> int:
     add_dir(p_push)
     p_push.add_argument("--file", required=True, help="the disk image (qcow2 or raw)")
     p_push.add_argument("--ref", required=True, help="REPOSITORY:TAG in the lab's registry")
+    p_push.add_argument("--kernel", help="a kernel layer beside the disk (ironcore-image's kernel)")
+    p_push.add_argument("--initramfs", help="an initramfs layer beside the disk")
+    p_push.add_argument("--cmdline", help="the kernel command line, in the image's config")
+    p_push.add_argument("--layout", help="write an OCI image layout to this directory instead of pushing")
     p_push.set_defaults(func=cmd_push_image)
 
     args = parser.parse_args(argv)

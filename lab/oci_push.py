@@ -1,9 +1,15 @@
 """Push a disk image to an OCI registry in IronCore's OS image format, for the lab (standard library only).
 
-The image is one OCI image manifest: a config of media type application/vnd.ironcore.image.config.v1+json and
-one layer, the disk itself, of media type application/vnd.ironcore.image.rootfs (ironcore-dev/ironcore-image's
-RootFSLayerMediaType). Blobs go up monolithically (POST an upload, PUT it with its digest), as the OCI
-distribution specification allows; the registry is reached over HTTPS with the lab CA and basic authentication.
+What ironcore-dev/ironcore-image's ``build`` writes (cmd/build/build.go at 807be33): an image manifest per
+architecture, tagged ``TAG-amd64``, whose config is of media type application/vnd.ironcore.image.config.v1+json
+(``{"commandLine": ...}``) and whose layers are the root disk (application/vnd.ironcore.image.rootfs, the file as
+it is: IronCore's images carry a raw disk, libvirt-provider copies it byte for byte) and, when given, the
+initramfs and the kernel; then an image index tagged ``TAG`` that lists that manifest with its platform
+(linux/amd64). Blobs go up monolithically (POST an upload, PUT it with its digest), as the OCI distribution
+specification allows; the registry is reached over HTTPS with the lab CA and basic authentication.
+
+``write_layout`` writes the same image as an OCI image layout directory instead (oci-layout, index.json,
+blobs/sha256/), for an independent client (skopeo) to copy to a registry.
 """
 
 from __future__ import annotations
@@ -12,13 +18,18 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import ssl
 import urllib.error
 import urllib.request
 
 CONFIG_MEDIA_TYPE = "application/vnd.ironcore.image.config.v1+json"
 ROOTFS_MEDIA_TYPE = "application/vnd.ironcore.image.rootfs"
+INITRAMFS_MEDIA_TYPE = "application/vnd.ironcore.image.initramfs"
+KERNEL_MEDIA_TYPE = "application/vnd.ironcore.image.kernel"
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
+INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
+ARCHITECTURE = "amd64"
 
 
 class PushError(Exception):
@@ -81,23 +92,75 @@ def _file_digest(path: str) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def push_disk_image(registry: str, ref: str, path: str, ca_file: str, credentials: dict) -> str:
-    """Push ``path`` as ``ref`` (REPOSITORY:TAG); returns the manifest's digest."""
+def _json(value) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class Image:
+    """The blobs of one image as ironcore-image builds it: ``files`` {digest: path} (the layers), ``documents``
+    {digest: bytes} (the config and the manifest), the index, and the manifest's and the index's digests."""
+
+    def __init__(self, disk: str, kernel: str | None = None, initramfs: str | None = None, cmdline: str = ""):
+        config = _json({"commandLine": cmdline})
+        self.files, layers = {}, []
+        for path, media_type in ((disk, ROOTFS_MEDIA_TYPE), (initramfs, INITRAMFS_MEDIA_TYPE),
+                                 (kernel, KERNEL_MEDIA_TYPE)):
+            if path:
+                digest = _file_digest(path)
+                self.files[digest] = path
+                layers.append({"mediaType": media_type, "digest": digest, "size": os.path.getsize(path)})
+        self.manifest = _json({"schemaVersion": 2, "mediaType": MANIFEST_MEDIA_TYPE,
+                               "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": _digest(config),
+                                          "size": len(config)},
+                               "layers": layers})
+        self.manifest_digest = _digest(self.manifest)
+        self.index = _json({"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": [
+            {"mediaType": MANIFEST_MEDIA_TYPE, "digest": self.manifest_digest, "size": len(self.manifest),
+             "platform": {"architecture": ARCHITECTURE, "os": "linux"}}]})
+        self.index_digest = _digest(self.index)
+        self.documents = {_digest(config): config}
+
+
+def push_disk_image(registry: str, ref: str, path: str, ca_file: str, credentials: dict, kernel: str | None = None,
+                    initramfs: str | None = None, cmdline: str = "") -> str:
+    """Push ``path`` (and the kernel and initramfs when given) as ``ref`` (REPOSITORY:TAG) the way ironcore-image
+    does; returns the index's digest."""
     repository, tag = _split(ref)
     session = Session(registry, ca_file, credentials)
-    layer_digest, layer_size = _file_digest(path), os.path.getsize(path)
-    with open(path, "rb") as handle:
-        session.push_blob(repository, layer_digest, handle, layer_size)
-    config = json.dumps({"commandLine": ""}, separators=(",", ":")).encode()
-    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
-    session.push_blob(repository, config_digest, config, len(config))
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": MANIFEST_MEDIA_TYPE,
-        "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": config_digest, "size": len(config)},
-        "layers": [{"mediaType": ROOTFS_MEDIA_TYPE, "digest": layer_digest, "size": layer_size,
-                    "annotations": {"org.opencontainers.image.title": os.path.basename(path)}}],
-        "annotations": {"architecture": "amd64", "variant": "virtualization"},
-    }, separators=(",", ":")).encode()
-    session.call("PUT", f"/v2/{repository}/manifests/{tag}", body=manifest,
+    image = Image(path, kernel, initramfs, cmdline)
+    for digest, source in image.files.items():
+        with open(source, "rb") as handle:
+            session.push_blob(repository, digest, handle, os.path.getsize(source))
+    for digest, data in image.documents.items():
+        session.push_blob(repository, digest, data, len(data))
+    session.call("PUT", f"/v2/{repository}/manifests/{tag}-{ARCHITECTURE}", body=image.manifest,
                  headers={"Content-Type": MANIFEST_MEDIA_TYPE})
-    return "sha256:" + hashlib.sha256(manifest).hexdigest()
+    session.call("PUT", f"/v2/{repository}/manifests/{tag}", body=image.index,
+                 headers={"Content-Type": INDEX_MEDIA_TYPE})
+    return image.index_digest
+
+
+def write_layout(directory: str, tag: str, path: str, kernel: str | None = None, initramfs: str | None = None,
+                 cmdline: str = "") -> str:
+    """Write the image as an OCI image layout in ``directory`` (its index.json names the image index ``tag``);
+    returns the index's digest."""
+    image = Image(path, kernel, initramfs, cmdline)
+    blobs = os.path.join(directory, "blobs", "sha256")
+    os.makedirs(blobs, exist_ok=True)
+    for digest, source in image.files.items():
+        shutil.copyfile(source, os.path.join(blobs, digest.split(":", 1)[1]))
+    documents = dict(image.documents, **{image.manifest_digest: image.manifest, image.index_digest: image.index})
+    for digest, data in documents.items():
+        with open(os.path.join(blobs, digest.split(":", 1)[1]), "wb") as handle:
+            handle.write(data)
+    with open(os.path.join(directory, "oci-layout"), "wb") as handle:
+        handle.write(_json({"imageLayoutVersion": "1.0.0"}))
+    with open(os.path.join(directory, "index.json"), "wb") as handle:
+        handle.write(_json({"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": [
+            {"mediaType": INDEX_MEDIA_TYPE, "digest": image.index_digest, "size": len(image.index),
+             "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
+    return image.index_digest

@@ -13,12 +13,14 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.machines import images
 from conftest import REPO, first_pool, lab_file, load_lab, run_module
+from test_45_firmware import secureboot_image
 
 REF = "machinery/busybox:oci-test"
 
@@ -37,7 +39,7 @@ def lab1(image, tmp_path_factory):
         layer = hashlib.sha256(handle.read()).hexdigest()
 
     def clean(pool):
-        for name in ("oci-1", "oci-2", "oci-3", "oci-4"):
+        for name in ("oci-1", "oci-2", "oci-3", "oci-4", "oci-uefi"):
             run_module("machine", uri=pool.uri, name=name, state="absent", shutdown_timeout=2)
         run_module("volume", uri=pool.uri, name="oci-root", state="absent", force=True)
         run_module("volume", uri=pool.uri, name="oci-copy", state="absent", force=True)
@@ -192,3 +194,47 @@ def test_check_mode_refuses_a_reference_its_registry_does_not_resolve(lab1):
     said = "\n".join(planned.get("problems") or [planned.get("msg", "")])
     assert "Machine/oci-5: spec.image: the OCI image %s:latest cannot be resolved" % untagged in said, said
     assert pool.domain("oci-5") is None
+
+
+def test_an_image_as_ironcores_tool_writes_it_copied_by_skopeo_boots_uefi_with_no_firmware_field(lab1, tmp_path):
+    """Issue 50: a raw UEFI disk (the lab's Secure Boot image: Debian's shim and GRUB on a FAT disk) written as an
+    OCI image layout in the shape ironcore-image's build gives (an index with the image's linux/amd64 platform, a
+    config of IronCore's media type, the disk byte for byte as the rootfs layer), copied to the lab's registry by
+    an independent client (Debian's skopeo), then named by an IronCore Machine as IronCore names it (no scheme),
+    with no firmware field: it boots UEFI, as on libvirt-provider, and the guest's console says it came up."""
+    pool, data, _layer, _pinned = lab1
+    assert shutil.which("skopeo"), "skopeo is missing (make deps installs Debian's package)"
+    disk = str(tmp_path / "uefi.raw")
+    subprocess.run(["qemu-img", "convert", "-O", "raw", secureboot_image(), disk], check=True, timeout=300)
+    layout = str(tmp_path / "layout")
+    subprocess.run(["python3", os.path.join(REPO, "lab", "lab.py"), "push-image", "--file", disk,
+                    "--ref", "machinery/uefi:1.0", "--layout", layout], check=True, capture_output=True, timeout=300)
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    shutil.copyfile(data["registry_ca"], str(certs / "ca.crt"))
+    creds = data["registry_credentials"]
+    subprocess.run(["skopeo", "copy", "--all", "--dest-creds", "%s:%s" % (creds["username"], creds["password"]),
+                    "--dest-cert-dir", str(certs), "oci:%s:1.0" % layout,
+                    "docker://%s/machinery/uefi:1.0" % data["registry"]], check=True, capture_output=True, timeout=300)
+    with open(disk, "rb") as handle:
+        layer = hashlib.sha256(handle.read()).hexdigest()
+    documents = [
+        {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "MachineClass", "metadata": {"name": "uefi-small"},
+         "capabilities": {"cpu": "1000m", "memory": "384Mi"}},
+        {"apiVersion": "compute.ironcore.dev/v1alpha1", "kind": "Machine", "metadata": {"name": "oci-uefi"},
+         "spec": {"machineClassRef": {"name": "uefi-small"}, "image": "%s/machinery/uefi:1.0" % data["registry"]}},
+    ]
+    registry = {"image_ca_file": data["registry_ca"], "image_pull_secret": creds}
+    try:
+        made = run_module("manifest", pools=[pool.uri], definition=documents, **registry)
+        assert not made.get("failed"), made
+        xml = pool.domain("oci-uefi").XMLDesc(2)
+        assert layer in xml  # the rootfs layer pulled through the index, cached by its digest
+        assert "<os firmware='efi'>" in xml, xml  # no firmware field: UEFI, as libvirt-provider boots it
+        pool.wait_console("oci-uefi", "MACHINERY-READY", timeout=600)  # its init, started by shim and GRUB
+        again = run_module("manifest", pools=[pool.uri], definition=documents, **registry)
+        assert again["changed"] is False, again
+    finally:
+        gone = run_module("manifest", pools=[pool.uri], definition=documents, state="absent", shutdown_timeout=0)
+        assert not gone.get("failed"), gone
+    assert pool.domain("oci-uefi") is None
