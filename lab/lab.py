@@ -104,6 +104,9 @@ BIND_MOUNTS = [
 SWTPM_LOCALCA = "/var/lib/swtpm-localca"
 SWTPM_LOCALCA_DIR = "swtpm-localca"
 SWTPM_USER = "tss"
+# Where libvirt puts the guests of a pool brought up with --cpu-cgroup when no systemd manages cgroups: its
+# "machine" partition in the CPU controllers' hierarchies (cgroup v1), or in the unified one (v2).
+CGROUP_PARTITIONS = ("/sys/fs/cgroup/cpu/machine", "/sys/fs/cgroup/cpuacct/machine", "/sys/fs/cgroup/machine")
 
 LIBVIRTD_CONF = """\
 # Written by lab/lab.py for one lab pool host.  Paths are as seen inside the
@@ -142,8 +145,9 @@ group = "root"
 dynamic_ownership = 0
 remember_owner = 0
 security_driver = "none"
-# No cgroups and no private /dev namespace for QEMU in this container.
-cgroup_controllers = [ ]
+# No private /dev namespace for QEMU in this container, and no cgroups unless the pool was brought up with
+# --cpu-cgroup (then the CPU controller only: a CFS quota, cputune, can be enforced and measured).
+cgroup_controllers = [ {controllers} ]
 namespaces = [ ]
 # QEMU stdout/stderr go straight to /var/log/libvirt/qemu/<dom>.log, so no
 # virtlogd is needed.  No lock manager is configured (no virtlockd).
@@ -161,6 +165,7 @@ D="$1"
 LIBVIRTD="$2"
 IFACE="$3"
 ROOT="$4"
+CPU_CGROUP="$5"
 mount --make-rprivate /
 if [ -n "$ROOT" ]; then
     # A host of that release: every program started from here on (libvirtd,
@@ -170,8 +175,18 @@ if [ -n "$ROOT" ]; then
     mount --bind "$ROOT/etc/ld.so.cache" /etc/ld.so.cache
 fi
 # A sysfs mounted from inside the new network namespace shows that
-# namespace's interfaces (mcbr0, vnetN) instead of the machine's.
+# namespace's interfaces (mcbr0, vnetN) instead of the machine's. It hides the
+# machine's cgroup mounts under /sys/fs/cgroup: a pool brought up with
+# --cpu-cgroup gets them back (held aside while the new sysfs is mounted), so
+# libvirt can put its QEMU under the CPU controller.
+if [ -n "$CPU_CGROUP" ]; then
+    mkdir -p "$D/cgroup"
+    mount --rbind /sys/fs/cgroup "$D/cgroup"
+fi
 mount -t sysfs lab-sysfs /sys
+if [ -n "$CPU_CGROUP" ]; then
+    mount --move "$D/cgroup" /sys/fs/cgroup
+fi
 mount --bind "$D/run" /run/libvirt
 mount --bind "$D/lib" /var/lib/libvirt
 mount --bind "$D/etc" /etc/libvirt
@@ -927,7 +942,30 @@ class Pool:
 
     # -- preparation ------------------------------------------------------
 
-    def prepare(self, ca_dir: Path, root: str | None) -> None:
+    def remove_cgroup_partitions(self) -> None:
+        """The cgroup partitions this pool's libvirtd made (prepare), removed when empty."""
+        noted = self.dir / "cgroup-made"
+        if not noted.exists():
+            return
+        left = []
+        for path in dict.fromkeys(noted.read_text().split()):
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                left.append(path)  # still holds another lab's guests: kept, and tried again at the next down
+        if left:
+            noted.write_text("".join(path + "\n" for path in left))
+        else:
+            noted.unlink()
+
+    @property
+    def cgroup_file(self) -> Path:
+        """Present when the pool's QEMU runs under the CPU cgroup controller (up --cpu-cgroup)."""
+        return self.dir / "cpu-cgroup"
+
+    def prepare(self, ca_dir: Path, root: str | None, cpu_cgroup: bool | None = None) -> None:
         for sub, _mountpoint in BIND_MOUNTS:
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         if root != self.root():
@@ -941,7 +979,21 @@ class Pool:
         link = self.allocate_link()
         self.ensure_server_cert(ca_dir, link["address"])
         (etc / "libvirtd.conf").write_text(LIBVIRTD_CONF.format(address=link["address"], port=TLS_PORT))
-        (etc / "qemu.conf").write_text(QEMU_CONF)
+        if cpu_cgroup is not None:  # None: as the pool ran before (a reboot keeps it)
+            if cpu_cgroup:
+                self.cgroup_file.write_text("cpu cpuacct\n")
+            elif self.cgroup_file.exists():
+                self.cgroup_file.unlink()
+        controllers = '"cpu", "cpuacct"' if self.cgroup_file.exists() else ""
+        if controllers:
+            # libvirt makes its "machine" partition in the machine's hierarchies if it is not there: what this
+            # pool made is noted, and `down` removes it again when no guest of another lab is in it
+            made = [path for path in CGROUP_PARTITIONS if os.path.isdir(os.path.dirname(path))
+                    and not os.path.exists(path)]
+            if made:
+                with open(self.dir / "cgroup-made", "a") as handle:
+                    handle.write("".join(path + "\n" for path in made))
+        (etc / "qemu.conf").write_text(QEMU_CONF.format(controllers=controllers))
         # nwfilter definitions from the system (so <filterref> works); no
         # networks, domains or storage pools from the system configuration.
         sys_nwfilter = Path("/etc/libvirt/nwfilter")
@@ -1052,6 +1104,7 @@ class Pool:
                     libvirtd,
                     POOL_IF,
                     self.root() or "",
+                    "1" if self.cgroup_file.exists() else "",
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -1348,7 +1401,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             log(f"{pool.name}: cleaning up after a dead daemon")
             pool.kill_everything()
         pool.clear_runtime()
-        pool.prepare(pki.ca, newer_root(args, pool, len(wanted)))
+        pool.prepare(pki.ca, newer_root(args, pool, len(wanted)), args.cpu_cgroup)
         to_start.append(pool)
 
     # The first QEMU capability probe costs seconds of CPU; do it once per
@@ -1403,6 +1456,7 @@ def cmd_down(args: argparse.Namespace) -> int:
                 log(f"{pool.name}: stopped")
             pool.clear_runtime()
             pool.remove_link()
+            pool.remove_cgroup_partitions()
         except LabError as exc:
             log(f"error: {exc}")
             failed = True
@@ -1589,6 +1643,13 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=120,
         help="seconds to wait for each daemon to answer (default 120)",
+    )
+    p_up.add_argument(
+        "--cpu-cgroup",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="QEMU of the pools started now runs under the CPU cgroup controller, so a CPU quota (cputune) is "
+        "enforced (default: as each ran before; off at first)",
     )
     p_up.set_defaults(func=cmd_up)
 
