@@ -199,16 +199,31 @@ def test_check_mode_refuses_a_reference_its_registry_does_not_resolve(lab1):
 def test_an_image_as_ironcores_tool_writes_it_copied_by_skopeo_boots_uefi_with_no_firmware_field(lab1, tmp_path):
     """Issue 50: a raw UEFI disk (the lab's Secure Boot image: Debian's shim and GRUB on a FAT disk) written as an
     OCI image layout in the shape ironcore-image's build gives (an index with the image's linux/amd64 platform, a
-    config of IronCore's media type, the disk byte for byte as the rootfs layer), copied to the lab's registry by
+    config of IronCore's media type with the command line, the disk byte for byte as the rootfs layer, the kernel
+    and the initramfs as theirs), copied to the lab's registry by
     an independent client (Debian's skopeo), then named by an IronCore Machine as IronCore names it (no scheme),
     with no firmware field: it boots UEFI, as on libvirt-provider, and the guest's console says it came up."""
     pool, data, _layer, _pinned = lab1
     assert shutil.which("skopeo"), "skopeo is missing (make deps installs Debian's package)"
     disk = str(tmp_path / "uefi.raw")
     subprocess.run(["qemu-img", "convert", "-O", "raw", secureboot_image(), disk], check=True, timeout=300)
+    # its kernel and initramfs as the layers ironcore-image gives them beside the disk, its command line in the
+    # config: the pull takes the disk layer, whatever else the image carries
+    for name in ("vmlinuz", "initrd.gz"):
+        subprocess.run(["mcopy", "-i", disk, "::/" + name, str(tmp_path / name)], check=True, timeout=60)
     layout = str(tmp_path / "layout")
     subprocess.run(["python3", os.path.join(REPO, "lab", "lab.py"), "push-image", "--file", disk,
-                    "--ref", "machinery/uefi:1.0", "--layout", layout], check=True, capture_output=True, timeout=300)
+                    "--kernel", str(tmp_path / "vmlinuz"), "--initramfs", str(tmp_path / "initrd.gz"),
+                    "--cmdline", "console=ttyS0,115200 loglevel=3 panic=5", "--ref", "machinery/uefi:1.0", "--layout", layout],
+                   check=True, capture_output=True, timeout=300)
+    with open(os.path.join(layout, "index.json")) as handle:
+        index_digest = json.load(handle)["manifests"][0]["digest"]
+    with open(os.path.join(layout, "blobs", "sha256", index_digest.split(":")[1])) as handle:
+        manifest_digest = json.load(handle)["manifests"][0]["digest"]
+    with open(os.path.join(layout, "blobs", "sha256", manifest_digest.split(":")[1])) as handle:
+        assert [layer["mediaType"] for layer in json.load(handle)["layers"]] == [
+            "application/vnd.ironcore.image.rootfs", "application/vnd.ironcore.image.initramfs",
+            "application/vnd.ironcore.image.kernel"]
     certs = tmp_path / "certs"
     certs.mkdir()
     shutil.copyfile(data["registry_ca"], str(certs / "ca.crt"))
