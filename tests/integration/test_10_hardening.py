@@ -23,6 +23,7 @@ from lxml import etree
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import published_class
 
 from conftest import OVERCOMMIT, REPO, ModuleRun, assert_failed, run_module, start_daemons, stop_daemon
@@ -441,30 +442,31 @@ def restart_outcome(result, pool):
     return "failed without naming the pool"
 
 
-def test_daemon_restart_under_a_batch(registered, image):
-    """The batch is frozen while it creates a machine on the second pool (its root volume is there, its domain not yet),
-    whose daemon is restarted meanwhile: the batch goes on over a connection that died under it."""
+def test_daemon_restart_under_a_batch(registered, image, monkeypatch):
+    """The batch stops itself right before its first domain definition (writer.STOP_BEFORE_WRITE_ENV): a machine's
+    root volume is on its pool, its domain not yet. That pool's daemon is restarted meanwhile: the batch goes on
+    over a connection that died under it."""
     pools = registered
     names = ["restart-%d" % index for index in range(4)]
     specs = [{"name": n, "machine_class": "small", "image": image, "state": "present", "network_interfaces": []}
              for n in names]
     run("machine_batch", pools=[p.uri for p in pools], machines=[{"name": n, "state": "absent"} for n in names])
+    monkeypatch.setenv(writer.STOP_BEFORE_WRITE_ENV, "defineXML")
     batch = ModuleRun("machine_batch", pools=[p.uri for p in pools], machines=specs)
-    deadline = time.monotonic() + 60
-    while not begun(pools[1], "restart-"):
-        assert batch.running(), "the batch ended before it was seen creating a machine on %s" % pools[1].name
-        assert time.monotonic() < deadline, "the batch never began a machine on %s" % pools[1].name
-        time.sleep(0.002)
-    os.killpg(batch.proc.pid, signal.SIGSTOP)
+    monkeypatch.delenv(writer.STOP_BEFORE_WRITE_ENV)
     try:
-        stop_daemon(pools[1])
+        _pid, status = os.waitpid(batch.proc.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), ("the batch ended without stopping before a definition", batch.finish())
+        frozen = [pool for pool in pools if begun(pool, "restart-")]
+        assert frozen, "no pool holds a create begun and not defined"
+        stop_daemon(frozen[0])
         start_daemons(pools)
     finally:
-        os.killpg(batch.proc.pid, signal.SIGCONT)
+        os.kill(batch.proc.pid, signal.SIGCONT)
     result = batch.finish()
-    REPORT["restarted_batch"] = restart_outcome(result, pools[1])
+    REPORT["restarted_batch"] = restart_outcome(result, frozen[0])
     # where it failed, the pool whose daemon went away is named, with the cause
-    assert restart_outcome(result, pools[1]) in ("converged", "failed naming the pool"), result
+    assert restart_outcome(result, frozen[0]) in ("converged", "failed naming the pool"), result
     batch_converges_then_goes(pools, specs, "restart-")
 
 

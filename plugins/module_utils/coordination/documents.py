@@ -115,8 +115,19 @@ class Registry:
         with self._guard:
             if key not in self._bodies:
                 if expected and self.pool is not None:
-                    self._bodies[key] = self._confirmed(lambda: self._read(key),
-                                                        lambda found: found is not None or self._absent(key))
+                    verdict = [False]
+
+                    def believed(found):
+                        verdict[0] = found is not None or self._absent(key)  # asked once a reading: it refreshes
+                        return verdict[0]
+                    body = self._confirmed(lambda: self._read(key), believed)
+                    if not verdict[0] and keys.POOL_KEY in self._generations():
+                        # a registered pool whose absence of the key was never confirmed: other runs kept
+                        # writing its registry all along (libvirt refused each refresh while their uploads ran);
+                        # their writes end, so it is asked longer before the key is taken for absent
+                        body = self._confirmed(lambda: self._read(key), believed,
+                                               seconds=volumes.CONTENDED_RETRY_SECONDS)
+                    self._bodies[key] = body
                 else:
                     self._bodies[key] = self._read(key)
             return self._bodies[key]
@@ -181,14 +192,24 @@ class Registry:
         list would otherwise have the write start again at generation 1 beside a newer one, and be lost."""
         if key == keys.POOL_KEY:
             return self._generations()
-        return self._confirmed(self._generations, lambda index: key in index or self._absent_from(index, key))
 
-    def _confirmed(self, read, believed):
+        verdict = [False]
+
+        def believed(index):
+            verdict[0] = key in index or self._absent_from(index, key)  # asked once a listing: it refreshes
+            return verdict[0]
+        index = self._confirmed(self._generations, believed)
+        if keys.POOL_KEY in index and not verdict[0]:
+            # never confirmed while other runs kept the registry busy (as get's expected keys): asked longer
+            index = self._confirmed(self._generations, believed, seconds=volumes.CONTENDED_RETRY_SECONDS)
+        return index
+
+    def _confirmed(self, read, believed, seconds=volumes.EXPECTED_RETRY_SECONDS):
         """``read()`` until ``believed`` of what it returns, forgetting the index between reads (reread)."""
         def forget_and_read():
             self._index = None
             return read()
-        return volumes.reread(self.pool, read, believed, forget_and_read)
+        return volumes.reread(self.pool, read, believed, forget_and_read, seconds=seconds)
 
     def _relist(self, epoch):
         """Forget the index unless it was listed while this process held the admission lock in ``epoch`` (the

@@ -21,6 +21,9 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
 
 EXPECTED_RETRY_SECONDS = 2.0
+# a registered pool's document that is neither found nor confirmed absent in EXPECTED_RETRY_SECONDS (other runs
+# write the registry all the while, and libvirt refuses a refresh while an upload runs): asked this much longer
+CONTENDED_RETRY_SECONDS = 10.0
 PRUNE_RETRY_SECONDS = 8.0
 # libvirt's answers to a create of a name that exists (the last two while another create of it is under way)
 _TAKEN = ("VIR_ERR_STORAGE_VOL_EXIST", "VIR_ERR_INTERNAL_ERROR", "VIR_ERR_OPERATION_FAILED")
@@ -38,11 +41,28 @@ def create_exclusive(pool, name, what):
 
 
 def listing(pool):
-    """The names of the pool's volumes, or none when libvirt cannot list them now."""
+    """The names of the pool's volumes, or none when libvirt cannot list them now (a refresh under way). A
+    connection that died (its daemon restarted, its host gone) is no such moment: it fails, naming the pool's URI,
+    instead of being listed again until a run's hold timeout."""
     try:
         return pool.listVolumes()
-    except lv.libvirt.libvirtError:
+    except lv.libvirt.libvirtError as exc:
+        conn = pool.connect()
+        try:
+            alive = conn.isAlive()
+        except lv.libvirt.libvirtError:
+            alive = False
+        if not alive:
+            raise LibvirtFailure("lost the connection to %s while reading its registry: %s"
+                                 % (_uri(conn), lv.describe(exc))) from None
         return []
+
+
+def _uri(conn):
+    try:
+        return conn.getURI()
+    except lv.libvirt.libvirtError:
+        return "the pool's daemon"
 
 
 def holds_registration(names):
