@@ -57,6 +57,15 @@ def decode(data, key):
     return body
 
 
+# How many listings, each right after a refresh of this process's own, must agree that a key is absent before it
+# is believed (_absent_from). libvirt refreshes a dir pool after every upload into it, and such a refresh that
+# fails midway (a volume deleted while it scans) leaves the list short until the next one: a listing taken right
+# after a good refresh of ours can still be short when another run's upload ended in between (2 of 404 reads of
+# the registry race under load 7 with one confirmation). Each round costs one refresh and one listing, once per
+# registry object: later absent keys of the same listing cost nothing.
+ABSENCE_CONFIRMATIONS = 3
+
+
 class DocumentChanged(ConflictError):
     """A compare-and-swap write (``Registry.put(expect=...)``) found a newer document than the one expected."""
 
@@ -148,13 +157,17 @@ class Registry:
             return False
         if index is self._refreshed:
             return True
-        self._index = None
-        try:
-            self.pool.refresh(0)
-        except lv.libvirt.libvirtError:
-            return False  # an upload is running there: its own refresh follows it; read again
-        self._refreshed = index = self._generations()  # later keys absent from it cost nothing more
-        return keys.POOL_KEY in index and key not in index
+        for _round in range(ABSENCE_CONFIRMATIONS):
+            self._index = None
+            try:
+                self.pool.refresh(0)
+            except lv.libvirt.libvirtError:
+                return False  # an upload is running there: its own refresh follows it; read again
+            index = self._generations()
+            if keys.POOL_KEY not in index or key in index:
+                return False
+        self._refreshed = index  # later keys absent from it cost nothing more
+        return True
 
     def _read(self, key, relisted=False):
         vanished = False
