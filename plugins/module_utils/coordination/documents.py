@@ -124,19 +124,8 @@ class Registry:
         with self._guard:
             if key not in self._bodies:
                 if expected and self.pool is not None:
-                    verdict = [False]
-
-                    def believed(found):
-                        verdict[0] = found is not None or self._absent(key)  # asked once a reading: it refreshes
-                        return verdict[0]
-                    body = self._confirmed(lambda: self._read(key), believed)
-                    if not verdict[0] and keys.POOL_KEY in self._generations():
-                        # a registered pool whose absence of the key was never confirmed: other runs kept
-                        # writing its registry all along (libvirt refused each refresh while their uploads ran);
-                        # their writes end, so it is asked longer before the key is taken for absent
-                        body = self._confirmed(lambda: self._read(key), believed,
-                                               seconds=volumes.CONTENDED_RETRY_SECONDS)
-                    self._bodies[key] = body
+                    self._bodies[key] = self._confirmed(lambda: self._read(key),
+                                                        lambda found: found is not None or self._absent(key))
                 else:
                     self._bodies[key] = self._read(key)
             return self._bodies[key]
@@ -205,24 +194,26 @@ class Registry:
         list would otherwise have the write start again at generation 1 beside a newer one, and be lost."""
         if key == keys.POOL_KEY:
             return self._generations()
+        return self._confirmed(self._generations, lambda index: key in index or self._absent_from(index, key))
 
+    def _confirmed(self, read, believed):
+        """``read()`` until ``believed`` of what it returns, forgetting the index between reads (reread). A
+        registered pool where nothing was believed in EXPECTED_RETRY_SECONDS had other runs writing its registry
+        all along (libvirt refused each refresh while their uploads ran): their writes end, so it is asked
+        CONTENDED_RETRY_SECONDS longer before the last reading is taken."""
         verdict = [False]
 
-        def believed(index):
-            verdict[0] = key in index or self._absent_from(index, key)  # asked once a listing: it refreshes
+        def judged(found):
+            verdict[0] = believed(found)  # asked once a reading: a confirmation refreshes the pool
             return verdict[0]
-        index = self._confirmed(self._generations, believed)
-        if keys.POOL_KEY in index and not verdict[0]:
-            # never confirmed while other runs kept the registry busy (as get's expected keys): asked longer
-            index = self._confirmed(self._generations, believed, seconds=volumes.CONTENDED_RETRY_SECONDS)
-        return index
 
-    def _confirmed(self, read, believed, seconds=volumes.EXPECTED_RETRY_SECONDS):
-        """``read()`` until ``believed`` of what it returns, forgetting the index between reads (reread)."""
         def forget_and_read():
             self._index = None
             return read()
-        return volumes.reread(self.pool, read, believed, forget_and_read, seconds=seconds)
+        found = volumes.reread(self.pool, read, judged, forget_and_read)
+        if not verdict[0] and keys.POOL_KEY in self._generations():
+            found = volumes.reread(self.pool, read, judged, forget_and_read, seconds=volumes.CONTENDED_RETRY_SECONDS)
+        return found
 
     def _relist(self, epoch):
         """Forget the index unless it was listed while this process held the admission lock in ``epoch`` (the

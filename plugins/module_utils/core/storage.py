@@ -156,22 +156,27 @@ LUKS_BENCHMARK = "Unable to get accurate CPU usage"
 LUKS_ATTEMPTS = 5
 
 
+def _luks_retried(secret, make):
+    """``make()``, asked again when it made an encrypted volume (``secret``) and qemu-img, which times its LUKS key
+    derivation on the host's CPU, gave up because a loaded host let it measure nothing: then nothing was made."""
+    for attempt in range(LUKS_ATTEMPTS):
+        try:
+            return make()
+        except lv.libvirt.libvirtError as exc:
+            if not (secret and LUKS_BENCHMARK in lv.describe(exc) and attempt + 1 < LUKS_ATTEMPTS):
+                raise
+
+
 def create_volume(pool, name, capacity, fmt="raw", mode=None, backing=None, secret=None, replace=False):
     """Create the volume ``name``; with ``replace``, one of that name already there is deleted first (found by
     the create failing, so the usual case costs no lookup)."""
     xml = volume_xml(name, capacity, fmt, mode, backing, secret)
-    for attempt in range(LUKS_ATTEMPTS):
-        try:
-            return writer.write(pool, "createXML", xml, 0)
-        except lv.libvirt.libvirtError as exc:
-            # qemu-img times its LUKS key derivation on the host's CPU and gives up when a loaded host lets it
-            # measure nothing: the volume was not made, so it is asked for again
-            if secret and LUKS_BENCHMARK in lv.describe(exc) and attempt + 1 < LUKS_ATTEMPTS:
-                continue
-            if not (replace and exc.get_error_code() == lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST):
-                kind = VolumeExists if exc.get_error_code() == lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST else LibvirtFailure
-                raise kind("cannot create volume %s: %s" % (name, lv.describe(exc))) from None
-            break
+    try:
+        return _luks_retried(secret, lambda: writer.write(pool, "createXML", xml, 0))
+    except lv.libvirt.libvirtError as exc:
+        if not (replace and exc.get_error_code() == lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST):
+            kind = VolumeExists if exc.get_error_code() == lv.libvirt.VIR_ERR_STORAGE_VOL_EXIST else LibvirtFailure
+            raise kind("cannot create volume %s: %s" % (name, lv.describe(exc))) from None
     delete_volume(pool, name)
     return create_volume(pool, name, capacity, fmt, mode, backing, secret)
 
@@ -181,17 +186,14 @@ def copy_volume(pool, name, capacity, fmt, source, secret=None):
     file), of at least ``capacity`` bytes. libvirt copies on the host (qemu-img convert), so it works over any
     URI; the copy is grown afterwards when the source was smaller than ``capacity``. With ``secret`` (the uuid of
     a volume secret) the copy is LUKS-encrypted, raw inside: every byte of the source is written encrypted."""
-    for attempt in range(LUKS_ATTEMPTS):
-        try:
-            vol = writer.write(pool, "createXMLFrom", volume_xml(name, capacity, fmt, secret=secret), source, 0)
-            if vol.info()[1] < capacity:
-                writer.write(vol, "resize", capacity, 0)
-            return vol
-        except lv.libvirt.libvirtError as exc:
-            if secret and LUKS_BENCHMARK in lv.describe(exc) and attempt + 1 < LUKS_ATTEMPTS:
-                continue  # as create_volume: qemu-img measured nothing on a loaded host, and made nothing
-            raise LibvirtFailure("cannot copy %s into volume %s: %s" % (source.name(), name, lv.describe(exc))) \
-                from None
+    try:
+        vol = _luks_retried(secret, lambda: writer.write(pool, "createXMLFrom",
+                                                         volume_xml(name, capacity, fmt, secret=secret), source, 0))
+        if vol.info()[1] < capacity:
+            writer.write(vol, "resize", capacity, 0)
+    except lv.libvirt.libvirtError as exc:
+        raise LibvirtFailure("cannot copy %s into volume %s: %s" % (source.name(), name, lv.describe(exc))) from None
+    return vol
 
 
 def delete_volume(pool, name, keep_if_busy=False, checked=True):
