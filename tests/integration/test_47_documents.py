@@ -1,9 +1,12 @@
-"""Registry documents written by compare and swap (issue #38, docs/concurrency.md), on a real pool's registry:
-writers that read one generation and write at once, through their own libvirt connections and the host's real
-admission lock. With ``expect`` exactly one write of each round lands and the others are refused and try again,
-so every writer's change is in the document; the same writes without it lose all but one. And a module's write
-of a class goes over nothing a run that read it earlier then writes."""
+"""Registry documents written by compare and swap (issues #38 and #49, docs/concurrency.md), on a real pool's
+registry: writers that read one generation and write at once, through their own libvirt connections, with no lock:
+the commit's exclusive create decides. With ``expect`` exactly one write of each round lands and the others are refused and try again,
+so every writer's change is in the document; the same writes without it lose all but one. A module's write
+of a class goes over nothing a run that read it earlier then writes. And the document model's in-memory store
+answers a schedule as libvirt does."""
 
+import os
+import sys
 import threading
 
 import libvirt
@@ -11,6 +14,7 @@ import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
 from ansible_collections.machinery.compute.plugins.module_utils.pools.classes import published_class
 
 from conftest import first_pool, run_module
@@ -113,3 +117,98 @@ def test_a_class_changed_by_a_module_is_not_overwritten_by_an_earlier_reader(poo
     finally:
         conn.close()
         run_module("machine_class", uri=pool.uri, name="cas-class", state="absent")
+
+
+class Recorded:
+    """A document store (volumes.DocumentStore, or the model's stand-in protocol_world.Documents) that logs each
+    call on KEY's volumes and what it gave, with the staged volumes' names (random) and other volumes left out."""
+
+    def __init__(self, store, log):
+        self.store = store
+        self.log = log
+
+    @staticmethod
+    def _name(name):
+        return "stage" if name.startswith(keys.STAGE_PREFIX) else name
+
+    def listing(self):
+        names = self.store.listing()
+        self.log.append(("list", tuple(sorted(name for name in names if name.startswith(KEY + ".")))))
+        return names
+
+    def refresh(self, flags=0):
+        return self.store.refresh(flags)
+
+    def read(self, name, limit):
+        data = self.store.read(name, limit)
+        self.log.append(("read", name, documents.decode(data, KEY) if data is not None else None))
+        return data
+
+    def stage(self, name, data):
+        self.store.stage(name, data)
+        self.log.append(("stage", self._name(name)))
+
+    def commit(self, name, staged, size):
+        made = self.store.commit(name, staged, size)
+        self.log.append(("commit", name, made))
+        return made
+
+    def discard(self, name):
+        self.store.discard(name)
+        self.log.append(("delete", self._name(name)))
+
+    def delete_when_read(self, name):
+        self.store.delete_when_read(name)
+        self.log.append(("delete", name))
+
+    def prune(self, name):
+        done = self.store.prune(name)
+        self.log.append(("delete", name))
+        return done
+
+
+def paused_writer(open_registry):
+    """The model's hardest schedule, in one thread: A reads, B and C each write a generation (B's prunes the one A
+    read), then A commits the generation name B's write freed and finds C's above it. Returns what A was told."""
+    open_registry().put(KEY, {"names": []})
+    paused = open_registry()
+    paused.get(KEY)
+    commit = paused.store.commit
+
+    def others_first(name, staged, size):
+        paused.store.commit = commit
+        for name_added in ("b", "c"):
+            other = open_registry()
+            other.put(KEY, {"names": (other.get(KEY) or {}).get("names", []) + [name_added]},
+                      expect=other.read_generation(KEY))
+        return commit(name, staged, size)
+    paused.store.commit = others_first
+    try:
+        paused.put(KEY, {"names": ["a"]}, expect=paused.read_generation(KEY))
+        return "done"
+    except documents.DocumentChanged as exc:
+        return exc.message
+
+
+def test_the_models_store_makes_the_calls_libvirt_makes_with_their_results(pool):
+    """The document model (tests/unit/.../test_document_model.py) runs Registry against an in-memory store: the
+    same schedule, replayed on this real registry and on that store, makes the same calls with the same
+    results, call by call (what was listed, read, committed or refused, deleted)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "unit", "plugins", "module_utils"))
+    import protocol_world as pw  # pylint: disable=import-outside-toplevel  # the unit tests' stand-in
+
+    delete_document(pool)
+    conn = libvirt.open(pool.uri)
+    try:
+        real_log, model_log = [], []
+        real_pool = documents.Registry.open(conn).pool
+        real = volumes.DocumentStore(conn, real_pool)
+        told_real = paused_writer(lambda: documents.Registry(conn, real_pool, store=Recorded(real, real_log)))
+        model = pw.Documents({"pool.1.json": documents.encode(keys.POOL_KEY, 1, {"name": "p"})})
+        told_model = paused_writer(lambda: documents.Registry(None, real_pool, store=Recorded(model, model_log)))
+        assert told_real == told_model and "read generation 1, another run wrote 3" in told_real
+        assert real_log == model_log
+        assert ("commit", KEY + ".2.json", True) in real_log  # the freed name taken, then found stale
+        assert documents.Registry.open(conn).get(KEY) == {"names": ["b", "c"]}
+    finally:
+        conn.close()

@@ -3,11 +3,21 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Documents: what the registry of a pool host keeps, as JSON in a dir storage pool (docs/concurrency.md).
 
-Each object is stored as ``<key>.<generation>.json`` (keys.py names them); a write creates generation n+1 and only
-then removes the older ones. Every document carries the checksum of its body, so a write cut off midway leaves a
-document that fails verification and the reader falls back to the previous generation: an object is never
-unreadable. A write that names the generation its change was made from (``put(expect=...)``) is a compare and
-swap: it fails with DocumentChanged, writing nothing, when another run wrote a newer one since.
+Each object is stored as ``<key>.<generation>.json`` (keys.py names them). A write stages its body in a volume of
+its own, then commits it as generation n+1 in one call that libvirt makes whole and exclusive (the generation's
+volume created as a copy of the staged one, only if no volume of that name exists: volumes.DocumentStore.commit),
+and only then removes the older generations. So a generation is never half written by a writer killed or paused
+midway, and of two runs committing one generation exactly one succeeds: the store is the fence, no lock is taken.
+Every document carries the checksum of its body; one that fails verification (corrupt, or left by an older
+version's writer) is passed over and the reader takes the previous generation: an object is never unreadable.
+
+A write that names the generation its change was made from (``put(expect=...)``) is a compare and swap: it commits
+generation ``expect + 1``, and fails with DocumentChanged, leaving the document as it was, when that generation or
+a newer one is there (complete, or still being copied by libvirt). After its commit it lists the key once more: a
+newer generation there that was not made from this one (its ``base``) means this write reused the name of a
+generation pruned since (it was paused while two other writes were made): it is deleted again and the write
+fails the same way. Every read-modify-write caller runs its change again on a conflict (interface/module_base.py,
+Kubernetes' RetryOnConflict). docs/concurrency.md, "Documents".
 """
 
 from __future__ import annotations
@@ -25,11 +35,15 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination imp
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import volumes
 
 
-# The steps of a document write (put): read the document (outside the lock), then under the host's admission lock
-# check that no newer complete generation was written since (with ``expect``), create generation n+1, upload its
-# body, prune the older ones. tests/unit/plugins/module_utils/test_document_model.py explores every interleaving of
-# writers taking exactly these steps, crashing anywhere; it fails when this list and the model's differ.
-WRITE_STEPS = ("read", "check", "create", "upload", "prune")
+# The store calls of a document write (put), in order: read the document (get), stage its body in a volume of the
+# writer's own, commit it as the next generation (exclusive and whole), check by one more listing that no newer
+# generation that was not made from it is there, prune the staged volume and the older generations.
+# tests/unit/plugins/module_utils/test_document_model.py drives Registry itself through these calls against an
+# in-memory store, killing or pausing writers between any two of them.
+WRITE_STEPS = ("read", "stage", "commit", "check", "prune")
+COMMIT_ATTEMPTS = 3  # a write without ``expect`` whose generation was taken, or found stale, tries the next one
+MAX_DOCUMENT = 1024 * 1024
+READ_RELISTS = 20  # a read whose listed generations were all pruned before it read them lists again, this often
 
 
 def registry_path(storage_path):
@@ -37,24 +51,31 @@ def registry_path(storage_path):
     return os.path.join(os.path.dirname(storage_path), os.path.basename(storage_path) + "-registry")
 
 
-def encode(key, generation, body):
+def encode(key, generation, body, writer=None, base=None):
+    """A stored document: ``writer`` names the write that made it (its staged volume, unique to the write) and
+    ``base`` the write that made the document it was changed from (None for a write that read none, or wrote
+    blind)."""
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     document = {"key": key, "generation": generation, "body": body,
                 "sha256": hashlib.sha256(canonical.encode()).hexdigest()}
+    if writer is not None:
+        document["writer"] = writer
+        document["base"] = base
     return json.dumps(document, sort_keys=True, indent=1).encode() + b"\n"
 
 
-def decode(data, key):
-    """The body of a stored document, or None when it is cut off, corrupt or belongs to another key."""
+def decode(data, key, envelope=False):
+    """The body of a stored document, or None when it is cut off, corrupt or belongs to another key; with
+    ``envelope``, (body, writer, base)."""
     try:
         document = json.loads(data.decode())
         body = document["body"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        return None
+        return (None, None, None) if envelope else None
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     if document.get("key") != key or document.get("sha256") != hashlib.sha256(canonical.encode()).hexdigest():
-        return None
-    return body
+        return (None, None, None) if envelope else None
+    return (body, document.get("writer"), document.get("base")) if envelope else body
 
 
 # How many listings, each right after a refresh of this process's own, must agree that a key is absent before it
@@ -71,17 +92,21 @@ class DocumentChanged(ConflictError):
 
 
 class Registry:
-    """The documents of one pool host. ``pool`` is the libvirt storage pool, or None when it does not exist."""
+    """The documents of one pool host. ``pool`` is the libvirt storage pool, or None when it does not exist;
+    ``store`` the storage calls made on it (volumes.DocumentStore of ``pool`` unless the document model gives its
+    own)."""
 
-    def __init__(self, conn, pool, identity=None):
+    def __init__(self, conn, pool, identity=None, store=None):
         self.conn = conn
         self.pool = pool
-        self.identity = identity  # whose admission lock a write takes (locks.Identity; None: its own)
+        self.identity = identity  # who names this object's staged volumes (locks.Identity; None: its own)
+        self.store = store if store is not None else (volumes.DocumentStore(conn, pool) if pool is not None else None)
         self._index = None
         self._listed_in = None  # the admission lock epoch the index was listed under (see put)
         self._refreshed = None  # the index listed right after this object refreshed the pool (_absent_from)
         self._bodies = {}
         self._read_from = {}  # key: the volume its body was read from (the newest readable generation)
+        self._writers = {}  # key: the write that made the document read (its envelope's ``writer``)
         # the threads of one run (a batch, a set) share a pool's registry: one of them at a time in its caches
         self._guard = threading.RLock()
 
@@ -97,7 +122,7 @@ class Registry:
         if self._index is None:
             self._index = {}
             if self.pool is not None:
-                for name in self.pool.listVolumes():
+                for name in self.store.listing():
                     document = keys.parse_document_volume(name)
                     if document:
                         self._index.setdefault(document[0], []).append((document[1], name))
@@ -148,9 +173,7 @@ class Registry:
             return True
         for _round in range(ABSENCE_CONFIRMATIONS):
             self._index = None
-            try:
-                self.pool.refresh(0)
-            except lv.libvirt.libvirtError:
+            if not self.store.refresh(0):
                 return False  # an upload is running there: its own refresh follows it; read again
             index = self._generations()
             if keys.POOL_KEY not in index or key in index:
@@ -158,31 +181,31 @@ class Registry:
         self._refreshed = index  # later keys absent from it cost nothing more
         return True
 
-    def _read(self, key, relisted=False):
+    def _read(self, key, relisted=0):
         vanished = False
         for _generation, name in self._generations().get(key, []):
-            vol = lv.lookup_volume(self.pool, name)
             try:
-                data = storage.download_bytes(self.conn, vol, limit=1024 * 1024) if vol is not None else None
+                data = self.store.read(name, MAX_DOCUMENT)
             except storage.VolumeBeingWritten:
-                continue  # another run is still writing it: not there yet, an older generation is the current one
+                continue  # libvirt still copies a commit into it: not there yet, an older generation is current
             except storage.VolumeTooLarge:
                 continue  # no document is that large: not one of ours
-            except LibvirtFailure:
-                if lv.lookup_volume(self.pool, name) is not None:
-                    raise
-                data = None  # pruned between the lookup and the download
             if data is None:
-                vanished = True
+                vanished = True  # pruned between the listing and the read
                 continue
-            body = decode(data, key)
+            body, writer, _base = decode(data, key, envelope=True)
             if body is not None:
                 self._read_from[key] = name
+                self._writers[key] = writer
                 return body
-        if vanished and not relisted:
-            # a concurrent put wrote a newer generation and pruned the ones listed here: list again, once
+        if vanished:
+            # concurrent puts committed newer generations and pruned the ones listed here: list again (each time a
+            # listing's generations all vanish, another write was made)
+            if relisted >= READ_RELISTS:
+                raise LibvirtFailure("registry document %s changed %d times while this run read it; run again"
+                                     % (key, READ_RELISTS))
             self._index = None
-            return self._read(key, relisted=True)
+            return self._read(key, relisted + 1)
         return None
 
     def _complete_listing(self, key):
@@ -191,7 +214,7 @@ class Registry:
         after another run's upload, and may miss the current generation of ``key`` too. The pool is refreshed
         and listed again, for up to EXPECTED_RETRY_SECONDS, as ``get(expected=True)`` does. A listing that holds
         the registration but not ``key`` is listed again after a refresh before the key is taken for new: a short
-        list would otherwise have the write start again at generation 1 beside a newer one, and be lost."""
+        list would otherwise have the write start again at generation 1 beside a newer one."""
         if key == keys.POOL_KEY:
             return self._generations()
         return self._confirmed(self._generations, lambda index: key in index or self._absent_from(index, key))
@@ -210,15 +233,15 @@ class Registry:
         def forget_and_read():
             self._index = None
             return read()
-        found = volumes.reread(self.pool, read, judged, forget_and_read)
+        found = volumes.reread(self.store, read, judged, forget_and_read)
         if not verdict[0] and keys.POOL_KEY in self._generations():
-            found = volumes.reread(self.pool, read, judged, forget_and_read, seconds=volumes.CONTENDED_RETRY_SECONDS)
+            found = volumes.reread(self.store, read, judged, forget_and_read, seconds=volumes.CONTENDED_RETRY_SECONDS)
         return found
 
     def _relist(self, epoch):
         """Forget the index unless it was listed while this process held the admission lock in ``epoch`` (the
-        admission's hold on it, unbroken since): then no other run has written since, and this process's own
-        writes are in the index already."""
+        admission's hold on it, unbroken since) and is used for the keys only admissions write (waves, a create's
+        pending journal): no other run writes those meanwhile, and this process's own writes are in the index."""
         if epoch is None or epoch != self._listed_in:
             self._index = None
             self._listed_in = epoch
@@ -229,6 +252,7 @@ class Registry:
             self._index = None
             self._bodies.pop(key, None)
             self._read_from.pop(key, None)
+            self._writers.pop(key, None)
 
     def read_generation(self, key):
         """The generation of ``key`` this object read (``get``): 0 when it read no document, None when it has not
@@ -239,91 +263,105 @@ class Registry:
             name = self._read_from.get(key)
             return keys.parse_document_volume(name)[1] if name and self._bodies[key] is not None else 0
 
-    def _changed_since(self, key, versions, read):
-        """The newest generation of ``key`` in ``versions`` newer than the one read (``read``) that holds a
-        complete document, or None. Under the admission lock no writer is live, so a newer generation that
-        cannot be read is a dead writer's (prune_superseded) and changes nothing."""
+    def _stage_name(self):
+        identity = self.identity if self.identity is not None else locks.Identity()
+        return identity.marker(keys.STAGE_PREFIX, identity.next_staging())
+
+    def _newer(self, key, versions, than):
+        """Of ``versions``, those newer than generation ``than`` that hold a document or are being committed
+        (libvirt still copies them): [(generation, writer, base)], newest first. One that reads as no document of
+        ``key`` (an older version's writer killed between its create and its upload, or a corrupt volume) is
+        passed over, as readers pass it over."""
+        found = []
         for generation, name in versions:
-            if generation <= read:
+            if generation <= than:
                 break
-            vol = lv.lookup_volume(self.pool, name)
             try:
-                data = storage.download_bytes(self.conn, vol, limit=1024 * 1024) if vol is not None else None
-            except (storage.VolumeBeingWritten, storage.VolumeTooLarge):
+                data = self.store.read(name, MAX_DOCUMENT)
+            except storage.VolumeBeingWritten:
+                found.append((generation, None, None))
                 continue
-            if data is not None and decode(data, key) is not None:
-                return generation
-        return None
+            except storage.VolumeTooLarge:
+                continue
+            if data is None:
+                continue  # pruned since it was listed: a newer one is there
+            body, writer, base = decode(data, key, envelope=True)
+            if body is not None:
+                found.append((generation, writer, base))
+        return found
 
     def put(self, key, body, locked=False, epoch=None, expect=None):
-        """Write ``key``. Under the host's admission lock (``locked`` when the caller holds it already), listed
-        afresh: two runs writing the same document at once (both registering a pool, say) then take distinct
-        generations instead of colliding on one volume name. ``epoch`` (admission.Admission.epoch) spares the
-        listing when this process has held the lock since it last listed.
+        """Write ``key``: stage, commit the next generation, check, prune (WRITE_STEPS). No lock is taken: the
+        commit's exclusive create decides between writers. ``locked`` and ``epoch`` (admission.Admission.epoch):
+        the caller holds the pool's admission lock and ``key`` is one only admissions write, so the listing made
+        under that hold can be used again.
 
         ``expect``: compare and swap. The generation of ``key`` the caller's change was made from
-        (``read_generation`` when it observed; 0 for no document). The write is made only if no newer complete
-        generation has been written since; otherwise it fails with DocumentChanged and writes nothing, so a change
-        made from an older document never replaces a newer one (docs/concurrency.md)."""
-        # the host's lock first, then this object's guard: a thread holding the lock may need the guard
-        with locks.held(self.conn, self.pool, locked, self.identity), self._guard:
+        (``read_generation`` when it observed; 0 for no document). The write commits generation ``expect + 1``
+        only if no newer generation holds a document; otherwise it fails with DocumentChanged and the document
+        stays as the other run wrote it (docs/concurrency.md). Without ``expect`` the write is the newest
+        generation once it returns (the last writer wins)."""
+        with self._guard:
             self._relist(epoch if locked else None)
-            for attempt in range(3):
-                versions = self._complete_listing(key).get(key, [])
-                if expect is not None:
-                    newer = self._changed_since(key, versions, expect)
-                    if newer is not None:
-                        self.forget(key)
-                        raise DocumentChanged(
-                            "registry document %s changed while this run worked (it read generation %d, another "
-                            "run wrote %d): nothing was written over it; run again to apply this change to the "
-                            "new document" % (key, expect, newer))
-                generation = versions[0][0] + 1 if versions else 1
-                name = keys.document_volume(key, generation)
-                data = encode(key, generation, body)
-                try:
-                    vol = storage.create_volume(self.pool, name, len(data), "raw", mode="0600")
-                    break
-                except storage.VolumeExists:
-                    if attempt == 2:
-                        raise
-                    # the listing missed that generation: list again, refreshed
-                    self._index = None
-                    try:
-                        self.pool.refresh(0)
-                    except lv.libvirt.libvirtError:
-                        pass
+            base = self._writers.get(key) if expect is not None and expect == self.read_generation(key) else None
+            staged = self._stage_name()
             try:
-                storage.upload_bytes(self.conn, vol, data)
-            except LibvirtFailure:
-                if expect is None or lv.lookup_volume(self.pool, name) is not None:
-                    raise
-                # pruned before its upload: a run that took the admission lock over wrote a newer one
-                self._superseded_while_written(key, generation, expect)
-                raise
+                self._commit(key, body, expect, staged, base)
+            finally:
+                self.store.discard(staged)
+
+    def _commit(self, key, body, expect, staged, base):
+        for attempt in range(COMMIT_ATTEMPTS):
+            versions = self._complete_listing(key).get(key, [])
             if expect is not None:
-                self._superseded_while_written(key, generation, expect)
-            # superseded generations are pruned; one that another run is opening for a read stays until the
-            # next put (readers take the newest valid generation, so it is never read again)
-            for _old, old_name in versions:
-                self._prune(old_name)
-            self._index[key] = [(generation, name)]
+                newer = self._newer(key, versions, expect)
+                if newer:
+                    raise self._changed(key, expect, newer[0][0])
+                generation = max([found[0] for found in versions if found[0] > expect] or [expect]) + 1
+            else:
+                generation = versions[0][0] + 1 if versions else 1
+            name = keys.document_volume(key, generation)
+            data = encode(key, generation, body, staged, base)
+            self.store.stage(staged, data)
+            if not self.store.commit(name, staged, len(data)):
+                self._index = None
+                if expect is not None:
+                    raise self._changed(key, expect, generation)
+                self.store.refresh(0)
+                continue  # a blind write: the listing missed that generation; the next one
+            self._index = None
+            later = self._complete_listing(key).get(key, [])
+            newer = self._stale(key, later, generation, staged)
+            if newer:
+                self.store.discard(name)
+                self._index = None
+                if expect is not None:
+                    raise self._changed(key, expect, newer[0][0])
+                continue
+            for old, old_name in later:
+                if old < generation:
+                    self._prune(old_name)
+            self._index = None
             self._bodies[key] = body
             self._read_from[key] = name
+            self._writers[key] = staged
+            return
+        raise LibvirtFailure("cannot write registry document %s: another run took each of %d generations tried"
+                             % (key, COMMIT_ATTEMPTS))
 
-    def _superseded_while_written(self, key, generation, expect):
-        """After a compare-and-swap write: fail with DocumentChanged when a generation newer than the one just
-        written is there. Only a run that took the admission lock over from this one (paused past the lock's lease
-        between its create and its upload) can have written it, from the document this one read: the newer one
-        stands, and this run reports that its change was not made, instead of success (one listing)."""
-        self._index = None
-        later = [found for found, _name in self._complete_listing(key).get(key, []) if found > generation]
-        if later:
-            self.forget(key)
-            raise DocumentChanged(
-                "registry document %s changed while this run wrote it (it read generation %d and wrote %d; another "
-                "run, which took the pool's admission lock over while this one was paused, wrote %d): the newer one "
-                "stands; run again to apply this change to it" % (key, expect, generation, max(later)))
+    def _stale(self, key, versions, generation, staged):
+        """The check after a commit of ``generation``: the generations in ``versions`` (listed after it) newer than
+        it, when none of them was made from this write (``staged``): this write then took the name of a generation
+        pruned since it read (it was paused while two other writes were made), and the document it changed is not
+        the current one. Empty when the commit stands (nothing newer, or a newer write made from this one)."""
+        newer = self._newer(key, versions, generation)
+        return newer if newer and not any(found[2] == staged for found in newer) else []
+
+    def _changed(self, key, expect, newer):
+        self.forget(key)
+        return DocumentChanged(
+            "registry document %s changed while this run worked (it read generation %d, another run wrote %d): "
+            "nothing was written over it; run again to apply this change to the new document" % (key, expect, newer))
 
     def _prune(self, name):
         """Delete a superseded generation that the listing showed. Right after an upload, libvirt refreshes the
@@ -333,21 +371,15 @@ class Registry:
         reader is done within milliseconds, and a reader killed midway keeps its stream open in libvirtd only until
         the daemon sees its connection close (a killed run's re-run left two generations that way, under load).
         One still busy when the time is up is left to the next put."""
-        def settled():
-            if storage.delete_volume(self.pool, name, keep_if_busy=True):
-                return True
-            if lv.lookup_volume(self.pool, name) is not None:
-                return False  # busy: again
-            names = volumes.listing(self.pool)
-            return volumes.holds_registration(names) and name not in names
         # a volume known to be there: waiting longer costs nothing unless libvirt hides it (a loaded host's
         # refresh took more than the 2 s other readings wait)
-        volumes.reread(self.pool, settled, bool, seconds=volumes.PRUNE_RETRY_SECONDS)
+        volumes.reread(self.store, lambda: self.store.prune(name), bool, seconds=volumes.PRUNE_RETRY_SECONDS)
 
     def superseded(self, key):
         """The generations of ``key`` listed beside the one its body was read from (``get`` first): an older one a
-        prune could not delete, or a newer one a writer killed midway left unreadable. Another run's put between
-        its upload and its prune shows here for a moment too; ``prune_superseded`` tells them apart."""
+        prune could not delete, or a newer one that holds no document (an older version's writer killed midway).
+        Another run's put between its commit and its prune shows here for a moment too; ``prune_superseded``
+        tells them apart."""
         with self._guard:
             current = self._read_from.get(key)
             if current is None:
@@ -355,15 +387,19 @@ class Registry:
             return [name for _generation, name in self._generations().get(key, []) if name != current]
 
     def prune_superseded(self, key):
-        """Under the host's admission lock, which every writer holds from its volume's creation to its prune: read
-        ``key`` afresh and delete every other generation of it. A newer one that cannot be read then is a dead
-        writer's, never a live one's. Returns the names deleted."""
-        with locks.held(self.conn, self.pool, False, self.identity), self._guard:
-            self._index = None
-            self._bodies.pop(key, None)
-            self._read_from.pop(key, None)
+        """Read ``key`` afresh and delete the generations older than the one read, and the newer ones that hold no
+        document and are not being committed (passed over by every reader and writer). Returns the names
+        deleted."""
+        with self._guard:
+            self.forget(key)
             body = self._read(key)
-            doomed = self.superseded(key) if body is not None else []
+            doomed = []
+            if body is not None:
+                current = keys.parse_document_volume(self._read_from[key])[1]
+                versions = self._generations().get(key, [])
+                live = {found[0] for found in self._newer(key, versions, current)}
+                doomed = [name for generation, name in versions
+                          if generation < current or (generation > current and generation not in live)]
             for name in doomed:
                 self._prune(name)
             self._index = None
@@ -375,14 +411,16 @@ class Registry:
         """Delete every generation of ``key``; whether there was one. With ``expected`` (a journal this run wrote
         or found), a listing without the key is not believed at once: libvirt's refresh after another thread's
         upload can hide volumes that are there, and a journal left behind that way made the next run's clean-up
-        look like a bug. The pool is refreshed and listed again, as ``get(expected=True)`` does."""
-        with locks.held(self.conn, self.pool, locked, self.identity), self._guard:
+        look like a bug. The pool is refreshed and listed again, as ``get(expected=True)`` does. A document is
+        removed by the run that holds what it describes (its machine, its set), or by the run that wrote it."""
+        with self._guard:
             self._bodies.pop(key, None)
             self._read_from.pop(key, None)
+            self._writers.pop(key, None)
             self._relist(epoch if locked else None)
             if expected and self.pool is not None:
                 self._confirmed(self._generations, lambda index: key in index)
             versions = self._generations().pop(key, [])
             for _generation, name in versions:
-                volumes.delete_when_read(self.pool, name)
+                self.store.delete_when_read(name)
         return bool(versions)

@@ -363,9 +363,13 @@ def clear_dead_holds(conn, pool, names, identity):
     """Break the holds on machines (machine_hold, admission.claim) in the registry ``pool`` that runs killed while
     they held them left, as ``names`` (a listing of it) shows them, and delete dead runs' markers beside no lock:
     a machine that no run changes again would keep them. Only a hold whose every marker names a gone process of
-    this controller, or a create's claim that admission.claim_abandoned calls abandoned, is touched."""
+    this controller, or a create's claim that admission.claim_abandoned calls abandoned, is touched. A document
+    staged by a writer of this controller that is gone (documents.Registry.put) goes too."""
     held, markers = set(), {}
     for name in names:
+        if name.startswith(keys.STAGE_PREFIX) and identity.is_dead(name, keys.STAGE_PREFIX):
+            volumes.delete_quietly(pool, name)  # a document a writer killed before its commit staged
+            continue
         found = keys.held_name(name)
         if found is None:
             continue

@@ -141,6 +141,12 @@ def held_set(held):
     return held[len(SET_HOLD):] if held.startswith(SET_HOLD) else None
 
 
+# the volume a writer stages a document's body in before it commits it as a generation (documents.py): named as
+# a holder marker is (``holder_marker(STAGE_PREFIX, <n-th staging of the writer>, ...)``), so that one a killed
+# writer left is told from a live one's (locks.Identity.is_dead)
+STAGE_PREFIX = "stage."
+
+
 def upload_lock(checksum):
     """The lock of an image upload, in the storage pool beside the image cache (names of the cache itself start
     with "image-")."""

@@ -125,6 +125,12 @@ class Identity:
         return keys.holder_marker(prefix, generation, self._controller, self._pid, self._start,
                                   threading.get_ident(), tag)
 
+    @staticmethod
+    def next_staging():
+        """A number for a staged document of this thread (documents.Registry.put): drawn at random, as a thread
+        may stage within another of its own stagings (a write made between another's commit and its check)."""
+        return random.getrandbits(31)
+
     def is_dead(self, marker, prefix):
         """True when the holder ``marker`` names ran where this process can see its pid (this controller: the same
         host, boot and PID namespace) and that process is gone; None when it cannot be told (another controller,

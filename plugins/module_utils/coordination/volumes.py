@@ -19,6 +19,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import conn
 from ansible_collections.machinery.compute.plugins.module_utils.core import storage
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import LibvirtFailure
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 
 EXPECTED_RETRY_SECONDS = 2.0
 # a registered pool's document that is neither found nor confirmed absent in EXPECTED_RETRY_SECONDS (other runs
@@ -77,7 +78,8 @@ def complete_listing(pool):
 
 def reread(pool, read, believed, again=None, seconds=EXPECTED_RETRY_SECONDS):
     """``read()`` until ``believed`` of what it returns, refreshing the pool between reads (``again()`` reads after
-    the first), for up to ``seconds``. The last reading when none is believed."""
+    the first), for up to ``seconds``. The last reading when none is believed. ``pool``: a libvirt storage pool, or
+    a store with its ``refresh(0)`` (DocumentStore)."""
     found = read()
     deadline = time.monotonic() + seconds
     while not believed(found) and time.monotonic() < deadline:
@@ -189,3 +191,85 @@ class PoolStore:
         """Whether ``name``, which should be there, is: looked up, and when missing again for a moment through
         libvirt's refresh of the pool (``reread``)."""
         return self.exists(name) or bool(reread(self.pool, lambda: self.exists(name), bool))
+
+
+class DocumentStore:
+    """The storage calls of a registry's documents (documents.Registry), on one libvirt storage pool: the only way
+    the Registry touches libvirt. The document model (tests/unit/plugins/module_utils/test_document_model.py)
+    drives the same Registry against an in-memory store with these calls, killing or pausing a writer between any
+    two of them.
+
+    A document's generation is committed in one call that libvirt makes whole on the host (``commit``: the volume
+    of the generation is created as a copy of the writer's staged volume, and only if no volume of that name
+    exists): a writer killed or paused at any point leaves either no generation or a complete one, never a
+    generation another run could mistake for a live writer's."""
+
+    def __init__(self, conn, pool):
+        self.conn = conn
+        self.pool = pool
+
+    def listing(self):
+        """The names of the pool's volumes, as libvirt lists them now (``listing``)."""
+        return listing(self.pool)
+
+    def refresh(self, _flags=0):
+        """Have libvirt read the pool's directory again; False when it refused (an upload running there)."""
+        try:
+            self.pool.refresh(0)
+            return True
+        except lv.libvirt.libvirtError:
+            return False
+
+    def read(self, name, limit):
+        """The content of ``name``, or None when it is not there (pruned since it was listed). Raises
+        storage.VolumeBeingWritten while libvirt still builds it (a commit under way) and storage.VolumeTooLarge
+        beyond ``limit`` bytes."""
+        vol = lv.lookup_volume(self.pool, name)
+        if vol is None:
+            return None
+        try:
+            return storage.download_bytes(self.conn, vol, limit=limit)
+        except (storage.VolumeBeingWritten, storage.VolumeTooLarge):
+            raise
+        except LibvirtFailure:
+            if lv.lookup_volume(self.pool, name) is not None:
+                raise
+            return None
+
+    def stage(self, name, data):
+        """Write ``data`` into a new volume ``name`` of the writer's own (its name is unique to the run)."""
+        vol = storage.create_volume(self.pool, name, len(data), "raw", mode="0600", replace=True)
+        storage.upload_bytes(self.conn, vol, data)
+
+    def commit(self, name, staged, size):
+        """Create ``name`` as a copy of the staged volume ``staged`` (``size`` bytes): True when this call made it,
+        False when a volume of that name is there (another run committed that generation). libvirt copies on the
+        host and makes the name exclusively (its own list, then the file's exclusive create), so of two runs
+        committing one name exactly one succeeds, whole."""
+        source = lv.lookup_volume(self.pool, staged)
+        if source is None:
+            raise LibvirtFailure("the staged document %s is gone before its commit as %s" % (staged, name))
+        try:
+            writer.write(self.pool, "createXMLFrom", storage.volume_xml(name, size, "raw", mode="0600"), source, 0)
+            return True
+        except lv.libvirt.libvirtError as exc:
+            if exc.get_error_code() in [getattr(lv.libvirt, code) for code in _TAKEN] or "already" in lv.describe(exc):
+                return False
+            raise LibvirtFailure("cannot commit document %s: %s" % (name, lv.describe(exc))) from None
+
+    def discard(self, name):
+        """Delete a volume of this run's own (its staged document, a generation it committed in vain)."""
+        delete_quietly(self.pool, name)
+
+    def delete_when_read(self, name):
+        delete_when_read(self.pool, name)
+
+    def prune(self, name):
+        """Delete a superseded generation the listing showed: True once deleted or gone, False while busy (a
+        reader's download holds it)."""
+        if storage.delete_volume(self.pool, name, keep_if_busy=True):
+            return True
+        if lv.lookup_volume(self.pool, name) is not None:
+            return False
+        names = listing(self.pool)
+        return holds_registration(names) and name not in names

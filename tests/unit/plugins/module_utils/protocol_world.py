@@ -1,5 +1,6 @@
 """A world in which the protocol's real classes run against an in-memory stand-in for the storage calls they make,
-one call at a time, in an order an explorer chooses (test_protocol_model.py).
+one call at a time, in an order an explorer chooses (test_protocol_model.py for the locks, test_document_model.py
+for the registry's documents).
 
 Every actor is a thread running real code (locks.VolumeLock and its callers) with a store of its own over the
 world's volumes (``Store``: create exclusive, delete, resize, capacity, list, lookup). Each store call first
@@ -78,6 +79,52 @@ class Store:
         return self.exists(name)
 
 
+class Documents:
+    """The storage calls of volumes.DocumentStore (what documents.Registry makes) over a dict of volumes
+    {name: bytes}. ``point(call)`` runs before each call that reads or changes the volumes (a model's actor stops
+    there) and ``saw(call, result)`` after it. A commit is one call, as libvirt's copy into a new volume is one
+    call whose result is whole."""
+
+    def __init__(self, volumes=None, point=None, saw=None):
+        self.volumes = volumes if volumes is not None else {}
+        self.point = point or (lambda _call: None)
+        self.saw = saw or (lambda _call, result: result)
+
+    def listing(self):
+        self.point(("list", None))
+        return self.saw(("list", None), sorted(self.volumes))
+
+    def refresh(self, _flags=0):
+        return True  # the stand-in's listing is never short
+
+    def read(self, name, _limit):
+        self.point(("read", name))
+        return self.saw(("read", name), self.volumes.get(name))
+
+    def stage(self, name, data):
+        self.point(("stage", name))
+        self.volumes[name] = bytes(data)
+        self.saw(("stage", name), None)
+
+    def commit(self, name, staged, _size):
+        self.point(("commit", name))
+        made = name not in self.volumes
+        if made:
+            self.volumes[name] = self.volumes[staged]
+        return self.saw(("commit", name), made)
+
+    def discard(self, name):
+        self.point(("delete", name))
+        self.saw(("delete", name), self.volumes.pop(name, None) is not None)
+
+    def delete_when_read(self, name):
+        self.discard(name)
+
+    def prune(self, name):
+        self.discard(name)
+        return True
+
+
 class Identity:
     """Who an actor is, as its markers name it: a controller, a pid. Its liveness is seen only from its own
     controller (where its pid can be looked up), as locks.Identity sees it."""
@@ -87,6 +134,11 @@ class Identity:
         self.controller = controller
         self.pid = pid
         self.start = "1"
+        self._stagings = 0
+
+    def next_staging(self):
+        self._stagings += 1
+        return self._stagings
 
     def marker(self, prefix, generation, tag=""):
         return keys.holder_marker(prefix, generation, self.controller, self.pid, self.start, 0, tag)
@@ -110,6 +162,7 @@ class Actor:
         self.identity = Identity(world, controller, len(world.actors) + 100)
         self.script = script
         self.store = Store(world, self)
+        self.documents = Documents(world.volumes, self._document_call, self._document_result)
         self.state = "new"  # ready (stopped at a point) | done | killed | failed
         self.pending = None
         self.error = None
@@ -130,6 +183,16 @@ class Actor:
                                 identity=self.identity, store=self.store,
                                 sleep=lambda _seconds: None, renew=False, tag=".volume_attach.0.%s" % self.name,
                                 **options)
+
+    def _document_call(self, call):
+        self.point(call)
+        self.world.steps += 1
+        if call[0] in ("stage", "commit", "delete"):
+            self.world.version += 1
+
+    def _document_result(self, call, result):
+        self.history.append((call, result if not isinstance(result, list) else tuple(result)))
+        return result
 
     def read_clock(self):
         now = self.world.now

@@ -3,86 +3,29 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Compare-and-swap writes of registry documents (Registry.put with ``expect``): a change made from an older
 generation never replaces a newer one, a dead writer's unreadable generation does not block the next write, and a
-write without ``expect`` is unchanged. The pool is an in-memory stand-in for a dir storage pool; the admission lock
-is taken as held (the lab tests take the real one)."""
+write without ``expect`` is the newest once it returns. The store is the in-memory stand-in of the document model
+(protocol_world.Documents); the lab tests write real registries."""
 
 from __future__ import annotations
 
-import contextlib
-
-import libvirt
 import pytest
+import protocol_world as pw
 
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import keys
-from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
-from ansible_collections.machinery.compute.plugins.module_utils.core import storage
-
-
-class Volume:
-    def __init__(self, pool, name):
-        self.pool = pool
-        self._name = name
-
-    def name(self):
-        return self._name
-
-
-class Pool:
-    """A storage pool of named byte strings; creating a name that exists fails, as libvirt's does."""
-
-    def __init__(self):
-        self.data = {}
-
-    def listVolumes(self):  # noqa: N802
-        return list(self.data)
-
-    def storageVolLookupByName(self, name):  # noqa: N802
-        if name not in self.data:
-            error = libvirt.libvirtError("Storage volume not found: no storage vol with matching name '%s'" % name)
-            error.err = (libvirt.VIR_ERR_NO_STORAGE_VOL, 0, "", 0, "", None, None, 0, 0)
-            raise error
-        return Volume(self, name)
-
-    def refresh(self, _flags=0):
-        pass
-
-    def isActive(self):  # noqa: N802
-        return True
 
 
 @pytest.fixture(name="pool")
-def in_memory_pool(monkeypatch):
-    pool = Pool()
-
-    def create_volume(target, name, _size, _fmt, mode=None):
-        if name in target.data:
-            raise storage.VolumeExists(name)
-        target.data[name] = b""
-        return Volume(target, name)
-
-    def upload_bytes(_conn, vol, data):
-        vol.pool.data[vol.name()] = bytes(data)
-
-    def download_bytes(_conn, vol, limit=None):
-        return vol.pool.data.get(vol.name())
-
-    def delete_volume(target, name, keep_if_busy=False):
-        target.data.pop(name, None)
-        return True
-
-    monkeypatch.setattr(storage, "create_volume", create_volume)
-    monkeypatch.setattr(storage, "upload_bytes", upload_bytes)
-    monkeypatch.setattr(storage, "download_bytes", download_bytes)
-    monkeypatch.setattr(storage, "delete_volume", delete_volume)
-    monkeypatch.setattr(locks, "held", lambda conn, target, locked, identity: contextlib.nullcontext())
+def in_memory_pool():
+    pool = pw.Documents()
     # a registered pool's registry always holds its registration (a complete listing)
-    pool.data["pool.1.json"] = documents.encode("pool", 1, {"name": "p"})
+    pool.volumes["pool.1.json"] = documents.encode("pool", 1, {"name": "p"})
+    pool.data = pool.volumes
     return pool
 
 
 def registry(pool):
-    return documents.Registry(None, pool)
+    return documents.Registry(None, pool, store=pool)
 
 
 def generations(pool, key):
@@ -157,23 +100,51 @@ def test_read_generation_is_none_for_a_key_not_read_and_follows_own_writes(pool)
     assert one.read_generation("set-web") == 2
 
 
-def test_a_writer_paused_between_its_create_and_its_upload_reports_the_conflict_not_success(pool, monkeypatch):
-    """Writer A creates generation 2 of the document and is paused past the admission lock's lease before its
-    upload; writer B takes the lock over, finds generation 2 unreadable (a dead writer's, as far as it can tell),
-    and writes 3 from generation 1. A, resumed, uploads: its write is not the current document, and it says so
-    with DocumentChanged instead of returning as if its change were made."""
+def test_a_writer_paused_between_its_read_and_its_commit_while_two_others_wrote_reports_the_conflict(pool):
+    """Writer A reads generation 1 and is paused before its commit; B writes 2 from 1 and prunes 1, C writes 3
+    from 2 and prunes 2. A, resumed, commits generation 2, a name free again: its check after the commit finds 3,
+    not made from its write, so it deletes its generation again and reports DocumentChanged, not success."""
     registry(pool).put("set-web", {"replicas": 1})
-    paused, other = registry(pool), registry(pool)
+    paused = registry(pool)
     paused.get("set-web")
-    other.get("set-web")
-    upload = storage.upload_bytes
+    commit = pool.commit
 
-    def upload_after_the_other_wrote(conn, vol, data):
-        monkeypatch.setattr(storage, "upload_bytes", upload)  # the other run's own upload goes through
-        other.put("set-web", {"replicas": 3}, expect=other.read_generation("set-web"))
-        upload(conn, vol, data)
-    monkeypatch.setattr(storage, "upload_bytes", upload_after_the_other_wrote)
+    def others_write_first(name, staged, size):
+        pool.commit = commit
+        for replicas in (3, 4):
+            other = registry(pool)
+            other.get("set-web")
+            other.put("set-web", {"replicas": replicas}, expect=other.read_generation("set-web"))
+        assert generations(pool, "set-web") == [3]
+        return commit(name, staged, size)
+    pool.commit = others_write_first
     with pytest.raises(documents.DocumentChanged) as refused:
         paused.put("set-web", {"replicas": 5}, expect=paused.read_generation("set-web"))
-    assert "read generation 1 and wrote 2" in refused.value.message and "wrote 3" in refused.value.message
-    assert registry(pool).get("set-web") == {"replicas": 3}
+    assert "read generation 1, another run wrote 3" in refused.value.message
+    assert registry(pool).get("set-web") == {"replicas": 4}
+    assert generations(pool, "set-web") == [3]
+    assert not [name for name in pool.volumes if name.startswith(keys.STAGE_PREFIX)]
+
+
+def test_a_write_made_from_this_one_between_its_commit_and_its_check_is_no_conflict(pool):
+    """A newer generation made from this write's own (its ``base``) is its change carried on: the write stands."""
+    registry(pool).put("set-web", {"replicas": 1})
+    first = registry(pool)
+    first.get("set-web")
+    stale = first._stale
+
+    def another_writes_from_this_one(key, versions, generation, staged):
+        other = registry(pool)
+        other.get(key)
+        other.put(key, {"replicas": 7}, expect=other.read_generation(key))
+        return stale(key, pool.listing() and registry(pool)._generations().get(key, []), generation, staged)
+    first._stale = another_writes_from_this_one
+    first.put("set-web", {"replicas": 2}, expect=1)
+    assert registry(pool).get("set-web") == {"replicas": 7}
+
+
+def test_a_killed_writers_staged_volume_is_no_document(pool):
+    registry(pool).put("set-web", {"replicas": 1})
+    pool.volumes[keys.STAGE_PREFIX + "g1.other.1.1.1"] = documents.encode("set-web", 2, {"replicas": 9})
+    reader = registry(pool)
+    assert reader.get("set-web") == {"replicas": 1} and reader.read_generation("set-web") == 1

@@ -6,6 +6,7 @@ import time
 import libvirt
 import pycdlib
 import pytest
+import protocol_world as pw
 
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import documents
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import holds
@@ -455,8 +456,8 @@ class WrittenRegistry:
 
 
 def test_a_newer_generation_a_killed_writer_left_unreadable_is_superseded_and_pruned(monkeypatch):
-    """The killed writer created pool.2.json and died before its upload ended: readers take pool.1.json, the
-    registry names pool.2.json as superseded, and its prune (under the lock) deletes it and keeps pool.1.json."""
+    """A writer of an older version created pool.2.json and was killed before its upload ended: readers take
+    pool.1.json, the registry names pool.2.json as superseded, and its prune deletes it and keeps pool.1.json."""
     good = documents.encode(keys.POOL_KEY, 1, {"name": "hv1"})
     pool = WrittenRegistry({"pool.1.json": good, "pool.2.json": b"\0" * len(good)})
     monkeypatch.setattr(documents.lv, "lookup_volume", lambda p, name: name if name in p.volumes else None)
@@ -472,17 +473,9 @@ def test_a_newer_generation_a_killed_writer_left_unreadable_is_superseded_and_pr
     assert registry.get(keys.POOL_KEY) == {"name": "hv1"}
 
 
-def test_after_its_own_put_the_registry_names_no_generation_superseded(monkeypatch):
-    pool = WrittenRegistry({"pool.1.json": documents.encode(keys.POOL_KEY, 1, {"name": "hv1"})})
-    monkeypatch.setattr(documents.lv, "lookup_volume", lambda p, name: name if name in p.volumes else None)
-    monkeypatch.setattr(documents.storage, "download_bytes", lambda _conn, name, limit=None: pool.volumes[name])
-    monkeypatch.setattr(documents.storage, "create_volume",
-                        lambda p, name, _size, _fmt, mode=None: p.volumes.setdefault(name, b"") or name)
-    monkeypatch.setattr(documents.storage, "upload_bytes", lambda _conn, name, data: pool.volumes.__setitem__(name, data))
-    monkeypatch.setattr(documents.storage, "delete_volume",
-                        lambda p, name, keep_if_busy=False: p.volumes.pop(name, None) is not None)
-    monkeypatch.setattr(locks, "held", lambda _conn, _pool, _locked, _identity: contextlib.nullcontext())
-    registry = documents.Registry(None, pool)
+def test_after_its_own_put_the_registry_names_no_generation_superseded():
+    pool = pw.Documents({"pool.1.json": documents.encode(keys.POOL_KEY, 1, {"name": "hv1"})})
+    registry = documents.Registry(None, pool, store=pool)
     assert registry.get(keys.POOL_KEY) == {"name": "hv1"}
     registry.put(keys.POOL_KEY, {"name": "hv1", "labels": {"zone": "a"}})
     assert sorted(pool.volumes) == ["pool.2.json"] and registry.superseded(keys.POOL_KEY) == []
