@@ -1,10 +1,11 @@
 """machine_pool: check-mode → register → idempotent → modify with diff → unregister → unregister again."""
 
 import json
-import threading
 
 import libvirt
 import pytest
+
+from ansible_collections.machinery.compute.plugins.module_utils.coordination import locks
 
 from conftest import NS, assert_failed, register, run_module
 
@@ -134,29 +135,29 @@ def test_cut_off_registry_write_falls_back(pools, module):
     assert again["changed"] is False, again
 
 
-def test_registry_writes_wait_for_the_admission_lock(pools, module):
+def test_registry_writes_do_not_wait_for_the_admission_lock(pools, module):
+    """A document commits by its exclusive copy, not under the host's admission lock: a registration written while
+    another run holds that lock (a long create, say) is made at once, as one new generation, and leaves no staged
+    volume behind."""
     pool = pools[2]
     args = dict(uri=pool.uri, name=pool.name, networks=[{"name": "machinery"}])
     assert not module("machine_pool", labels={"zone": "c"}, **args).get("failed")
     registry = pool.conn.storagePoolLookupByName("machinery-registry")
     before = sorted(n for n in registry.listVolumes() if n.startswith("pool."))
-    # another run holds the host's lock: a registration write must wait for it, not race it for a generation
-    lock = registry.createXML("<volume><name>admission.lock</name><capacity>1</capacity><target>"
-                              "<format type='raw'/></target></volume>", 0)
-    results = {}
-    writer = threading.Thread(target=lambda: results.update(
-        changed=module("machine_pool", labels={"zone": "f"}, **args)))
-    writer.start()
+    lock = locks.admission_lock(pool.conn, registry).acquire()  # this test's process holds it, alive
     try:
-        writer.join(3)
-        assert writer.is_alive(), "the write did not wait for the lock: %s" % results
-        assert sorted(n for n in registry.listVolumes() if n.startswith("pool.")) == before
+        held = lock.marker
+        changed = module("machine_pool", labels={"zone": "f"}, **args)
+        registry.refresh(0)
+        assert lock.still_held() and held in registry.listVolumes()  # held all the while the write was made
     finally:
-        lock.delete(0)
-        writer.join(120)
-    assert results["changed"]["changed"] is True and results["changed"]["pool"]["labels"] == {"zone": "f"}
-    after = [n for n in registry.listVolumes() if n.startswith("pool.")]
+        lock.release()
+    assert changed["changed"] is True and changed["pool"]["labels"] == {"zone": "f"}, changed
+    registry.refresh(0)
+    names = registry.listVolumes()
+    after = [n for n in names if n.startswith("pool.")]
     assert len(after) == 1 and after[0] not in before
+    assert not [n for n in names if n.startswith("stage.")]
     assert module("machine_pool", labels={"zone": "c"}, **args)["changed"] is True
 
 
