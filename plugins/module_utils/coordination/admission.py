@@ -79,6 +79,7 @@ class Admissions:
         self.inside = 0  # admissions of the run entered and not left
         self.claimed = {}  # uri -> names of the machines the run holds for a create there (claim)
         self.claim_locks = {}  # (uri, name) -> (the claim's lock, the thread that took it): writer's check
+        self.unlocked_claims = set()  # (uri, name) claimed on a pool without a registry (nothing to lock)
         # epochs name the waves (journals.wave_key) beside the process: counted from a random start, two runs'
         # objects in one process (tests) never name the same wave
         self.epochs = itertools.count(random.SystemRandom().randrange(1, 2 ** 31))
@@ -87,6 +88,12 @@ class Admissions:
         """[(uri, name, lock, thread)] of the claims this run holds now (writer's check, holds.check_holds)."""
         with self.guard:
             return [(uri, name, lock, thread) for (uri, name), (lock, thread) in self.claim_locks.items()]
+
+    def creating(self, name):
+        """Whether this run claimed machine ``name`` for its create on some pool (writer.write's cover)."""
+        with self.guard:
+            return any(claimed == name for _uri, claimed in self.claim_locks) or \
+                any(claimed == name for _uri, claimed in self.unlocked_claims)
 
     def target(self, uri):
         """The lock that lets one thread of the run at a time admit onto the pool at ``uri``."""
@@ -234,6 +241,8 @@ class Admission:
         run holds the machine (the caller lets the lock go and waits for that hold)."""
         hold = self.table.holds[self.ctx.uri]
         if hold.lock is None:
+            with self.table.guard:
+                self.table.unlocked_claims.add((self.ctx.uri, name))
             return True
         volume = claim(self.ctx.registry.pool, name, self.table.identity)
         if volume is not None:
@@ -244,7 +253,11 @@ class Admission:
 
     def unclaim(self, name, volume):
         """Give back the hold ``claim`` took, before this admission leaves (so before the wave goes)."""
-        if volume is True or volume is None:
+        if volume is True:
+            with self.table.guard:
+                self.table.unlocked_claims.discard((self.ctx.uri, name))
+            return
+        if volume is None:
             return
         try:
             unclaim(volume)

@@ -110,6 +110,14 @@ class Coordination:
             confirm_held(lock, lambda: "another run", "claim on machine %s for its create" % name,
                          locks.ADMISSION_LEASE_SECONDS, before, "name")
 
+    def covers(self, machine):
+        """Whether this run may change ``machine`` (writer.write): it holds it on some pool (a move holds it on
+        both), or claimed it for its create (admission.claim)."""
+        with self._guard:
+            if any(key[0] == 1 and key[2] == machine for key in self.held):
+                return True
+        return self.admissions.creating(machine)
+
     def report_wait(self, message):
         """One line of progress for a waiting run, where an action plugin shows it (core/progress.py)."""
         if not self.progress_path:

@@ -6,7 +6,10 @@ migration, a storage pool or volume, a network, an nwfilter or a secret is made 
 "One writer").
 
 Before each write it checks the holds of the run bound to this process (``bind``; the module base binds its
-run's Coordination): a hold that another run took over (this run was paused past its lease) stops the write with
+run's Coordination). A write that changes a machine (a domain, a snapshot of it, a definition or start of it from
+its XML) is refused with UnheldWrite unless the run holds that machine, or claimed it for its create: a path that
+forgot to declare its holds is a bug, said as such, and writes nothing (``covers``). Then a hold that another run
+took over (this run was paused past its lease) stops the write with
 HoldLost, and nothing is written. The check reads the lock's generations from the store at that moment (the
 fence, coordination/locks.py VolumeLock.still_held), so a paused run that wakes up writes nothing after its holds
 passed on, on whichever call it wakes. The lock volumes themselves are written by the coordination package's
@@ -20,6 +23,7 @@ walks plugins/ and fails on any call of a name in WRITES outside coordination/."
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 # libvirt-python's methods that change something
@@ -45,8 +49,33 @@ STOP_BEFORE_WRITE_ENV = "MACHINERY_STOP_BEFORE_WRITE"
 _process = [None]  # the run bound for the whole process: its worker threads write under its holds too
 
 
+# the writes of a connection whose object is the domain its XML names (a storage pool's createXML is a volume's)
+_DOMAIN_FROM_XML = frozenset(("defineXML", "defineXMLFlags", "createXML", "createXMLWithFiles"))
+_NAME = re.compile(r"<name>\s*([^<\s]+)\s*</name>")
+
+
 class UnknownWrite(Exception):
     """A call of ``write`` with a method that is not one of libvirt's writes (a bug in the collection)."""
+
+
+class UnheldWrite(Exception):
+    """A write to a machine that the run bound to the process does not hold (a bug in the collection: the path
+    did not declare the hold). Nothing was written."""
+
+
+def machine_of(target, method, args):
+    """The name of the machine a write changes, or None for a write to something else (a volume, a network, a
+    storage pool, a secret). Read from the objects libvirt-python gave (a domain's name is kept in its handle, a
+    snapshot's domain in the snapshot's) or from the XML a domain is defined from: no call to libvirt."""
+    kind = type(target).__name__
+    if kind == "virDomain":
+        return target.name()
+    if kind == "virDomainSnapshot":
+        return target.getDomain().name()
+    if kind == "virConnect" and method in _DOMAIN_FROM_XML and args and isinstance(args[0], str):
+        found = _NAME.search(args[0])
+        return found.group(1) if found else None
+    return None
 
 
 def bind(run):
@@ -77,5 +106,11 @@ def write(target, method, *args, before=None, checked=True):
         os.kill(os.getpid(), signal.SIGSTOP)
     run = bound() if checked else None
     if run is not None:
+        covers = getattr(run, "covers", None)
+        machine = machine_of(target, method, args) if covers is not None else None
+        if machine is not None and not covers(machine):
+            raise UnheldWrite("machinery.compute bug: %s of machine %s by a run that holds no hold or claim on it; "
+                              "nothing was written. Every path that changes a machine declares its hold "
+                              "(docs/concurrency.md, \"One writer\"): please report this" % (before or method, machine))
         run.check_holds(before or method)
     return getattr(target, method)(*args)

@@ -302,8 +302,11 @@ class PoolResource(Resource):
         return "pool %s" % self.params.get("name")
 
     def holds(self, plan, observed):
-        """None: a pool's registration, storage and networks changes no machine."""
-        return ()
+        """A pool's registration, storage and networks change no machine; the probe of the host's virtualization
+        (a transient domain of the collection's own, ``probe_virt_type``) is held as a machine is, so two runs
+        registering one host probe it in turn."""
+        probing = any(found["action"] == "probe_virt_type" for action in plan.actions for found in action.steps or ())
+        return [self.ctx.coordination.of(self.ctx, PROBE_NAME, field="name")] if probing else []
 
     def observe(self):
         conn = self.conn

@@ -135,3 +135,71 @@ def test_a_thread_checks_its_own_holds_and_claims_and_one_that_took_none_checks_
         run.check_holds("createXML")
     run.admissions.claim_locks[("u", "c")] = (Claim(held=True), here)
     run.check_holds("createXML")
+
+
+# named as libvirt-python's classes are: the writer tells a machine's write by its target's class
+class virDomain:  # noqa: N801  # pylint: disable=invalid-name
+    def __init__(self, name):
+        self._name, self.calls = name, []
+
+    def name(self):
+        return self._name
+
+    def destroy(self):
+        self.calls.append("destroy")
+        return 0
+
+
+class virDomainSnapshot:  # noqa: N801  # pylint: disable=invalid-name
+    def __init__(self, dom):
+        self.dom, self.calls = dom, []
+
+    def getDomain(self):  # noqa: N802
+        return self.dom
+
+    def delete(self, _flags):
+        self.calls.append("delete")
+
+
+class virConnect:  # noqa: N801  # pylint: disable=invalid-name
+    def __init__(self):
+        self.calls = []
+
+    def defineXML(self, xml):  # noqa: N802
+        self.calls.append(xml)
+
+
+class virStoragePool:  # noqa: N801  # pylint: disable=invalid-name
+    def __init__(self):
+        self.calls = []
+
+    def createXML(self, xml, _flags):  # noqa: N802
+        self.calls.append(xml)
+
+
+def test_a_write_to_a_machine_the_run_does_not_hold_is_refused_as_a_bug_and_made_nowhere():
+    run = Coordination()
+    here = threading.get_ident()
+    run.held = {(1, "qemu:///a", "web"): [Hold(here), 1], (0, "qemu:///a", "set.web"): [Hold(here), 1]}
+    run.admissions.claim_locks[("qemu:///a", "new")] = (Claim(held=True), here)
+    run.admissions.unlocked_claims.add(("qemu:///b", "plain"))
+    held, other, conn, pool = virDomain("web"), virDomain("db"), virConnect(), virStoragePool()
+    before = writer.bind(run)
+    try:
+        assert writer.write(held, "destroy") == 0  # held
+        writer.write(virDomainSnapshot(held), "delete", 0)
+        writer.write(conn, "defineXML", "<domain type='qemu'><name>new</name><uuid>x</uuid></domain>")  # claimed
+        writer.write(conn, "defineXML", "<domain><name>plain</name></domain>")  # claimed on a pool with no registry
+        writer.write(pool, "createXML", "<volume><name>db-root.qcow2</name></volume>", 0)  # a volume: no machine
+        for target, method, args in ((other, "destroy", ()), (virDomainSnapshot(other), "delete", (0,)),
+                                     (conn, "defineXML", ("<domain><name>db</name></domain>",))):
+            with pytest.raises(writer.UnheldWrite, match="bug: %s of machine db by a run that holds no hold" % method):
+                writer.write(target, method, *args)
+        # a set's hold is not its members'
+        with pytest.raises(writer.UnheldWrite):
+            writer.write(virDomain("set.web"), "destroy")
+    finally:
+        writer.unbind(before)
+    assert other.calls == [] and held.calls == ["destroy"] and len(conn.calls) == 2
+    assert writer.machine_of(other, "destroy", ()) == "db"
+    assert writer.machine_of(pool, "createXML", ("<volume><name>x</name></volume>", 0)) is None
