@@ -331,15 +331,20 @@ class VolumeLock:
         """Whether this run still holds the lock, read from one listing (one moment): its generation and its
         marker are in it and no later generation is. Lookups one after another would not do: between the look
         at its own generation and the look at the next, the lock can pass on twice (the protocol model found
-        that). A volume of its own the listing misses is looked up again for a moment (libvirt's refresh)."""
-        if self.generation is None:
+        that). A volume of its own the listing misses is looked up again for a moment (libvirt's refresh). Read
+        once at the start: another thread of the run may let the lock go meanwhile (a batch's thread checks
+        every claim of the run while another gives its own back), and a lock let go fences nothing."""
+        generation, marker = self.generation, self.marker
+        if generation is None:
             return True
         if self.lost:
             return False
         names = self.store.names()
-        own = [self.slot(self.generation)] + ([self.marker] if self.marker is not None else [])
-        held = not any(found > self.generation for found in self._generations(names)) and \
+        own = [self.slot(generation)] + ([marker] if marker is not None else [])
+        held = not any(found > generation for found in self._generations(names)) and \
             all(name in names or self.store.present(name) for name in own)
+        if not held and self.generation is None:
+            return True  # let go meanwhile (a release forgets its generation before it deletes it)
         if not held:
             self.lost = True
         return held

@@ -288,3 +288,59 @@ def test_a_waiter_leaves_nothing_in_the_store():
                 actor.step()
     assert world.volumes == held
     world.finish()
+
+
+@pytest.mark.parametrize("listed_first", [True, False])
+def test_a_lock_let_go_by_its_own_thread_while_another_thread_checks_it_fences_nothing(listed_first):
+    """A batch's thread with no claim of its own checks every claim of the run before it writes (the wave); one
+    claim is let go by its thread in the middle of that check. The check is not a take-over: it passes, and it
+    does not fail on the generation the release forgot (a TypeError the lab's inventory fleet met)."""
+    world = pw.World()
+    actor = world.add("a", "ctl-a", lambda _actor: None)
+    volumes = {}
+
+    class Releasing:
+        """The lock's store, letting the lock go (another thread) right after the checker listed once."""
+
+        def __init__(self):
+            self.volumes = volumes
+
+        def create(self, name):
+            if name in self.volumes:
+                return False
+            self.volumes[name] = 1
+            return True
+
+        def delete(self, name):
+            self.volumes.pop(name, None)
+
+        def names(self):
+            listed = sorted(self.volumes)
+            if releasing:
+                releasing.pop()
+                lock.release()
+            return listed if listed_first else sorted(self.volumes)
+
+        def present(self, name):
+            return name in self.volumes
+
+        exists = present
+
+        def capacity(self, name):
+            return self.volumes.get(name)
+
+        def resize(self, name, capacity):
+            return False
+
+        def refresh(self):
+            pass
+
+    releasing = []
+    lock = locks.VolumeLock(None, None, name=pw.LOCK, holder_prefix=pw.PREFIX, what="a claim", identity=actor.identity,
+                            store=Releasing(), sleep=lambda _seconds: None, renew=False, named=False, timeout=1)
+    lock.acquire()
+    assert lock.still_held() and lock.generation == 2
+    releasing.append(True)
+    # released in the middle: after the listing (which had the generation) or before it (which had none)
+    assert lock.still_held()
+    assert lock.generation is None and not lock.lost and volumes == {}
