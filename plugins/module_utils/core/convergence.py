@@ -164,6 +164,10 @@ class Resource(abc.ABC):
     def plan(self, observed):
         """The ``Plan`` from the desired spec and ``observed``; pure."""
 
+    def admit(self, plan, observed):
+        """Refuse ``plan`` before any step when the pool cannot take it (no room): after each plan ``converge``
+        applies, in check mode too. Reads, writes nothing in libvirt; nothing by default."""
+
     @abc.abstractmethod
     def holds(self, plan, observed):
         """The holds (coordination/holds.py ``MachineHold``, not taken yet) on every machine ``plan`` changes;
@@ -212,6 +216,7 @@ def converge(resource, check_mode=False):
     try:
         observed = resource.observe()
         plan = resource.plan(observed)
+        resource.admit(plan, observed)
     except NotFoundError as exc:
         answer = resource.missing(exc)
         if answer is exc:
@@ -231,6 +236,7 @@ def converge(resource, check_mode=False):
         if taken:  # what was observed before the holds may have changed before they were taken
             observed = resource.observe()
             plan = resource.plan(observed)
+            resource.admit(plan, observed)
             if not plan.actions:
                 _clear_dead_holds(resource)
                 return plan, observed

@@ -30,7 +30,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.errors impo
     ConflictError, LibvirtFailure, MachineryError, NotFoundError, ValidationError)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import host_bridge
 from ansible_collections.machinery.compute.plugins.module_utils.machines.addresses import lease_expiries, wait_for_address
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService, observe_machine
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import MachineService
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_observe import observe_machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.core.quantity import format_quantity
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer

@@ -34,7 +34,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination imp
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, MachineryError, NotFoundError, ValidationError)
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import observe_machine
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_observe import observe_machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_status import now
 from ansible_collections.machinery.compute.plugins.module_utils.core.firmware import stored_nvram

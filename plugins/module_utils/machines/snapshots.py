@@ -27,7 +27,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import vali
 from ansible_collections.machinery.compute.plugins.module_utils.core.convergence import Action, Plan, Resource, step
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, LibvirtFailure, NotFoundError, ValidationError)
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import observe_machine
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_observe import observe_machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.power import update_record
 from ansible_collections.machinery.compute.plugins.module_utils.coordination import writer
 

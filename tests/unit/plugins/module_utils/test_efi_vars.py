@@ -19,7 +19,8 @@ from ansible_collections.machinery.compute.plugins.module_utils.core import efi_
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
 from ansible_collections.machinery.compute.plugins.module_utils.core import varstore as vs
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import Observed, plan_machine
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_observe import Observed
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_plan import plan_machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import Facts, normalize, params
 
 OURS = "1f5a2e9c-0d4b-4c8e-9a71-3b6e2d8f4c10"

@@ -8,8 +8,9 @@ import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, PoolFull
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import (
-    Observed, adoption_record, plan_machine, resize_field, resize_refusal, restarts_to_resize)
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_observe import Observed
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_plan import (
+    adoption_record, plan_machine, resize_field, resize_refusal, restarts_to_resize)
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 RUNNING = (libvirt.VIR_DOMAIN_RUNNING, libvirt.VIR_DOMAIN_RUNNING_BOOTED)

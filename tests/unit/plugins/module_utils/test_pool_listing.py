@@ -17,7 +17,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.coordination.hol
 from ansible_collections.machinery.compute.plugins.module_utils.pools import capacity
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core import options
-from ansible_collections.machinery.compute.plugins.module_utils.machines import machine
+from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_observe as machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines import machine_status
 from ansible_collections.machinery.compute.plugins.module_utils.machines import pool_context
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull

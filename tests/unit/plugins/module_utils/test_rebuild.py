@@ -10,7 +10,8 @@ import pytest
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError, ValidationError
 from ansible_collections.machinery.compute.plugins.module_utils.machines import seed
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import Observed, plan_machine
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_observe import Observed
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_plan import plan_machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import (
     Facts, ephemeral_volumes, normalize, params, rebuild_requested)
 from ansible_collections.machinery.compute.plugins.module_utils.machines.rebuild import (

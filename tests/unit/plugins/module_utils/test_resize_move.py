@@ -7,7 +7,7 @@ from conftest import GIB, pool_snapshot, refused
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import PoolFull
 from ansible_collections.machinery.compute.plugins.module_utils.fleets import resize_move
 from ansible_collections.machinery.compute.plugins.module_utils.fleets.move_plan import pick_target
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import resize_refusal
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_plan import resize_refusal
 
 UNIX = "qemu+unix:///system?socket=/lab/%s/run/libvirt-sock"
 BIG = {"small": {"cpu": 1, "memory": GIB}, "big": {"cpu": 4, "memory": 8 * GIB}}

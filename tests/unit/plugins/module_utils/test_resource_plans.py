@@ -16,7 +16,7 @@ from ansible_collections.machinery.compute.plugins.module_utils.core.convergence
     Action, ConvergenceError, Plan, Resource, converge)
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import (
     ConflictError, NotFoundError, ValidationError)
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import Observed
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_observe import Observed
 from ansible_collections.machinery.compute.plugins.module_utils.pools import pool_registration
 from ansible_collections.machinery.compute.plugins.module_utils.pools.pool_registration import plan_pool
 

@@ -8,7 +8,8 @@ import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.core import domain as dx
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ValidationError
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import Observed, plan_machine
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_observe import Observed
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_plan import plan_machine
 from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_spec import run_strategy
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")

@@ -5,7 +5,8 @@ import pytest
 
 from ansible_collections.machinery.compute.plugins.module_utils.pools import security_groups as sgs
 from ansible_collections.machinery.compute.plugins.module_utils.core.errors import ConflictError
-from ansible_collections.machinery.compute.plugins.module_utils.machines.machine import Observed, plan_machine
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_observe import Observed
+from ansible_collections.machinery.compute.plugins.module_utils.machines.machine_plan import plan_machine
 
 from conftest import refused
 
