@@ -375,9 +375,9 @@ def plan_set(desired, observed, moment=None):
     counter = members_made(observed["pools"])
     planned = list(everyone)
     if len(everyone) < desired["replicas"]:
-        names = []
+        names, after = [], {}
         for _index in range(desired["replicas"] - len(everyone)):
-            new, counter = member_name(name, taken, counter)
+            new, after[new] = member_name(name, taken, after[names[-1]] if names else counter)
             taken.add(new)
             names.append(new)
         unplaced = []
@@ -386,6 +386,9 @@ def plan_set(desired, observed, moment=None):
                 unplaced.append((new, reason))
             else:
                 actions.append(_create(desired, new, pool))
+                counter = max(counter, after[new])
+        # only the names of members made are handed out: a set the pools have no room for records nothing new,
+        # so the next run (and this one's verification) plans the same names again instead of new ones
         warnings += unplaced_warnings(unplaced, len(names))
     elif len(everyone) > desired["replicas"]:
         seed = "%s/%s" % (name, ",".join(sorted(member["name"] for member in everyone)))

@@ -293,6 +293,27 @@ def test_members_no_pool_has_room_for_are_one_warning_per_reason():
     assert " and %d more): 0/3 pools available: " % (400 - len(made) - 3) in plan.warnings[0]
 
 
+def test_members_no_pool_has_room_for_hand_out_no_name_and_the_next_plan_is_the_same():
+    """The names of members that cannot be placed are not counted in the record: the plan after the record was
+    written (the run's own verification, the next run) plans the same names again, and records nothing new. With
+    the count taken for every name planned, a set on full pools recorded a new count on each run and its run
+    failed as not converged."""
+    full = observed([], definition=None)  # a new set
+    for snapshot in full["snapshots"]:
+        snapshot["allocatable"]["cpu"] = snapshot["allocated"]["cpu"]  # no room anywhere
+    plan = ms.plan_set(desired(replicas=3), full)
+    assert plan.kinds() == ["record"] * 3 and len(plan.warnings) == 1
+    document = plan.actions[0].data["document"]
+    assert "members_made" not in document  # no name handed out
+    full["pools"] = [dict(entry, definition=document) for entry in full["pools"]]
+    assert ms.plan_set(desired(replicas=3), full).actions == []
+    # room for one: one name handed out, the count is one
+    full["snapshots"][0]["allocatable"]["cpu"] = 1
+    one = ms.plan_set(desired(replicas=3), full)
+    assert one.kinds().count("create") == 1
+    assert {a.data["document"]["members_made"] for a in one.actions if a.kind == "record"} == {1}
+
+
 def test_the_record_keeps_when_the_set_was_first_recorded():
     first, later = "2026-11-25T03:00:00+00:00", "2026-11-26T03:00:00+00:00"
     made = ms.plan_set(desired(replicas=1), observed([], definition=None), first)
