@@ -333,3 +333,38 @@ def holder(writes=2):
         finally:
             lock.release()
     return script
+
+
+def explore(build, choices, apply, used, key, each, max_steps):
+    """Every schedule within the bounds ``choices`` keeps to, stateless as CHESS explores: each one is replayed from
+    the start (``build()`` a new world; ``used()`` what the schedule has spent of the bounds), ``choices(world,
+    spent)`` lists what may happen next (the first is taken, the others explored later), ``apply(world, choice,
+    spent)`` makes it happen, and a schedule that reaches a state an earlier one reached (``key(world, spent)``)
+    ends there: what follows was explored then. ``each(world, schedule)`` judges each ended schedule (its world
+    finished); a true answer ends the exploration with it. Returns (schedules, distinct states, that answer)."""
+    pending, schedules, seen = [[]], 0, set()
+    while pending:
+        prefix = pending.pop()
+        world = build()
+        world.start()
+        spent = used()
+        for choice in prefix:
+            apply(world, choice, spent)
+        taken = list(prefix)
+        while len(taken) < max_steps:
+            state = key(world, spent)
+            if state in seen:
+                break
+            seen.add(state)
+            found = choices(world, spent)
+            if not found:
+                break
+            pending.extend(taken + [other] for other in found[1:])
+            apply(world, found[0], spent)
+            taken.append(found[0])
+        world.finish()
+        schedules += 1
+        answer = each(world, taken)
+        if answer:
+            return schedules, len(seen), answer
+    return schedules, len(seen), None

@@ -124,32 +124,14 @@ def check(world, taken):
 
 def explore(count, bounds):
     """Every schedule of ``count`` writers within ``bounds``: (schedules, states, the first lost update)."""
-    pending, schedules, seen = [[]], 0, set()
-    while pending:
-        prefix = pending.pop()
-        world = build(count)
-        world.start()
-        used = {"switches": 0, "kills": 0, "last": None}
-        for choice in prefix:
-            apply(world, choice, used)
-        taken = list(prefix)
-        while len(taken) < MAX_STEPS:
-            state = (world.signature(), used["switches"], used["kills"], used["last"])
-            if state in seen:
-                break
-            seen.add(state)
-            found = options(world, bounds, used)
-            if not found:
-                break
-            pending.extend(taken + [other] for other in found[1:])
-            apply(world, found[0], used)
-            taken.append(found[0])
-        world.finish()
-        schedules += 1
+    def judged(world, taken):
         lost = check(world, taken)
-        if lost and not world.ready():
-            return schedules, len(seen), (lost, taken)
-    return schedules, len(seen), None
+        return (lost, taken) if lost else None
+
+    return pw.explore(lambda: build(count), lambda world, used: options(world, bounds, used), apply,
+                      lambda: {"switches": 0, "kills": 0, "last": None},
+                      lambda world, used: (world.signature(), used["switches"], used["kills"], used["last"]), judged,
+                      MAX_STEPS)
 
 
 def random_schedules(count, writers, seed=49):

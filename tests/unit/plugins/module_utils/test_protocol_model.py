@@ -79,35 +79,19 @@ def explore(build, bounds):
     """Every schedule within ``bounds``: (schedules, distinct states, violations found). A schedule that reaches
     a state an earlier one reached (``World.signature`` and the bounds used) ends there: what follows from it was
     explored then."""
-    pending, schedules, seen, states, violations = [[]], 0, set(), set(), []
-    while pending:
-        prefix = pending.pop()
-        world = build()
-        world.start()
-        used = Bounds(0, 0, 0)
-        for choice in prefix:
-            apply(world, choice, used)
-        taken = list(prefix)
-        while len(taken) < MAX_STEPS:
-            state = (world.signature(), used.preemptions, used.kills, used.ticks, used.last)
-            if state in seen:
-                break
-            seen.add(state)
-            found = options(world, bounds, used)
-            if not found:
-                break
-            for other in found[1:]:
-                pending.append(taken + [other])
-            apply(world, found[0], used)
-            taken.append(found[0])
-        world.finish()
+    states, violations = set(), []
+
+    def judged(world, taken):
         failed = [actor for actor in world.actors if actor.state == "failed"]
         assert not failed, (failed[0].name, failed[0].error, taken)
-        for found in world.violations():
-            violations.append((found, taken))
-        schedules += 1
-        states |= world.states
-    return schedules, len(seen), violations
+        violations.extend((found, taken) for found in world.violations())
+        states.update(world.states)
+
+    schedules, seen, _answer = pw.explore(
+        build, lambda world, used: options(world, bounds, used), apply, lambda: Bounds(0, 0, 0),
+        lambda world, used: (world.signature(), used.preemptions, used.kills, used.ticks, used.last), judged,
+        MAX_STEPS)
+    return schedules, seen, violations
 
 
 def two_controllers():
