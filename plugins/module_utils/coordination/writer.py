@@ -43,7 +43,9 @@ secretDefineXML storagePoolDefineXML storagePoolCreateXML build wipe wipePattern
 
 # For the lab tests: a run whose environment names one of WRITES here stops itself (SIGSTOP) right before its first
 # write of that method, before the writer checks its holds: inside a step whose holds converge checked already. The
-# test learns it stopped from waitpid (WUNTRACED), lets the hold pass on, and continues it. Unset, nothing stops.
+# test learns it stopped from waitpid (WUNTRACED), lets the hold pass on, and continues it. "method:text" stops
+# before the first write of that method whose first argument holds ``text`` (a volume's name in the XML it is
+# created from: one copy among a run's other copies and document commits). Unset, nothing stops.
 STOP_BEFORE_WRITE_ENV = "MACHINERY_STOP_BEFORE_WRITE"
 
 _process = [None]  # the run bound for the whole process: its worker threads write under its holds too
@@ -95,13 +97,21 @@ def bound():
     return _process[0]
 
 
+def stops_before(asked, method, args):
+    """Whether STOP_BEFORE_WRITE_ENV's value ``asked`` ("method" or "method:text") names this write."""
+    if not asked:
+        return False
+    wanted, _colon, text = asked.partition(":")
+    return wanted == method and (not text or bool(args) and text in str(args[0]))
+
+
 def write(target, method, *args, before=None, checked=True):
     """``target.method(*args)`` (a libvirt object and one of its WRITES), once the bound run's holds were checked.
     ``before`` names the write in a HoldLost message (default: the method). ``checked=False`` only for the
     coordination package's own lock volumes (a run lets its holds go even when they passed on)."""
     if method not in WRITES:
         raise UnknownWrite("%s is not one of libvirt's writes: this is a bug in machinery.compute" % method)
-    if os.environ.get(STOP_BEFORE_WRITE_ENV) == method:
+    if stops_before(os.environ.get(STOP_BEFORE_WRITE_ENV), method, args):
         del os.environ[STOP_BEFORE_WRITE_ENV]  # once
         os.kill(os.getpid(), signal.SIGSTOP)
     run = bound() if checked else None

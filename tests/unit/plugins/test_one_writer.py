@@ -203,3 +203,13 @@ def test_a_write_to_a_machine_the_run_does_not_hold_is_refused_as_a_bug_and_made
     assert other.calls == [] and held.calls == ["destroy"] and len(conn.calls) == 2
     assert writer.machine_of(other, "destroy", ()) == "db"
     assert writer.machine_of(pool, "createXML", ("<volume><name>x</name></volume>", 0)) is None
+
+
+def test_a_stop_hook_names_a_method_or_a_method_and_what_its_first_argument_holds():
+    xml = "<volume><name>web-data.luks</name></volume>"
+    assert writer.stops_before("createXMLFrom", "createXMLFrom", (xml, None, 0))
+    assert writer.stops_before("createXMLFrom:web-data.luks", "createXMLFrom", (xml, None, 0))
+    assert not writer.stops_before("createXMLFrom:set-web.3.json", "createXMLFrom", (xml, None, 0))
+    assert not writer.stops_before("createXML:web-data.luks", "createXMLFrom", (xml, None, 0))
+    assert not writer.stops_before(None, "createXMLFrom", (xml,))
+    assert not writer.stops_before("destroy:web", "destroy", ())
