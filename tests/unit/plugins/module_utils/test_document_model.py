@@ -181,7 +181,8 @@ def test_the_writers_make_the_calls_of_the_code():
     assert leftovers(world) == [keys.document_volume(KEY, 3)]
 
 
-CASES = [(2, 2, 0), (2, 2, 1), (3, 2, 0)] + ([(2, 3, 1)] if FULL else [])
+# the three writers and the third switch under MACHINERY_MODEL=full (make unit's first run) only: 15 s more there
+CASES = [(2, 2, 0), (2, 2, 1)] + ([(3, 2, 0), (2, 3, 1)] if FULL else [])
 
 
 @pytest.mark.parametrize("writers, switches, kills", CASES)
