@@ -379,6 +379,30 @@ def test_a_create_killed_at_its_encrypted_copy_is_made_once_by_the_next_run(pool
     assert pool.domain(name) is None and volume not in storage.listVolumes() and volume_secrets(pool, path) == 0
 
 
+def test_a_document_a_killed_writer_staged_goes_with_the_next_run(pool):
+    """A writer killed between staging a document and its commit leaves its staged volume and no hold: the next run
+    of this controller on the pool deletes it (its process is gone), even a run with nothing to do, and leaves a
+    live writer's alone."""
+    identity = locks.Identity()
+    dead = keys.holder_marker(keys.STAGE_PREFIX, 7, identity.controller, 2 ** 22 + 11, "1", 1)  # no such process
+    live = identity.marker(keys.STAGE_PREFIX, 8)  # this test's own process
+    registry = pool.conn.storagePoolLookupByName(REGISTRY)
+    for name in (dead, live):
+        registry.createXML("<volume><name>%s</name><capacity>64</capacity><target><format type='raw'/></target>"
+                           "</volume>" % name, 0)
+    try:
+        assert not run("machine", uri=pool.uri, name="staged-nobody", state="absent")[0].get("failed")
+        registry.refresh(0)
+        names = registry.listVolumes()
+        assert dead not in names and live in names
+    finally:
+        for name in (dead, live):
+            try:
+                registry.storageVolLookupByName(name).delete(0)
+            except libvirt.libvirtError:
+                pass
+
+
 def test_killed_attachments_converge(pool, image):
     rng = random.Random(SEED + 1)
     name = "kill-attach"

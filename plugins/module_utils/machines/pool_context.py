@@ -260,8 +260,8 @@ class PoolContext:
         if pool is not None:
             identity = self.coordination.identity
             names = self.registry_names = locks.admission_lock(self.conn, pool, identity).clear_abandoned()
-            if any(name.startswith(keys.HOLD_PREFIX) for name in names):
-                clear_dead_holds(self.conn, pool, names, identity)
+            if any(name.startswith((keys.HOLD_PREFIX, keys.STAGE_PREFIX)) for name in names):
+                clear_dead_holds(self.conn, pool, names, identity)  # and documents a killed writer staged
             # a wave of this controller's run killed after its last create: no later create on the pool meets it
             if any(journals.wave_is_dead(key, identity) for key in self.registry.keys(keys.WAVE_PREFIX)):
                 with Admission(self, []) as admission:
