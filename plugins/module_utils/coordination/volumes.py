@@ -30,13 +30,18 @@ PRUNE_RETRY_SECONDS = 8.0
 _TAKEN = ("VIR_ERR_STORAGE_VOL_EXIST", "VIR_ERR_INTERNAL_ERROR", "VIR_ERR_OPERATION_FAILED")
 
 
+def _taken(exc):
+    """Whether a create failed because a volume of that name exists (or another create of it is under way)."""
+    return exc.get_error_code() in [getattr(lv.libvirt, code) for code in _TAKEN]
+
+
 def create_exclusive(pool, name, what):
     """Create the empty volume ``name`` in ``pool``: its handle, or None when it exists (another run made it).
     ``what`` names it in the error of any other failure."""
     try:
         return pool.createXML(storage.volume_xml(name, 1, "raw", mode="0600"), 0)
     except lv.libvirt.libvirtError as exc:
-        if exc.get_error_code() in [getattr(lv.libvirt, code) for code in _TAKEN]:
+        if _taken(exc):
             return None
         raise LibvirtFailure("cannot take %s: %s" % (what, lv.describe(exc))) from None
 
@@ -193,7 +198,7 @@ class PoolStore:
         return self.exists(name) or bool(reread(self.pool, lambda: self.exists(name), bool))
 
 
-class DocumentStore:
+class DocumentStore(PoolStore):
     """The storage calls of a registry's documents (documents.Registry), on one libvirt storage pool: the only way
     the Registry touches libvirt. The document model (tests/unit/plugins/module_utils/test_document_model.py)
     drives the same Registry against an in-memory store with these calls, killing or pausing a writer between any
@@ -205,8 +210,8 @@ class DocumentStore:
     generation another run could mistake for a live writer's."""
 
     def __init__(self, conn, pool):
+        super().__init__(pool, complete=True)
         self.conn = conn
-        self.pool = pool
 
     def listing(self):
         """The names of the pool's volumes, as libvirt lists them now (``listing``)."""
@@ -239,6 +244,7 @@ class DocumentStore:
     def stage(self, name, data):
         """Write ``data`` into a new volume ``name`` of the writer's own (its name is unique to the run)."""
         vol = storage.create_volume(self.pool, name, len(data), "raw", mode="0600", replace=True)
+        self._made[name] = vol  # the commit copies it and the discard deletes it by this handle: no lookup
         storage.upload_bytes(self.conn, vol, data)
 
     def commit(self, name, staged, size):
@@ -246,20 +252,20 @@ class DocumentStore:
         False when a volume of that name is there (another run committed that generation). libvirt copies on the
         host and makes the name exclusively (its own list, then the file's exclusive create), so of two runs
         committing one name exactly one succeeds, whole."""
-        source = lv.lookup_volume(self.pool, staged)
+        source = self._made.get(staged) or lv.lookup_volume(self.pool, staged)
         if source is None:
             raise LibvirtFailure("the staged document %s is gone before its commit as %s" % (staged, name))
         try:
             writer.write(self.pool, "createXMLFrom", storage.volume_xml(name, size, "raw", mode="0600"), source, 0)
             return True
         except lv.libvirt.libvirtError as exc:
-            if exc.get_error_code() in [getattr(lv.libvirt, code) for code in _TAKEN] or "already" in lv.describe(exc):
+            if _taken(exc) or "already" in lv.describe(exc):  # also a file libvirt's list does not know of yet
                 return False
             raise LibvirtFailure("cannot commit document %s: %s" % (name, lv.describe(exc))) from None
 
     def discard(self, name):
         """Delete a volume of this run's own (its staged document, a generation it committed in vain)."""
-        delete_quietly(self.pool, name)
+        self.delete(name)
 
     def delete_when_read(self, name):
         delete_when_read(self.pool, name)
